@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Inner loops of the CPU kernels, one table per instruction set.  Row lengths
+ * passed to decode and dots are multiples of 16. */
+#ifndef KVQ_CPU_OPS_H
+#define KVQ_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvq_cpu_ops {
+	const char *name;
+	/* elements first .. first+n-1 of a packed code array -> float, no scale */
+	void (*decode)(int fmt, const uint8_t *codes, uint32_t first, uint32_t n, float *out);
+	/* ret[i * rs] = dot(x, y + i * ys) over n, for i < m */
+	void (*dots)(const float *x, const float *y, size_t ys, uint32_t m, uint32_t n, float *ret, size_t rs);
+	/* acc + i * as += c[i * cs] * x over n, for i < m */
+	void (*axpys)(const float *x, const float *c, size_t cs, uint32_t m, uint32_t n, float *acc, size_t as);
+	/* x = x * s + z elementwise (z may be NULL) */
+	void (*affine)(float *x, const float *s, const float *z, uint32_t n);
+	/* x = x * s + z */
+	void (*affine1)(float *x, float s, float z, uint32_t n);
+	/* x = exp(x - mx), returns the sum; -inf gives 0 */
+	float (*expsum)(float *x, float mx, uint32_t n);
+};
+
+extern const struct kvq_cpu_ops kvq_cpu_ops_portable;
+#ifdef HAVE_X86_SIMD
+extern const struct kvq_cpu_ops kvq_cpu_ops_avx2;
+#endif
+
+const struct kvq_cpu_ops *kvq_cpu_ops(void);
+
+#endif

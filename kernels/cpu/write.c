@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Append into the open window and seal full blocks: one quantizer core reads
+ * a block as B row pointers, so sealing an open block, sealing straight from
+ * a prefill's input, or a block that mixes both give identical bytes. */
+#include <errno.h>
+#include <string.h>
+
+#include "config.h"
+#include "cpu.h"
+
+static void put_param(uint8_t *params, uint32_t idx, int kind, uint16_t s, uint16_t z)
+{
+	uint16_t w[2] = { s, z };
+
+	memcpy(params + (size_t)idx * kvq_param_entry_bytes(kind), w, kvq_param_entry_bytes(kind));
+}
+
+static uint32_t elem(int is_v, uint32_t t, uint32_t d, uint32_t B, uint32_t D)
+{
+	return is_v ? kvq_v_elem(t, d, B, D) : kvq_k_elem(t, d, B, D);
+}
+
+/* Quantizes B rows of D activations (K or V of one head) into codes/params. */
+static void seal_part(int f, int is_v, uint32_t B, uint32_t D, int act, const void *const *rows,
+		      uint8_t *codes, uint8_t *params)
+{
+	int kind = kvq_fmt_param_kind(f, is_v);
+	unsigned bits = kvq_fmt_bits(f), G = kvq_fmt_group(f, is_v);
+	float qmax = kvq_fmt_qmax(f);
+
+	switch (kind) {
+	case KVQ_PARAM_NONE:
+		for (uint32_t t = 0; t < B; t++)
+			for (uint32_t d = 0; d < D; d++) {
+				float x = kvq_act_to_f32(act, rows[t], d);
+				uint16_t c = f == KVQ_FMT_BF16 ? kvq_bf16_from_f32(x) : kvq_f16_from_f32(x);
+				kvq_code_put(codes, elem(is_v, t, d, B, D), 16, c);
+			}
+		break;
+	case KVQ_PARAM_TOKEN:
+		for (uint32_t t = 0; t < B; t++) {
+			float amax = 0.0f, s;
+			uint16_t sh;
+			for (uint32_t d = 0; d < D; d++)
+				amax = fmaxf(amax, fabsf(kvq_act_to_f32(act, rows[t], d)));
+			sh = kvq_sym_scale(amax, qmax);
+			put_param(params, kvq_param_index(kind, G, is_v, t, 0, B, D), kind, sh, 0);
+			s = kvq_f16_to_f32(sh);
+			for (uint32_t d = 0; d < D; d++)
+				kvq_code_put(codes, elem(is_v, t, d, B, D), bits,
+					     kvq_code_sym(f, kvq_act_to_f32(act, rows[t], d), s));
+		}
+		break;
+	case KVQ_PARAM_GROUP:
+		for (uint32_t t = 0; t < B; t++)
+			for (uint32_t g0 = 0; g0 < D; g0 += G) {
+				float mn = INFINITY, mx = -INFINITY, s, z;
+				uint16_t sh, zh;
+				for (uint32_t d = g0; d < g0 + G; d++) {
+					float x = kvq_act_to_f32(act, rows[t], d);
+					mn = fminf(mn, x);
+					mx = fmaxf(mx, x);
+				}
+				kvq_asym_params(mn, mx, qmax, &sh, &zh);
+				put_param(params, kvq_param_index(kind, G, is_v, t, g0, B, D), kind, sh, zh);
+				s = kvq_f16_to_f32(sh);
+				z = kvq_f16_to_f32(zh);
+				for (uint32_t d = g0; d < g0 + G; d++)
+					kvq_code_put(codes, elem(is_v, t, d, B, D), bits,
+						     kvq_code_asym(kvq_act_to_f32(act, rows[t], d), s, z, qmax));
+			}
+		break;
+	case KVQ_PARAM_CHANNEL:
+		for (uint32_t d = 0; d < D; d++) {
+			float mn = INFINITY, mx = -INFINITY, s, z;
+			uint16_t sh, zh;
+			for (uint32_t t = 0; t < B; t++) {
+				float x = kvq_act_to_f32(act, rows[t], d);
+				mn = fminf(mn, x);
+				mx = fmaxf(mx, x);
+			}
+			kvq_asym_params(mn, mx, qmax, &sh, &zh);
+			put_param(params, kvq_param_index(kind, G, is_v, 0, d, B, D), kind, sh, zh);
+			s = kvq_f16_to_f32(sh);
+			z = kvq_f16_to_f32(zh);
+			for (uint32_t t = 0; t < B; t++)
+				kvq_code_put(codes, elem(is_v, t, d, B, D), bits,
+					     kvq_code_asym(kvq_act_to_f32(act, rows[t], d), s, z, qmax));
+		}
+		break;
+	}
+}
+
+/* Seals one head of one layer's block from row pointers. */
+static void seal_head(const struct kvq_layout *L, uint32_t layer, uint8_t *dst,
+		      const void *const *krows, const void *const *vrows)
+{
+	const struct kvq_layer_layout *ll = &L->layer[layer];
+
+	memset(dst, 0, ll->sealed_head);
+	seal_part(ll->kfmt, 0, L->block_tokens, L->head_dim, L->act, krows,
+		  dst + ll->off[KVQ_K_CODES], dst + ll->off[KVQ_K_PARAMS]);
+	seal_part(ll->vfmt, 1, L->block_tokens, L->head_dim, L->act, vrows,
+		  dst + ll->off[KVQ_V_CODES], dst + ll->off[KVQ_V_PARAMS]);
+}
+
+static int open_ok(const struct kvq_layout *L, int32_t id)
+{
+	return id >= 0 && (uint32_t)id < L->n_open;
+}
+
+int kvq_cpu_seal(const struct kvq_layout *L, void *base, uint32_t layer, uint32_t open_id, uint32_t sealed_id)
+{
+	const void *krows[KVQ_MAX_BLOCK_TOKENS], *vrows[KVQ_MAX_BLOCK_TOKENS];
+	uint32_t B = L->block_tokens;
+	size_t row = (size_t)L->head_dim * kvq_dtype_bytes(L->act);
+	uint8_t *b = base;
+
+	if (layer >= L->layers || open_id >= L->n_open || sealed_id >= L->n_sealed)
+		return -EINVAL;
+	for (uint32_t h = 0; h < L->kv_heads; h++) {
+		const uint8_t *k = b + kvq_layout_off(L, KVQ_OPEN, open_id, layer, h, KVQ_K_CODES);
+		const uint8_t *v = b + kvq_layout_off(L, KVQ_OPEN, open_id, layer, h, KVQ_V_CODES);
+		for (uint32_t t = 0; t < B; t++) {
+			krows[t] = k + t * row;
+			vrows[t] = v + t * row;
+		}
+		seal_head(L, layer, b + kvq_layout_off(L, KVQ_SEALED, sealed_id, layer, h, KVQ_K_CODES),
+			  krows, vrows);
+	}
+	return 0;
+}
+
+int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
+		  const struct kvq_seq_write *w, const void *k, const void *v)
+{
+	const void *krows[KVQ_MAX_BLOCK_TOKENS], *vrows[KVQ_MAX_BLOCK_TOKENS];
+	uint32_t B = L->block_tokens, H = L->kv_heads;
+	size_t row = (size_t)L->head_dim * kvq_dtype_bytes(L->act);
+	uint64_t n = w->n, n2 = (uint64_t)w->n + w->m;
+	uint32_t s0, s1;
+	uint8_t *b = base;
+	const uint8_t *kin = k, *vin = v;
+
+	if (layer >= L->layers || n2 > UINT32_MAX - B || (w->m && (!k || !v)))
+		return -EINVAL;
+	s0 = kvq_layout_split(L, (uint32_t)n);
+	s1 = kvq_layout_split(L, (uint32_t)n2);
+
+	/* validate every id first: nothing is written on bad input */
+	for (uint32_t blk = s0 / B; blk < s1 / B; blk++)
+		if (w->sealed[blk] < 0 || (uint32_t)w->sealed[blk] >= L->n_sealed ||
+		    ((uint64_t)blk * B < n && !open_ok(L, w->open[blk - s0 / B])))
+			return -EINVAL;
+	for (uint32_t blk = s1 / B; (uint64_t)blk * B < n2; blk++)
+		if (!open_ok(L, w->open[blk - s0 / B]))
+			return -EINVAL;
+
+	for (uint32_t blk = s0 / B; blk < s1 / B; blk++) {
+		for (uint32_t h = 0; h < H; h++) {
+			for (uint32_t r = 0; r < B; r++) {
+				uint64_t pos = (uint64_t)blk * B + r;
+				if (pos < n) {
+					int32_t o = w->open[blk - s0 / B];
+					krows[r] = b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)o, layer, h, KVQ_K_CODES) + r * row;
+					vrows[r] = b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)o, layer, h, KVQ_V_CODES) + r * row;
+				} else {
+					size_t i = ((size_t)(pos - n) * H + h) * row;
+					krows[r] = kin + i;
+					vrows[r] = vin + i;
+				}
+			}
+			seal_head(L, layer,
+				  b + kvq_layout_off(L, KVQ_SEALED, (uint32_t)w->sealed[blk], layer, h, KVQ_K_CODES),
+				  krows, vrows);
+		}
+	}
+	for (uint64_t pos = n > s1 ? n : s1; pos < n2; pos++) {
+		uint32_t blk = (uint32_t)(pos / B), r = (uint32_t)(pos % B);
+		uint32_t o = (uint32_t)w->open[blk - s0 / B];
+		for (uint32_t h = 0; h < H; h++) {
+			size_t i = ((size_t)(pos - n) * H + h) * row;
+			memcpy(b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_K_CODES) + r * row, kin + i, row);
+			memcpy(b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_V_CODES) + r * row, vin + i, row);
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,500 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Format arithmetic shared by the CPU kernels, the CUDA kernels and libkvq:
+ * half/bfloat16/FP8 conversion, scale and zero computation, code rounding,
+ * bit packing and the order of codes inside a sealed slice.  Everything here
+ * is integer or IEEE single-precision arithmetic without fused operations,
+ * so host and device produce identical bytes.
+ *
+ * Rules (DESIGN.md, "Formats"):
+ *  - codes are round-to-nearest-even of (x - z) / s, with a true division;
+ *  - scales are rounded up and zeros rounded down to FP16, so no code clamps
+ *    for inputs within the FP16 range;
+ *  - a scale that would exceed the FP16 maximum saturates at 65504 (and a zero
+ *    below -65504 at -65504); codes of such inputs clamp.  Only BF16 inputs
+ *    can reach this.
+ *  - an all-zero range stores scale 0 and code 0.
+ */
+#ifndef KVQ_FORMAT_H
+#define KVQ_FORMAT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define KVQ_HD static __host__ __device__ __forceinline__
+#else
+#define KVQ_HD static inline
+#endif
+
+/* Storage formats of sealed K or V.  The numbering is part of the layout
+ * version: do not reorder. */
+enum kvq_fmt {
+	KVQ_FMT_F16 = 0,
+	KVQ_FMT_BF16,
+	KVQ_FMT_INT8,
+	KVQ_FMT_FP8,      /* E4M3, OCP "FN" */
+	KVQ_FMT_FP8E5M2,
+	KVQ_FMT_INT4G32,
+	KVQ_FMT_INT4G64,
+	KVQ_FMT_INT4G128,
+	KVQ_FMT_KIVI4,
+	KVQ_FMT_KIVI2,
+	KVQ_FMT_COUNT
+};
+
+/* Activation dtypes (open window, kernel inputs and outputs). */
+enum kvq_dtype {
+	KVQ_DT_F16 = 0,
+	KVQ_DT_BF16,
+	KVQ_DT_F32,
+};
+
+/* How a format's parameters are organised. */
+enum kvq_param_kind {
+	KVQ_PARAM_NONE = 0,   /* f16, bf16: no scales */
+	KVQ_PARAM_TOKEN,      /* one FP16 scale per token (per head) */
+	KVQ_PARAM_GROUP,      /* (scale, zero) per token per group of the head dim */
+	KVQ_PARAM_CHANNEL,    /* (scale, zero) per channel over the block's tokens */
+};
+
+/* Group of KIVI's V quantization (per token, along the head dimension). */
+#define KVQ_KIVI_V_GROUP 32u
+
+/* ---------------------------------------------------------------- traits */
+
+KVQ_HD unsigned kvq_fmt_bits(int f)
+{
+	switch (f) {
+	case KVQ_FMT_F16: case KVQ_FMT_BF16: return 16;
+	case KVQ_FMT_INT8: case KVQ_FMT_FP8: case KVQ_FMT_FP8E5M2: return 8;
+	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128:
+	case KVQ_FMT_KIVI4: return 4;
+	case KVQ_FMT_KIVI2: return 2;
+	default: return 0;
+	}
+}
+
+/* Parameter organisation of a format used for K (is_v = 0) or V (is_v = 1):
+ * KIVI quantizes K per channel and V per token in groups. */
+KVQ_HD int kvq_fmt_param_kind(int f, int is_v)
+{
+	switch (f) {
+	case KVQ_FMT_INT8: case KVQ_FMT_FP8: case KVQ_FMT_FP8E5M2:
+		return KVQ_PARAM_TOKEN;
+	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128:
+		return KVQ_PARAM_GROUP;
+	case KVQ_FMT_KIVI4: case KVQ_FMT_KIVI2:
+		return is_v ? KVQ_PARAM_GROUP : KVQ_PARAM_CHANNEL;
+	default:
+		return KVQ_PARAM_NONE;
+	}
+}
+
+/* Group size along the head dimension for KVQ_PARAM_GROUP, else 0. */
+KVQ_HD unsigned kvq_fmt_group(int f, int is_v)
+{
+	switch (f) {
+	case KVQ_FMT_INT4G32: return 32;
+	case KVQ_FMT_INT4G64: return 64;
+	case KVQ_FMT_INT4G128: return 128;
+	case KVQ_FMT_KIVI4: case KVQ_FMT_KIVI2: return is_v ? KVQ_KIVI_V_GROUP : 0;
+	default: return 0;
+	}
+}
+
+/* ------------------------------------------------------ bit reinterpretation */
+
+KVQ_HD uint32_t kvq_f32_bits(float x)
+{
+#ifdef __CUDA_ARCH__
+	return __float_as_uint(x);
+#else
+	uint32_t u;
+	memcpy(&u, &x, sizeof u);
+	return u;
+#endif
+}
+
+KVQ_HD float kvq_bits_f32(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+	return __uint_as_float(u);
+#else
+	float x;
+	memcpy(&x, &u, sizeof x);
+	return x;
+#endif
+}
+
+KVQ_HD float kvq_rint(float x)
+{
+	return rintf(x);   /* round to nearest even on host (default mode) and device */
+}
+
+/* -------------------------------------------------------------------- FP16 */
+
+enum kvq_round { KVQ_RNE = 0, KVQ_RUP, KVQ_RDOWN };
+
+#define KVQ_F16_MAX 65504.0f
+
+/* float -> IEEE binary16 bits with the given rounding (IEEE overflow rules:
+ * a rounding away from the value's sign never produces an infinity). */
+KVQ_HD uint16_t kvq_f16_from_f32_mode(float x, int mode)
+{
+	uint32_t b = kvq_f32_bits(x);
+	uint32_t sgn = (b >> 16) & 0x8000u;
+	uint32_t a = b & 0x7fffffffu;
+	uint32_t h, rem, halfway;
+	int neg = sgn != 0;
+
+	if (a > 0x7f800000u)
+		return (uint16_t)(sgn | 0x7e00u);
+	if (a >= 0x47800000u) {   /* |x| >= 65536 (or inf): beyond every rounding */
+		int to_inf = mode == KVQ_RNE || (mode == KVQ_RUP && !neg) || (mode == KVQ_RDOWN && neg);
+		if (a == 0x7f800000u)
+			to_inf = 1;
+		return (uint16_t)(sgn | (to_inf ? 0x7c00u : 0x7bffu));
+	}
+	if (a >= 0x38800000u) {   /* normal half */
+		h = ((a >> 23) - 112u) << 10 | ((a >> 13) & 0x3ffu);
+		rem = a & 0x1fffu;
+		halfway = 0x1000u;
+	} else {                  /* subnormal half or zero */
+		uint32_t e = a >> 23;
+		uint32_t m = (a & 0x7fffffu) | (e ? 0x800000u : 0u);
+		uint32_t shift = 126u - (e ? e : 1u);
+		if (shift > 31u) {
+			h = 0;
+			rem = m;
+			halfway = 0xffffffffu;   /* far below half of the smallest step */
+		} else {
+			h = m >> shift;
+			rem = m & ((1u << shift) - 1u);
+			halfway = 1u << (shift - 1u);
+		}
+	}
+	if (mode == KVQ_RNE) {
+		if (rem > halfway || (rem == halfway && (h & 1u)))
+			h++;
+	} else if (rem != 0 && ((mode == KVQ_RUP && !neg) || (mode == KVQ_RDOWN && neg))) {
+		h++;
+	}
+	return (uint16_t)(sgn | h);
+}
+
+KVQ_HD uint16_t kvq_f16_from_f32(float x)
+{
+	return kvq_f16_from_f32_mode(x, KVQ_RNE);
+}
+
+KVQ_HD float kvq_f16_to_f32(uint16_t h)
+{
+	uint32_t sgn = (uint32_t)(h & 0x8000u) << 16;
+	uint32_t e = (h >> 10) & 0x1fu;
+	uint32_t m = h & 0x3ffu;
+
+	if (e == 0x1f)
+		return kvq_bits_f32(sgn | 0x7f800000u | (m << 13));
+	if (e == 0) {   /* zero or subnormal: m * 2^-24, exact in float */
+		float v = (float)m * 5.9604644775390625e-8f;
+		return sgn ? -v : v;
+	}
+	return kvq_bits_f32(sgn | ((e + 112u) << 23) | (m << 13));
+}
+
+/* Scale: rounded up to FP16, saturating at the FP16 maximum. */
+KVQ_HD uint16_t kvq_f16_scale(float s)
+{
+	uint16_t h = kvq_f16_from_f32_mode(s, KVQ_RUP);
+	return h == 0x7c00u ? (uint16_t)0x7bffu : h;
+}
+
+/* Zero: rounded down to FP16, saturating at the FP16 minimum. */
+KVQ_HD uint16_t kvq_f16_zero(float z)
+{
+	uint16_t h = kvq_f16_from_f32_mode(z, KVQ_RDOWN);
+	if (h == 0xfc00u)
+		return 0xfbffu;
+	if (h == 0x7c00u)
+		return 0x7bffu;
+	return h;
+}
+
+/* ---------------------------------------------------------------- bfloat16 */
+
+KVQ_HD uint16_t kvq_bf16_from_f32(float x)
+{
+	uint32_t b = kvq_f32_bits(x);
+
+	if ((b & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((b >> 16) | 0x40u);
+	b += 0x7fffu + ((b >> 16) & 1u);
+	return (uint16_t)(b >> 16);
+}
+
+KVQ_HD float kvq_bf16_to_f32(uint16_t h)
+{
+	return kvq_bits_f32((uint32_t)h << 16);
+}
+
+/* --------------------------------------------------------------------- FP8 */
+
+/*
+ * Generic float -> FP8 (1 sign, EB exponent bits, MB mantissa bits), round to
+ * nearest even, saturating: values beyond the largest finite code and
+ * infinities become +-max_code, NaN becomes 0x7f (as cvt.rn.satfinite).
+ */
+KVQ_HD uint8_t kvq_fp8_encode_generic(float x, unsigned eb, unsigned mb, uint32_t max_code)
+{
+	uint32_t b = kvq_f32_bits(x);
+	uint32_t sgn = (b >> 24) & 0x80u;
+	uint32_t a = b & 0x7fffffffu;
+	uint32_t bias = (1u << (eb - 1u)) - 1u;
+	uint32_t code;
+
+	if (a > 0x7f800000u)
+		return 0x7f;
+	/* smallest normal of the FP8 format: 2^(1 - bias) */
+	if (a < ((128u - bias) << 23)) {
+		/* subnormal range: multiples of 2^(1 - bias - mb); scaling by a
+		 * power of two is exact, so one rint gives the correctly rounded code */
+		float q = kvq_bits_f32(a) * kvq_bits_f32((127u + bias - 1u + mb) << 23);
+		code = (uint32_t)kvq_rint(q);   /* 0 .. 2^mb (2^mb is the smallest normal) */
+	} else {
+		uint32_t shift = 23u - mb;
+		uint32_t t = a - ((127u - bias) << 23);
+		t += (1u << (shift - 1u)) - 1u + ((t >> shift) & 1u);
+		code = t >> shift;
+		if (code > max_code)
+			code = max_code;
+	}
+	return (uint8_t)(sgn | code);
+}
+
+KVQ_HD uint8_t kvq_fp8_e4m3_enc(float x)
+{
+	/* max 448 = 0x7e; 0x7f is NaN */
+	return kvq_fp8_encode_generic(x, 4, 3, 0x7eu);
+}
+
+KVQ_HD uint8_t kvq_fp8_e5m2_enc(float x)
+{
+	/* max 57344 = 0x7b; 0x7c is inf, above it NaN */
+	return kvq_fp8_encode_generic(x, 5, 2, 0x7bu);
+}
+
+KVQ_HD float kvq_fp8_e4m3_dec(uint8_t c)
+{
+	/* sign | exponent+mantissa << 20, times 2^(127 - 7): exact for normals
+	 * and subnormals alike */
+	uint32_t mag = c & 0x7fu;
+	if (mag == 0x7fu)
+		return kvq_bits_f32(0x7fc00000u | ((uint32_t)(c & 0x80u) << 24));
+	return kvq_bits_f32(((uint32_t)(c & 0x80u) << 24) | (mag << 20)) * 1.329227995784916e+36f;
+}
+
+KVQ_HD float kvq_fp8_e5m2_dec(uint8_t c)
+{
+	return kvq_f16_to_f32((uint16_t)((uint16_t)c << 8));   /* E5M2 is FP16's top byte */
+}
+
+/* ------------------------------------------------------- scales and codes */
+
+#define KVQ_INT8_QMAX 127.0f
+#define KVQ_FP8_E4M3_MAX 448.0f
+#define KVQ_FP8_E5M2_MAX 57344.0f
+
+/* Largest magnitude a format's codes represent before scaling. */
+KVQ_HD float kvq_fmt_qmax(int f)
+{
+	switch (f) {
+	case KVQ_FMT_INT8: return KVQ_INT8_QMAX;
+	case KVQ_FMT_FP8: return KVQ_FP8_E4M3_MAX;
+	case KVQ_FMT_FP8E5M2: return KVQ_FP8_E5M2_MAX;
+	default: return (float)((1u << kvq_fmt_bits(f)) - 1u);
+	}
+}
+
+/* Symmetric scale for a range with maximum magnitude amax. */
+KVQ_HD uint16_t kvq_sym_scale(float amax, float qmax)
+{
+	return kvq_f16_scale(amax / qmax);
+}
+
+/* Asymmetric (scale, zero) for [mn, mx]: zero rounded down, then the scale
+ * from the rounded zero, rounded up. */
+KVQ_HD void kvq_asym_params(float mn, float mx, float qmax, uint16_t *ret_s, uint16_t *ret_z)
+{
+	uint16_t z = kvq_f16_zero(mn);
+	*ret_z = z;
+	*ret_s = kvq_f16_scale((mx - kvq_f16_to_f32(z)) / qmax);
+}
+
+/* Code of x under a symmetric per-token scale (s as float, from FP16). */
+KVQ_HD uint32_t kvq_code_sym(int f, float x, float s)
+{
+	float q;
+
+	if (!(s > 0.0f))
+		return 0;
+	q = x / s;
+	switch (f) {
+	case KVQ_FMT_FP8: return kvq_fp8_e4m3_enc(q);
+	case KVQ_FMT_FP8E5M2: return kvq_fp8_e5m2_enc(q);
+	default:
+		q = kvq_rint(q);
+		q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+		return (uint32_t)(uint8_t)(int8_t)(int)q;
+	}
+}
+
+/* Unsigned code of x under (s, z) with qmax = 2^bits - 1. */
+KVQ_HD uint32_t kvq_code_asym(float x, float s, float z, float qmax)
+{
+	float q;
+
+	if (!(s > 0.0f))
+		return 0;
+	q = kvq_rint((x - z) / s);
+	q = q > qmax ? qmax : (q < 0.0f ? 0.0f : q);
+	return (uint32_t)q;
+}
+
+/* Value of a symmetric code (scale not applied). */
+KVQ_HD float kvq_decode_sym(int f, uint32_t c)
+{
+	switch (f) {
+	case KVQ_FMT_FP8: return kvq_fp8_e4m3_dec((uint8_t)c);
+	case KVQ_FMT_FP8E5M2: return kvq_fp8_e5m2_dec((uint8_t)c);
+	default: return (float)(int8_t)(uint8_t)c;
+	}
+}
+
+/* ------------------------------------------------ order inside a sealed slice
+ *
+ * A sealed head slice (one layer, one KV head, one block of B tokens) holds:
+ *   K codes   B x D, token-major: element (t, d) at t * D + d
+ *   K params  PARAM_TOKEN: fp16 s[t]; PARAM_GROUP: {s, z}[t][g];
+ *             PARAM_CHANNEL: {s, z}[d]
+ *   V codes   D x B, transposed: element (t, d) at d * B + t
+ *   V params  PARAM_TOKEN: fp16 s[t]; PARAM_GROUP: {s, z}[g][t]
+ * Elements of 4 and 2 bits are packed little-end first within a byte
+ * (element i in bits (i % per_byte) * bits).  F16/BF16 codes are 16-bit words.
+ * Each array starts 16-byte aligned (layout.c).  Changing any of this changes
+ * KVQ_LAYOUT_VERSION.
+ */
+#define KVQ_LAYOUT_VERSION 1u
+
+KVQ_HD uint32_t kvq_k_elem(uint32_t t, uint32_t d, uint32_t B, uint32_t D)
+{
+	(void)B;
+	return t * D + d;
+}
+
+KVQ_HD uint32_t kvq_v_elem(uint32_t t, uint32_t d, uint32_t B, uint32_t D)
+{
+	(void)D;
+	return d * B + t;
+}
+
+/* Index (in parameter entries: fp16 words for PARAM_TOKEN, {s, z} pairs
+ * otherwise) of the parameters that apply to element (t, d). */
+KVQ_HD uint32_t kvq_param_index(int kind, unsigned group, int is_v, uint32_t t, uint32_t d,
+				uint32_t B, uint32_t D)
+{
+	switch (kind) {
+	case KVQ_PARAM_TOKEN: return t;
+	case KVQ_PARAM_CHANNEL: return d;
+	case KVQ_PARAM_GROUP:
+		return is_v ? (d / group) * B + t : t * (D / group) + d / group;
+	default: return 0;
+	}
+}
+
+/* Number of parameter entries of one head slice's K or V. */
+KVQ_HD uint32_t kvq_param_count(int kind, unsigned group, uint32_t B, uint32_t D)
+{
+	switch (kind) {
+	case KVQ_PARAM_TOKEN: return B;
+	case KVQ_PARAM_CHANNEL: return D;
+	case KVQ_PARAM_GROUP: return B * (D / group);
+	default: return 0;
+	}
+}
+
+/* Bytes of one parameter entry. */
+KVQ_HD uint32_t kvq_param_entry_bytes(int kind)
+{
+	return kind == KVQ_PARAM_TOKEN ? 2u : (kind == KVQ_PARAM_NONE ? 0u : 4u);
+}
+
+/* Read element i of a packed code array. */
+KVQ_HD uint32_t kvq_code_get(const uint8_t *codes, uint32_t i, unsigned bits)
+{
+	switch (bits) {
+	case 16: return (uint32_t)codes[2 * i] | (uint32_t)codes[2 * i + 1] << 8;
+	case 8: return codes[i];
+	case 4: return (codes[i >> 1] >> ((i & 1u) * 4u)) & 0xfu;
+	case 2: return (codes[i >> 2] >> ((i & 3u) * 2u)) & 0x3u;
+	default: return 0;
+	}
+}
+
+/* Write element i of a packed code array (the other elements of its byte are kept). */
+KVQ_HD void kvq_code_put(uint8_t *codes, uint32_t i, unsigned bits, uint32_t c)
+{
+	switch (bits) {
+	case 16:
+		codes[2 * i] = (uint8_t)c;
+		codes[2 * i + 1] = (uint8_t)(c >> 8);
+		break;
+	case 8:
+		codes[i] = (uint8_t)c;
+		break;
+	case 4: {
+		unsigned sh = (i & 1u) * 4u;
+		codes[i >> 1] = (uint8_t)((codes[i >> 1] & ~(0xfu << sh)) | ((c & 0xfu) << sh));
+		break;
+	}
+	case 2: {
+		unsigned sh = (i & 3u) * 2u;
+		codes[i >> 2] = (uint8_t)((codes[i >> 2] & ~(0x3u << sh)) | ((c & 0x3u) << sh));
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+/* Dequantized value of a code given its parameter words (s, z as FP16 bits;
+ * z unused for symmetric kinds). */
+KVQ_HD float kvq_dequant(int f, int kind, uint32_t c, uint16_t s, uint16_t z)
+{
+	switch (kind) {
+	case KVQ_PARAM_NONE:
+		return f == KVQ_FMT_BF16 ? kvq_bf16_to_f32((uint16_t)c) : kvq_f16_to_f32((uint16_t)c);
+	case KVQ_PARAM_TOKEN:
+		return kvq_decode_sym(f, c) * kvq_f16_to_f32(s);
+	default:
+		return (float)c * kvq_f16_to_f32(s) + kvq_f16_to_f32(z);
+	}
+}
+
+/* Activation element -> float. */
+KVQ_HD float kvq_act_to_f32(int dt, const void *p, uint32_t i)
+{
+	switch (dt) {
+	case KVQ_DT_F16: return kvq_f16_to_f32(((const uint16_t *)p)[i]);
+	case KVQ_DT_BF16: return kvq_bf16_to_f32(((const uint16_t *)p)[i]);
+	default: return ((const float *)p)[i];
+	}
+}
+
+KVQ_HD uint32_t kvq_dtype_bytes(int dt)
+{
+	return dt == KVQ_DT_F32 ? 4u : 2u;
+}
+
+#endif /* KVQ_FORMAT_H */

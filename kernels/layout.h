@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The pool's memory layout, shared by the daemon, libkvq and the kernels.
+ *
+ * Layer-major: one region per layer; each region holds the layer's sealed
+ * slices (ids 0 .. n_sealed-1), then its open slices (ids 0 .. n_open-1).
+ * A slice is one block of B tokens of one layer, all KV heads: H head slices
+ * one after another.  A sealed head slice holds K codes, K parameters, V codes
+ * (transposed) and V parameters in the order kvq_format.h describes; an open
+ * head slice holds B rows of K then B rows of V in the activation dtype
+ * ([token][dim]).  Every array starts 16-byte aligned, each region 256-byte
+ * aligned; there is no per-token padding.  All offsets are 64-bit and come
+ * from kvq_layout_off().
+ */
+#ifndef KVQ_LAYOUT_H
+#define KVQ_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format.h"
+
+#define KVQ_MAX_HEADS 256u
+#define KVQ_MAX_HEAD_DIM 256u
+#define KVQ_MAX_BLOCK_TOKENS 256u
+#define KVQ_MAX_SLOTS (1u << 30)
+
+enum kvq_slot_class { KVQ_SEALED = 0, KVQ_OPEN = 1 };
+
+/* Fields of a head slice.  Open slices have only KVQ_K_CODES (K rows) and
+ * KVQ_V_CODES (V rows). */
+enum kvq_field { KVQ_K_CODES = 0, KVQ_K_PARAMS, KVQ_V_CODES, KVQ_V_PARAMS, KVQ_NFIELDS };
+
+struct kvq_layout_params {
+	uint32_t layers, kv_heads, head_dim, block_tokens;
+	uint32_t window;        /* open window R in tokens; 0 chooses the default */
+	uint32_t n_sealed, n_open;
+	int act;                /* dtype of the open window: KVQ_DT_F16 or KVQ_DT_BF16 */
+	const struct kvq_policy *policy;
+};
+
+struct kvq_layer_layout {
+	uint8_t kfmt, vfmt;
+	uint64_t region;               /* byte offset of the layer's region */
+	uint64_t sealed_slice;         /* bytes of one sealed slice (all heads) */
+	uint64_t open_slice;           /* bytes of one open slice */
+	uint32_t sealed_head;          /* bytes of one sealed head slice */
+	uint32_t open_head;            /* bytes of one open head slice */
+	uint32_t off[KVQ_NFIELDS];     /* field offsets inside a sealed head slice */
+	uint32_t size[KVQ_NFIELDS];    /* field sizes (unpadded) */
+};
+
+struct kvq_layout {
+	uint32_t version;              /* KVQ_LAYOUT_VERSION */
+	uint32_t layers, kv_heads, head_dim, block_tokens, window;
+	uint32_t n_sealed, n_open;
+	int act;
+	uint64_t total_bytes;          /* bytes of the whole pool */
+	uint64_t sealed_block_bytes;   /* one sealed block, all layers */
+	uint64_t open_block_bytes;     /* one open block, all layers */
+	struct kvq_layer_layout layer[];
+};
+
+/* Builds the layout; returns 0 and *ret (free with kvq_layout_free), or
+ * -EINVAL with a message in err naming the bad input. */
+int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, char *err, size_t errlen);
+
+void kvq_layout_free(struct kvq_layout *L);
+
+/* Default open window: 4B when any layer uses KIVI, else B. */
+uint32_t kvq_layout_default_window(const struct kvq_policy *p, uint32_t block_tokens);
+
+/* Byte offset of a field of (class, slot id, layer, head).  Arguments are not
+ * checked: callers validate ids against n_sealed / n_open first. */
+static inline uint64_t kvq_layout_off(const struct kvq_layout *L, int cls, uint32_t id,
+				      uint32_t layer, uint32_t head, int field)
+{
+	const struct kvq_layer_layout *ll = &L->layer[layer];
+
+	if (cls == KVQ_SEALED)
+		return ll->region + (uint64_t)id * ll->sealed_slice + (uint64_t)head * ll->sealed_head +
+		       ll->off[field];
+	return ll->region + (uint64_t)L->n_sealed * ll->sealed_slice + (uint64_t)id * ll->open_slice +
+	       (uint64_t)head * ll->open_head +
+	       (field == KVQ_V_CODES ? (uint64_t)L->block_tokens * L->head_dim * kvq_dtype_bytes(L->act) : 0);
+}
+
+/* Tokens of a sequence of n tokens that are sealed: S(n) = B * max(0, ceil((n - R) / B)). */
+static inline uint32_t kvq_layout_split(const struct kvq_layout *L, uint32_t n)
+{
+	uint32_t B = L->block_tokens;
+
+	return n <= L->window ? 0 : B * ((n - L->window + B - 1) / B);
+}
+
+#endif
