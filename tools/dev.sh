@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Developer entry point used by the README's quick start and by CI.
+#   tools/dev.sh demo    install what is missing, build, run the main job
+#   tools/dev.sh check   install what is missing, build, run the whole test suite
+#   tools/dev.sh deps    only install the Debian packages the build needs
+# Builds go to build/ (and build-asan/ for the sanitizer run) beside this tree.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc 2>/dev/null || echo 2)
+t_start=$(date +%s)
+declare -a stage_names=() stage_secs=()
+
+stage() {   # stage NAME COMMAND...
+	local name=$1 t0 rc=0
+	shift
+	echo "=== $name"
+	t0=$(date +%s)
+	"$@" || rc=$?
+	stage_names+=("$name")
+	stage_secs+=($(( $(date +%s) - t0 )))
+	echo "=== $name: $(( $(date +%s) - t0 )) s$([ $rc -eq 0 ] || echo ", FAILED (exit $rc)")"
+	return $rc
+}
+
+summary() {
+	echo "=== stage times"
+	for i in "${!stage_names[@]}"; do
+		printf '  %-28s %5s s\n' "${stage_names[$i]}" "${stage_secs[$i]}"
+	done
+	printf '  %-28s %5s s\n' total $(( $(date +%s) - t_start ))
+}
+trap summary EXIT
+
+packages="build-essential autoconf automake libtool pkg-config libevent-dev libprotobuf-c-dev
+protobuf-c-compiler libsystemd-dev libssl-dev binutils"
+
+deps() {
+	local missing=()
+	for p in $packages; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && { echo "all build dependencies present"; return 0; }
+	echo "installing: ${missing[*]}"
+	local sudo=
+	[ "$(id -u)" -eq 0 ] || sudo=sudo
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+bootstrap() {
+	cd "$top"
+	if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt Makefile.in ]; then
+		autoreconf -fi
+	fi
+}
+
+# configure DIR ARGS...: configure once per build dir (again when configure changed)
+configure_in() {
+	local dir=$1
+	shift
+	mkdir -p "$top/$dir"
+	cd "$top/$dir"
+	if [ ! -f Makefile ] || [ "$top/configure" -nt Makefile ] || [ "$top/Makefile.in" -nt Makefile ]; then
+		"$top/configure" "$@"
+	fi
+}
+
+build() {
+	configure_in build --enable-werror
+	make -j"$jobs"
+}
+
+cmd=${1:-}
+case "$cmd" in
+deps)
+	stage deps deps
+	;;
+demo)
+	stage deps deps
+	stage bootstrap bootstrap
+	stage build build
+	stage "kvq-bench formats" "$top/build/bench/kvq-bench" formats
+	;;
+check)
+	stage deps deps
+	stage bootstrap bootstrap
+	stage build build
+	# every test: unit tests with the vector path the CPU has, the libcuda
+	# check, and the GPU tests (skipped, not passed, without a usable GPU)
+	stage "make check" make -C "$top/build" -j"$jobs" check
+	stage "unit tests, portable path" env KVQ_CPU_ISA=portable make -C "$top/build" -j"$jobs" check-unit
+	stage "configure asan" configure_in build-asan --enable-werror --enable-asan --with-cuda=no --disable-shared
+	stage "build asan" make -C "$top/build-asan" -j"$jobs"
+	stage "unit tests under asan" make -C "$top/build-asan" -j"$jobs" check-unit
+	;;
+*)
+	echo "usage: $0 demo|check|deps" >&2
+	exit 2
+	;;
+esac
