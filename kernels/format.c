@@ -219,8 +219,8 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 		seterr(err, errlen, "number of layers %u out of range 1-%u", n_layers, KVQ_MAX_LAYERS);
 		return -EINVAL;
 	}
-	if (strlen(s) > 4096) {
-		seterr(err, errlen, "policy longer than 4096 characters");
+	if (strlen(s) > KVQ_POLICY_MAX_LEN) {
+		seterr(err, errlen, "policy longer than %u characters", KVQ_POLICY_MAX_LEN);
 		return -EINVAL;
 	}
 	memset(&p, 0, sizeof p);
@@ -292,6 +292,11 @@ int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len)
 
 	if (len)
 		buf[0] = '\0';
+	if (p->n_layers == 0 || p->n_layers > KVQ_MAX_LAYERS)
+		return -EINVAL;
+	for (uint32_t i = 0; i < p->n_layers; i++)
+		if (p->k[i] >= KVQ_FMT_COUNT || p->v[i] >= KVQ_FMT_COUNT)
+			return -EINVAL;
 	while (l < p->n_layers) {
 		uint32_t e = l;
 		char tmp[64];

@@ -9,6 +9,9 @@
 #include "kvq_format.h"
 
 #define KVQ_MAX_LAYERS 256u
+/* Longest policy string accepted: the longest canonical form (256 layers,
+ * alternating two-format specs) is about 6300 characters. */
+#define KVQ_POLICY_MAX_LEN 8192u
 
 /* Canonical name of a format ("int8"), or NULL for an unknown value. */
 const char *kvq_fmt_name(int fmt);
@@ -40,7 +43,8 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 
 /* Writes the canonical form ("int8", "k=int8,v=int4g64", "0-9:int8;10-29:kivi2")
  * into buf; returns its length, or -ENOSPC when it does not fit (buf then
- * holds a truncated, terminated string if len > 0). */
+ * holds a truncated, terminated string if len > 0), or -EINVAL for a policy
+ * with an unknown format or layer count. */
 int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len);
 
 /* 1 if any layer stores K or V in a KIVI format. */

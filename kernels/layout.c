@@ -107,6 +107,7 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 
 	for (uint32_t l = 0; l < p->layers; l++) {
 		struct kvq_layer_layout *ll = &L->layer[l];
+		uint64_t sealed_bytes, open_bytes;
 		uint32_t o = 0;
 
 		ll->kfmt = p->policy->k[l];
@@ -130,8 +131,16 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 		ll->sealed_slice = (uint64_t)H * ll->sealed_head;
 		ll->open_slice = (uint64_t)H * ll->open_head;
 		ll->region = pos;
-		pos = align_up(pos + (uint64_t)p->n_sealed * ll->sealed_slice +
-			       (uint64_t)p->n_open * ll->open_slice, 256);
+		if (__builtin_mul_overflow((uint64_t)p->n_sealed, ll->sealed_slice, &sealed_bytes) ||
+		    __builtin_mul_overflow((uint64_t)p->n_open, ll->open_slice, &open_bytes) ||
+		    __builtin_add_overflow(pos, sealed_bytes, &pos) ||
+		    __builtin_add_overflow(pos, open_bytes, &pos) || pos > UINT64_MAX - 255) {
+			seterr(err, errlen, "pool of %u layers x (%u sealed + %u open slots) exceeds 2^64 bytes",
+			       p->layers, p->n_sealed, p->n_open);
+			free(L);
+			return -EINVAL;
+		}
+		pos = align_up(pos, 256);
 		L->sealed_block_bytes += ll->sealed_slice;
 		L->open_block_bytes += ll->open_slice;
 	}

@@ -36,22 +36,6 @@ struct work {
 	uint32_t pos[TM];
 };
 
-static void load_params(const uint8_t *p, int kind, uint32_t count, float *s, float *z)
-{
-	uint16_t w[2];
-
-	for (uint32_t i = 0; i < count; i++) {
-		if (kind == KVQ_PARAM_TOKEN) {
-			memcpy(w, p + 2 * i, 2);
-			s[i] = kvq_f16_to_f32(w[0]);
-		} else {
-			memcpy(w, p + 4 * i, 4);
-			s[i] = kvq_f16_to_f32(w[0]);
-			z[i] = kvq_f16_to_f32(w[1]);
-		}
-	}
-}
-
 /* K row t of a sealed head slice, dequantized into w->row. */
 static void sealed_k_row(struct work *w, const uint8_t *kc, uint32_t t)
 {
@@ -142,9 +126,9 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 			uint32_t id = (uint32_t)s->sealed[blk];
 			kc = base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_K_CODES);
 			vc = base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_V_CODES);
-			load_params(base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_K_PARAMS), w->kkind,
+			w->ops->params(base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_K_PARAMS), w->kkind,
 				    kvq_param_count(w->kkind, w->kgroup, B, D), w->ks, w->kz);
-			load_params(base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_V_PARAMS), w->vkind,
+			w->ops->params(base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_V_PARAMS), w->vkind,
 				    kvq_param_count(w->vkind, w->vgroup, B, D), w->vs, w->vz);
 		} else {
 			uint32_t id = (uint32_t)s->open[blk - S / B];

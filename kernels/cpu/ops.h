@@ -19,6 +19,9 @@ struct kvq_cpu_ops {
 	void (*affine)(float *x, const float *s, const float *z, uint32_t n);
 	/* x = x * s + z */
 	void (*affine1)(float *x, float s, float z, uint32_t n);
+	/* FP16 parameters -> float: count scales (PARAM_TOKEN) or count {s, z}
+	 * pairs into s and z; count is a multiple of 16 */
+	void (*params)(const uint8_t *p, int kind, uint32_t count, float *s, float *z);
 	/* x = exp(x - mx), returns the sum; -inf gives 0 */
 	float (*expsum)(float *x, float mx, uint32_t n);
 };

@@ -181,6 +181,25 @@ static void affine1(float *x, float s, float z, uint32_t n)
 		_mm256_storeu_ps(x + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), sv, zv));
 }
 
+static void params(const uint8_t *p, int kind, uint32_t count, float *s, float *z)
+{
+	if (kind == KVQ_PARAM_TOKEN) {
+		for (uint32_t i = 0; i < count; i += 8)
+			_mm256_storeu_ps(s + i, dec8_f16(p + 2 * i));
+		return;
+	}
+	/* {s, z} pairs: 8 pairs -> [s0 z0 .. s3 z3 | ...], then de-interleave */
+	for (uint32_t i = 0; i < count; i += 8) {
+		__m256 a = dec8_f16(p + 4 * i), b = dec8_f16(p + 4 * i + 16);
+		__m256 sv = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+		__m256 zv = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+		sv = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(sv), _MM_SHUFFLE(3, 1, 2, 0)));
+		zv = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(zv), _MM_SHUFFLE(3, 1, 2, 0)));
+		_mm256_storeu_ps(s + i, sv);
+		_mm256_storeu_ps(z + i, zv);
+	}
+}
+
 /* exp(x) for x <= 0, relative error about 2e-7 (Cody-Waite reduction and a
  * degree-6 polynomial); inputs below -87 give 0. */
 static inline __m256 exp8(__m256 x)
@@ -230,5 +249,6 @@ const struct kvq_cpu_ops kvq_cpu_ops_avx2 = {
 	.axpys = axpys,
 	.affine = affine,
 	.affine1 = affine1,
+	.params = params,
 	.expsum = expsum,
 };

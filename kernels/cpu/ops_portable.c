@@ -55,6 +55,22 @@ static void affine1(float *x, float s, float z, uint32_t n)
 		x[i] = x[i] * s + z;
 }
 
+static void params(const uint8_t *p, int kind, uint32_t count, float *s, float *z)
+{
+	uint16_t w[2];
+
+	for (uint32_t i = 0; i < count; i++) {
+		if (kind == KVQ_PARAM_TOKEN) {
+			memcpy(w, p + 2 * i, 2);
+			s[i] = kvq_f16_to_f32(w[0]);
+		} else {
+			memcpy(w, p + 4 * i, 4);
+			s[i] = kvq_f16_to_f32(w[0]);
+			z[i] = kvq_f16_to_f32(w[1]);
+		}
+	}
+}
+
 static float expsum(float *x, float mx, uint32_t n)
 {
 	float sum = 0.0f;
@@ -73,5 +89,6 @@ const struct kvq_cpu_ops kvq_cpu_ops_portable = {
 	.axpys = axpys,
 	.affine = affine,
 	.affine1 = affine1,
+	.params = params,
 	.expsum = expsum,
 };
