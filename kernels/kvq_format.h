@@ -345,7 +345,7 @@ KVQ_HD uint32_t kvq_code_sym(int f, float x, float s)
 	case KVQ_FMT_FP8E5M2: return kvq_fp8_e5m2_enc(q);
 	default:
 		q = kvq_rint(q);
-		q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+		q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : (q == q ? q : 0.0f));   /* NaN -> 0 */
 		return (uint32_t)(uint8_t)(int8_t)(int)q;
 	}
 }
@@ -358,7 +358,7 @@ KVQ_HD uint32_t kvq_code_asym(float x, float s, float z, float qmax)
 	if (!(s > 0.0f))
 		return 0;
 	q = kvq_rint((x - z) / s);
-	q = q > qmax ? qmax : (q < 0.0f ? 0.0f : q);
+	q = q > qmax ? qmax : (q >= 0.0f ? q : 0.0f);   /* NaN -> 0 */
 	return (uint32_t)q;
 }
 
