@@ -106,9 +106,10 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 	for (uint32_t i = 0; i < mt; i++) {
 		uint32_t r = r0 + i, qi = r / g, j = r % g;
 		size_t qidx = ((qrow0 + qi) * a->q_heads + (size_t)h * g + j) * D;
+		const uint8_t *qrow = (const uint8_t *)q + qidx * kvq_dtype_bytes(a->q_dtype);
 		w->pos[i] = s->n - s->n_q + qi;
 		for (uint32_t d = 0; d < D; d++)
-			w->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, q, (uint32_t)(qidx + d)) * a->scale;
+			w->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
 		w->mrow[i] = -INFINITY;
 		w->lsum[i] = 0.0f;
 	}

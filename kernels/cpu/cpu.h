@@ -51,7 +51,7 @@ struct kvq_attn {
 	const struct kvq_layout *L;
 	const void *base;
 	uint32_t layer;
-	uint32_t q_heads;       /* multiple of the layout's kv_heads */
+	uint32_t q_heads;       /* multiple of the layout's kv_heads, at most 64 times it */
 	float scale;            /* softmax scale, usually 1/sqrt(head_dim) */
 	int q_dtype, out_dtype; /* enum kvq_dtype */
 };
