@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Paged attention over KV as stored: sealed blocks are dequantized a row at a
- * time into L1 (K by token, V by dimension since sealed V is transposed), the
+ * Paged attention over KV as stored: sealed blocks are dequantized on the fly
+ * by the fused K-score and V-accumulate loops of the vector path (ops.h), the
  * open window is read as FP16/BF16.  Query rows of one KV head (its GQA group
- * times the query tokens) are processed in tiles of TM with an online softmax
- * per block and fp32 accumulation.
+ * times the query tokens) are processed in tiles of up to TM rows, four at a
+ * time, with an online softmax per block and fp32 accumulation.
  */
 #include <errno.h>
 #include <math.h>
@@ -14,7 +14,7 @@
 #include "cpu.h"
 #include "ops.h"
 
-#define TM 16u
+#define TM 16u   /* rows per tile: a multiple of 4 */
 #define MAXD KVQ_MAX_HEAD_DIM
 #define MAXB KVQ_MAX_BLOCK_TOKENS
 #define MAXP (MAXB * MAXD / 32u)   /* most parameter entries of one head slice */
@@ -22,74 +22,70 @@
 struct work {
 	const struct kvq_cpu_ops *ops;
 	const struct kvq_layout *L;
-	const struct kvq_layer_layout *ll;
-	int kkind, vkind;
-	unsigned kgroup, vgroup;
+	struct kvq_blk blk;
 	int act_fmt;
 	float qf[TM * MAXD];
-	float acc[TM * MAXD];
-	float sc[TM * MAXB];
-	float row[MAXD > MAXB ? MAXD : MAXB];
-	float tmp[TM];
+	float accT[TM * MAXD];   /* per quad of rows: [d][4] */
+	float sc[TM * MAXB];     /* scores, then probabilities: [row][token] */
+	float row[MAXD];
 	float ks[MAXP], kz[MAXP], vs[MAXP], vz[MAXP];
-	float mrow[TM], lsum[TM];
+	float mrow[TM], lsum[TM], alpha[TM];
 	uint32_t pos[TM];
 };
 
-/* K row t of a sealed head slice, dequantized into w->row. */
-static void sealed_k_row(struct work *w, const uint8_t *kc, uint32_t t)
-{
-	uint32_t B = w->L->block_tokens, D = w->L->head_dim;
-
-	w->ops->decode(w->ll->kfmt, kc, kvq_k_elem(t, 0, B, D), D, w->row);
-	switch (w->kkind) {
-	case KVQ_PARAM_TOKEN:
-		w->ops->affine1(w->row, w->ks[t], 0.0f, D);
-		break;
-	case KVQ_PARAM_GROUP:
-		for (uint32_t g0 = 0; g0 < D; g0 += w->kgroup) {
-			uint32_t i = kvq_param_index(KVQ_PARAM_GROUP, w->kgroup, 0, t, g0, B, D);
-			w->ops->affine1(w->row + g0, w->ks[i], w->kz[i], w->kgroup);
-		}
-		break;
-	case KVQ_PARAM_CHANNEL:
-		w->ops->affine(w->row, w->ks, w->kz, D);
-		break;
-	default:
-		break;
-	}
-}
-
-/* V values of dimension d for the block's B tokens (sealed V is transposed). */
-static void sealed_v_col(struct work *w, const uint8_t *vc, uint32_t d)
-{
-	uint32_t B = w->L->block_tokens, D = w->L->head_dim;
-
-	w->ops->decode(w->ll->vfmt, vc, kvq_v_elem(0, d, B, D), B, w->row);
-	switch (w->vkind) {
-	case KVQ_PARAM_TOKEN:
-		w->ops->affine(w->row, w->vs, NULL, B);
-		break;
-	case KVQ_PARAM_GROUP: {
-		uint32_t i = kvq_param_index(KVQ_PARAM_GROUP, w->vgroup, 1, 0, d, B, D);
-		w->ops->affine(w->row, w->vs + i, w->vz + i, B);
-		break;
-	}
-	default:
-		break;
-	}
-}
-
-static void store_row(int dt, void *out, size_t idx, const float *x, float inv, uint32_t D)
+static void store_row(int dt, void *out, size_t idx, const float *accT, uint32_t r, float inv, uint32_t D)
 {
 	for (uint32_t d = 0; d < D; d++) {
-		float y = x[d] * inv;
+		float y = accT[d * 4 + r] * inv;
 		switch (dt) {
 		case KVQ_DT_F16: ((uint16_t *)out)[idx + d] = kvq_f16_from_f32(y); break;
 		case KVQ_DT_BF16: ((uint16_t *)out)[idx + d] = kvq_bf16_from_f32(y); break;
 		default: ((float *)out)[idx + d] = y; break;
 		}
 	}
+}
+
+/* Points w->blk at sealed slot id of (layer, head), parameters in float. */
+static void load_sealed(struct work *w, const uint8_t *base, uint32_t layer, uint32_t h, uint32_t id)
+{
+	const struct kvq_layout *L = w->L;
+	struct kvq_blk *b = &w->blk;
+
+	b->kc = base + kvq_layout_off(L, KVQ_SEALED, id, layer, h, KVQ_K_CODES);
+	b->vc = base + kvq_layout_off(L, KVQ_SEALED, id, layer, h, KVQ_V_CODES);
+	w->ops->params(base + kvq_layout_off(L, KVQ_SEALED, id, layer, h, KVQ_K_PARAMS), b->kkind,
+		       kvq_param_count(b->kkind, b->kgroup, b->B, b->D), w->ks, w->kz);
+	w->ops->params(base + kvq_layout_off(L, KVQ_SEALED, id, layer, h, KVQ_V_PARAMS), b->vkind,
+		       kvq_param_count(b->vkind, b->vgroup, b->B, b->D), w->vs, w->vz);
+}
+
+static void prefetch_head(const uint8_t *p, uint32_t bytes)
+{
+	for (uint32_t o = 0; o < bytes; o += 128)   /* the L2 streamer fetches line pairs */
+		__builtin_prefetch(p + o, 0, 3);
+}
+
+/* Causal mask and online softmax of row i over the block's tokens; the row's
+ * scores become probabilities (0 where masked, up to B). */
+static void softmax_row(struct work *w, uint32_t i, uint32_t blk_start, uint32_t tmax)
+{
+	uint32_t B = w->L->block_tokens;
+	float *sc = w->sc + i * B, bm = -INFINITY, nm;
+	uint32_t valid = w->pos[i] < blk_start ? 0 : w->pos[i] - blk_start + 1;
+
+	if (valid > tmax)
+		valid = tmax;
+	for (uint32_t t = 0; t < valid; t++)
+		bm = sc[t] > bm ? sc[t] : bm;
+	for (uint32_t t = valid; t < B; t++)
+		sc[t] = 0.0f;
+	w->alpha[i] = 1.0f;
+	if (valid == 0)
+		return;
+	nm = w->mrow[i] > bm ? w->mrow[i] : bm;
+	w->alpha[i] = w->mrow[i] == -INFINITY ? 0.0f : expf(w->mrow[i] - nm);
+	w->lsum[i] = w->lsum[i] * w->alpha[i] + w->ops->expsum(sc, nm, valid);
+	w->mrow[i] = nm;
 }
 
 /* One tile of query rows of one (sequence, KV head). */
@@ -100,20 +96,26 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 	uint32_t B = L->block_tokens, D = L->head_dim, H = L->kv_heads;
 	uint32_t g = a->q_heads / H;
 	uint32_t S = kvq_layout_split(L, s->n);
+	uint32_t nq = (mt + 3) / 4, rows = nq * 4;   /* rows padded to whole quads */
 	const uint8_t *base = a->base;
 	uint32_t last, nblk;
 
-	for (uint32_t i = 0; i < mt; i++) {
+	for (uint32_t i = 0; i < rows; i++) {
+		w->mrow[i] = -INFINITY;
+		w->lsum[i] = 0.0f;
+		if (i >= mt) {   /* padding row: zero query, results dropped */
+			memset(w->qf + i * D, 0, sizeof(float) * D);
+			w->pos[i] = w->pos[mt - 1];
+			continue;
+		}
 		uint32_t r = r0 + i, qi = r / g, j = r % g;
 		size_t qidx = ((qrow0 + qi) * a->q_heads + (size_t)h * g + j) * D;
 		const uint8_t *qrow = (const uint8_t *)q + qidx * kvq_dtype_bytes(a->q_dtype);
 		w->pos[i] = s->n - s->n_q + qi;
 		for (uint32_t d = 0; d < D; d++)
 			w->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
-		w->mrow[i] = -INFINITY;
-		w->lsum[i] = 0.0f;
 	}
-	memset(w->acc, 0, sizeof(float) * mt * D);
+	memset(w->accT, 0, sizeof(float) * rows * D);
 	last = w->pos[mt - 1];
 	nblk = last / B + 1;
 
@@ -121,16 +123,16 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 		int sealed = blk * B < S;
 		uint32_t ntok = sealed ? B : (s->n - blk * B < B ? s->n - blk * B : B);
 		uint32_t tmax = last - blk * B + 1 < ntok ? last - blk * B + 1 : ntok;
-		const uint8_t *kc, *vc;
+		const uint8_t *kc = NULL, *vc = NULL;
 
 		if (sealed) {
-			uint32_t id = (uint32_t)s->sealed[blk];
-			kc = base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_K_CODES);
-			vc = base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_V_CODES);
-			w->ops->params(base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_K_PARAMS), w->kkind,
-				    kvq_param_count(w->kkind, w->kgroup, B, D), w->ks, w->kz);
-			w->ops->params(base + kvq_layout_off(L, KVQ_SEALED, id, a->layer, h, KVQ_V_PARAMS), w->vkind,
-				    kvq_param_count(w->vkind, w->vgroup, B, D), w->vs, w->vz);
+			load_sealed(w, base, a->layer, h, (uint32_t)s->sealed[blk]);
+			/* a head slice is a few KB at a paged, unpredictable address:
+			 * fetch the next one into L2 while this one is computed */
+			if ((blk + 1) * B < S)
+				prefetch_head(base + kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk + 1],
+								    a->layer, h, KVQ_K_CODES),
+					      L->layer[a->layer].sealed_head);
 		} else {
 			uint32_t id = (uint32_t)s->open[blk - S / B];
 			kc = base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, h, KVQ_K_CODES);
@@ -138,50 +140,40 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 		}
 
 		/* scores */
-		for (uint32_t t = 0; t < tmax; t++) {
-			if (sealed)
-				sealed_k_row(w, kc, t);
-			else
-				w->ops->decode(w->act_fmt, kc, t * D, D, w->row);
-			w->ops->dots(w->row, w->qf, D, mt, D, w->sc + t, B);
+		for (uint32_t qd = 0; qd < nq; qd++) {
+			float *sc = w->sc + qd * 4 * B;
+			const float *qf = w->qf + qd * 4 * D;
+			if (sealed) {
+				w->ops->k_scores4(&w->blk, qf, tmax, sc, B);
+			} else {
+				for (uint32_t t = 0; t < tmax; t++) {
+					w->ops->decode(w->act_fmt, kc, t * D, D, w->row);
+					w->ops->dots(w->row, qf, D, 4, D, sc + t, B);
+				}
+			}
 		}
 
-		/* causal mask and online softmax; p replaces the scores */
-		for (uint32_t i = 0; i < mt; i++) {
-			float *sc = w->sc + i * B, bm = -INFINITY, nm, alpha;
-			uint32_t valid = w->pos[i] < blk * B ? 0 : w->pos[i] - blk * B + 1;
-
-			if (valid > tmax)
-				valid = tmax;
-			for (uint32_t t = 0; t < valid; t++)
-				bm = fmaxf(bm, sc[t]);
-			for (uint32_t t = valid; t < B; t++)
-				sc[t] = 0.0f;
-			if (valid == 0)
+		/* mask, online softmax, rescale what was accumulated */
+		for (uint32_t i = 0; i < rows; i++)
+			softmax_row(w, i, blk * B, tmax);
+		for (uint32_t qd = 0; qd < nq; qd++) {
+			const float *al = w->alpha + qd * 4;
+			if (al[0] == 1.0f && al[1] == 1.0f && al[2] == 1.0f && al[3] == 1.0f)
 				continue;
-			nm = fmaxf(w->mrow[i], bm);
-			alpha = w->mrow[i] == -INFINITY ? 0.0f : expf(w->mrow[i] - nm);
-			if (alpha != 1.0f) {
-				for (uint32_t d = 0; d < D; d++)
-					w->acc[i * D + d] *= alpha;
-				w->lsum[i] *= alpha;
-			}
-			w->lsum[i] += w->ops->expsum(sc, nm, valid);
-			w->mrow[i] = nm;
+			w->ops->scale4(w->accT + qd * D * 4, al, D);
 		}
 
 		/* values */
-		if (sealed) {
-			for (uint32_t d = 0; d < D; d++) {
-				sealed_v_col(w, vc, d);
-				w->ops->dots(w->row, w->sc, B, mt, B, w->tmp, 1);
-				for (uint32_t i = 0; i < mt; i++)
-					w->acc[i * D + d] += w->tmp[i];
+		for (uint32_t qd = 0; qd < nq; qd++) {
+			const float *p = w->sc + qd * 4 * B;
+			float *accT = w->accT + qd * D * 4;
+			if (sealed) {
+				w->ops->v_accum4(&w->blk, p, B, accT);
+				continue;
 			}
-		} else {
 			for (uint32_t t = 0; t < tmax; t++) {
 				w->ops->decode(w->act_fmt, vc, t * D, D, w->row);
-				w->ops->axpys(w->row, w->sc + t, B, mt, D, w->acc, D);
+				w->ops->v_row4(w->row, p + t, B, D, accT);
 			}
 		}
 	}
@@ -189,7 +181,7 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 	for (uint32_t i = 0; i < mt; i++) {
 		uint32_t r = r0 + i, qi = r / g, j = r % g;
 		size_t oidx = ((qrow0 + qi) * a->q_heads + (size_t)h * g + j) * D;
-		store_row(a->out_dtype, out, oidx, w->acc + i * D, 1.0f / w->lsum[i], D);
+		store_row(a->out_dtype, out, oidx, w->accT + (i / 4) * D * 4, i % 4, 1.0f / w->lsum[i], D);
 	}
 }
 
@@ -225,11 +217,18 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
 
 	w.ops = kvq_cpu_ops();
 	w.L = L;
-	w.ll = &L->layer[a->layer];
-	w.kkind = kvq_fmt_param_kind(w.ll->kfmt, 0);
-	w.vkind = kvq_fmt_param_kind(w.ll->vfmt, 1);
-	w.kgroup = kvq_fmt_group(w.ll->kfmt, 0);
-	w.vgroup = kvq_fmt_group(w.ll->vfmt, 1);
+	w.blk.kfmt = L->layer[a->layer].kfmt;
+	w.blk.vfmt = L->layer[a->layer].vfmt;
+	w.blk.kkind = kvq_fmt_param_kind(w.blk.kfmt, 0);
+	w.blk.vkind = kvq_fmt_param_kind(w.blk.vfmt, 1);
+	w.blk.kgroup = kvq_fmt_group(w.blk.kfmt, 0);
+	w.blk.vgroup = kvq_fmt_group(w.blk.vfmt, 1);
+	w.blk.B = L->block_tokens;
+	w.blk.D = L->head_dim;
+	w.blk.ks = w.ks;
+	w.blk.kz = w.kz;
+	w.blk.vs = w.vs;
+	w.blk.vz = w.vz;
 	w.act_fmt = L->act == KVQ_DT_BF16 ? KVQ_FMT_BF16 : KVQ_FMT_F16;
 
 	for (uint32_t i = 0; i < nseq; i++) {

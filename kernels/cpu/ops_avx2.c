@@ -242,7 +242,257 @@ static float expsum(float *x, float mx, uint32_t n)
 	return sum;
 }
 
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Elements e .. e+15 of a packed row -> two vectors of unscaled code values.
+ * F is a compile-time constant in every caller. */
+static ALWAYS_INLINE void dec16(int F, const uint8_t *row, uint32_t e, __m256 *lo, __m256 *hi)
+{
+	switch (F) {
+	case KVQ_FMT_F16:
+		*lo = dec8_f16(row + 2 * e);
+		*hi = dec8_f16(row + 2 * e + 16);
+		break;
+	case KVQ_FMT_BF16:
+		*lo = dec8_bf16(row + 2 * e);
+		*hi = dec8_bf16(row + 2 * e + 16);
+		break;
+	case KVQ_FMT_INT8:
+		*lo = dec8_int8(row + e);
+		*hi = dec8_int8(row + e + 8);
+		break;
+	case KVQ_FMT_FP8:
+		*lo = dec8_e4m3(row + e);
+		*hi = dec8_e4m3(row + e + 8);
+		break;
+	case KVQ_FMT_FP8E5M2:
+		*lo = dec8_e5m2(row + e);
+		*hi = dec8_e5m2(row + e + 8);
+		break;
+	case KVQ_FMT_KIVI2:
+		dec16_u2(row + e / 4, lo, hi);
+		break;
+	default:   /* the 4-bit formats */
+		dec16_u4(row + e / 2, lo, hi);
+		break;
+	}
+}
+
+/* Eight horizontal sums at once: lane i of the result is the sum of v[i]. */
+static inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6,
+			   __m256 v7)
+{
+	__m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+	__m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
+	return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/*
+ * Dot products of two code rows (a, b: n elements from element e0) with four
+ * float rows x + r * ldx: [a.x0 a.x1 a.x2 a.x3 b.x0 b.x1 b.x2 b.x3].  Each x
+ * vector is loaded once for both code rows: the loads, not the FMAs, bound
+ * a one-row loop on two load ports.
+ */
+static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
+				   const float *x, size_t ldx)
+{
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	__m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+
+	for (uint32_t e = 0; e < n; e += 16) {
+		__m256 alo, ahi, blo, bhi, xl, xh;
+		dec16(F, a, e0 + e, &alo, &ahi);
+		dec16(F, b, e0 + e, &blo, &bhi);
+#define ROW(r, ACC_A, ACC_B)                                                    \
+		xl = _mm256_loadu_ps(x + (r) * ldx + e);                        \
+		xh = _mm256_loadu_ps(x + (r) * ldx + e + 8);                    \
+		ACC_A = _mm256_fmadd_ps(alo, xl, ACC_A);                        \
+		ACC_B = _mm256_fmadd_ps(blo, xl, ACC_B);                        \
+		ACC_A = _mm256_fmadd_ps(ahi, xh, ACC_A);                        \
+		ACC_B = _mm256_fmadd_ps(bhi, xh, ACC_B);
+		ROW(0, a0, b0)
+		ROW(1, a1, b1)
+		ROW(2, a2, b2)
+		ROW(3, a3, b3)
+#undef ROW
+	}
+	return hsum8(a0, a1, a2, a3, b0, b1, b2, b3);
+}
+
+/*
+ * Scores of 4 query rows against a sealed block's K, two tokens at a time.
+ * Scales stay out of the inner product (KERNELS.md): per-token scales
+ * multiply the scores, group scales multiply each group's partial dot and add
+ * zero * sum(q over the group), per-channel KIVI scales are folded into q
+ * once per block.
+ */
+static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q, uint32_t tmax,
+					 float *sc, size_t ldsc, const int F, const int KIND)
+{
+	const uint32_t B = b->B, D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->kgroup : D;
+	const unsigned bits = kvq_fmt_bits(F);
+	float qs[4 * KVQ_MAX_HEAD_DIM] __attribute__((aligned(32)));
+	float qsum[KVQ_MAX_HEAD_DIM / 32 * 4] __attribute__((aligned(16)));
+	float bias[4] __attribute__((aligned(16))) = { 0, 0, 0, 0 };
+	const float *qq = q;
+
+	if (KIND == KVQ_PARAM_CHANNEL) {
+		for (uint32_t r = 0; r < 4; r++) {
+			float acc = 0.0f;
+			for (uint32_t d = 0; d < D; d++) {
+				qs[r * D + d] = q[r * D + d] * b->ks[d];
+				acc += q[r * D + d] * b->kz[d];
+			}
+			bias[r] = acc;
+		}
+		qq = qs;
+	} else if (KIND == KVQ_PARAM_GROUP) {
+		for (uint32_t g0 = 0; g0 < D; g0 += G)
+			for (uint32_t r = 0; r < 4; r++) {
+				float acc = 0.0f;
+				for (uint32_t d = g0; d < g0 + G; d++)
+					acc += q[r * D + d];
+				qsum[g0 / G * 4 + r] = acc;
+			}
+	}
+	for (uint32_t t = 0; t < tmax; t += 2) {
+		uint32_t u = t + 1 < tmax ? t + 1 : t;   /* an odd tail computes its token twice */
+		const uint8_t *ra = b->kc + (size_t)kvq_k_elem(t, 0, B, D) * bits / 8;
+		const uint8_t *rb = b->kc + (size_t)kvq_k_elem(u, 0, B, D) * bits / 8;
+		__m128 bias4 = _mm_load_ps(bias);
+		__m256 score = _mm256_set_m128(bias4, bias4);
+		float out[8];
+
+		for (uint32_t g0 = 0; g0 < D; g0 += G) {
+			__m256 h = dot2x4(F, ra, rb, g0, G, qq + g0, D);
+			if (KIND == KVQ_PARAM_GROUP) {
+				uint32_t ia = kvq_param_index(KVQ_PARAM_GROUP, G, 0, t, g0, B, D);
+				uint32_t ib = kvq_param_index(KVQ_PARAM_GROUP, G, 0, u, g0, B, D);
+				__m128 qs4 = _mm_load_ps(qsum + g0 / G * 4);
+				__m256 sv = _mm256_set_m128(_mm_set1_ps(b->ks[ib]), _mm_set1_ps(b->ks[ia]));
+				__m256 zv = _mm256_set_m128(_mm_set1_ps(b->kz[ib]), _mm_set1_ps(b->kz[ia]));
+				h = _mm256_fmadd_ps(h, sv, _mm256_mul_ps(zv, _mm256_set_m128(qs4, qs4)));
+			}
+			score = _mm256_add_ps(score, h);
+		}
+		if (KIND == KVQ_PARAM_TOKEN)
+			score = _mm256_mul_ps(score, _mm256_set_m128(_mm_set1_ps(b->ks[u]), _mm_set1_ps(b->ks[t])));
+		_mm256_storeu_ps(out, score);
+		sc[t] = out[0];
+		sc[ldsc + t] = out[1];
+		sc[2 * ldsc + t] = out[2];
+		sc[3 * ldsc + t] = out[3];
+		sc[u] = out[4];
+		sc[ldsc + u] = out[5];
+		sc[2 * ldsc + u] = out[6];
+		sc[3 * ldsc + u] = out[7];
+	}
+}
+
+/*
+ * V of a sealed block (stored transposed: dimension-major) into the 4 rows'
+ * accumulators, two dimensions at a time.  Per-token scales are folded into
+ * the probabilities once per block, group scales once per group, and a
+ * group's zero adds sum_t p_t z_t to each of its dimensions.
+ */
+static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p, size_t ldp, float *accT,
+					const int F, const int KIND)
+{
+	const uint32_t B = b->B, D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->vgroup : D;
+	const unsigned bits = kvq_fmt_bits(F);
+	float pp[4 * KVQ_MAX_BLOCK_TOKENS] __attribute__((aligned(32)));
+	float zt[4] __attribute__((aligned(16))) = { 0, 0, 0, 0 };
+	const float *pr = p;
+	size_t ld = ldp;
+
+	if (KIND == KVQ_PARAM_TOKEN) {
+		for (uint32_t r = 0; r < 4; r++)
+			for (uint32_t t = 0; t < B; t++)
+				pp[r * B + t] = p[r * ldp + t] * b->vs[t];
+		pr = pp;
+		ld = B;
+	}
+	for (uint32_t g0 = 0; g0 < D; g0 += G) {
+		__m128 z4;
+		if (KIND == KVQ_PARAM_GROUP) {
+			uint32_t base = kvq_param_index(KVQ_PARAM_GROUP, G, 1, 0, g0, B, D);
+			for (uint32_t r = 0; r < 4; r++) {
+				float z = 0.0f;
+				for (uint32_t t = 0; t < B; t++) {
+					pp[r * B + t] = p[r * ldp + t] * b->vs[base + t];
+					z += p[r * ldp + t] * b->vz[base + t];
+				}
+				zt[r] = z;
+			}
+			pr = pp;
+			ld = B;
+		}
+		z4 = _mm_load_ps(zt);
+		for (uint32_t d = g0; d < g0 + G; d += 2) {
+			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
+			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
+			__m256 h = dot2x4(F, ra, rb, 0, B, pr, ld);
+			if (KIND == KVQ_PARAM_GROUP)
+				h = _mm256_add_ps(h, _mm256_set_m128(z4, z4));
+			_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4), h));
+		}
+	}
+}
+
+/* One place turns (format, parameter kind) into the constants above. */
+#define FORMAT_DISPATCH(fmt, CALL)                                                       \
+	switch (fmt) {                                                                   \
+	case KVQ_FMT_F16: CALL(KVQ_FMT_F16); break;                                      \
+	case KVQ_FMT_BF16: CALL(KVQ_FMT_BF16); break;                                    \
+	case KVQ_FMT_INT8: CALL(KVQ_FMT_INT8); break;                                    \
+	case KVQ_FMT_FP8: CALL(KVQ_FMT_FP8); break;                                      \
+	case KVQ_FMT_FP8E5M2: CALL(KVQ_FMT_FP8E5M2); break;                              \
+	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128:               \
+		CALL(KVQ_FMT_INT4G32); break;                                            \
+	case KVQ_FMT_KIVI4: CALL(KVQ_FMT_KIVI4); break;                                  \
+	case KVQ_FMT_KIVI2: CALL(KVQ_FMT_KIVI2); break;                                  \
+	default: break;                                                                  \
+	}
+
+static void k_scores4(const struct kvq_blk *b, const float *q, uint32_t tmax, float *sc, size_t ldsc)
+{
+#define K_CALL(F) k_scores4_impl(b, q, tmax, sc, ldsc, F, kvq_fmt_param_kind(F, 0))
+	FORMAT_DISPATCH(b->kfmt, K_CALL)
+#undef K_CALL
+}
+
+static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *accT)
+{
+#define V_CALL(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1))
+	FORMAT_DISPATCH(b->vfmt, V_CALL)
+#undef V_CALL
+}
+
+static void v_row4(const float *row, const float *p, size_t ldp, uint32_t n, float *accT)
+{
+	__m128 p4 = _mm_setr_ps(p[0], p[ldp], p[2 * ldp], p[3 * ldp]);
+	__m256 pv = _mm256_set_m128(p4, p4);
+
+	for (uint32_t d = 0; d < n; d += 2) {
+		__m256 v = _mm256_set_m128(_mm_set1_ps(row[d + 1]), _mm_set1_ps(row[d]));
+		_mm256_storeu_ps(accT + d * 4, _mm256_fmadd_ps(pv, v, _mm256_loadu_ps(accT + d * 4)));
+	}
+}
+
+static void scale4(float *accT, const float *al, uint32_t n)
+{
+	__m128 a4 = _mm_loadu_ps(al);
+	__m256 av = _mm256_set_m128(a4, a4);
+
+	for (uint32_t d = 0; d < n; d += 2)
+		_mm256_storeu_ps(accT + d * 4, _mm256_mul_ps(_mm256_loadu_ps(accT + d * 4), av));
+}
+
 const struct kvq_cpu_ops kvq_cpu_ops_avx2 = {
+	.v_row4 = v_row4,
+	.scale4 = scale4,
+	.k_scores4 = k_scores4,
+	.v_accum4 = v_accum4,
 	.name = "avx2",
 	.decode = decode,
 	.dots = dots,
