@@ -14,7 +14,7 @@
 #include "cpu.h"
 #include "ops.h"
 
-#define TM 16u   /* rows per tile: a multiple of 4 */
+#define TM 8u    /* rows per tile: a multiple of 4 */
 #define MAXD KVQ_MAX_HEAD_DIM
 #define MAXB KVQ_MAX_BLOCK_TOKENS
 #define MAXP (MAXB * MAXD / 32u)   /* most parameter entries of one head slice */
@@ -26,6 +26,7 @@ struct work {
 	int act_fmt;
 	float qf[TM * MAXD];
 	float accT[TM * MAXD];   /* per quad of rows: [d][4] */
+	float acc8[TM * MAXD * 8];   /* per quad: [d][4][8] lane-wise partial sums of sealed V */
 	float sc[TM * MAXB];     /* scores, then probabilities: [row][token] */
 	float row[MAXD];
 	float ks[MAXP], kz[MAXP], vs[MAXP], vz[MAXP];
@@ -57,12 +58,6 @@ static void load_sealed(struct work *w, const uint8_t *base, uint32_t layer, uin
 		       kvq_param_count(b->kkind, b->kgroup, b->B, b->D), w->ks, w->kz);
 	w->ops->params(base + kvq_layout_off(L, KVQ_SEALED, id, layer, h, KVQ_V_PARAMS), b->vkind,
 		       kvq_param_count(b->vkind, b->vgroup, b->B, b->D), w->vs, w->vz);
-}
-
-static void prefetch_head(const uint8_t *p, uint32_t bytes)
-{
-	for (uint32_t o = 0; o < bytes; o += 128)   /* the L2 streamer fetches line pairs */
-		__builtin_prefetch(p + o, 0, 3);
 }
 
 /* Causal mask and online softmax of row i over the block's tokens; the row's
@@ -116,6 +111,7 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 			w->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
 	}
 	memset(w->accT, 0, sizeof(float) * rows * D);
+	memset(w->acc8, 0, sizeof(float) * rows * D * 8);
 	last = w->pos[mt - 1];
 	nblk = last / B + 1;
 
@@ -123,16 +119,15 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 		int sealed = blk * B < S;
 		uint32_t ntok = sealed ? B : (s->n - blk * B < B ? s->n - blk * B : B);
 		uint32_t tmax = last - blk * B + 1 < ntok ? last - blk * B + 1 : ntok;
-		const uint8_t *kc = NULL, *vc = NULL;
+		const uint8_t *kc = NULL, *vc = NULL, *next = NULL;
 
 		if (sealed) {
 			load_sealed(w, base, a->layer, h, (uint32_t)s->sealed[blk]);
 			/* a head slice is a few KB at a paged, unpredictable address:
-			 * fetch the next one into L2 while this one is computed */
-			if ((blk + 1) * B < S)
-				prefetch_head(base + kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk + 1],
-								    a->layer, h, KVQ_K_CODES),
-					      L->layer[a->layer].sealed_head);
+			 * the kernels fetch the next one while this one is computed */
+			next = (blk + 1) * B < S ?
+				base + kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk + 1], a->layer, h,
+						      KVQ_K_CODES) : NULL;
 		} else {
 			uint32_t id = (uint32_t)s->open[blk - S / B];
 			kc = base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, h, KVQ_K_CODES);
@@ -144,6 +139,7 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 			float *sc = w->sc + qd * 4 * B;
 			const float *qf = w->qf + qd * 4 * D;
 			if (sealed) {
+				w->blk.next = qd == 0 ? next : NULL;   /* one prefetch per block */
 				w->ops->k_scores4(&w->blk, qf, tmax, sc, B);
 			} else {
 				for (uint32_t t = 0; t < tmax; t++) {
@@ -160,7 +156,7 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 			const float *al = w->alpha + qd * 4;
 			if (al[0] == 1.0f && al[1] == 1.0f && al[2] == 1.0f && al[3] == 1.0f)
 				continue;
-			w->ops->scale4(w->accT + qd * D * 4, al, D);
+			w->ops->scale4(w->accT + qd * D * 4, w->acc8 + qd * D * 32, al, D);
 		}
 
 		/* values */
@@ -168,7 +164,7 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 			const float *p = w->sc + qd * 4 * B;
 			float *accT = w->accT + qd * D * 4;
 			if (sealed) {
-				w->ops->v_accum4(&w->blk, p, B, accT);
+				w->ops->v_accum4(&w->blk, p, B, w->acc8 + qd * D * 32, accT);
 				continue;
 			}
 			for (uint32_t t = 0; t < tmax; t++) {
@@ -178,6 +174,8 @@ static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn
 		}
 	}
 
+	for (uint32_t qd = 0; qd < nq; qd++)
+		w->ops->reduce8(w->acc8 + qd * D * 32, w->accT + qd * D * 4, D);
 	for (uint32_t i = 0; i < mt; i++) {
 		uint32_t r = r0 + i, qi = r / g, j = r % g;
 		size_t oidx = ((qrow0 + qi) * a->q_heads + (size_t)h * g + j) * D;
@@ -229,6 +227,8 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
 	w.blk.kz = w.kz;
 	w.blk.vs = w.vs;
 	w.blk.vz = w.vz;
+	w.blk.next = NULL;
+	w.blk.next_bytes = L->layer[a->layer].sealed_head;
 	w.act_fmt = L->act == KVQ_DT_BF16 ? KVQ_FMT_BF16 : KVQ_FMT_F16;
 
 	for (uint32_t i = 0; i < nseq; i++) {

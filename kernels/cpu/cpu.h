@@ -4,7 +4,7 @@
  * kernels.  Same contract as the CUDA kernels: write (append into the open
  * window, seal full blocks, prefill straight into sealed slots) and paged
  * attention that reads KV as stored.  All functions are reentrant; none
- * allocates.  Stack use is about 100 KiB.
+ * allocates.  Stack use is about 170 KiB.
  */
 #ifndef KVQ_CPU_H
 #define KVQ_CPU_H

@@ -278,6 +278,15 @@ static ALWAYS_INLINE void dec16(int F, const uint8_t *row, uint32_t e, __m256 *l
 	}
 }
 
+/* Prefetch step i of n over [p, p + bytes): about bytes / 64 / n lines. */
+static inline void prefetch_step(const uint8_t *p, uint32_t bytes, uint32_t i, uint32_t n)
+{
+	uint32_t lines = (bytes + 63) / 64, per = (lines + n - 1) / n;
+
+	for (uint32_t l = i * per; l < (i + 1) * per && l < lines; l++)
+		_mm_prefetch((const char *)p + l * 64, _MM_HINT_T0);
+}
+
 /* Eight horizontal sums at once: lane i of the result is the sum of v[i]. */
 static inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6,
 			   __m256 v7)
@@ -357,6 +366,8 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 	}
 	for (uint32_t t = 0; t < tmax; t += 2) {
 		uint32_t u = t + 1 < tmax ? t + 1 : t;   /* an odd tail computes its token twice */
+		if (b->next)
+			prefetch_step(b->next, b->next_bytes, t / 2, (tmax + 1) / 2);
 		const uint8_t *ra = b->kc + (size_t)kvq_k_elem(t, 0, B, D) * bits / 8;
 		const uint8_t *rb = b->kc + (size_t)kvq_k_elem(u, 0, B, D) * bits / 8;
 		__m128 bias4 = _mm_load_ps(bias);
@@ -391,25 +402,25 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 
 /*
  * V of a sealed block (stored transposed: dimension-major) into the 4 rows'
- * accumulators, two dimensions at a time.  Per-token scales are folded into
- * the probabilities once per block, group scales once per group, and a
- * group's zero adds sum_t p_t z_t to each of its dimensions.
+ * lane-wise accumulators, two dimensions at a time.  Per-token scales are
+ * folded into the probabilities once per block, group scales once per group,
+ * and a group's zero adds sum_t p_t z_t to each of its dimensions (in accT).
  */
-static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p, size_t ldp, float *accT,
-					const int F, const int KIND)
+static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p, size_t ldp, float *acc8,
+					float *accT, const int F, const int KIND)
 {
 	const uint32_t B = b->B, D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->vgroup : D;
 	const unsigned bits = kvq_fmt_bits(F);
 	float pp[4 * KVQ_MAX_BLOCK_TOKENS] __attribute__((aligned(32)));
 	float zt[4] __attribute__((aligned(16))) = { 0, 0, 0, 0 };
-	const float *pr = p;
+	const float *x = p;
 	size_t ld = ldp;
 
 	if (KIND == KVQ_PARAM_TOKEN) {
 		for (uint32_t r = 0; r < 4; r++)
 			for (uint32_t t = 0; t < B; t++)
 				pp[r * B + t] = p[r * ldp + t] * b->vs[t];
-		pr = pp;
+		x = pp;
 		ld = B;
 	}
 	for (uint32_t g0 = 0; g0 < D; g0 += G) {
@@ -424,18 +435,59 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 				}
 				zt[r] = z;
 			}
-			pr = pp;
+			x = pp;
 			ld = B;
 		}
 		z4 = _mm_load_ps(zt);
 		for (uint32_t d = g0; d < g0 + G; d += 2) {
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
-			__m256 h = dot2x4(F, ra, rb, 0, B, pr, ld);
+			float *A = acc8 + (size_t)d * 32;   /* (d, r) at (d * 4 + r) * 8 */
+			__m256 a0 = _mm256_loadu_ps(A), a1 = _mm256_loadu_ps(A + 8);
+			__m256 a2 = _mm256_loadu_ps(A + 16), a3 = _mm256_loadu_ps(A + 24);
+			__m256 b0 = _mm256_loadu_ps(A + 32), b1 = _mm256_loadu_ps(A + 40);
+			__m256 b2 = _mm256_loadu_ps(A + 48), b3 = _mm256_loadu_ps(A + 56);
+
+			for (uint32_t e = 0; e < B; e += 16) {
+				__m256 alo, ahi, blo, bhi, xl, xh;
+				dec16(F, ra, e, &alo, &ahi);
+				dec16(F, rb, e, &blo, &bhi);
+#define ROW(r, ACC_A, ACC_B)                                                    \
+				xl = _mm256_loadu_ps(x + (r) * ld + e);                 \
+				xh = _mm256_loadu_ps(x + (r) * ld + e + 8);             \
+				ACC_A = _mm256_fmadd_ps(alo, xl, ACC_A);                \
+				ACC_B = _mm256_fmadd_ps(blo, xl, ACC_B);                \
+				ACC_A = _mm256_fmadd_ps(ahi, xh, ACC_A);                \
+				ACC_B = _mm256_fmadd_ps(bhi, xh, ACC_B);
+				ROW(0, a0, b0)
+				ROW(1, a1, b1)
+				ROW(2, a2, b2)
+				ROW(3, a3, b3)
+#undef ROW
+			}
+			_mm256_storeu_ps(A, a0);
+			_mm256_storeu_ps(A + 8, a1);
+			_mm256_storeu_ps(A + 16, a2);
+			_mm256_storeu_ps(A + 24, a3);
+			_mm256_storeu_ps(A + 32, b0);
+			_mm256_storeu_ps(A + 40, b1);
+			_mm256_storeu_ps(A + 48, b2);
+			_mm256_storeu_ps(A + 56, b3);
 			if (KIND == KVQ_PARAM_GROUP)
-				h = _mm256_add_ps(h, _mm256_set_m128(z4, z4));
-			_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4), h));
+				_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4),
+									    _mm256_set_m128(z4, z4)));
 		}
+	}
+}
+
+static void reduce8(const float *acc8, float *accT, uint32_t n)
+{
+	for (uint32_t d = 0; d < n; d += 2) {
+		const float *A = acc8 + (size_t)d * 32;
+		__m256 h = hsum8(_mm256_loadu_ps(A), _mm256_loadu_ps(A + 8), _mm256_loadu_ps(A + 16),
+				 _mm256_loadu_ps(A + 24), _mm256_loadu_ps(A + 32), _mm256_loadu_ps(A + 40),
+				 _mm256_loadu_ps(A + 48), _mm256_loadu_ps(A + 56));
+		_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4), h));
 	}
 }
 
@@ -461,9 +513,9 @@ static void k_scores4(const struct kvq_blk *b, const float *q, uint32_t tmax, fl
 #undef K_CALL
 }
 
-static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *accT)
+static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *acc8, float *accT)
 {
-#define V_CALL(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1))
+#define V_CALL(F) v_accum4_impl(b, p, ldp, acc8, accT, F, kvq_fmt_param_kind(F, 1))
 	FORMAT_DISPATCH(b->vfmt, V_CALL)
 #undef V_CALL
 }
@@ -479,18 +531,23 @@ static void v_row4(const float *row, const float *p, size_t ldp, uint32_t n, flo
 	}
 }
 
-static void scale4(float *accT, const float *al, uint32_t n)
+static void scale4(float *accT, float *acc8, const float *al, uint32_t n)
 {
 	__m128 a4 = _mm_loadu_ps(al);
 	__m256 av = _mm256_set_m128(a4, a4);
+	__m256 ar[4] = { _mm256_set1_ps(al[0]), _mm256_set1_ps(al[1]), _mm256_set1_ps(al[2]),
+			 _mm256_set1_ps(al[3]) };
 
 	for (uint32_t d = 0; d < n; d += 2)
 		_mm256_storeu_ps(accT + d * 4, _mm256_mul_ps(_mm256_loadu_ps(accT + d * 4), av));
+	for (uint32_t i = 0; i < n * 4; i++)
+		_mm256_storeu_ps(acc8 + i * 8, _mm256_mul_ps(_mm256_loadu_ps(acc8 + i * 8), ar[i & 3]));
 }
 
 const struct kvq_cpu_ops kvq_cpu_ops_avx2 = {
 	.v_row4 = v_row4,
 	.scale4 = scale4,
+	.reduce8 = reduce8,
 	.k_scores4 = k_scores4,
 	.v_accum4 = v_accum4,
 	.name = "avx2",
