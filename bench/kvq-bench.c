@@ -2,7 +2,7 @@
 /*
  * kvq-bench: measurements of the kvq formats and kernels.
  *
- *   kvq-bench formats [--json] [--quick] [--isa portable|avx2]
+ *   kvq-bench formats [--json] [--quick] [--isa portable|avx2] [--format LIST]
  *
  * "formats" compares the storage formats at two model geometries: bytes per
  * token of a sealed block (every scale and zero included), the ratio to f16,
@@ -50,6 +50,7 @@
 
 struct cfg {
 	int json, quick;
+	uint32_t fmt_mask;         /* formats to measure (f16 always: the reference) */
 	unsigned threads;
 	uint64_t llc, llc_sysconf, llc_sysfs;
 	const char *llc_src;
@@ -859,6 +860,7 @@ static void usage(FILE *f)
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"
 		"  --isa NAME      vector path of the CPU kernels: portable or avx2 (default: best)\n"
+		"  --format LIST   only these formats, comma-separated (f16 always runs: the reference)\n"
 		"  --help          this text\n");
 }
 
@@ -885,6 +887,22 @@ static int cmd_formats(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
 			return 0;
+		} else if (!strcmp(argv[i], "--format") || !strncmp(argv[i], "--format=", 9)) {
+			const char *list = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+			if (!list || !*list) {
+				fprintf(stderr, PROG " formats: --format needs a list of formats, e.g. int8,fp8\n");
+				return 2;
+			}
+			for (const char *p = list; *p;) {
+				size_t len = strcspn(p, ",");
+				int f = kvq_fmt_from_name(p, len);
+				if (f < 0) {
+					fprintf(stderr, PROG " formats: unknown format '%.*s'\n", (int)len, p);
+					return 2;
+				}
+				c.fmt_mask |= 1u << f;
+				p += len + (p[len] == ',');
+			}
 		} else if (!strcmp(argv[i], "--isa")) {
 			if (i + 1 >= argc) {
 				fprintf(stderr, PROG " formats: --isa needs a value (portable or avx2)\n");
@@ -953,6 +971,8 @@ static int cmd_formats(int argc, char **argv)
 			struct share sh = { 0 };
 			double t0;
 
+			if (c.fmt_mask && !(c.fmt_mask & (1u << f)) && f != KVQ_FMT_F16)
+				continue;
 			if (!fmt_fits(f, g->head_dim)) {
 				snprintf(notes[nnotes++], sizeof notes[0],
 					 "%s skipped for %s: its groups do not divide head dim %u", kvq_fmt_name(f),

@@ -3,36 +3,98 @@
  * Paged attention over KV as stored: sealed blocks are dequantized on the fly
  * by the fused K-score and V-accumulate loops of the vector path (ops.h), the
  * open window is read as FP16/BF16.  Query rows of one KV head (its GQA group
- * times the query tokens) are processed in tiles of up to TM rows, four at a
+ * times the query tokens) form tiles of up to TM rows, processed four at a
  * time, with an online softmax per block and fp32 accumulation.
+ *
+ * Order of work: when each KV head's rows fit in one tile (decode, short
+ * speculative steps) every block is visited once for all heads in turn, so a
+ * block's slice (all heads, contiguous) streams from memory in address order;
+ * the per-head tile states then live in a per-thread scratch buffer.  Longer
+ * query runs (prefill) go head by head, tile by tile.
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
 #include "cpu.h"
 #include "ops.h"
 
-#define TM 8u    /* rows per tile: a multiple of 4 */
+#define TM 8u   /* rows per tile: a multiple of 4 */
 #define MAXD KVQ_MAX_HEAD_DIM
 #define MAXB KVQ_MAX_BLOCK_TOKENS
 #define MAXP (MAXB * MAXD / 32u)   /* most parameter entries of one head slice */
+#define SCRATCH_MAX (4u << 20)     /* bytes of per-thread tile states, at most */
 
-struct work {
-	const struct kvq_cpu_ops *ops;
-	const struct kvq_layout *L;
-	struct kvq_blk blk;
-	int act_fmt;
-	float qf[TM * MAXD];
-	float accT[TM * MAXD];   /* per quad of rows: [d][4] */
-	float acc8[TM * MAXD * 8];   /* per quad: [d][4][8] lane-wise partial sums of sealed V */
-	float sc[TM * MAXB];     /* scores, then probabilities: [row][token] */
-	float row[MAXD];
-	float ks[MAXP], kz[MAXP], vs[MAXP], vz[MAXP];
+/* The running state of one tile: up to TM query rows of one KV head. */
+struct tile {
+	uint32_t h, r0, mt, nq;   /* KV head, first row, rows, quads of rows */
+	uint32_t last;            /* position of the tile's last query */
+	float *qf;                /* [nq * 4][D] queries, pre-scaled */
+	float *accT;              /* per quad: [D][4] */
+	float *acc8;              /* per quad: [D][4][8] lane-wise partial sums of sealed V */
+	float *sc;                /* [nq * 4][B] scores, then probabilities */
 	float mrow[TM], lsum[TM], alpha[TM];
 	uint32_t pos[TM];
 };
+
+struct work {
+	const struct kvq_cpu_ops *ops;
+	const struct kvq_attn *a;
+	const struct kvq_layout *L;
+	struct kvq_blk blk;
+	int act_fmt;
+	float row[MAXD];
+	float ks[MAXP], kz[MAXP], vs[MAXP], vz[MAXP];
+};
+
+/* Floats of a tile's arrays for head dim D and block size B. */
+static size_t tile_floats(uint32_t D, uint32_t B)
+{
+	return (size_t)TM * D * (1 + 1 + 8) + (size_t)TM * B;
+}
+
+static void tile_bind(struct tile *t, float *mem, uint32_t D)
+{
+	t->qf = mem;
+	t->accT = t->qf + TM * D;
+	t->acc8 = t->accT + TM * D;
+	t->sc = t->acc8 + TM * D * 8;
+}
+
+/* Per-thread scratch for the tile states of the heads-inside-blocks order,
+ * kept between calls (freed when the thread exits). */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static __thread float *scratch;
+static __thread size_t scratch_len;
+
+static void scratch_free(void *p)
+{
+	free(p);
+}
+
+static void scratch_init(void)
+{
+	pthread_key_create(&scratch_key, scratch_free);
+}
+
+static float *scratch_get(size_t floats)
+{
+	if (floats <= scratch_len)
+		return scratch;
+	pthread_once(&scratch_once, scratch_init);
+	float *p = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+	if (!p)
+		return NULL;
+	free(scratch);
+	scratch = p;
+	scratch_len = floats;
+	pthread_setspecific(scratch_key, p);
+	return p;
+}
 
 static void store_row(int dt, void *out, size_t idx, const float *accT, uint32_t r, float inv, uint32_t D)
 {
@@ -46,10 +108,57 @@ static void store_row(int dt, void *out, size_t idx, const float *accT, uint32_t
 	}
 }
 
+/* Query row i of tile t: index of its first element in q and out. */
+static size_t row_index(const struct kvq_attn *a, uint32_t D, uint32_t g, size_t qrow0, const struct tile *t,
+			uint32_t i)
+{
+	uint32_t r = t->r0 + i, qi = r / g, j = r % g;
+
+	return ((qrow0 + qi) * a->q_heads + (size_t)t->h * g + j) * D;
+}
+
+static void tile_begin(struct work *w, struct tile *t, const struct kvq_attn_seq *s, const void *q, size_t qrow0)
+{
+	const struct kvq_attn *a = w->a;
+	uint32_t D = w->L->head_dim, g = a->q_heads / w->L->kv_heads;
+	uint32_t rows = t->nq * 4;
+
+	for (uint32_t i = 0; i < rows; i++) {
+		t->mrow[i] = -INFINITY;
+		t->lsum[i] = 0.0f;
+		if (i >= t->mt) {   /* padding row: zero query, results dropped */
+			memset(t->qf + i * D, 0, sizeof(float) * D);
+			t->pos[i] = t->pos[t->mt - 1];
+			continue;
+		}
+		const uint8_t *qrow = (const uint8_t *)q + row_index(a, D, g, qrow0, t, i) * kvq_dtype_bytes(a->q_dtype);
+		t->pos[i] = s->n - s->n_q + (t->r0 + i) / g;
+		for (uint32_t d = 0; d < D; d++)
+			t->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
+	}
+	memset(t->accT, 0, sizeof(float) * rows * D);
+	memset(t->acc8, 0, sizeof(float) * rows * D * 8);
+	t->last = t->pos[t->mt - 1];
+}
+
+static void tile_end(struct work *w, struct tile *t, void *out, size_t qrow0)
+{
+	const struct kvq_attn *a = w->a;
+	uint32_t D = w->L->head_dim, g = a->q_heads / w->L->kv_heads;
+
+	for (uint32_t qd = 0; qd < t->nq; qd++)
+		w->ops->reduce8(t->acc8 + qd * D * 32, t->accT + qd * D * 4, D);
+	for (uint32_t i = 0; i < t->mt; i++)
+		store_row(a->out_dtype, out, row_index(a, D, g, qrow0, t, i), t->accT + (i / 4) * D * 4, i % 4,
+			  1.0f / t->lsum[i], D);
+}
+
 /* Points w->blk at sealed slot id of (layer, head), parameters in float. */
-static void load_sealed(struct work *w, const uint8_t *base, uint32_t layer, uint32_t h, uint32_t id)
+static void load_sealed(struct work *w, uint32_t h, uint32_t id)
 {
 	const struct kvq_layout *L = w->L;
+	const uint8_t *base = w->a->base;
+	uint32_t layer = w->a->layer;
 	struct kvq_blk *b = &w->blk;
 
 	b->kc = base + kvq_layout_off(L, KVQ_SEALED, id, layer, h, KVQ_K_CODES);
@@ -62,11 +171,11 @@ static void load_sealed(struct work *w, const uint8_t *base, uint32_t layer, uin
 
 /* Causal mask and online softmax of row i over the block's tokens; the row's
  * scores become probabilities (0 where masked, up to B). */
-static void softmax_row(struct work *w, uint32_t i, uint32_t blk_start, uint32_t tmax)
+static void softmax_row(struct work *w, struct tile *tl, uint32_t i, uint32_t blk_start, uint32_t tmax)
 {
 	uint32_t B = w->L->block_tokens;
-	float *sc = w->sc + i * B, bm = -INFINITY, nm;
-	uint32_t valid = w->pos[i] < blk_start ? 0 : w->pos[i] - blk_start + 1;
+	float *sc = tl->sc + i * B, bm = -INFINITY, nm;
+	uint32_t valid = tl->pos[i] < blk_start ? 0 : tl->pos[i] - blk_start + 1;
 
 	if (valid > tmax)
 		valid = tmax;
@@ -74,113 +183,142 @@ static void softmax_row(struct work *w, uint32_t i, uint32_t blk_start, uint32_t
 		bm = sc[t] > bm ? sc[t] : bm;
 	for (uint32_t t = valid; t < B; t++)
 		sc[t] = 0.0f;
-	w->alpha[i] = 1.0f;
+	tl->alpha[i] = 1.0f;
 	if (valid == 0)
 		return;
-	nm = w->mrow[i] > bm ? w->mrow[i] : bm;
-	w->alpha[i] = w->mrow[i] == -INFINITY ? 0.0f : expf(w->mrow[i] - nm);
-	w->lsum[i] = w->lsum[i] * w->alpha[i] + w->ops->expsum(sc, nm, valid);
-	w->mrow[i] = nm;
+	nm = tl->mrow[i] > bm ? tl->mrow[i] : bm;
+	tl->alpha[i] = tl->mrow[i] == -INFINITY ? 0.0f : expf(tl->mrow[i] - nm);
+	tl->lsum[i] = tl->lsum[i] * tl->alpha[i] + w->ops->expsum(sc, nm, valid);
+	tl->mrow[i] = nm;
 }
 
-/* One tile of query rows of one (sequence, KV head). */
-static void tile(struct work *w, const struct kvq_attn *a, const struct kvq_attn_seq *s, uint32_t h,
-		 uint32_t r0, uint32_t mt, const void *q, void *out, size_t qrow0)
+/*
+ * Block blk of sequence s for tile t.  next: the head slice the caller reads
+ * after this one (prefetched during the K loop), or NULL.
+ */
+static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq *s, uint32_t blk,
+		       const uint8_t *next)
 {
 	const struct kvq_layout *L = w->L;
-	uint32_t B = L->block_tokens, D = L->head_dim, H = L->kv_heads;
-	uint32_t g = a->q_heads / H;
+	const struct kvq_attn *a = w->a;
+	uint32_t B = L->block_tokens, D = L->head_dim;
 	uint32_t S = kvq_layout_split(L, s->n);
-	uint32_t nq = (mt + 3) / 4, rows = nq * 4;   /* rows padded to whole quads */
-	const uint8_t *base = a->base;
-	uint32_t last, nblk;
+	int sealed = blk * B < S;
+	uint32_t ntok = sealed ? B : (s->n - blk * B < B ? s->n - blk * B : B);
+	uint32_t tmax = t->last - blk * B + 1 < ntok ? t->last - blk * B + 1 : ntok;
+	const uint8_t *kc = NULL, *vc = NULL;
 
-	for (uint32_t i = 0; i < rows; i++) {
-		w->mrow[i] = -INFINITY;
-		w->lsum[i] = 0.0f;
-		if (i >= mt) {   /* padding row: zero query, results dropped */
-			memset(w->qf + i * D, 0, sizeof(float) * D);
-			w->pos[i] = w->pos[mt - 1];
+	if (sealed) {
+		load_sealed(w, t->h, (uint32_t)s->sealed[blk]);
+	} else {
+		uint32_t id = (uint32_t)s->open[blk - S / B];
+		kc = (const uint8_t *)a->base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, t->h, KVQ_K_CODES);
+		vc = (const uint8_t *)a->base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, t->h, KVQ_V_CODES);
+	}
+
+	/* scores */
+	for (uint32_t qd = 0; qd < t->nq; qd++) {
+		float *sc = t->sc + qd * 4 * B;
+		const float *qf = t->qf + qd * 4 * D;
+		if (sealed) {
+			w->blk.next = qd == 0 ? next : NULL;   /* one prefetch per block */
+			w->ops->k_scores4(&w->blk, qf, tmax, sc, B);
+		} else {
+			for (uint32_t tok = 0; tok < tmax; tok++) {
+				w->ops->decode(w->act_fmt, kc, tok * D, D, w->row);
+				w->ops->dots(w->row, qf, D, 4, D, sc + tok, B);
+			}
+		}
+	}
+
+	/* mask, online softmax, rescale what was accumulated */
+	for (uint32_t i = 0; i < t->nq * 4; i++)
+		softmax_row(w, t, i, blk * B, tmax);
+	for (uint32_t qd = 0; qd < t->nq; qd++) {
+		const float *al = t->alpha + qd * 4;
+		if (al[0] != 1.0f || al[1] != 1.0f || al[2] != 1.0f || al[3] != 1.0f)
+			w->ops->scale4(t->accT + qd * D * 4, t->acc8 + qd * D * 32, al, D);
+	}
+
+	/* values */
+	for (uint32_t qd = 0; qd < t->nq; qd++) {
+		const float *p = t->sc + qd * 4 * B;
+		float *accT = t->accT + qd * D * 4;
+		if (sealed) {
+			w->ops->v_accum4(&w->blk, p, B, t->acc8 + qd * D * 32, accT);
 			continue;
 		}
-		uint32_t r = r0 + i, qi = r / g, j = r % g;
-		size_t qidx = ((qrow0 + qi) * a->q_heads + (size_t)h * g + j) * D;
-		const uint8_t *qrow = (const uint8_t *)q + qidx * kvq_dtype_bytes(a->q_dtype);
-		w->pos[i] = s->n - s->n_q + qi;
-		for (uint32_t d = 0; d < D; d++)
-			w->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
-	}
-	memset(w->accT, 0, sizeof(float) * rows * D);
-	memset(w->acc8, 0, sizeof(float) * rows * D * 8);
-	last = w->pos[mt - 1];
-	nblk = last / B + 1;
-
-	for (uint32_t blk = 0; blk < nblk; blk++) {
-		int sealed = blk * B < S;
-		uint32_t ntok = sealed ? B : (s->n - blk * B < B ? s->n - blk * B : B);
-		uint32_t tmax = last - blk * B + 1 < ntok ? last - blk * B + 1 : ntok;
-		const uint8_t *kc = NULL, *vc = NULL, *next = NULL;
-
-		if (sealed) {
-			load_sealed(w, base, a->layer, h, (uint32_t)s->sealed[blk]);
-			/* a head slice is a few KB at a paged, unpredictable address:
-			 * the kernels fetch the next one while this one is computed */
-			next = (blk + 1) * B < S ?
-				base + kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk + 1], a->layer, h,
-						      KVQ_K_CODES) : NULL;
-		} else {
-			uint32_t id = (uint32_t)s->open[blk - S / B];
-			kc = base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, h, KVQ_K_CODES);
-			vc = base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, h, KVQ_V_CODES);
-		}
-
-		/* scores */
-		for (uint32_t qd = 0; qd < nq; qd++) {
-			float *sc = w->sc + qd * 4 * B;
-			const float *qf = w->qf + qd * 4 * D;
-			if (sealed) {
-				w->blk.next = qd == 0 ? next : NULL;   /* one prefetch per block */
-				w->ops->k_scores4(&w->blk, qf, tmax, sc, B);
-			} else {
-				for (uint32_t t = 0; t < tmax; t++) {
-					w->ops->decode(w->act_fmt, kc, t * D, D, w->row);
-					w->ops->dots(w->row, qf, D, 4, D, sc + t, B);
-				}
-			}
-		}
-
-		/* mask, online softmax, rescale what was accumulated */
-		for (uint32_t i = 0; i < rows; i++)
-			softmax_row(w, i, blk * B, tmax);
-		for (uint32_t qd = 0; qd < nq; qd++) {
-			const float *al = w->alpha + qd * 4;
-			if (al[0] == 1.0f && al[1] == 1.0f && al[2] == 1.0f && al[3] == 1.0f)
-				continue;
-			w->ops->scale4(w->accT + qd * D * 4, w->acc8 + qd * D * 32, al, D);
-		}
-
-		/* values */
-		for (uint32_t qd = 0; qd < nq; qd++) {
-			const float *p = w->sc + qd * 4 * B;
-			float *accT = w->accT + qd * D * 4;
-			if (sealed) {
-				w->ops->v_accum4(&w->blk, p, B, w->acc8 + qd * D * 32, accT);
-				continue;
-			}
-			for (uint32_t t = 0; t < tmax; t++) {
-				w->ops->decode(w->act_fmt, vc, t * D, D, w->row);
-				w->ops->v_row4(w->row, p + t, B, D, accT);
-			}
+		for (uint32_t tok = 0; tok < tmax; tok++) {
+			w->ops->decode(w->act_fmt, vc, tok * D, D, w->row);
+			w->ops->v_row4(w->row, p + tok, B, D, accT);
 		}
 	}
+}
 
-	for (uint32_t qd = 0; qd < nq; qd++)
-		w->ops->reduce8(w->acc8 + qd * D * 32, w->accT + qd * D * 4, D);
-	for (uint32_t i = 0; i < mt; i++) {
-		uint32_t r = r0 + i, qi = r / g, j = r % g;
-		size_t oidx = ((qrow0 + qi) * a->q_heads + (size_t)h * g + j) * D;
-		store_row(a->out_dtype, out, oidx, w->accT + (i / 4) * D * 4, i % 4, 1.0f / w->lsum[i], D);
+/* Address of the sealed head slice (blk, h) of s, or NULL past the sealed part. */
+static const uint8_t *sealed_slice(struct work *w, const struct kvq_attn_seq *s, uint32_t blk, uint32_t h)
+{
+	const struct kvq_layout *L = w->L;
+
+	if (blk * L->block_tokens >= kvq_layout_split(L, s->n))
+		return NULL;
+	return (const uint8_t *)w->a->base +
+	       kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk], w->a->layer, h, KVQ_K_CODES);
+}
+
+/* One sequence whose rows per KV head fit in one tile: blocks outside,
+ * heads inside.  Returns -ENOMEM when the scratch cannot be had. */
+static int seq_heads_inside(struct work *w, const struct kvq_attn_seq *s, uint32_t rows, const void *q,
+			    void *out, size_t qrow0)
+{
+	const struct kvq_layout *L = w->L;
+	uint32_t H = L->kv_heads, D = L->head_dim, B = L->block_tokens;
+	size_t tf = tile_floats(D, B);
+	struct tile tiles[KVQ_MAX_HEADS];
+	float *mem = scratch_get(tf * H);
+	uint32_t nblk;
+
+	if (!mem)
+		return -ENOMEM;
+	for (uint32_t h = 0; h < H; h++) {
+		tiles[h].h = h;
+		tiles[h].r0 = 0;
+		tiles[h].mt = rows;
+		tiles[h].nq = (rows + 3) / 4;
+		tile_bind(&tiles[h], mem + tf * h, D);
+		tile_begin(w, &tiles[h], s, q, qrow0);
 	}
+	nblk = tiles[0].last / B + 1;
+	for (uint32_t blk = 0; blk < nblk; blk++)
+		for (uint32_t h = 0; h < H; h++)
+			tile_block(w, &tiles[h], s, blk,
+				   h + 1 < H ? sealed_slice(w, s, blk, h + 1) : sealed_slice(w, s, blk + 1, 0));
+	for (uint32_t h = 0; h < H; h++)
+		tile_end(w, &tiles[h], out, qrow0);
+	return 0;
+}
+
+/* Any sequence: head by head, tile by tile, with one tile state on the stack. */
+static void seq_tiles(struct work *w, const struct kvq_attn_seq *s, uint32_t rows, const void *q, void *out,
+		      size_t qrow0)
+{
+	const struct kvq_layout *L = w->L;
+	uint32_t D = L->head_dim, B = L->block_tokens;
+	float mem[TM * MAXD * 10 + TM * MAXB] __attribute__((aligned(32)));
+	struct tile t;
+
+	tile_bind(&t, mem, D);
+	for (uint32_t h = 0; h < L->kv_heads; h++)
+		for (uint32_t r0 = 0; r0 < rows; r0 += TM) {
+			t.h = h;
+			t.r0 = r0;
+			t.mt = rows - r0 < TM ? rows - r0 : TM;
+			t.nq = (t.mt + 3) / 4;
+			tile_begin(w, &t, s, q, qrow0);
+			for (uint32_t blk = 0; blk <= t.last / B; blk++)
+				tile_block(w, &t, s, blk, sealed_slice(w, s, blk + 1, h));
+			tile_end(w, &t, out, qrow0);
+		}
 }
 
 static int ids_ok(const int32_t *ids, uint32_t count, uint32_t limit)
@@ -214,6 +352,7 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
 	}
 
 	w.ops = kvq_cpu_ops();
+	w.a = a;
 	w.L = L;
 	w.blk.kfmt = L->layer[a->layer].kfmt;
 	w.blk.vfmt = L->layer[a->layer].vfmt;
@@ -234,9 +373,9 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
 	for (uint32_t i = 0; i < nseq; i++) {
 		const struct kvq_attn_seq *s = &seqs[i];
 		uint32_t rows = s->n_q * (a->q_heads / L->kv_heads);
-		for (uint32_t h = 0; h < L->kv_heads; h++)
-			for (uint32_t r0 = 0; r0 < rows; r0 += TM)
-				tile(&w, a, s, h, r0, rows - r0 < TM ? rows - r0 : TM, q, out, qrow0);
+		size_t need = tile_floats(L->head_dim, L->block_tokens) * L->kv_heads * sizeof(float);
+		if (rows > TM || need > SCRATCH_MAX || seq_heads_inside(&w, s, rows, q, out, qrow0) < 0)
+			seq_tiles(&w, s, rows, q, out, qrow0);
 		qrow0 += s->n_q;
 	}
 	return 0;
