@@ -51,7 +51,7 @@ double kvq_fmt_bytes_per_value(int fmt, int is_v, uint32_t B, uint32_t D)
 	return (double)(codes + params) / ((double)B * D);
 }
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
+void kvq_seterr(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -84,12 +84,12 @@ static int parse_fmt(const char *p, const char *end, int clause, char *err, size
 	p = skip_blanks(p, end);
 	end = trim_end(p, end);
 	if (p == end) {
-		seterr(err, errlen, "clause %d: missing format name", clause);
+		kvq_seterr(err, errlen, "clause %d: missing format name", clause);
 		return -EINVAL;
 	}
 	f = kvq_fmt_from_name(p, (size_t)(end - p));
 	if (f < 0)
-		seterr(err, errlen, "clause %d: unknown format '%.*s' (known: f16 bf16 int8 fp8 fp8e5m2 "
+		kvq_seterr(err, errlen, "clause %d: unknown format '%.*s' (known: f16 bf16 int8 fp8 fp8e5m2 "
 		       "int4g32 int4g64 int4g128 kivi4 kivi2)", clause, (int)(end - p), p);
 	return f;
 }
@@ -104,7 +104,7 @@ static int parse_spec(const char *p, const char *end, int clause, int *ret_k, in
 	if (!comma) {
 		const char *q = skip_blanks(p, end);
 		if (end - q >= 2 && (q[0] == 'k' || q[0] == 'v') && memchr(q, '=', (size_t)(end - q))) {
-			seterr(err, errlen, "clause %d: '%.*s' names only one of k= and v=", clause,
+			kvq_seterr(err, errlen, "clause %d: '%.*s' names only one of k= and v=", clause,
 			       (int)(end - p), p);
 			return -EINVAL;
 		}
@@ -123,17 +123,17 @@ static int parse_spec(const char *p, const char *end, int clause, int *ret_k, in
 		a = skip_blanks(a, b);
 		eq = memchr(a, '=', (size_t)(b - a));
 		if (!eq || trim_end(a, eq) - a != 1 || (a[0] != 'k' && a[0] != 'v')) {
-			seterr(err, errlen, "clause %d: expected k=FORMAT,v=FORMAT in '%.*s'", clause,
+			kvq_seterr(err, errlen, "clause %d: expected k=FORMAT,v=FORMAT in '%.*s'", clause,
 			       (int)(end - p), p);
 			return -EINVAL;
 		}
 		which = a[0] == 'v';
 		if (f[which] >= 0) {
-			seterr(err, errlen, "clause %d: %c= given twice", clause, a[0]);
+			kvq_seterr(err, errlen, "clause %d: %c= given twice", clause, a[0]);
 			return -EINVAL;
 		}
 		if (memchr(eq + 1, ',', (size_t)(b - eq - 1)) || memchr(eq + 1, '=', (size_t)(b - eq - 1))) {
-			seterr(err, errlen, "clause %d: expected k=FORMAT,v=FORMAT in '%.*s'", clause,
+			kvq_seterr(err, errlen, "clause %d: expected k=FORMAT,v=FORMAT in '%.*s'", clause,
 			       (int)(end - p), p);
 			return -EINVAL;
 		}
@@ -187,19 +187,19 @@ static int parse_range(const char *p, const char *end, uint32_t n_layers, int cl
 	if (p != end)
 		goto bad;
 	if (a >= n_layers || b >= n_layers) {
-		seterr(err, errlen, "clause %d: layer %lu beyond the model's %u layers (0-%u)", clause,
+		kvq_seterr(err, errlen, "clause %d: layer %lu beyond the model's %u layers (0-%u)", clause,
 		       a >= n_layers ? a : b, n_layers, n_layers - 1);
 		return -EINVAL;
 	}
 	if (b < a) {
-		seterr(err, errlen, "clause %d: range %lu-%lu is empty", clause, a, b);
+		kvq_seterr(err, errlen, "clause %d: range %lu-%lu is empty", clause, a, b);
 		return -EINVAL;
 	}
 	*lo = (uint32_t)a;
 	*hi = (uint32_t)b;
 	return 0;
 bad:
-	seterr(err, errlen, "clause %d: bad layer range '%.*s' (expected N, N- or N-M)", clause,
+	kvq_seterr(err, errlen, "clause %d: bad layer range '%.*s' (expected N, N- or N-M)", clause,
 	       (int)(end - s), s);
 	return -EINVAL;
 }
@@ -212,15 +212,15 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 	int clause = 0, nclauses = 1;
 
 	if (!s) {
-		seterr(err, errlen, "no policy given");
+		kvq_seterr(err, errlen, "no policy given");
 		return -EINVAL;
 	}
 	if (n_layers == 0 || n_layers > KVQ_MAX_LAYERS) {
-		seterr(err, errlen, "number of layers %u out of range 1-%u", n_layers, KVQ_MAX_LAYERS);
+		kvq_seterr(err, errlen, "number of layers %u out of range 1-%u", n_layers, KVQ_MAX_LAYERS);
 		return -EINVAL;
 	}
 	if (strlen(s) > KVQ_POLICY_MAX_LEN) {
-		seterr(err, errlen, "policy longer than %u characters", KVQ_POLICY_MAX_LEN);
+		kvq_seterr(err, errlen, "policy longer than %u characters", KVQ_POLICY_MAX_LEN);
 		return -EINVAL;
 	}
 	memset(&p, 0, sizeof p);
@@ -242,7 +242,7 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 			ce = end;
 		clause++;
 		if (skip_blanks(clause_start, ce) == ce) {
-			seterr(err, errlen, "clause %d is empty", clause);
+			kvq_seterr(err, errlen, "clause %d is empty", clause);
 			return -EINVAL;
 		}
 		colon = memchr(clause_start, ':', (size_t)(ce - clause_start));
@@ -250,7 +250,7 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 			if (parse_range(clause_start, colon, n_layers, clause, &lo, &hi, err, errlen) < 0)
 				return -EINVAL;
 		} else if (nclauses > 1) {
-			seterr(err, errlen, "clause %d has no layer range; only a policy of one clause may omit it",
+			kvq_seterr(err, errlen, "clause %d has no layer range; only a policy of one clause may omit it",
 			       clause);
 			return -EINVAL;
 		}
@@ -258,7 +258,7 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 			return -EINVAL;
 		for (uint32_t l = lo; l <= hi; l++) {
 			if (owner[l]) {
-				seterr(err, errlen, "layer %u is covered twice (clauses %d and %d)", l, owner[l],
+				kvq_seterr(err, errlen, "layer %u is covered twice (clauses %d and %d)", l, owner[l],
 				       clause);
 				return -EINVAL;
 			}
@@ -270,7 +270,7 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 	}
 	for (uint32_t l = 0; l < n_layers; l++) {
 		if (!owner[l]) {
-			seterr(err, errlen, "layer %u is not covered by any clause", l);
+			kvq_seterr(err, errlen, "layer %u is not covered by any clause", l);
 			return -EINVAL;
 		}
 	}

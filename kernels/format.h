@@ -13,6 +13,10 @@
  * alternating two-format specs) is about 6300 characters. */
 #define KVQ_POLICY_MAX_LEN 8192u
 
+/* printf-style message into err[errlen] (nothing when err is NULL): the
+ * error text of the parsers and of the layout. */
+void kvq_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Canonical name of a format ("int8"), or NULL for an unknown value. */
 const char *kvq_fmt_name(int fmt);
 

@@ -6,17 +6,6 @@
 
 #include "layout.h"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 static uint64_t align_up(uint64_t x, uint64_t a)
 {
 	return (x + a - 1) / a * a;
@@ -32,11 +21,11 @@ static int check_fmt(int f, int is_v, uint32_t D, uint32_t layer, char *err, siz
 	unsigned g = kvq_fmt_group(f, is_v);
 
 	if (f < 0 || f >= KVQ_FMT_COUNT) {
-		seterr(err, errlen, "layer %u: invalid format %d", layer, f);
+		kvq_seterr(err, errlen, "layer %u: invalid format %d", layer, f);
 		return -EINVAL;
 	}
 	if (g && D % g) {
-		seterr(err, errlen, "layer %u: %s needs a head dim that is a multiple of %u, not %u",
+		kvq_seterr(err, errlen, "layer %u: %s needs a head dim that is a multiple of %u, not %u",
 		       layer, kvq_fmt_name(f), g, D);
 		return -EINVAL;
 	}
@@ -50,33 +39,33 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 	uint64_t pos = 0;
 
 	if (!p->policy) {
-		seterr(err, errlen, "no policy");
+		kvq_seterr(err, errlen, "no policy");
 		return -EINVAL;
 	}
 	if (p->layers == 0 || p->layers > KVQ_MAX_LAYERS || p->policy->n_layers != p->layers) {
-		seterr(err, errlen, "layers %u out of range 1-%u or different from the policy's %u",
+		kvq_seterr(err, errlen, "layers %u out of range 1-%u or different from the policy's %u",
 		       p->layers, KVQ_MAX_LAYERS, p->policy->n_layers);
 		return -EINVAL;
 	}
 	if (H == 0 || H > KVQ_MAX_HEADS) {
-		seterr(err, errlen, "KV heads %u out of range 1-%u", H, KVQ_MAX_HEADS);
+		kvq_seterr(err, errlen, "KV heads %u out of range 1-%u", H, KVQ_MAX_HEADS);
 		return -EINVAL;
 	}
 	if (D < 32 || D > KVQ_MAX_HEAD_DIM || D % 32) {
-		seterr(err, errlen, "head dim %u is not a multiple of 32 in 32-%u", D, KVQ_MAX_HEAD_DIM);
+		kvq_seterr(err, errlen, "head dim %u is not a multiple of 32 in 32-%u", D, KVQ_MAX_HEAD_DIM);
 		return -EINVAL;
 	}
 	if (B < 16 || B > KVQ_MAX_BLOCK_TOKENS || B % 16) {
-		seterr(err, errlen, "tokens per block %u is not a multiple of 16 in 16-%u", B,
+		kvq_seterr(err, errlen, "tokens per block %u is not a multiple of 16 in 16-%u", B,
 		       KVQ_MAX_BLOCK_TOKENS);
 		return -EINVAL;
 	}
 	if (p->act != KVQ_DT_F16 && p->act != KVQ_DT_BF16) {
-		seterr(err, errlen, "open window dtype must be f16 or bf16");
+		kvq_seterr(err, errlen, "open window dtype must be f16 or bf16");
 		return -EINVAL;
 	}
 	if (p->n_sealed > KVQ_MAX_SLOTS || p->n_open > KVQ_MAX_SLOTS) {
-		seterr(err, errlen, "slot counts %u/%u exceed %u", p->n_sealed, p->n_open, KVQ_MAX_SLOTS);
+		kvq_seterr(err, errlen, "slot counts %u/%u exceed %u", p->n_sealed, p->n_open, KVQ_MAX_SLOTS);
 		return -EINVAL;
 	}
 	for (uint32_t l = 0; l < p->layers; l++)
@@ -86,7 +75,7 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 
 	L = calloc(1, sizeof *L + p->layers * sizeof L->layer[0]);
 	if (!L) {
-		seterr(err, errlen, "out of memory");
+		kvq_seterr(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	L->version = KVQ_LAYOUT_VERSION;
@@ -99,7 +88,7 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 	L->n_open = p->n_open;
 	L->act = p->act;
 	if (L->window % B || L->window > 64 * B) {
-		seterr(err, errlen, "open window %u is not a multiple of the block (%u tokens) up to 64 blocks",
+		kvq_seterr(err, errlen, "open window %u is not a multiple of the block (%u tokens) up to 64 blocks",
 		       L->window, B);
 		free(L);
 		return -EINVAL;
@@ -135,7 +124,7 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 		    __builtin_mul_overflow((uint64_t)p->n_open, ll->open_slice, &open_bytes) ||
 		    __builtin_add_overflow(pos, sealed_bytes, &pos) ||
 		    __builtin_add_overflow(pos, open_bytes, &pos) || pos > UINT64_MAX - 255) {
-			seterr(err, errlen, "pool of %u layers x (%u sealed + %u open slots) exceeds 2^64 bytes",
+			kvq_seterr(err, errlen, "pool of %u layers x (%u sealed + %u open slots) exceeds 2^64 bytes",
 			       p->layers, p->n_sealed, p->n_open);
 			free(L);
 			return -EINVAL;

@@ -32,12 +32,6 @@ struct kvq_cpu_ops {
 	void (*decode)(int fmt, const uint8_t *codes, uint32_t first, uint32_t n, float *out);
 	/* ret[i * rs] = dot(x, y + i * ys) over n, for i < m */
 	void (*dots)(const float *x, const float *y, size_t ys, uint32_t m, uint32_t n, float *ret, size_t rs);
-	/* acc + i * as += c[i * cs] * x over n, for i < m */
-	void (*axpys)(const float *x, const float *c, size_t cs, uint32_t m, uint32_t n, float *acc, size_t as);
-	/* x = x * s + z elementwise (z may be NULL) */
-	void (*affine)(float *x, const float *s, const float *z, uint32_t n);
-	/* x = x * s + z */
-	void (*affine1)(float *x, float s, float z, uint32_t n);
 	/* FP16 parameters -> float: count scales (PARAM_TOKEN) or count {s, z}
 	 * pairs into s and z; count is a multiple of 16 */
 	void (*params)(const uint8_t *p, int kind, uint32_t count, float *s, float *z);

@@ -151,35 +151,8 @@ static void dots(const float *x, const float *y, size_t ys, uint32_t m, uint32_t
 	}
 }
 
-static void axpys(const float *x, const float *c, size_t cs, uint32_t m, uint32_t n, float *acc, size_t as)
-{
-	for (uint32_t i = 0; i < m; i++) {
-		__m256 ci = _mm256_set1_ps(c[i * cs]);
-		float *a = acc + i * as;
-		for (uint32_t j = 0; j < n; j += 8)
-			_mm256_storeu_ps(a + j, _mm256_fmadd_ps(ci, _mm256_loadu_ps(x + j), _mm256_loadu_ps(a + j)));
-	}
-}
 
-static void affine(float *x, const float *s, const float *z, uint32_t n)
-{
-	if (z) {
-		for (uint32_t i = 0; i < n; i += 8)
-			_mm256_storeu_ps(x + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(s + i),
-								_mm256_loadu_ps(z + i)));
-	} else {
-		for (uint32_t i = 0; i < n; i += 8)
-			_mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(s + i)));
-	}
-}
 
-static void affine1(float *x, float s, float z, uint32_t n)
-{
-	__m256 sv = _mm256_set1_ps(s), zv = _mm256_set1_ps(z);
-
-	for (uint32_t i = 0; i < n; i += 8)
-		_mm256_storeu_ps(x + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), sv, zv));
-}
 
 static void params(const uint8_t *p, int kind, uint32_t count, float *s, float *z)
 {
@@ -298,15 +271,15 @@ static inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4
 
 /*
  * Dot products of two code rows (a, b: n elements from element e0) with four
- * float rows x + r * ldx: [a.x0 a.x1 a.x2 a.x3 b.x0 b.x1 b.x2 b.x3].  Each x
- * vector is loaded once for both code rows: the loads, not the FMAs, bound
- * a one-row loop on two load ports.
+ * float rows x + r * ldx, added lane-wise to acc[0..3] (row a) and acc[4..7]
+ * (row b).  Each x vector is loaded once for both code rows: the loads, not
+ * the FMAs, bound a one-row loop on two load ports.
  */
-static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
-				   const float *x, size_t ldx)
+static ALWAYS_INLINE void dot2x4_acc(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
+				     const float *x, size_t ldx, __m256 acc[8])
 {
-	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-	__m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+	__m256 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+	__m256 b0 = acc[4], b1 = acc[5], b2 = acc[6], b3 = acc[7];
 
 	for (uint32_t e = 0; e < n; e += 16) {
 		__m256 alo, ahi, blo, bhi, xl, xh;
@@ -325,7 +298,20 @@ static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t 
 		ROW(3, a3, b3)
 #undef ROW
 	}
-	return hsum8(a0, a1, a2, a3, b0, b1, b2, b3);
+	acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+	acc[4] = b0, acc[5] = b1, acc[6] = b2, acc[7] = b3;
+}
+
+/* The same, summed: [a.x0 a.x1 a.x2 a.x3 b.x0 b.x1 b.x2 b.x3]. */
+static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
+				   const float *x, size_t ldx)
+{
+	__m256 acc[8];
+
+	for (int i = 0; i < 8; i++)
+		acc[i] = _mm256_setzero_ps();
+	dot2x4_acc(F, a, b, e0, n, x, ldx, acc);
+	return hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
 }
 
 /*
@@ -443,36 +429,13 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
 			float *A = acc8 + (size_t)d * 32;   /* (d, r) at (d * 4 + r) * 8 */
-			__m256 a0 = _mm256_loadu_ps(A), a1 = _mm256_loadu_ps(A + 8);
-			__m256 a2 = _mm256_loadu_ps(A + 16), a3 = _mm256_loadu_ps(A + 24);
-			__m256 b0 = _mm256_loadu_ps(A + 32), b1 = _mm256_loadu_ps(A + 40);
-			__m256 b2 = _mm256_loadu_ps(A + 48), b3 = _mm256_loadu_ps(A + 56);
+			__m256 acc[8];
 
-			for (uint32_t e = 0; e < B; e += 16) {
-				__m256 alo, ahi, blo, bhi, xl, xh;
-				dec16(F, ra, e, &alo, &ahi);
-				dec16(F, rb, e, &blo, &bhi);
-#define ROW(r, ACC_A, ACC_B)                                                    \
-				xl = _mm256_loadu_ps(x + (r) * ld + e);                 \
-				xh = _mm256_loadu_ps(x + (r) * ld + e + 8);             \
-				ACC_A = _mm256_fmadd_ps(alo, xl, ACC_A);                \
-				ACC_B = _mm256_fmadd_ps(blo, xl, ACC_B);                \
-				ACC_A = _mm256_fmadd_ps(ahi, xh, ACC_A);                \
-				ACC_B = _mm256_fmadd_ps(bhi, xh, ACC_B);
-				ROW(0, a0, b0)
-				ROW(1, a1, b1)
-				ROW(2, a2, b2)
-				ROW(3, a3, b3)
-#undef ROW
-			}
-			_mm256_storeu_ps(A, a0);
-			_mm256_storeu_ps(A + 8, a1);
-			_mm256_storeu_ps(A + 16, a2);
-			_mm256_storeu_ps(A + 24, a3);
-			_mm256_storeu_ps(A + 32, b0);
-			_mm256_storeu_ps(A + 40, b1);
-			_mm256_storeu_ps(A + 48, b2);
-			_mm256_storeu_ps(A + 56, b3);
+			for (int i = 0; i < 8; i++)
+				acc[i] = _mm256_loadu_ps(A + 8 * i);
+			dot2x4_acc(F, ra, rb, 0, B, x, ld, acc);
+			for (int i = 0; i < 8; i++)
+				_mm256_storeu_ps(A + 8 * i, acc[i]);
 			if (KIND == KVQ_PARAM_GROUP)
 				_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4),
 									    _mm256_set_m128(z4, z4)));
@@ -545,17 +508,14 @@ static void scale4(float *accT, float *acc8, const float *al, uint32_t n)
 }
 
 const struct kvq_cpu_ops kvq_cpu_ops_avx2 = {
-	.v_row4 = v_row4,
-	.scale4 = scale4,
-	.reduce8 = reduce8,
-	.k_scores4 = k_scores4,
-	.v_accum4 = v_accum4,
 	.name = "avx2",
 	.decode = decode,
 	.dots = dots,
-	.axpys = axpys,
-	.affine = affine,
-	.affine1 = affine1,
 	.params = params,
+	.k_scores4 = k_scores4,
+	.v_accum4 = v_accum4,
+	.reduce8 = reduce8,
+	.v_row4 = v_row4,
+	.scale4 = scale4,
 	.expsum = expsum,
 };

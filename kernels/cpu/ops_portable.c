@@ -33,15 +33,6 @@ static void dots(const float *x, const float *y, size_t ys, uint32_t m, uint32_t
 	}
 }
 
-static void axpys(const float *x, const float *c, size_t cs, uint32_t m, uint32_t n, float *acc, size_t as)
-{
-	for (uint32_t i = 0; i < m; i++) {
-		float ci = c[i * cs];
-		float *a = acc + i * as;
-		for (uint32_t j = 0; j < n; j++)
-			a[j] += ci * x[j];
-	}
-}
 
 static void affine(float *x, const float *s, const float *z, uint32_t n)
 {
@@ -171,17 +162,14 @@ static void scale4(float *accT, float *acc8, const float *al, uint32_t n)
 }
 
 const struct kvq_cpu_ops kvq_cpu_ops_portable = {
-	.v_row4 = v_row4,
-	.scale4 = scale4,
-	.reduce8 = reduce8,
-	.k_scores4 = k_scores4,
-	.v_accum4 = v_accum4,
 	.name = "portable",
 	.decode = decode,
 	.dots = dots,
-	.axpys = axpys,
-	.affine = affine,
-	.affine1 = affine1,
 	.params = params,
+	.k_scores4 = k_scores4,
+	.v_accum4 = v_accum4,
+	.reduce8 = reduce8,
+	.v_row4 = v_row4,
+	.scale4 = scale4,
 	.expsum = expsum,
 };

@@ -50,15 +50,12 @@ __global__ void convert(const float *x, int n, uint32_t *ours, uint32_t *hw)
 	hw[OUT_BF16 * n + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-// Quantizes groups of G values as the seal step does: symmetric int8 and FP8
-// per group, asymmetric 4- and 2-bit per group.  One thread per group.
+// Quantizes one group of G values as the seal step does: symmetric int8 and
+// FP8 per group, asymmetric 4- and 2-bit per group.  The same function runs on
+// the device and on the host, so any difference is the compilers' arithmetic.
 #define G 32
-__global__ void quantize(const float *x, int ngroups, uint8_t *codes, uint16_t *params)
+static __host__ __device__ void quantize_group(const float *v, uint8_t *codes, uint16_t *params)
 {
-	int g = blockIdx.x * blockDim.x + threadIdx.x;
-	if (g >= ngroups)
-		return;
-	const float *v = x + (size_t)g * G;
 	float amax = 0.0f, mn = INFINITY, mx = -INFINITY;
 	for (int i = 0; i < G; i++) {
 		amax = fmaxf(amax, fabsf(v[i]));
@@ -68,51 +65,33 @@ __global__ void quantize(const float *x, int ngroups, uint8_t *codes, uint16_t *
 	const int fmts[3] = { KVQ_FMT_INT8, KVQ_FMT_FP8, KVQ_FMT_FP8E5M2 };
 	for (int f = 0; f < 3; f++) {
 		uint16_t s = kvq_sym_scale(amax, kvq_fmt_qmax(fmts[f]));
-		params[(size_t)g * 7 + f] = s;
+		params[f] = s;
 		for (int i = 0; i < G; i++)
-			codes[((size_t)g * 5 + f) * G + i] = (uint8_t)kvq_code_sym(fmts[f], v[i], kvq_f16_to_f32(s));
+			codes[f * G + i] = (uint8_t)kvq_code_sym(fmts[f], v[i], kvq_f16_to_f32(s));
 	}
 	const float qmax[2] = { 15.0f, 3.0f };
 	for (int b = 0; b < 2; b++) {
 		uint16_t s, z;
 		kvq_asym_params(mn, mx, qmax[b], &s, &z);
-		params[(size_t)g * 7 + 3 + 2 * b] = s;
-		params[(size_t)g * 7 + 4 + 2 * b] = z;
+		params[3 + 2 * b] = s;
+		params[4 + 2 * b] = z;
 		for (int i = 0; i < G; i++)
-			codes[((size_t)g * 5 + 3 + b) * G + i] =
+			codes[(3 + b) * G + i] =
 				(uint8_t)kvq_code_asym(v[i], kvq_f16_to_f32(s), kvq_f16_to_f32(z), qmax[b]);
 	}
 }
 
+__global__ void quantize(const float *x, int ngroups, uint8_t *codes, uint16_t *params)
+{
+	int g = blockIdx.x * blockDim.x + threadIdx.x;
+	if (g < ngroups)
+		quantize_group(x + (size_t)g * G, codes + (size_t)g * 5 * G, params + (size_t)g * 7);
+}
+
 static void host_quantize(const float *x, int ngroups, uint8_t *codes, uint16_t *params)
 {
-	for (int g = 0; g < ngroups; g++) {
-		const float *v = x + (size_t)g * G;
-		float amax = 0.0f, mn = INFINITY, mx = -INFINITY;
-		for (int i = 0; i < G; i++) {
-			amax = fmaxf(amax, fabsf(v[i]));
-			mn = fminf(mn, v[i]);
-			mx = fmaxf(mx, v[i]);
-		}
-		const int fmts[3] = { KVQ_FMT_INT8, KVQ_FMT_FP8, KVQ_FMT_FP8E5M2 };
-		for (int f = 0; f < 3; f++) {
-			uint16_t s = kvq_sym_scale(amax, kvq_fmt_qmax(fmts[f]));
-			params[(size_t)g * 7 + f] = s;
-			for (int i = 0; i < G; i++)
-				codes[((size_t)g * 5 + f) * G + i] =
-					(uint8_t)kvq_code_sym(fmts[f], v[i], kvq_f16_to_f32(s));
-		}
-		const float qmax[2] = { 15.0f, 3.0f };
-		for (int b = 0; b < 2; b++) {
-			uint16_t s, z;
-			kvq_asym_params(mn, mx, qmax[b], &s, &z);
-			params[(size_t)g * 7 + 3 + 2 * b] = s;
-			params[(size_t)g * 7 + 4 + 2 * b] = z;
-			for (int i = 0; i < G; i++)
-				codes[((size_t)g * 5 + 3 + b) * G + i] =
-					(uint8_t)kvq_code_asym(v[i], kvq_f16_to_f32(s), kvq_f16_to_f32(z), qmax[b]);
-		}
-	}
+	for (int g = 0; g < ngroups; g++)
+		quantize_group(x + (size_t)g * G, codes + (size_t)g * 5 * G, params + (size_t)g * 7);
 }
 
 #define CHECK(call)                                                                      \
