@@ -269,18 +269,20 @@ static inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4
 	return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* Lane-wise accumulators of two code rows (a, b) against four float rows. */
+struct acc2x4 {
+	__m256 a0, a1, a2, a3, b0, b1, b2, b3;
+};
+
 /*
  * Dot products of two code rows (a, b: n elements from element e0) with four
- * float rows x + r * ldx, added lane-wise to acc[0..3] (row a) and acc[4..7]
- * (row b).  Each x vector is loaded once for both code rows: the loads, not
- * the FMAs, bound a one-row loop on two load ports.
+ * float rows x + r * ldx, added lane-wise to acc.  Each x vector is loaded
+ * once for both code rows: the loads, not the FMAs, bound a one-row loop on
+ * two load ports.  (Passed by value so the accumulators stay in registers.)
  */
-static ALWAYS_INLINE void dot2x4_acc(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
-				     const float *x, size_t ldx, __m256 acc[8])
+static ALWAYS_INLINE struct acc2x4 dot2x4_acc(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0,
+					      uint32_t n, const float *x, size_t ldx, struct acc2x4 c)
 {
-	__m256 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
-	__m256 b0 = acc[4], b1 = acc[5], b2 = acc[6], b3 = acc[7];
-
 	for (uint32_t e = 0; e < n; e += 16) {
 		__m256 alo, ahi, blo, bhi, xl, xh;
 		dec16(F, a, e0 + e, &alo, &ahi);
@@ -292,26 +294,23 @@ static ALWAYS_INLINE void dot2x4_acc(const int F, const uint8_t *a, const uint8_
 		ACC_B = _mm256_fmadd_ps(blo, xl, ACC_B);                        \
 		ACC_A = _mm256_fmadd_ps(ahi, xh, ACC_A);                        \
 		ACC_B = _mm256_fmadd_ps(bhi, xh, ACC_B);
-		ROW(0, a0, b0)
-		ROW(1, a1, b1)
-		ROW(2, a2, b2)
-		ROW(3, a3, b3)
+		ROW(0, c.a0, c.b0)
+		ROW(1, c.a1, c.b1)
+		ROW(2, c.a2, c.b2)
+		ROW(3, c.a3, c.b3)
 #undef ROW
 	}
-	acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
-	acc[4] = b0, acc[5] = b1, acc[6] = b2, acc[7] = b3;
+	return c;
 }
 
-/* The same, summed: [a.x0 a.x1 a.x2 a.x3 b.x0 b.x1 b.x2 b.x3]. */
+/* The same from zero, summed: [a.x0 a.x1 a.x2 a.x3 b.x0 b.x1 b.x2 b.x3]. */
 static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
 				   const float *x, size_t ldx)
 {
-	__m256 acc[8];
+	__m256 z = _mm256_setzero_ps();
+	struct acc2x4 c = dot2x4_acc(F, a, b, e0, n, x, ldx, (struct acc2x4){ z, z, z, z, z, z, z, z });
 
-	for (int i = 0; i < 8; i++)
-		acc[i] = _mm256_setzero_ps();
-	dot2x4_acc(F, a, b, e0, n, x, ldx, acc);
-	return hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
+	return hsum8(c.a0, c.a1, c.a2, c.a3, c.b0, c.b1, c.b2, c.b3);
 }
 
 /*
@@ -429,13 +428,21 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
 			float *A = acc8 + (size_t)d * 32;   /* (d, r) at (d * 4 + r) * 8 */
-			__m256 acc[8];
+			struct acc2x4 c = {
+				_mm256_loadu_ps(A), _mm256_loadu_ps(A + 8), _mm256_loadu_ps(A + 16),
+				_mm256_loadu_ps(A + 24), _mm256_loadu_ps(A + 32), _mm256_loadu_ps(A + 40),
+				_mm256_loadu_ps(A + 48), _mm256_loadu_ps(A + 56),
+			};
 
-			for (int i = 0; i < 8; i++)
-				acc[i] = _mm256_loadu_ps(A + 8 * i);
-			dot2x4_acc(F, ra, rb, 0, B, x, ld, acc);
-			for (int i = 0; i < 8; i++)
-				_mm256_storeu_ps(A + 8 * i, acc[i]);
+			c = dot2x4_acc(F, ra, rb, 0, B, x, ld, c);
+			_mm256_storeu_ps(A, c.a0);
+			_mm256_storeu_ps(A + 8, c.a1);
+			_mm256_storeu_ps(A + 16, c.a2);
+			_mm256_storeu_ps(A + 24, c.a3);
+			_mm256_storeu_ps(A + 32, c.b0);
+			_mm256_storeu_ps(A + 40, c.b1);
+			_mm256_storeu_ps(A + 48, c.b2);
+			_mm256_storeu_ps(A + 56, c.b3);
 			if (KIND == KVQ_PARAM_GROUP)
 				_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4),
 									    _mm256_set_m128(z4, z4)));
