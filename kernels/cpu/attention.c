@@ -22,7 +22,7 @@
 #include "cpu.h"
 #include "ops.h"
 
-#define TM 8u   /* rows per tile: a multiple of 4 */
+#define TM 16u  /* rows per tile: a multiple of 4 */
 #define MAXD KVQ_MAX_HEAD_DIM
 #define MAXB KVQ_MAX_BLOCK_TOKENS
 #define MAXP (MAXB * MAXD / 32u)   /* most parameter entries of one head slice */
@@ -34,7 +34,6 @@ struct tile {
 	uint32_t last;            /* position of the tile's last query */
 	float *qf;                /* [nq * 4][D] queries, pre-scaled */
 	float *accT;              /* per quad: [D][4] */
-	float *acc8;              /* per quad: [D][4][8] lane-wise partial sums of sealed V */
 	float *sc;                /* [nq * 4][B] scores, then probabilities */
 	float mrow[TM], lsum[TM], alpha[TM];
 	uint32_t pos[TM];
@@ -53,15 +52,14 @@ struct work {
 /* Floats of a tile's arrays for head dim D and block size B. */
 static size_t tile_floats(uint32_t D, uint32_t B)
 {
-	return (size_t)TM * D * (1 + 1 + 8) + (size_t)TM * B;
+	return (size_t)TM * D * 2 + (size_t)TM * B;
 }
 
 static void tile_bind(struct tile *t, float *mem, uint32_t D)
 {
 	t->qf = mem;
 	t->accT = t->qf + TM * D;
-	t->acc8 = t->accT + TM * D;
-	t->sc = t->acc8 + TM * D * 8;
+	t->sc = t->accT + TM * D;
 }
 
 /* Per-thread scratch for the tile states of the heads-inside-blocks order,
@@ -137,7 +135,6 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_attn_seq
 			t->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
 	}
 	memset(t->accT, 0, sizeof(float) * rows * D);
-	memset(t->acc8, 0, sizeof(float) * rows * D * 8);
 	t->last = t->pos[t->mt - 1];
 }
 
@@ -146,8 +143,6 @@ static void tile_end(struct work *w, struct tile *t, void *out, size_t qrow0)
 	const struct kvq_attn *a = w->a;
 	uint32_t D = w->L->head_dim, g = a->q_heads / w->L->kv_heads;
 
-	for (uint32_t qd = 0; qd < t->nq; qd++)
-		w->ops->reduce8(t->acc8 + qd * D * 32, t->accT + qd * D * 4, D);
 	for (uint32_t i = 0; i < t->mt; i++)
 		store_row(a->out_dtype, out, row_index(a, D, g, qrow0, t, i), t->accT + (i / 4) * D * 4, i % 4,
 			  1.0f / t->lsum[i], D);
@@ -237,7 +232,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 	for (uint32_t qd = 0; qd < t->nq; qd++) {
 		const float *al = t->alpha + qd * 4;
 		if (al[0] != 1.0f || al[1] != 1.0f || al[2] != 1.0f || al[3] != 1.0f)
-			w->ops->scale4(t->accT + qd * D * 4, t->acc8 + qd * D * 32, al, D);
+			w->ops->scale4(t->accT + qd * D * 4, al, D);
 	}
 
 	/* values */
@@ -245,7 +240,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 		const float *p = t->sc + qd * 4 * B;
 		float *accT = t->accT + qd * D * 4;
 		if (sealed) {
-			w->ops->v_accum4(&w->blk, p, B, t->acc8 + qd * D * 32, accT);
+			w->ops->v_accum4(&w->blk, p, B, accT);
 			continue;
 		}
 		for (uint32_t tok = 0; tok < tmax; tok++) {
@@ -304,7 +299,7 @@ static void seq_tiles(struct work *w, const struct kvq_attn_seq *s, uint32_t row
 {
 	const struct kvq_layout *L = w->L;
 	uint32_t D = L->head_dim, B = L->block_tokens;
-	float mem[TM * MAXD * 10 + TM * MAXB] __attribute__((aligned(32)));
+	float mem[TM * MAXD * 2 + TM * MAXB] __attribute__((aligned(32)));
 	struct tile t;
 
 	tile_bind(&t, mem, D);

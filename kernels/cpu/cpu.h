@@ -4,7 +4,7 @@
  * kernels.  Same contract as the CUDA kernels: write (append into the open
  * window, seal full blocks, prefill straight into sealed slots) and paged
  * attention that reads KV as stored.  All functions are reentrant; none
- * allocates in its loops.  Stack use is about 130 KiB; attention keeps up
+ * allocates in its loops.  Stack use is about 100 KiB; attention keeps up
  * to 4 MiB of per-thread scratch between calls (decode-sized tiles of all heads).
  */
 #ifndef KVQ_CPU_H

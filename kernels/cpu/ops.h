@@ -38,19 +38,13 @@ struct kvq_cpu_ops {
 	/* sc[r * ldsc + t] = q_r . k_t for the 4 rows q + r * D and tokens t < tmax
 	 * of a sealed block, K dequantized on the fly */
 	void (*k_scores4)(const struct kvq_blk *b, const float *q, uint32_t tmax, float *sc, size_t ldsc);
-	/* sum over t < B of p[r * ldp + t] * v_t[d], V of a sealed block (p is 0
-	 * where a token is masked), kept as 8 lane-wise partial sums in
-	 * acc8[(d * 4 + r) * 8 + lane] (reduce8 folds them into accT once per
-	 * tile, so blocks of 32 tokens do not each pay a horizontal sum);
-	 * terms that need no sum over tokens go straight to accT */
-	void (*v_accum4)(const struct kvq_blk *b, const float *p, size_t ldp, float *acc8, float *accT);
-	/* accT[d * 4 + r] += sum of the 8 lanes of acc8 for (d, r), d < n */
-	void (*reduce8)(const float *acc8, float *accT, uint32_t n);
+	/* accT[d * 4 + r] += sum over t < B of p[r * ldp + t] * v_t[d], V of a
+	 * sealed block (p is 0 where a token is masked) */
+	void (*v_accum4)(const struct kvq_blk *b, const float *p, size_t ldp, float *accT);
 	/* accT[d * 4 + r] += p[r * ldp] * row[d] for d < n (one open-window token) */
 	void (*v_row4)(const float *row, const float *p, size_t ldp, uint32_t n, float *accT);
-	/* accT[d * 4 + r] *= al[r] and acc8[(d * 4 + r) * 8 + lane] *= al[r] for
-	 * d < n (online-softmax rescale) */
-	void (*scale4)(float *accT, float *acc8, const float *al, uint32_t n);
+	/* accT[d * 4 + r] *= al[r] for d < n (online-softmax rescale) */
+	void (*scale4)(float *accT, const float *al, uint32_t n);
 	/* x = exp(x - mx), returns the sum; -inf gives 0 */
 	float (*expsum)(float *x, float mx, uint32_t n);
 };

@@ -269,20 +269,18 @@ static inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4
 	return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* Lane-wise accumulators of two code rows (a, b) against four float rows. */
-struct acc2x4 {
-	__m256 a0, a1, a2, a3, b0, b1, b2, b3;
-};
-
 /*
  * Dot products of two code rows (a, b: n elements from element e0) with four
- * float rows x + r * ldx, added lane-wise to acc.  Each x vector is loaded
- * once for both code rows: the loads, not the FMAs, bound a one-row loop on
- * two load ports.  (Passed by value so the accumulators stay in registers.)
+ * float rows x + r * ldx: [a.x0 a.x1 a.x2 a.x3 b.x0 b.x1 b.x2 b.x3].  Each x
+ * vector is loaded once for both code rows: the loads, not the FMAs, bound
+ * a one-row loop on two load ports.
  */
-static ALWAYS_INLINE struct acc2x4 dot2x4_acc(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0,
-					      uint32_t n, const float *x, size_t ldx, struct acc2x4 c)
+static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
+				   const float *x, size_t ldx)
 {
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	__m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+
 	for (uint32_t e = 0; e < n; e += 16) {
 		__m256 alo, ahi, blo, bhi, xl, xh;
 		dec16(F, a, e0 + e, &alo, &ahi);
@@ -294,23 +292,13 @@ static ALWAYS_INLINE struct acc2x4 dot2x4_acc(const int F, const uint8_t *a, con
 		ACC_B = _mm256_fmadd_ps(blo, xl, ACC_B);                        \
 		ACC_A = _mm256_fmadd_ps(ahi, xh, ACC_A);                        \
 		ACC_B = _mm256_fmadd_ps(bhi, xh, ACC_B);
-		ROW(0, c.a0, c.b0)
-		ROW(1, c.a1, c.b1)
-		ROW(2, c.a2, c.b2)
-		ROW(3, c.a3, c.b3)
+		ROW(0, a0, b0)
+		ROW(1, a1, b1)
+		ROW(2, a2, b2)
+		ROW(3, a3, b3)
 #undef ROW
 	}
-	return c;
-}
-
-/* The same from zero, summed: [a.x0 a.x1 a.x2 a.x3 b.x0 b.x1 b.x2 b.x3]. */
-static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t *b, uint32_t e0, uint32_t n,
-				   const float *x, size_t ldx)
-{
-	__m256 z = _mm256_setzero_ps();
-	struct acc2x4 c = dot2x4_acc(F, a, b, e0, n, x, ldx, (struct acc2x4){ z, z, z, z, z, z, z, z });
-
-	return hsum8(c.a0, c.a1, c.a2, c.a3, c.b0, c.b1, c.b2, c.b3);
+	return hsum8(a0, a1, a2, a3, b0, b1, b2, b3);
 }
 
 /*
@@ -387,12 +375,12 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 
 /*
  * V of a sealed block (stored transposed: dimension-major) into the 4 rows'
- * lane-wise accumulators, two dimensions at a time.  Per-token scales are
- * folded into the probabilities once per block, group scales once per group,
- * and a group's zero adds sum_t p_t z_t to each of its dimensions (in accT).
+ * accumulators, two dimensions at a time.  Per-token scales are folded into
+ * the probabilities once per block, group scales once per group, and a
+ * group's zero adds sum_t p_t z_t to each of its dimensions.
  */
-static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p, size_t ldp, float *acc8,
-					float *accT, const int F, const int KIND)
+static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p, size_t ldp, float *accT,
+					const int F, const int KIND)
 {
 	const uint32_t B = b->B, D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->vgroup : D;
 	const unsigned bits = kvq_fmt_bits(F);
@@ -427,22 +415,8 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 		for (uint32_t d = g0; d < g0 + G; d += 2) {
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
-			float *A = acc8 + (size_t)d * 32;   /* (d, r) at (d * 4 + r) * 8 */
-			struct acc2x4 c = {
-				_mm256_loadu_ps(A), _mm256_loadu_ps(A + 8), _mm256_loadu_ps(A + 16),
-				_mm256_loadu_ps(A + 24), _mm256_loadu_ps(A + 32), _mm256_loadu_ps(A + 40),
-				_mm256_loadu_ps(A + 48), _mm256_loadu_ps(A + 56),
-			};
-
-			c = dot2x4_acc(F, ra, rb, 0, B, x, ld, c);
-			_mm256_storeu_ps(A, c.a0);
-			_mm256_storeu_ps(A + 8, c.a1);
-			_mm256_storeu_ps(A + 16, c.a2);
-			_mm256_storeu_ps(A + 24, c.a3);
-			_mm256_storeu_ps(A + 32, c.b0);
-			_mm256_storeu_ps(A + 40, c.b1);
-			_mm256_storeu_ps(A + 48, c.b2);
-			_mm256_storeu_ps(A + 56, c.b3);
+			__m256 h = dot2x4(F, ra, rb, 0, B, x, ld);
+			_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4), h));
 			if (KIND == KVQ_PARAM_GROUP)
 				_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4),
 									    _mm256_set_m128(z4, z4)));
@@ -450,16 +424,6 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 	}
 }
 
-static void reduce8(const float *acc8, float *accT, uint32_t n)
-{
-	for (uint32_t d = 0; d < n; d += 2) {
-		const float *A = acc8 + (size_t)d * 32;
-		__m256 h = hsum8(_mm256_loadu_ps(A), _mm256_loadu_ps(A + 8), _mm256_loadu_ps(A + 16),
-				 _mm256_loadu_ps(A + 24), _mm256_loadu_ps(A + 32), _mm256_loadu_ps(A + 40),
-				 _mm256_loadu_ps(A + 48), _mm256_loadu_ps(A + 56));
-		_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4), h));
-	}
-}
 
 /* One place turns (format, parameter kind) into the constants above. */
 #define FORMAT_DISPATCH(fmt, CALL)                                                       \
@@ -483,9 +447,9 @@ static void k_scores4(const struct kvq_blk *b, const float *q, uint32_t tmax, fl
 #undef K_CALL
 }
 
-static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *acc8, float *accT)
+static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *accT)
 {
-#define V_CALL(F) v_accum4_impl(b, p, ldp, acc8, accT, F, kvq_fmt_param_kind(F, 1))
+#define V_CALL(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1))
 	FORMAT_DISPATCH(b->vfmt, V_CALL)
 #undef V_CALL
 }
@@ -501,17 +465,13 @@ static void v_row4(const float *row, const float *p, size_t ldp, uint32_t n, flo
 	}
 }
 
-static void scale4(float *accT, float *acc8, const float *al, uint32_t n)
+static void scale4(float *accT, const float *al, uint32_t n)
 {
 	__m128 a4 = _mm_loadu_ps(al);
 	__m256 av = _mm256_set_m128(a4, a4);
-	__m256 ar[4] = { _mm256_set1_ps(al[0]), _mm256_set1_ps(al[1]), _mm256_set1_ps(al[2]),
-			 _mm256_set1_ps(al[3]) };
 
 	for (uint32_t d = 0; d < n; d += 2)
 		_mm256_storeu_ps(accT + d * 4, _mm256_mul_ps(_mm256_loadu_ps(accT + d * 4), av));
-	for (uint32_t i = 0; i < n * 4; i++)
-		_mm256_storeu_ps(acc8 + i * 8, _mm256_mul_ps(_mm256_loadu_ps(acc8 + i * 8), ar[i & 3]));
 }
 
 const struct kvq_cpu_ops kvq_cpu_ops_avx2 = {
@@ -521,7 +481,6 @@ const struct kvq_cpu_ops kvq_cpu_ops_avx2 = {
 	.params = params,
 	.k_scores4 = k_scores4,
 	.v_accum4 = v_accum4,
-	.reduce8 = reduce8,
 	.v_row4 = v_row4,
 	.scale4 = scale4,
 	.expsum = expsum,

@@ -121,11 +121,10 @@ static void k_scores4(const struct kvq_blk *b, const float *q, uint32_t tmax, fl
 	}
 }
 
-static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *acc8, float *accT)
+static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *accT)
 {
 	float row[256], sum[4];
 
-	(void)acc8;
 	for (uint32_t d = 0; d < b->D; d++) {
 		v_col(b, d, row);
 		dots(row, p, ldp, 4, b->B, sum, 1);
@@ -134,15 +133,6 @@ static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float 
 	}
 }
 
-static void reduce8(const float *acc8, float *accT, uint32_t n)
-{
-	for (uint32_t i = 0; i < n * 4; i++) {
-		float s = 0.0f;
-		for (uint32_t l = 0; l < 8; l++)
-			s += acc8[i * 8 + l];
-		accT[i] += s;
-	}
-}
 
 static void v_row4(const float *row, const float *p, size_t ldp, uint32_t n, float *accT)
 {
@@ -151,14 +141,11 @@ static void v_row4(const float *row, const float *p, size_t ldp, uint32_t n, flo
 			accT[d * 4 + r] += p[r * ldp] * row[d];
 }
 
-static void scale4(float *accT, float *acc8, const float *al, uint32_t n)
+static void scale4(float *accT, const float *al, uint32_t n)
 {
 	for (uint32_t d = 0; d < n; d++)
-		for (uint32_t r = 0; r < 4; r++) {
+		for (uint32_t r = 0; r < 4; r++)
 			accT[d * 4 + r] *= al[r];
-			for (uint32_t l = 0; l < 8; l++)
-				acc8[(d * 4 + r) * 8 + l] *= al[r];
-		}
 }
 
 const struct kvq_cpu_ops kvq_cpu_ops_portable = {
@@ -168,7 +155,6 @@ const struct kvq_cpu_ops kvq_cpu_ops_portable = {
 	.params = params,
 	.k_scores4 = k_scores4,
 	.v_accum4 = v_accum4,
-	.reduce8 = reduce8,
 	.v_row4 = v_row4,
 	.scale4 = scale4,
 	.expsum = expsum,
