@@ -383,7 +383,10 @@ KVQ_HD float kvq_decode_sym(int f, uint32_t c)
  * Elements of 4 and 2 bits are packed little-end first within a byte
  * (element i in bits (i % per_byte) * bits).  F16/BF16 codes are 16-bit words.
  * Each array starts 16-byte aligned (layout.c).  Changing any of this changes
- * KVQ_LAYOUT_VERSION.
+ * KVQ_LAYOUT_VERSION.  The CPU vector path (kernels/cpu/ops_avx2.c) reads a
+ * row as consecutive elements from kvq_k_elem(t, 0) (K of token t) or
+ * kvq_v_elem(0, d) (V of dimension d), 16 at a time: a reorder that breaks
+ * that must change its dec16() too (test_attention compares both paths).
  */
 #define KVQ_LAYOUT_VERSION 1u
 
