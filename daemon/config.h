@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvqd.conf: the daemon's settings and its configured pools.
+ *
+ * INI-like, one "key = value" per line:
+ *
+ *   [kvqd]                  the daemon (optional; every key has a default)
+ *   [pool NAME]             one section per pool (none at all is fine: pools
+ *                           are then created by the first attach that names
+ *                           them, if [kvqd] create_on_attach allows it)
+ *
+ * Whole-line comments start with '#' or ';' (not after a value: policies use
+ * ';').  Blanks around keys, values and section names are ignored.  Unknown
+ * sections and keys, a key given twice in a section, a pool name given
+ * twice, missing required keys and bad values are errors reported as
+ * "FILE:LINE: what is wrong"; a file with an error yields nothing.
+ * systemd/kvqd.conf.example documents every key.
+ *
+ * Sizes are bytes with an optional K, M, G or T suffix (powers of 1024,
+ * "KiB" style accepted).  memory_budget also takes "N%" (N may have
+ * decimals): of the device's memory with the cuda backend, of physical
+ * memory with host.  A pool's memory_share is a percent of the budget of
+ * its device.
+ */
+#ifndef KVQD_CONFIG_H
+#define KVQD_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "format.h"
+
+/* Limits on what a config file may hold. */
+#define KVQ_CONFIG_MAX_FILE (1u << 20)                 /* bytes of the whole file */
+#define KVQ_CONFIG_MAX_LINE (KVQ_POLICY_MAX_LEN + 256u) /* bytes of one line: room for any policy */
+#define KVQ_CONFIG_MAX_POOLS 64u
+#define KVQ_CONFIG_NAME_MAX 63u      /* pool name: [A-Za-z0-9._-] */
+#define KVQ_CONFIG_MODEL_MAX 255u    /* model id: printable, no control characters */
+#define KVQ_CONFIG_PATH_MAX 107u     /* socket path: fits sockaddr_un.sun_path */
+#define KVQ_CONFIG_MAX_IDS 64u       /* entries of one uid or gid list */
+#define KVQ_CONFIG_MAX_DEVICE 1023
+#define KVQ_CONFIG_MSG_MAX 512       /* room for an error message */
+
+/* No quota. */
+#define KVQ_CONFIG_UNLIMITED UINT64_MAX
+
+/* An amount of memory: bytes, or a percent of something named where used. */
+enum kvq_config_amount_kind { KVQ_AMOUNT_BYTES = 0, KVQ_AMOUNT_PERCENT };
+
+struct kvq_config_amount {
+	int kind;           /* enum kvq_config_amount_kind */
+	uint64_t bytes;     /* KVQ_AMOUNT_BYTES */
+	double percent;     /* KVQ_AMOUNT_PERCENT: in (0, 100] */
+};
+
+/* Who may do something: any peer when any is set (no list given: the
+ * socket's file mode is then the only gate), else the listed uids and any
+ * member of the listed gids. */
+struct kvq_config_acl {
+	bool any;
+	uint32_t n_uids, n_gids;
+	uid_t uids[KVQ_CONFIG_MAX_IDS];
+	gid_t gids[KVQ_CONFIG_MAX_IDS];
+};
+
+struct kvq_config_pool {
+	char name[KVQ_CONFIG_NAME_MAX + 1];
+	char model[KVQ_CONFIG_MODEL_MAX + 1];
+	unsigned line;                   /* line of the [pool NAME] header */
+	int device;
+	uint32_t layers, kv_heads, head_dim, block_tokens;
+	uint32_t window;                 /* open window in tokens, default resolved */
+	int act;                         /* open window dtype: KVQ_DT_F16 or KVQ_DT_BF16 */
+	struct kvq_policy policy;
+	struct kvq_config_amount capacity; /* BYTES: capacity; PERCENT: memory_share */
+	struct kvq_config_acl acl;
+	uint64_t quota_per_uid;          /* bytes, or KVQ_CONFIG_UNLIMITED */
+	bool create_on_attach;           /* allocate at the first attach, not at start */
+};
+
+struct kvq_config {
+	char socket[KVQ_CONFIG_PATH_MAX + 1];
+	char backend[8];                 /* "auto", "host" or "cuda" */
+	int device;                      /* default device of pools */
+	struct kvq_config_amount memory_budget; /* per device */
+	int log_level;                   /* syslog level, LOG_EMERG .. LOG_DEBUG */
+	bool create_on_attach;           /* may an attach create a pool not listed here? */
+	struct kvq_config_acl create_acl; /* who may */
+	struct kvq_config_amount create_capacity; /* capacity of such a pool (PERCENT: of the budget) */
+	uint64_t quota_per_uid;          /* default of pools, or KVQ_CONFIG_UNLIMITED */
+	uint32_t n_pools;
+	struct kvq_config_pool *pools;
+};
+
+/* Built-in defaults, with no file: socket /run/kvqd/kvqd.sock, backend
+ * auto, device 0, memory_budget 90%, log_level info, create_on_attach yes
+ * for anyone who can connect, created pools get 25% of the budget, no
+ * quota, no pools.  Returns 0 and *ret_config (free with kvq_config_free),
+ * or -ENOMEM. */
+int kvq_config_new(struct kvq_config **ret_config);
+
+/* Parses the file at path.  Returns 0 and *ret_config; -EINVAL with
+ * "PATH:LINE: what is wrong" in err; or the open/read error (negative errno)
+ * with "PATH: reason".  *ret_config is untouched on failure. */
+int kvq_config_parse_file(const char *path, struct kvq_config **ret_config, char *err, size_t errlen);
+
+/* Parses text[0..len) as if read from a file called name (for messages);
+ * same returns as kvq_config_parse_file. */
+int kvq_config_parse_string(const char *text, size_t len, const char *name, struct kvq_config **ret_config,
+			    char *err, size_t errlen);
+
+/* Frees a config; accepts NULL. */
+void kvq_config_free(struct kvq_config *c);
+
+/* The pool called name, or NULL. */
+const struct kvq_config_pool *kvq_config_find_pool(const struct kvq_config *c, const char *name);
+
+/* Whether a peer with uid and groups gids[0..n_gids) passes acl. */
+bool kvq_config_acl_allows(const struct kvq_config_acl *acl, uid_t uid, const gid_t *gids, size_t n_gids);
+
+/* An amount in bytes against total (the device's or host's memory for the
+ * budget, the budget for shares); percentages round down. */
+uint64_t kvq_config_amount_bytes(const struct kvq_config_amount *a, uint64_t total);
+
+/* Parses a size ("64G", "1536MiB", "4096") into bytes: 0 or -EINVAL
+ * (-ERANGE past 2^64 - 1).  Exposed for the CLI and tests. */
+int kvq_config_parse_size(const char *s, uint64_t *ret_bytes);
+
+#endif

@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Slot bookkeeping of one pool: free stacks, states, references (pool.h). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout.h"
+#include "pool.h"
+
+#define OPEN_FREE UINT32_MAX   /* reserved[] of a free open slot */
+
+struct kvq_pool {
+	uint32_t n_sealed, n_open;
+
+	/* sealed slots */
+	uint8_t *state;            /* enum kvq_pool_state */
+	uint32_t *refs;
+	uint32_t *free;            /* stack of free sealed ids */
+	uint32_t n_free;
+
+	/* open slots */
+	uint32_t *reserved;        /* sealed id reserved for a used open slot, or OPEN_FREE */
+	uint32_t *ofree;           /* stack of free open ids */
+	uint32_t n_ofree;
+
+	/* counters kept on each transition, so stats cost nothing */
+	uint32_t n_reserved, n_private, n_cached, n_cached_ref;
+	uint64_t total_refs, evictions, alloc_failures;
+
+	struct kvq_pool_cache cache;   /* all NULL when none is attached */
+};
+
+int kvq_pool_new(uint32_t n_sealed, uint32_t n_open, kvq_pool **ret)
+{
+	struct kvq_pool *p;
+
+	if (n_sealed > KVQ_MAX_SLOTS || n_open > KVQ_MAX_SLOTS)
+		return -EINVAL;
+	p = calloc(1, sizeof *p);
+	if (!p)
+		return -ENOMEM;
+	p->n_sealed = n_sealed;
+	p->n_open = n_open;
+	/* +1: calloc(0) may return NULL, which would read as a failure */
+	p->state = calloc((size_t)n_sealed + 1, sizeof *p->state);
+	p->refs = calloc((size_t)n_sealed + 1, sizeof *p->refs);
+	p->free = calloc((size_t)n_sealed + 1, sizeof *p->free);
+	p->reserved = calloc((size_t)n_open + 1, sizeof *p->reserved);
+	p->ofree = calloc((size_t)n_open + 1, sizeof *p->ofree);
+	if (!p->state || !p->refs || !p->free || !p->reserved || !p->ofree) {
+		kvq_pool_free(p);
+		return -ENOMEM;
+	}
+	/* pushed in reverse so that ids come out 0, 1, 2, ... (easier to read
+	 * in dumps; nothing depends on it) */
+	for (uint32_t i = 0; i < n_sealed; i++)
+		p->free[i] = n_sealed - 1 - i;
+	p->n_free = n_sealed;
+	for (uint32_t i = 0; i < n_open; i++) {
+		p->reserved[i] = OPEN_FREE;
+		p->ofree[i] = n_open - 1 - i;
+	}
+	p->n_ofree = n_open;
+	*ret = p;
+	return 0;
+}
+
+void kvq_pool_free(kvq_pool *p)
+{
+	if (!p)
+		return;
+	free(p->state);
+	free(p->refs);
+	free(p->free);
+	free(p->reserved);
+	free(p->ofree);
+	free(p);
+}
+
+static uint32_t pop_sealed(struct kvq_pool *p, uint8_t state)
+{
+	uint32_t id = p->free[--p->n_free];
+
+	p->state[id] = state;
+	return id;
+}
+
+static void push_sealed(struct kvq_pool *p, uint32_t id)
+{
+	p->state[id] = KVQ_POOL_FREE;
+	p->refs[id] = 0;
+	p->free[p->n_free++] = id;
+}
+
+/* Makes at least need sealed slots free, evicting only the shortfall, or
+ * changes nothing and returns -ENOSPC.  The cache is asked first how much it
+ * could evict, so a refusal never costs the cache any block. */
+static int make_room(struct kvq_pool *p, uint32_t need)
+{
+	uint32_t short_by;
+
+	if (need <= p->n_free)
+		return 0;
+	short_by = need - p->n_free;
+	if (!p->cache.evict || p->cache.evictable(p->cache.ctx) < short_by)
+		return -ENOSPC;
+	p->cache.evict(p->cache.ctx, short_by);
+	/* only a cache that broke its word leaves us short here */
+	return p->n_free >= need ? 0 : -ENOSPC;
+}
+
+int kvq_pool_alloc_open(kvq_pool *p, uint32_t count, uint32_t *ret_open, uint32_t *ret_sealed)
+{
+	int r;
+
+	if (count > p->n_ofree) {
+		p->alloc_failures++;
+		return -ENOSPC;
+	}
+	r = make_room(p, count);
+	if (r < 0) {
+		p->alloc_failures++;
+		return r;
+	}
+	for (uint32_t i = 0; i < count; i++) {
+		uint32_t o = p->ofree[--p->n_ofree];
+		uint32_t s = pop_sealed(p, KVQ_POOL_RESERVED);
+
+		p->reserved[o] = s;
+		ret_open[i] = o;
+		if (ret_sealed)
+			ret_sealed[i] = s;
+	}
+	p->n_reserved += count;
+	return 0;
+}
+
+int kvq_pool_alloc_sealed(kvq_pool *p, uint32_t count, uint32_t *ret_ids)
+{
+	int r = make_room(p, count);
+
+	if (r < 0) {
+		p->alloc_failures++;
+		return r;
+	}
+	for (uint32_t i = 0; i < count; i++) {
+		uint32_t s = pop_sealed(p, KVQ_POOL_PRIVATE);
+
+		p->refs[s] = 1;
+		ret_ids[i] = s;
+	}
+	p->n_private += count;
+	p->total_refs += count;
+	return 0;
+}
+
+int kvq_pool_check_open(const kvq_pool *p, uint32_t open_id)
+{
+	if (open_id >= p->n_open)
+		return -ERANGE;
+	return p->reserved[open_id] == OPEN_FREE ? -EINVAL : 0;
+}
+
+int kvq_pool_open_reserved(const kvq_pool *p, uint32_t open_id, uint32_t *ret_id)
+{
+	int r = kvq_pool_check_open(p, open_id);
+
+	if (r < 0)
+		return r;
+	*ret_id = p->reserved[open_id];
+	return 0;
+}
+
+static void free_open(struct kvq_pool *p, uint32_t open_id)
+{
+	p->reserved[open_id] = OPEN_FREE;
+	p->ofree[p->n_ofree++] = open_id;
+	p->n_reserved--;
+}
+
+int kvq_pool_seal(kvq_pool *p, uint32_t open_id, uint32_t *ret_id)
+{
+	uint32_t s;
+	int r = kvq_pool_check_open(p, open_id);
+
+	if (r < 0)
+		return r;
+	s = p->reserved[open_id];
+	free_open(p, open_id);
+	p->state[s] = KVQ_POOL_PRIVATE;
+	p->refs[s] = 1;
+	p->n_private++;
+	p->total_refs++;
+	*ret_id = s;
+	return 0;
+}
+
+int kvq_pool_release_open(kvq_pool *p, uint32_t open_id)
+{
+	uint32_t s;
+	int r = kvq_pool_check_open(p, open_id);
+
+	if (r < 0)
+		return r;
+	s = p->reserved[open_id];
+	free_open(p, open_id);
+	push_sealed(p, s);
+	return 0;
+}
+
+int kvq_pool_check_sealed(const kvq_pool *p, uint32_t id, unsigned mask)
+{
+	if (id >= p->n_sealed)
+		return -ERANGE;
+	return mask & KVQ_POOL_BIT(p->state[id]) ? 0 : -EINVAL;
+}
+
+int kvq_pool_state(const kvq_pool *p, uint32_t id)
+{
+	return id < p->n_sealed ? p->state[id] : -ERANGE;
+}
+
+uint32_t kvq_pool_refs(const kvq_pool *p, uint32_t id)
+{
+	return id < p->n_sealed ? p->refs[id] : 0;
+}
+
+int kvq_pool_ref(kvq_pool *p, uint32_t id)
+{
+	int r = kvq_pool_check_sealed(p, id, KVQ_POOL_SEALED_BLOCK);
+
+	if (r < 0)
+		return r;
+	if (p->refs[id] >= KVQ_POOL_MAX_REFS)
+		return -EOVERFLOW;
+	p->total_refs++;
+	if (p->refs[id]++ == 0) {
+		/* only a cached block can be at zero (a private one would be free) */
+		p->n_cached_ref++;
+		if (p->cache.held)
+			p->cache.held(p->cache.ctx, id, 1);
+	}
+	return 0;
+}
+
+int kvq_pool_unref(kvq_pool *p, uint32_t id)
+{
+	int r = kvq_pool_check_sealed(p, id, KVQ_POOL_SEALED_BLOCK);
+
+	if (r < 0)
+		return r;
+	if (p->refs[id] == 0)
+		return -EINVAL;
+	p->total_refs--;
+	if (--p->refs[id] > 0)
+		return 0;
+	if (p->state[id] == KVQ_POOL_PRIVATE) {
+		p->n_private--;
+		push_sealed(p, id);
+	} else {
+		p->n_cached_ref--;
+		if (p->cache.held)
+			p->cache.held(p->cache.ctx, id, 0);
+	}
+	return 0;
+}
+
+void kvq_pool_stats(const kvq_pool *p, struct kvq_pool_stats *ret)
+{
+	struct kvq_pool_stats s = {
+		.n_sealed = p->n_sealed,
+		.n_open = p->n_open,
+		.sealed_free = p->n_free,
+		.sealed_reserved = p->n_reserved,
+		.sealed_private = p->n_private,
+		.sealed_cached = p->n_cached,
+		.cached_referenced = p->n_cached_ref,
+		.sealed_evictable = p->cache.evictable ? p->cache.evictable(p->cache.ctx) : 0,
+		.open_free = p->n_ofree,
+		.open_used = p->n_open - p->n_ofree,
+		.refs = p->total_refs,
+		.evictions = p->evictions,
+		.alloc_failures = p->alloc_failures,
+	};
+
+	*ret = s;
+}
+
+void kvq_pool_set_cache(kvq_pool *p, const struct kvq_pool_cache *c)
+{
+	if (c)
+		p->cache = *c;
+	else
+		memset(&p->cache, 0, sizeof p->cache);
+}
+
+int kvq_pool_cache_insert(kvq_pool *p, uint32_t id)
+{
+	int r = kvq_pool_check_sealed(p, id, KVQ_POOL_BIT(KVQ_POOL_PRIVATE));
+
+	if (r < 0)
+		return r;
+	p->state[id] = KVQ_POOL_CACHED;
+	p->n_private--;
+	p->n_cached++;
+	p->n_cached_ref++;   /* a private block always has refs >= 1 */
+	return 0;
+}
+
+int kvq_pool_cache_evicted(kvq_pool *p, uint32_t id)
+{
+	int r = kvq_pool_check_sealed(p, id, KVQ_POOL_BIT(KVQ_POOL_CACHED));
+
+	if (r < 0)
+		return r;
+	if (p->refs[id] > 0)
+		return -EINVAL;
+	p->n_cached--;
+	p->evictions++;
+	push_sealed(p, id);
+	return 0;
+}

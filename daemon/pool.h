@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Slot bookkeeping of one pool: which sealed and open slots (kernels/layout.h,
+ * two id spaces 0 .. n_sealed-1 and 0 .. n_open-1) are free, reserved,
+ * private, cached, and how many references each sealed block has.  No I/O, no
+ * GPU: the server calls this after validating a request, and the kernels
+ * write the slots the ids name.
+ *
+ * Sealed slot states:
+ *
+ *   FREE      on the free stack.
+ *   RESERVED  held for one open slot, so that sealing it never fails for lack
+ *             of room; becomes PRIVATE at kvq_pool_seal(), FREE at
+ *             kvq_pool_release_open().
+ *   PRIVATE   a sealed block (from kvq_pool_seal() or kvq_pool_alloc_sealed())
+ *             not in the prefix cache; refs >= 1; freed when its last
+ *             reference goes.
+ *   CACHED    in the prefix cache (kvq_pool_cache_insert()); refs >= 0.  At
+ *             refs == 0 it stays cached, owned by the cache, until the cache
+ *             evicts it (kvq_pool_cache_evicted()).
+ *
+ * Open slots are FREE or USED; a USED open slot always owns exactly one
+ * RESERVED sealed slot, so stats.sealed_reserved == stats.open_used.
+ *
+ * Ownership.  The pool owns slot states and reference counts.  The prefix
+ * cache (daemon/prefix.h) owns keys, parents and the eviction order; it
+ * attaches itself with kvq_pool_set_cache().  The pool tells the cache when a
+ * cached block gains its first or loses its last reference (held()), and when
+ * an allocation needs room it asks how many blocks the cache could evict
+ * (evictable()) and has it evict exactly the shortfall (evict()), the cache
+ * handing each victim back through kvq_pool_cache_evicted().  Because the pool
+ * asks before evicting, an allocation that cannot be satisfied evicts nothing.
+ *
+ * Cost.  Allocation and release pop and push stacks of ids; no operation
+ * scans the slots.  Allocation that has to evict pays for the evictions
+ * (daemon/prefix.h gives their cost).
+ *
+ * Errors.  -ENOSPC is the named "pool full" error: a batch that does not fit
+ * even after evicting every evictable block.  -ERANGE: an id outside its id
+ * space.  -EINVAL: an id in the wrong state for the operation.  -EOVERFLOW:
+ * a reference count at KVQ_POOL_MAX_REFS.  On any error nothing changes but
+ * the stats counter of failed allocations.
+ *
+ * Not thread-safe: the daemon runs one event loop.
+ */
+#ifndef KVQD_POOL_H
+#define KVQD_POOL_H
+
+#include <stdint.h>
+
+typedef struct kvq_pool kvq_pool;
+
+enum kvq_pool_state {
+	KVQ_POOL_FREE = 0,
+	KVQ_POOL_RESERVED,
+	KVQ_POOL_PRIVATE,
+	KVQ_POOL_CACHED,
+};
+
+/* Masks of states for kvq_pool_check_sealed(). */
+#define KVQ_POOL_BIT(state) (1u << (state))
+#define KVQ_POOL_SEALED_BLOCK (KVQ_POOL_BIT(KVQ_POOL_PRIVATE) | KVQ_POOL_BIT(KVQ_POOL_CACHED))
+
+/* References one sealed block can carry: far above any real number of
+ * holders, far below wrap-around. */
+#define KVQ_POOL_MAX_REFS (1u << 30)
+
+struct kvq_pool_stats {
+	uint32_t n_sealed, n_open;     /* capacity of each class */
+	uint32_t sealed_free;          /* on the free stack */
+	uint32_t sealed_reserved;      /* reserved for used open slots */
+	uint32_t sealed_private;       /* sealed, not cached */
+	uint32_t sealed_cached;        /* in the prefix cache */
+	uint32_t cached_referenced;    /* cached with refs > 0 */
+	uint32_t sealed_evictable;     /* cached blocks eviction could free now */
+	uint32_t open_free, open_used;
+	uint64_t refs;                 /* sum of all sealed blocks' references */
+	uint64_t evictions;            /* blocks evicted, ever */
+	uint64_t alloc_failures;       /* allocations refused with -ENOSPC */
+};
+
+/*
+ * The prefix cache's side of the pool.  ctx is passed back unchanged.
+ *
+ * held(ctx, id, 1): cached block id went from 0 to 1 reference;
+ * held(ctx, id, 0): from 1 to 0 (it now belongs to the cache alone).
+ * evictable(ctx): how many cached blocks evict() could free right now.
+ * evict(ctx, count): evict exactly count blocks (count <= evictable()),
+ *   calling kvq_pool_cache_evicted() for each; returns how many it evicted.
+ */
+struct kvq_pool_cache {
+	void *ctx;
+	void (*held)(void *ctx, uint32_t id, int held);
+	uint32_t (*evictable)(void *ctx);
+	uint32_t (*evict)(void *ctx, uint32_t count);
+};
+
+/* New pool of n_sealed sealed and n_open open slots, all free (each count at
+ * most KVQ_MAX_SLOTS).  Returns 0 and *ret, -EINVAL or -ENOMEM. */
+int kvq_pool_new(uint32_t n_sealed, uint32_t n_open, kvq_pool **ret);
+
+/* Frees the pool (NULL is fine).  Free the attached cache first. */
+void kvq_pool_free(kvq_pool *p);
+
+/*
+ * Grants count open slots and reserves one sealed slot for each, all or
+ * nothing, evicting cached blocks if free sealed slots run short.  Writes the
+ * open ids to ret_open[count] and the reserved sealed ids to
+ * ret_sealed[count] (ret_sealed may be NULL; kvq_pool_open_reserved() tells
+ * it later).  Returns 0 (count 0 is a no-op), or -ENOSPC when fewer than count
+ * open slots are free or fewer than count sealed slots are free or evictable.
+ */
+int kvq_pool_alloc_open(kvq_pool *p, uint32_t count, uint32_t *ret_open, uint32_t *ret_sealed);
+
+/* Grants count sealed slots (prefill writes them directly), all or nothing,
+ * evicting as kvq_pool_alloc_open() does; each starts PRIVATE with one
+ * reference.  Returns 0 and ret_ids[count], or -ENOSPC. */
+int kvq_pool_alloc_sealed(kvq_pool *p, uint32_t count, uint32_t *ret_ids);
+
+/* Seals a used open slot: frees it and makes its reserved sealed slot a
+ * PRIVATE block with one reference (its owner's).  Never fails for lack of
+ * room.  Returns 0 and *ret_id (the sealed id), -ERANGE or -EINVAL. */
+int kvq_pool_seal(kvq_pool *p, uint32_t open_id, uint32_t *ret_id);
+
+/* Frees a used open slot and the sealed slot reserved for it.
+ * Returns 0, -ERANGE or -EINVAL. */
+int kvq_pool_release_open(kvq_pool *p, uint32_t open_id);
+
+/* Adds a reference to a PRIVATE or CACHED block.
+ * Returns 0, -ERANGE, -EINVAL or -EOVERFLOW. */
+int kvq_pool_ref(kvq_pool *p, uint32_t id);
+
+/* Drops a reference from a PRIVATE or CACHED block with refs > 0.  A private
+ * block's last reference frees it; a cached block's leaves it to the cache.
+ * Returns 0, -ERANGE or -EINVAL. */
+int kvq_pool_unref(kvq_pool *p, uint32_t id);
+
+/* Validation, changing nothing.  Returns 0 when sealed id is in range and in
+ * one of the states of mask (KVQ_POOL_BIT()s), else -ERANGE or -EINVAL. */
+int kvq_pool_check_sealed(const kvq_pool *p, uint32_t id, unsigned mask);
+
+/* Returns 0 when open id is in range and used, else -ERANGE or -EINVAL. */
+int kvq_pool_check_open(const kvq_pool *p, uint32_t open_id);
+
+/* State of sealed slot id (enum kvq_pool_state), or -ERANGE. */
+int kvq_pool_state(const kvq_pool *p, uint32_t id);
+
+/* References of sealed slot id (0 when out of range or not a block). */
+uint32_t kvq_pool_refs(const kvq_pool *p, uint32_t id);
+
+/* Sealed id reserved for a used open slot.  Returns 0 and *ret_id, -ERANGE
+ * or -EINVAL. */
+int kvq_pool_open_reserved(const kvq_pool *p, uint32_t open_id, uint32_t *ret_id);
+
+/* Current counters. */
+void kvq_pool_stats(const kvq_pool *p, struct kvq_pool_stats *ret);
+
+/* Attaches the prefix cache (c is copied), or detaches it (c NULL). */
+void kvq_pool_set_cache(kvq_pool *p, const struct kvq_pool_cache *c);
+
+/* For the cache: a PRIVATE block enters the cache, keeping its references.
+ * Returns 0, -ERANGE or -EINVAL. */
+int kvq_pool_cache_insert(kvq_pool *p, uint32_t id);
+
+/* For the cache: a CACHED block with no reference was evicted; its slot is
+ * free again.  Returns 0, -ERANGE or -EINVAL. */
+int kvq_pool_cache_evicted(kvq_pool *p, uint32_t id);
+
+#endif
