@@ -1,0 +1,293 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvqd: serves a shared pool of quantized, paged KV-cache blocks over a Unix socket. */
+#include <config.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "config.h"
+#include "frame.h"
+#include "log.h"
+#include "sd.h"
+#include "server.h"
+
+#define DEFAULT_CONFIG "/etc/kvqd/kvqd.conf"
+#define ROOT_SOCKET "/run/kvqd/kvqd.sock"
+
+struct opts {
+	const char *config;
+	const char *socket;
+	const char *backend;
+	int device;
+	int log_level;
+};
+
+struct daemon {
+	struct event_base *base;
+	struct kvq_config *cfg;
+	const char *config_path;    /* NULL: built-in defaults */
+	kvq_server *srv;
+	struct event *watchdog;
+	struct timeval watchdog_tv;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "Usage: kvqd [OPTION]...\n"
+		   "Serve a shared pool of quantized, paged KV-cache blocks over a Unix socket.\n\n"
+		   "  -c, --config FILE      configuration (default " DEFAULT_CONFIG " when it exists)\n"
+		   "  -s, --socket PATH      control socket (default " ROOT_SOCKET " for root,\n"
+		   "                         $XDG_RUNTIME_DIR/kvqd.sock otherwise)\n"
+		   "  -b, --backend NAME     auto, host or cuda (default: the config's, auto)\n"
+		   "  -d, --device N         default CUDA device\n"
+		   "  -f, --foreground       stay in the foreground (kvqd never forks: systemd\n"
+		   "                         Type=notify supervises it); accepted for scripts\n"
+		   "  -l, --log-level LEVEL  emerg .. debug or 0-7\n"
+		   "  -h, --help             this text\n"
+		   "  -V, --version          the version\n");
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	static const struct option longopts[] = {
+		{ "config", required_argument, NULL, 'c' }, { "socket", required_argument, NULL, 's' },
+		{ "backend", required_argument, NULL, 'b' }, { "device", required_argument, NULL, 'd' },
+		{ "foreground", no_argument, NULL, 'f' },     { "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int ch;
+
+	while ((ch = getopt_long(argc, argv, "c:s:b:d:fl:hV", longopts, NULL)) != -1) {
+		char *end;
+		long v;
+
+		switch (ch) {
+		case 'c':
+			o->config = optarg;
+			break;
+		case 's':
+			o->socket = optarg;
+			break;
+		case 'b':
+			if (strcmp(optarg, "auto") && strcmp(optarg, "host") && strcmp(optarg, "cuda")) {
+				fprintf(stderr, "kvqd: --backend takes auto, host or cuda\n");
+				return 2;
+			}
+			o->backend = optarg;
+			break;
+		case 'd':
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || *end || end == optarg || v < 0 || v > KVQ_CONFIG_MAX_DEVICE) {
+				fprintf(stderr, "kvqd: bad --device %s\n", optarg);
+				return 2;
+			}
+			o->device = (int)v;
+			break;
+		case 'f':
+			break;
+		case 'l':
+			o->log_level = kvq_log_level_from_name(optarg);
+			if (o->log_level < 0) {
+				fprintf(stderr, "kvqd: bad --log-level %s\n", optarg);
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 1;
+		case 'V':
+			printf("kvqd %s (protocol %u)\n", PACKAGE_VERSION, KVQ_PROTOCOL_VERSION);
+			return 1;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvqd: unexpected argument %s\n", argv[optind]);
+		return 2;
+	}
+	return 0;
+}
+
+static int load_config(const char *path, struct kvq_config **ret)
+{
+	char err[KVQ_CONFIG_MSG_MAX];
+	int r;
+
+	if (!path)
+		return kvq_config_new(ret);
+	r = kvq_config_parse_file(path, ret, err, sizeof(err));
+	if (r < 0)
+		kvq_log(LOG_ERR, "%s", err);
+	return r;
+}
+
+static void on_stop(evutil_socket_t sig, short what, void *arg)
+{
+	struct daemon *d = arg;
+
+	kvq_log(LOG_INFO, "signal %d: stopping", (int)sig);
+	kvq_sd_stopping();
+	event_base_loopexit(d->base, NULL);
+}
+
+static void on_reload(evutil_socket_t sig, short what, void *arg)
+{
+	struct daemon *d = arg;
+	struct kvq_config *c = NULL;
+
+	char status[128];
+
+	if (!d->config_path) {
+		kvq_log(LOG_NOTICE, "SIGHUP: no configuration file to reload");
+		return;
+	}
+	kvq_sd_reloading();
+	if (load_config(d->config_path, &c) < 0) {
+		kvq_log(LOG_ERR, "SIGHUP: %s not reloaded; the old settings stay", d->config_path);
+	} else {
+		kvq_server_set_config(d->srv, c);
+		kvq_config_free(d->cfg);
+		d->cfg = c;
+		kvq_log(LOG_INFO, "SIGHUP: ACLs and quotas reloaded from %s", d->config_path);
+	}
+	kvq_server_status(d->srv, status, sizeof(status));
+	kvq_sd_ready(status);
+}
+
+/* Pings at half the interval systemd expects, with the status line. */
+static void on_watchdog(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	char status[128];
+
+	kvq_sd_watchdog();
+	kvq_server_status(d->srv, status, sizeof(status));
+	kvq_sd_status(status);
+}
+
+/* The socket path: --socket, else a socket the config file names, else the
+ * default for root or the user's runtime directory. */
+static int socket_path(const struct opts *o, const struct kvq_config *c, bool from_file, char *buf, size_t len)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+
+	if (o->socket)
+		return snprintf(buf, len, "%s", o->socket) < (int)len ? 0 : -ENAMETOOLONG;
+	if (geteuid() == 0 || (from_file && strcmp(c->socket, ROOT_SOCKET)))
+		return snprintf(buf, len, "%s", c->socket) < (int)len ? 0 : -ENAMETOOLONG;
+	if (!xdg || xdg[0] != '/')
+		return -ENOENT;
+	return snprintf(buf, len, "%s/kvqd.sock", xdg) < (int)len ? 0 : -ENAMETOOLONG;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { .device = -1, .log_level = -1 };
+	struct daemon d = { 0 };
+	struct event *ev_term = NULL, *ev_int = NULL, *ev_hup = NULL;
+	char err[512], path[108], status[128];
+	uint64_t wd_usec;
+	int r, lfd = -1, ret = EXIT_FAILURE;
+
+	r = parse_args(argc, argv, &o);
+	if (r)
+		return r == 1 ? EXIT_SUCCESS : 2;
+	if (o.log_level >= 0)
+		kvq_log_set_level(o.log_level);
+	d.config_path = o.config;
+	if (!d.config_path && access(DEFAULT_CONFIG, F_OK) == 0)
+		d.config_path = DEFAULT_CONFIG;
+	if (load_config(d.config_path, &d.cfg) < 0)
+		goto out;
+	if (o.log_level < 0)
+		kvq_log_set_level(d.cfg->log_level);
+	signal(SIGPIPE, SIG_IGN);
+
+	d.base = event_base_new();
+	if (!d.base) {
+		kvq_log(LOG_ERR, "cannot create the event loop");
+		goto out;
+	}
+	r = kvq_server_new(d.base, d.cfg, o.backend ? o.backend : d.cfg->backend,
+			   o.device >= 0 ? o.device : d.cfg->device, &d.srv, err, sizeof(err));
+	if (r < 0) {
+		kvq_log(LOG_ERR, "%s", err);
+		goto out;
+	}
+	r = kvq_sd_listen_fd(&lfd);
+	if (r < 0) {
+		kvq_log(LOG_ERR, "socket activation: %s", strerror(-r));
+		goto out;
+	}
+	if (r == 1) {
+		snprintf(path, sizeof(path), "fd %d from systemd", lfd);
+		r = kvq_server_listen_fd(d.srv, lfd, err, sizeof(err));
+	} else {
+		r = socket_path(&o, d.cfg, d.config_path != NULL, path, sizeof(path));
+		if (r < 0) {
+			kvq_log(LOG_ERR, "no socket path: give --socket (XDG_RUNTIME_DIR is not set)");
+			goto out;
+		}
+		if (!strcmp(path, ROOT_SOCKET))
+			mkdir("/run/kvqd", 0755);
+		r = kvq_server_listen_path(d.srv, path, err, sizeof(err));
+	}
+	if (r < 0) {
+		kvq_log(LOG_ERR, "%s", err);
+		goto out;
+	}
+	ev_term = evsignal_new(d.base, SIGTERM, on_stop, &d);
+	ev_int = evsignal_new(d.base, SIGINT, on_stop, &d);
+	ev_hup = evsignal_new(d.base, SIGHUP, on_reload, &d);
+	if (!ev_term || !ev_int || !ev_hup || event_add(ev_term, NULL) < 0 || event_add(ev_int, NULL) < 0 ||
+	    event_add(ev_hup, NULL) < 0) {
+		kvq_log(LOG_ERR, "cannot watch signals");
+		goto out;
+	}
+	wd_usec = kvq_sd_watchdog_usec();
+	if (wd_usec) {
+		d.watchdog_tv.tv_sec = (time_t)(wd_usec / 2 / 1000000);
+		d.watchdog_tv.tv_usec = (suseconds_t)(wd_usec / 2 % 1000000);
+		d.watchdog = event_new(d.base, -1, EV_PERSIST, on_watchdog, &d);
+		if (!d.watchdog || event_add(d.watchdog, &d.watchdog_tv) < 0) {
+			kvq_log(LOG_ERR, "cannot arm the watchdog timer");
+			goto out;
+		}
+	}
+	kvq_log(LOG_NOTICE, "kvqd %s listening on %s", PACKAGE_VERSION, path);
+	kvq_server_status(d.srv, status, sizeof(status));
+	kvq_sd_ready(status);
+	if (event_base_dispatch(d.base) < 0) {
+		kvq_log(LOG_ERR, "event loop failed");
+		goto out;
+	}
+	ret = EXIT_SUCCESS;
+	kvq_log(LOG_INFO, "stopped");
+out:
+	if (d.watchdog)
+		event_free(d.watchdog);
+	if (ev_hup)
+		event_free(ev_hup);
+	if (ev_int)
+		event_free(ev_int);
+	if (ev_term)
+		event_free(ev_term);
+	kvq_server_free(d.srv);
+	if (d.base)
+		event_base_free(d.base);
+	kvq_config_free(d.cfg);
+	return ret;
+}

@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The kvqd server: the listening socket, client connections, the pools and
+ * the request handlers of proto/kvq.proto, on one libevent loop.
+ *
+ * Each connection gets the peer's SO_PEERCRED identity and a pidfd at
+ * accept.  Every request is checked (kvq_frame_check, then against the
+ * connection's state and lease) before anything changes; an error reply
+ * changes nothing.  When a connection closes its lease (daemon/session.h) is
+ * dropped at once if the peer process lives on, or, if it is dying, only when
+ * its pidfd reports the exit: a dying process's socket closes before its GPU
+ * work has stopped.
+ */
+#ifndef KVQD_SERVER_H
+#define KVQD_SERVER_H
+
+#include <event2/event.h>
+
+#include "config.h"
+
+typedef struct kvq_server kvq_server;
+
+/* Most connections at once (live and dying ones); beyond, accept closes. */
+#define KVQ_SERVER_MAX_CONNS 1024u
+/* Reply bytes queued for one client before the server stops reading it. */
+#define KVQ_SERVER_OUT_HIGH (8u << 20)
+
+/*
+ * A server on base with config (borrowed: it must outlive the server, or be
+ * replaced with kvq_server_set_config), default backend name ("auto", "host",
+ * "cuda") and device.  Pools listed in config without create_on_attach are
+ * allocated now.  Returns 0 and *ret, or a negative code with err set.
+ */
+int kvq_server_new(struct event_base *base, const struct kvq_config *config, const char *backend,
+		   int device, kvq_server **ret, char *err, size_t errlen);
+
+/* Listens on a new socket at path (a stale socket file is replaced).
+ * Returns 0 or a negative errno with err set. */
+int kvq_server_listen_path(kvq_server *s, const char *path, char *err, size_t errlen);
+
+/* Listens on fd, an already bound and listening Unix stream socket (socket
+ * activation); the server owns it.  Returns 0 or a negative errno. */
+int kvq_server_listen_fd(kvq_server *s, int fd, char *err, size_t errlen);
+
+/* Takes ACLs and quotas of existing pools from config (SIGHUP); config
+ * replaces the borrowed one.  Geometry changes of a live pool are ignored
+ * with a log line. */
+void kvq_server_set_config(kvq_server *s, const struct kvq_config *config);
+
+/* One-line status for logs and sd_notify STATUS. */
+void kvq_server_status(const kvq_server *s, char *buf, size_t len);
+
+/* Closes every connection, frees the pools, unlinks a socket it created.
+ * NULL is fine. */
+void kvq_server_free(kvq_server *s);
+
+#endif

@@ -1,0 +1,242 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "session.h"
+
+/* Linear probing, backward-shift deletion (no tombstones, so a long-lived
+ * lease with churn never degrades).  A count of 0 marks an empty cell. */
+struct idmap {
+	uint32_t *key;
+	uint32_t *cnt;
+	uint32_t cap;   /* power of two, or 0 */
+	uint32_t n;
+};
+
+struct kvq_session {
+	struct idmap sealed, open;
+};
+
+static uint32_t idmap_hash(uint32_t k)
+{
+	k ^= k >> 16;
+	k *= 0x7feb352du;
+	k ^= k >> 15;
+	k *= 0x846ca68bu;
+	k ^= k >> 16;
+	return k;
+}
+
+static uint32_t *idmap_find(const struct idmap *m, uint32_t key)
+{
+	if (!m->cap)
+		return NULL;
+	for (uint32_t i = idmap_hash(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+		if (!m->cnt[i])
+			return NULL;
+		if (m->key[i] == key)
+			return &m->cnt[i];
+	}
+}
+
+static void idmap_put_raw(struct idmap *m, uint32_t key, uint32_t cnt)
+{
+	uint32_t i = idmap_hash(key) & (m->cap - 1);
+
+	while (m->cnt[i])
+		i = (i + 1) & (m->cap - 1);
+	m->key[i] = key;
+	m->cnt[i] = cnt;
+	m->n++;
+}
+
+/* Room for n more entries at a load of at most 1/2. */
+static int idmap_reserve(struct idmap *m, uint32_t more)
+{
+	uint64_t need = ((uint64_t)m->n + more) * 2;
+	uint32_t cap = m->cap ? m->cap : 16;
+	struct idmap g = { 0 };
+
+	if (need <= m->cap)
+		return 0;
+	while (cap < need) {
+		if (cap >= (1u << 31))
+			return -ENOMEM;
+		cap *= 2;
+	}
+	g.key = calloc(cap, sizeof(*g.key));
+	g.cnt = calloc(cap, sizeof(*g.cnt));
+	if (!g.key || !g.cnt) {
+		free(g.key);
+		free(g.cnt);
+		return -ENOMEM;
+	}
+	g.cap = cap;
+	for (uint32_t i = 0; i < m->cap; i++)
+		if (m->cnt[i])
+			idmap_put_raw(&g, m->key[i], m->cnt[i]);
+	free(m->key);
+	free(m->cnt);
+	*m = g;
+	return 0;
+}
+
+static void idmap_remove(struct idmap *m, uint32_t *slot)
+{
+	uint32_t mask = m->cap - 1, i = (uint32_t)(slot - m->cnt), j = i;
+
+	m->cnt[i] = 0;
+	m->n--;
+	for (;;) {
+		uint32_t h;
+
+		j = (j + 1) & mask;
+		if (!m->cnt[j])
+			return;
+		h = idmap_hash(m->key[j]) & mask;
+		/* move j back into the hole at i unless its home lies in (i, j] */
+		if ((j > i && (h <= i || h > j)) || (j < i && (h <= i && h > j))) {
+			m->key[i] = m->key[j];
+			m->cnt[i] = m->cnt[j];
+			m->cnt[j] = 0;
+			i = j;
+		}
+	}
+}
+
+static void idmap_fini(struct idmap *m)
+{
+	free(m->key);
+	free(m->cnt);
+}
+
+static int idmap_next(const struct idmap *m, uint32_t *pos, uint32_t *ret_key, uint32_t *ret_cnt)
+{
+	for (; *pos < m->cap; (*pos)++)
+		if (m->cnt[*pos]) {
+			*ret_key = m->key[*pos];
+			*ret_cnt = m->cnt[*pos];
+			(*pos)++;
+			return 1;
+		}
+	return 0;
+}
+
+int kvq_session_new(kvq_session **ret)
+{
+	kvq_session *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return -ENOMEM;
+	*ret = s;
+	return 0;
+}
+
+void kvq_session_free(kvq_session *s)
+{
+	if (!s)
+		return;
+	idmap_fini(&s->sealed);
+	idmap_fini(&s->open);
+	free(s);
+}
+
+int kvq_session_reserve(kvq_session *s, uint32_t n_sealed, uint32_t n_open)
+{
+	int r = idmap_reserve(&s->sealed, n_sealed);
+
+	return r < 0 ? r : idmap_reserve(&s->open, n_open);
+}
+
+uint32_t kvq_session_sealed(const kvq_session *s, uint32_t id)
+{
+	const uint32_t *c = idmap_find(&s->sealed, id);
+
+	return c ? *c : 0;
+}
+
+int kvq_session_sealed_add(kvq_session *s, uint32_t id, uint32_t n)
+{
+	uint32_t *c = idmap_find(&s->sealed, id);
+	int r;
+
+	if (c) {
+		if (*c > UINT32_MAX - n)
+			return -EOVERFLOW;
+		*c += n;
+		return 0;
+	}
+	if (!n)
+		return 0;
+	r = idmap_reserve(&s->sealed, 1);
+	if (r < 0)
+		return r;
+	idmap_put_raw(&s->sealed, id, n);
+	return 1;
+}
+
+int kvq_session_sealed_sub(kvq_session *s, uint32_t id, uint32_t n)
+{
+	uint32_t *c = idmap_find(&s->sealed, id);
+
+	if (!n)
+		return 0;
+	if (!c || *c < n)
+		return -EINVAL;
+	if (*c > n) {
+		*c -= n;
+		return 0;
+	}
+	idmap_remove(&s->sealed, c);
+	return 1;
+}
+
+int kvq_session_open_has(const kvq_session *s, uint32_t id)
+{
+	return idmap_find(&s->open, id) != NULL;
+}
+
+int kvq_session_open_add(kvq_session *s, uint32_t id)
+{
+	int r;
+
+	if (idmap_find(&s->open, id))
+		return -EEXIST;
+	r = idmap_reserve(&s->open, 1);
+	if (r < 0)
+		return r;
+	idmap_put_raw(&s->open, id, 1);
+	return 0;
+}
+
+int kvq_session_open_del(kvq_session *s, uint32_t id)
+{
+	uint32_t *c = idmap_find(&s->open, id);
+
+	if (!c)
+		return -ENOENT;
+	idmap_remove(&s->open, c);
+	return 0;
+}
+
+uint32_t kvq_session_n_sealed(const kvq_session *s)
+{
+	return s->sealed.n;
+}
+
+uint32_t kvq_session_n_open(const kvq_session *s)
+{
+	return s->open.n;
+}
+
+int kvq_session_next_sealed(const kvq_session *s, uint32_t *pos, uint32_t *ret_id, uint32_t *ret_count)
+{
+	return idmap_next(&s->sealed, pos, ret_id, ret_count);
+}
+
+int kvq_session_next_open(const kvq_session *s, uint32_t *pos, uint32_t *ret_id)
+{
+	uint32_t c;
+
+	return idmap_next(&s->open, pos, ret_id, &c);
+}
