@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
 #include <string.h>
 
 #include "config.h"
@@ -16,6 +17,8 @@ const char *kvq_strerror(int err)
 	case 0: return "success";
 	case KVQ_ELAYOUT: return "pool layout version or geometry mismatch";
 	case KVQ_EPOLICY: return "bad KV policy";
+	case KVQ_EPROTOCOL: return "kvqd's reply broke the protocol";
+	case -ENOTSUP: return "operation not supported (by kvqd, or by libkvq: it maps host pools only, not CUDA pools yet)";
 	default:
 		if (err < 0 && err > -KVQ_EBASE)
 			return strerror(-err);

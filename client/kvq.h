@@ -8,6 +8,7 @@
 #ifndef KVQ_H
 #define KVQ_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -19,6 +20,7 @@ extern "C" {
 enum {
 	KVQ_ELAYOUT = -(KVQ_EBASE + 1),   /* layout version or geometry mismatch */
 	KVQ_EPOLICY = -(KVQ_EBASE + 2),   /* bad KV policy string */
+	KVQ_EPROTOCOL = -(KVQ_EBASE + 3), /* the daemon's reply broke the protocol */
 };
 
 /* Version string of the library ("0.1.0"). */
@@ -38,6 +40,241 @@ uint8_t kvq_fp8_e4m3_encode(float x);
 float kvq_fp8_e4m3_decode(uint8_t code);   /* 0x7f/0xff -> NaN */
 uint8_t kvq_fp8_e5m2_encode(float x);
 float kvq_fp8_e5m2_decode(uint8_t code);   /* IEEE-like: 0x7c inf, above NaN */
+
+/* ---------------------------------------------------------------- client */
+
+/*
+ * A connection to kvqd, serving at most one pool (kvq.proto: one Attach per
+ * connection).  Requests are synchronous: each call sends one request and
+ * reads its reply.  Not thread-safe: one thread per kvq_client at a time.
+ * Calls that fail with a code from the daemon or from a local check leave a
+ * one-line reason in kvq_client_error().
+ */
+typedef struct kvq_client kvq_client;
+struct kvq_layout;
+
+/* Dtype of the open window (enum kvq_dtype's values). */
+enum { KVQ_ACT_F16 = 0, KVQ_ACT_BF16 = 1 };
+
+/* Everything Attach sends.  policy is any form kvq_policy_parse accepts;
+ * window 0 accepts the pool's (or the default for a new pool).  create:
+ * nonzero lets the daemon create the pool with n_sealed / n_open slots
+ * (both 0: sized by the daemon's configuration) on backend ("host", "cuda",
+ * NULL or "" for the daemon's default) and device (-1 any). */
+struct kvq_attach_params {
+	const char *pool;
+	const char *model_id;
+	uint32_t layers, kv_heads, head_dim, block_tokens;
+	const char *policy;
+	uint32_t window;
+	int act;
+	int create;
+	uint32_t n_sealed, n_open;
+	const char *backend;
+	int device;
+};
+
+/* One pool as Stats reports it (kvq.proto PoolStats). */
+struct kvq_stats {
+	char name[65];
+	char model_id[257];
+	char backend[8];
+	int device;
+	uint32_t layers, kv_heads, head_dim, block_tokens, window;
+	uint64_t total_bytes;
+	uint32_t n_sealed, n_open;
+	uint32_t sealed_free, sealed_reserved, sealed_held, cached, referenced, open_used;
+	uint64_t lookup_tokens, hit_tokens, evictions, alloc_failures;
+	uint32_t clients;
+};
+
+/* The socket libkvq uses when given none: $KVQ_SOCKET, else
+ * /run/kvqd/kvqd.sock for root, else $XDG_RUNTIME_DIR/kvqd.sock.  Returns
+ * 0 with the path in buf, -ENOENT when none applies (a user without
+ * XDG_RUNTIME_DIR) or -ENAMETOOLONG. */
+int kvq_default_socket(char *buf, size_t len);
+
+/* Connects to path (NULL: kvq_default_socket) and says Hello with name
+ * (printable ASCII without blanks, at most 64 bytes; NULL: "libkvq").
+ * Returns 0 and *ret_client, or -EINVAL, -ENOMEM, a connect error
+ * (-ENOENT, -ECONNREFUSED, -EACCES), -EPROTONOSUPPORT (the daemon speaks
+ * another protocol version) or a transport error.  On failure there is no
+ * client to ask for the reason. */
+int kvq_client_connect(const char *path, const char *name, kvq_client **ret_client);
+
+/* Unmaps the pool and closes the connection; the daemon then drops the
+ * lease (every slot and reference this connection held).  On the host
+ * backend no kernel work is outstanding when a call returns, so nothing is
+ * waited for.  NULL is fine. */
+void kvq_client_free(kvq_client *c);
+
+/* Reason for the last failure on c (the daemon's message or a local one);
+ * "" when none.  Valid until the next call on c. */
+const char *kvq_client_error(const kvq_client *c);
+
+/* The daemon's name for this connection (HelloReply client_id). */
+uint64_t kvq_client_id(const kvq_client *c);
+
+/*
+ * Joins (and maybe creates) a pool and maps its memory.  The reply's
+ * geometry is rebuilt with kvq_layout_new on this side and must give the
+ * daemon's byte count.  Returns 0; the daemon's codes (KVQ_ELAYOUT,
+ * KVQ_EPOLICY, -ENOENT, -EACCES, -EISCONN, -ENOSPC, ...); KVQ_EPROTOCOL
+ * when the reply is inconsistent (no descriptor, sizes that disagree);
+ * -ENOTSUP for a pool on the cuda backend (this libkvq maps host pools
+ * only: the CUDA import path is not written yet); or an mmap error.
+ */
+int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
+
+/* The attached pool's layout (struct kvq_layout of kernels/layout.h), or
+ * NULL before a successful attach. */
+const struct kvq_layout *kvq_client_layout(const kvq_client *c);
+
+/* Base address of the mapped pool (offsets from kvq_layout_off apply to
+ * it), or NULL before a successful attach. */
+void *kvq_client_base(const kvq_client *c);
+
+/* Backend of the attached pool ("host"), or NULL before attach. */
+const char *kvq_client_backend(const kvq_client *c);
+
+/*
+ * Block operations, one request each (kvq.proto documents them).  Ids are
+ * the layout's slot ids; every one a call returns is held by this
+ * connection until released (or the connection closes).  Batches are
+ * all-or-nothing: on failure nothing changed and ret_* are untouched.
+ */
+
+/* n_open open slots, each with a reserved sealed slot, and n_sealed sealed
+ * slots.  ret_open / ret_reserved get n_open ids, ret_sealed n_sealed (NULL
+ * allowed for a count of 0).  Returns 0, -ENOSPC (the pool cannot hold
+ * them, even after evicting unreferenced cached blocks), -EDQUOT or
+ * another daemon code. */
+int kvq_client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t *ret_open,
+		     uint32_t *ret_reserved, uint32_t *ret_sealed);
+
+/* Tells the daemon open_ids[i] now lives in its reserved slot sealed_ids[i]
+ * (send after the seal's data is written).  Returns 0 or a daemon code. */
+int kvq_client_seal(kvq_client *c, uint32_t n, const uint32_t *open_ids, const uint32_t *sealed_ids);
+
+/* Publishes a chain of n sealed blocks: block i holds tokens
+ * [i*B, (i+1)*B) of tokens, its parent is block i-1, block 0's parent is
+ * parent (a cached block held by the caller, or -1 for a sequence's first
+ * block).  salt (salt_len <= 64 bytes, NULL for none) separates cache hits.
+ * Publish only after every layer of each block is written.  ret_ids[i]
+ * (n entries) is the id to use from now on: sealed_ids[i], or the cached
+ * block's id when the same key was cached already (the duplicate is freed
+ * and the hold moves).  Returns 0 or a daemon code. */
+int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, int64_t parent,
+		       const uint32_t *tokens, const void *salt, size_t salt_len, uint32_t *ret_ids);
+
+/* Longest cached chain for tokens[0..n_tokens), at most max_tokens tokens
+ * (S(n) of a prompt, kvq_layout_split).  ret_ids needs max_tokens / B
+ * entries; *ret_n gets the number of blocks found (matched tokens =
+ * *ret_n * B), each now referenced by the caller.  Returns 0 or a daemon
+ * code. */
+int kvq_client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens,
+		      const void *salt, size_t salt_len, uint32_t *ret_ids, uint32_t *ret_n);
+
+/* Drops holds with multiplicity: one reference per sealed id occurrence,
+ * each open id with its reservation.  Send only after the last kernel
+ * reading the blocks has completed.  Returns 0 or a daemon code. */
+int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_ids, uint32_t n_open,
+		       const uint32_t *open_ids);
+
+/* One more reference on each sealed id (held by the caller).  Returns 0 or
+ * a daemon code. */
+int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids);
+
+/* Stats of one pool: pool NULL means the attached one.  Allowed without
+ * attach.  Returns 0 and *ret_stats, -ENOENT when the daemon does not
+ * report that pool to this caller, or a daemon code. */
+int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats);
+
+/* ---------------------------------------------------------------- sequence */
+
+/*
+ * A sequence's block table on an attached client: its token ids, the
+ * sealed ids of its first S(n) tokens and the open ids (with their reserved
+ * sealed slots) of the rest, as kernels/layout.h splits n tokens.
+ *
+ * Adding m tokens is three steps, so a model can compute layer l+1 from
+ * layer l's attention:
+ *   kvq_seq_begin(tokens, m)      allocates the slots the m tokens need
+ *   kvq_seq_write(layer, k, v)    once per layer, in any order; then
+ *                                 kvq_seq_attention(layer, ...) may run
+ *   kvq_seq_commit()              seals blocks that left the open window
+ *                                 and publishes every new sealed block
+ * Order rules: a block is published only after all its layers are written
+ * and sealed (commit refuses before every layer was written); on the host
+ * backend kvq_cpu_write has finished when it returns, so commit may follow
+ * at once.  Slots are released only by kvq_seq_free, after the last
+ * attention that reads them has returned.  Host pools only: on other
+ * backends the data calls return -ENOTSUP (never a silent no-op).
+ */
+typedef struct kvq_seq kvq_seq;
+
+/* An empty sequence on c (attached); salt (<= 64 bytes, NULL for none)
+ * goes with each lookup and publish.  Returns 0 and *ret_seq, -EINVAL (not
+ * attached, salt too long) or -ENOMEM. */
+int kvq_seq_new(kvq_client *c, const void *salt, size_t salt_len, kvq_seq **ret_seq);
+
+/* Releases every slot and reference the sequence holds (one Release) and
+ * frees it.  NULL is fine. */
+void kvq_seq_free(kvq_seq *s);
+
+/* Tokens stored (after the last commit, or the prefix from_prompt found). */
+uint32_t kvq_seq_tokens(const kvq_seq *s);
+
+/*
+ * Starts an empty sequence from the cache: looks up the longest cached
+ * chain of tokens[0..n) up to S(n) and takes it as the sequence's sealed
+ * prefix.  *ret_hit gets the tokens covered (a multiple of B, < n); the
+ * caller appends tokens[*ret_hit..n) next, in one begin (the prefix stays
+ * sealed only if the first append reaches S(n+m) >= *ret_hit).  Returns 0,
+ * -EBUSY (the sequence is not empty) or a daemon code.
+ */
+int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t *ret_hit);
+
+/* Reserves the slots for m new tokens (copied) and starts a write.
+ * Returns 0, -EBUSY (a write is in progress), -EINVAL (m 0, or an append
+ * after from_prompt that would unseal the found prefix), -ENOSPC /
+ * -EDQUOT (nothing allocated) or another daemon code. */
+int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m);
+
+/* Writes one layer's K and V of the m tokens of the current begin: k and
+ * v are [m][kv_heads][head_dim] in the pool's activation dtype (f16 or
+ * bf16 bits).  Returns 0, -EINVAL (no write in progress, bad layer),
+ * -ENOTSUP (not a host pool). */
+int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v);
+
+/* Seals blocks that left the open window and publishes all new sealed
+ * blocks (parent chain, the sequence's salt); a published duplicate takes
+ * the cached block's id.  Returns 0, -EINVAL (no write in progress, or a
+ * layer not written) or a daemon code (the sequence then keeps what
+ * succeeded; kvq_seq_free releases it). */
+int kvq_seq_commit(kvq_seq *s);
+
+/* Attention of the last n_q stored tokens of one layer: q and out are
+ * [n_q][q_heads][head_dim] floats, q_heads a multiple of kv_heads; scale 0
+ * means 1/sqrt(head_dim).  Between begin and commit it sees the new tokens
+ * (after kvq_seq_write of that layer).  Reads KV as stored: sealed blocks
+ * quantized, the open window in full precision.  Returns 0, -EINVAL (bad
+ * counts, no stored tokens, or a layer not yet written in the current
+ * write) or -ENOTSUP (not a host pool). */
+int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
+		      const float *q, float *out);
+
+/* A copy sharing the sealed blocks by reference (Fork) with its own copy
+ * of the open window (new open slots, bytes copied for every layer).
+ * Returns 0 and *ret_seq, -EBUSY (a write in progress), -ENOTSUP (not a
+ * host pool), -ENOMEM or a daemon code. */
+int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq);
+
+/* The sequence's block table: *ret_sealed / *ret_n_sealed and *ret_open /
+ * *ret_n_open (pointers valid until the next call on s).  Between begin and
+ * commit this is the table before the write.  Returns 0. */
+int kvq_seq_blocks(const kvq_seq *s, const int32_t **ret_sealed, uint32_t *ret_n_sealed,
+		   const int32_t **ret_open, uint32_t *ret_n_open);
 
 #ifdef __cplusplus
 }

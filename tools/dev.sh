@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Developer entry point used by the README's quick start and by CI.
-#   tools/dev.sh demo    install what is missing, build, run the main job
+#   tools/dev.sh demo    install what is missing, build, run the main job: kvqd on a
+#                        temporary socket and two workers sharing a prompt prefix
+#   tools/dev.sh bench   install what is missing, build, run the format benchmark
 #   tools/dev.sh check   install what is missing, build, run the whole test suite
 #   tools/dev.sh deps    only install the Debian packages the build needs
 # Builds go to build/ (and build-asan/ for the sanitizer run) beside this tree.
@@ -72,12 +74,42 @@ build() {
 	make -j"$jobs"
 }
 
+# kvqd with its embedded defaults (host backend, create-on-attach) on a
+# temporary socket, the two-worker demo against it, then SIGTERM.
+demo_run() {
+	local tmp pid rc=0
+	tmp=$(mktemp -d /tmp/kvqd-demo.XXXXXX)
+	"$top/build/daemon/kvqd" --backend host --socket "$tmp/kvqd.sock" --foreground --log-level warning &
+	pid=$!
+	for _ in $(seq 500); do
+		[ -S "$tmp/kvqd.sock" ] && break
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.01
+	done
+	if [ -S "$tmp/kvqd.sock" ]; then
+		KVQ_SOCKET="$tmp/kvqd.sock" "$top/build/examples/kvq-demo" || rc=$?
+	else
+		echo "kvqd did not start" >&2
+		rc=1
+	fi
+	kill -TERM "$pid" 2>/dev/null || true
+	wait "$pid" || [ "$rc" -ne 0 ] || rc=1
+	rm -rf "$tmp"
+	return "$rc"
+}
+
 cmd=${1:-}
 case "$cmd" in
 deps)
 	stage deps deps
 	;;
 demo)
+	stage deps deps
+	stage bootstrap bootstrap
+	stage build build
+	stage "kvqd + two workers (kvq-demo)" demo_run
+	;;
+bench)
 	stage deps deps
 	stage bootstrap bootstrap
 	stage build build
@@ -96,7 +128,7 @@ check)
 	stage "unit tests under asan" make -C "$top/build-asan" -j"$jobs" check-unit
 	;;
 *)
-	echo "usage: $0 demo|check|deps" >&2
+	echo "usage: $0 demo|bench|check|deps" >&2
 	exit 2
 	;;
 esac

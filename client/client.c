@@ -1,0 +1,1063 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libkvq's connection to kvqd (kvq_client_*) and the sequence helper
+ * (kvq_seq_*).  Synchronous: one request, one reply; the protocol allows
+ * pipelining, which a later version can use for a decode step's batch.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "cpu/cpu.h"
+#include "frame.h"
+#include "kvq.h"
+#include "layout.h"
+
+/* A daemon that stops answering must not hang a worker forever. */
+#define CLIENT_TIMEOUT_MS 30000
+#define ROOT_SOCKET "/run/kvqd/kvqd.sock"
+
+struct kvq_client {
+	int fd;
+	int pool_fd;                    /* the attach reply's descriptor until mapped */
+	bool broken;                    /* transport fault: the stream is out of step */
+	struct kvq_frame_decoder dec;
+	uint64_t next_id, client_id;
+	char msg[KVQ_PROTO_MAX_MESSAGE + 1];
+	struct kvq_policy pol;
+	struct kvq_layout *L;
+	void *base;
+	size_t map_bytes;
+	char backend[8];
+	char pool[KVQ_PROTO_MAX_NAME + 1];
+};
+
+__attribute__((format(printf, 3, 4)))
+static int fail(kvq_client *c, int r, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+int kvq_default_socket(char *buf, size_t len)
+{
+	const char *env = getenv("KVQ_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
+	int n;
+
+	if (env && *env)
+		n = snprintf(buf, len, "%s", env);
+	else if (geteuid() == 0)
+		n = snprintf(buf, len, "%s", ROOT_SOCKET);
+	else if (xdg && *xdg)
+		n = snprintf(buf, len, "%s/kvqd.sock", xdg);
+	else
+		return -ENOENT;
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* Sends req and reads its reply: returns the reply's status with *ret (the
+ * caller frees it; NULL: freed here), or a transport error, after which
+ * the connection is unusable (a reply may be left in flight). */
+static int rpc(kvq_client *c, Kvq__Envelope *req, Kvq__Envelope **ret)
+{
+	Kvq__Envelope *rep = NULL;
+	int r, st;
+
+	c->msg[0] = 0;
+	if (c->broken)
+		return fail(c, -ENOTCONN, "connection to kvqd lost earlier");
+	req->id = ++c->next_id;
+	r = kvq_frame_send_envelope(c->fd, req, -1, CLIENT_TIMEOUT_MS);
+	if (r < 0) {
+		c->broken = true;
+		return fail(c, r, "sending to kvqd: %s", kvq_strerror(r));
+	}
+	r = kvq_frame_recv_envelope(c->fd, &c->dec, &c->pool_fd, CLIENT_TIMEOUT_MS, &rep);
+	if (r < 0) {
+		c->broken = true;
+		return fail(c, r, "reading from kvqd: %s", kvq_strerror(r));
+	}
+	if (rep->id != req->id || (rep->status == 0 && kvq_frame_check(rep, 0, NULL, 0) < 0)) {
+		kvq_frame_envelope_free(rep);
+		c->broken = true;
+		return fail(c, KVQ_EPROTOCOL, "kvqd sent a reply that does not match the request");
+	}
+	st = rep->status;
+	if (st > 0)
+		st = KVQ_EPROTOCOL;
+	if (st < 0)
+		snprintf(c->msg, sizeof(c->msg), "%s", rep->message && *rep->message ? rep->message : kvq_strerror(st));
+	if (ret && st == 0)
+		*ret = rep;
+	else
+		kvq_frame_envelope_free(rep);
+	return st;
+}
+
+/* rpc() and a reply body of the expected type. */
+static int call(kvq_client *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
+{
+	Kvq__Envelope *rep = NULL;
+	int r = rpc(c, req, &rep);
+
+	if (r < 0)
+		return r;
+	if (rep->body_case != want) {
+		kvq_frame_envelope_free(rep);
+		return fail(c, KVQ_EPROTOCOL, "kvqd answered with another reply type");
+	}
+	if (ret)
+		*ret = rep;
+	else
+		kvq_frame_envelope_free(rep);
+	return 0;
+}
+
+int kvq_client_connect(const char *path, const char *name, kvq_client **ret_client)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Hello h = KVQ__HELLO__INIT;
+	char def[sizeof(a.sun_path)];
+	kvq_client *c;
+	int r;
+
+	if (!ret_client)
+		return -EINVAL;
+	if (!path) {
+		r = kvq_default_socket(def, sizeof(def));
+		if (r < 0)
+			return r;
+		path = def;
+	}
+	if (strlen(path) >= sizeof(a.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(a.sun_path, path, strlen(path));
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->pool_fd = -1;
+	kvq_frame_decoder_init(&c->dec);
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0) {
+		r = -errno;
+		goto err;
+	}
+	if (connect(c->fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+		r = -errno;
+		goto err;
+	}
+	h.protocol_version = KVQ_PROTOCOL_VERSION;
+	h.client_name = (char *)(name ? name : "libkvq");
+	e.body_case = KVQ__ENVELOPE__BODY_HELLO;
+	e.hello = &h;
+	r = call(c, &e, KVQ__ENVELOPE__BODY_HELLO_REPLY, &rep);
+	if (r < 0)
+		goto err;
+	c->client_id = rep->hello_reply->client_id;
+	kvq_frame_envelope_free(rep);
+	*ret_client = c;
+	return 0;
+err:
+	kvq_client_free(c);
+	return r;
+}
+
+void kvq_client_free(kvq_client *c)
+{
+	if (!c)
+		return;
+	/* the CPU kernels are synchronous: no work on the pool is pending */
+	if (c->base)
+		munmap(c->base, c->map_bytes);
+	if (c->pool_fd >= 0)
+		close(c->pool_fd);
+	if (c->fd >= 0)
+		close(c->fd);
+	kvq_layout_free(c->L);
+	kvq_frame_decoder_fini(&c->dec);
+	free(c);
+}
+
+const char *kvq_client_error(const kvq_client *c)
+{
+	return c ? c->msg : "";
+}
+
+uint64_t kvq_client_id(const kvq_client *c)
+{
+	return c ? c->client_id : 0;
+}
+
+const struct kvq_layout *kvq_client_layout(const kvq_client *c)
+{
+	return c && c->base ? c->L : NULL;
+}
+
+void *kvq_client_base(const kvq_client *c)
+{
+	return c ? c->base : NULL;
+}
+
+const char *kvq_client_backend(const kvq_client *c)
+{
+	return c && c->base ? c->backend : NULL;
+}
+
+static bool is_host(const kvq_client *c)
+{
+	return c->base && !strcmp(c->backend, "host");
+}
+
+int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Attach a = KVQ__ATTACH__INIT;
+	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;
+	struct kvq_layout_params lp;
+	struct kvq_layout *L = NULL;
+	const Kvq__AttachReply *ar;
+	char err[256];
+	void *base;
+	int r;
+
+	if (!c || !p || !p->pool || !p->model_id || !p->policy)
+		return -EINVAL;
+	if (c->base || c->L)
+		return fail(c, -EISCONN, "already attached to pool %s", c->pool);
+	a.pool = (char *)p->pool;
+	a.model_id = (char *)p->model_id;
+	a.layers = p->layers;
+	a.kv_heads = p->kv_heads;
+	a.head_dim = p->head_dim;
+	a.block_tokens = p->block_tokens;
+	a.policy = (char *)p->policy;
+	a.window = p->window;
+	a.act = p->act == KVQ_ACT_BF16 ? KVQ__DTYPE__DTYPE_BF16 : KVQ__DTYPE__DTYPE_F16;
+	a.layout_version = KVQ_LAYOUT_VERSION;
+	if (p->create) {
+		pc.n_sealed = p->n_sealed;
+		pc.n_open = p->n_open;
+		pc.backend = (char *)(p->backend ? p->backend : "");
+		pc.device = p->device;
+		a.create = &pc;
+	}
+	e.body_case = KVQ__ENVELOPE__BODY_ATTACH;
+	e.attach = &a;
+	r = call(c, &e, KVQ__ENVELOPE__BODY_ATTACH_REPLY, &rep);
+	if (r < 0)
+		goto out;
+	ar = rep->attach_reply;
+	if (strcmp(ar->backend, "host")) {
+		/* Importing a CUDA pool needs the driver's VMM calls
+		 * (daemon/backend.h); not written yet, and never a silent
+		 * host fallback on device memory. */
+		r = fail(c, -ENOTSUP, "pool %s is on the %s backend; this libkvq maps host pools only", p->pool,
+			 ar->backend);
+		goto out;
+	}
+	if (c->pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
+		r = fail(c, KVQ_EPROTOCOL, "attach reply without a descriptor or with a bad size");
+		goto out;
+	}
+	if (kvq_policy_parse(ar->policy, ar->layers, &c->pol, err, sizeof(err)) < 0) {
+		r = fail(c, KVQ_EPROTOCOL, "pool policy '%s': %s", ar->policy, err);
+		goto out;
+	}
+	lp = (struct kvq_layout_params){ .layers = ar->layers, .kv_heads = ar->kv_heads, .head_dim = ar->head_dim,
+		.block_tokens = ar->block_tokens, .window = ar->window, .n_sealed = ar->n_sealed,
+		.n_open = ar->n_open, .act = (int)ar->act, .policy = &c->pol };
+	if (ar->layout_version != KVQ_LAYOUT_VERSION) {
+		r = fail(c, KVQ_ELAYOUT, "pool layout version %u, libkvq has %u", ar->layout_version,
+			 KVQ_LAYOUT_VERSION);
+		goto out;
+	}
+	if (kvq_layout_new(&lp, &L, err, sizeof(err)) < 0) {
+		r = fail(c, KVQ_ELAYOUT, "pool layout: %s", err);
+		goto out;
+	}
+	if (L->total_bytes != ar->total_bytes || L->window != ar->window) {
+		r = fail(c, KVQ_ELAYOUT, "pool layout: kvqd counts %llu bytes, libkvq %llu",
+			 (unsigned long long)ar->total_bytes, (unsigned long long)L->total_bytes);
+		goto out;
+	}
+	base = mmap(NULL, (size_t)ar->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->pool_fd, 0);
+	if (base == MAP_FAILED) {
+		r = fail(c, -errno, "mapping the pool: %s", strerror(errno));
+		goto out;
+	}
+	/* the mapping keeps the memory; the descriptor is not needed again */
+	close(c->pool_fd);
+	c->pool_fd = -1;
+	c->base = base;
+	c->map_bytes = (size_t)ar->map_bytes;
+	c->L = L;
+	L = NULL;
+	snprintf(c->backend, sizeof(c->backend), "%s", ar->backend);
+	snprintf(c->pool, sizeof(c->pool), "%s", p->pool);
+out:
+	if (c->pool_fd >= 0) {
+		close(c->pool_fd);
+		c->pool_fd = -1;
+	}
+	kvq_layout_free(L);
+	kvq_frame_envelope_free(rep);
+	return r;
+}
+
+int kvq_client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t *ret_open, uint32_t *ret_reserved,
+		     uint32_t *ret_sealed)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Alloc a = KVQ__ALLOC__INIT;
+	const Kvq__AllocReply *ar;
+	int r;
+
+	if (!c || (n_open && (!ret_open || !ret_reserved)) || (n_sealed && !ret_sealed))
+		return -EINVAL;
+	a.n_open = n_open;
+	a.n_sealed = n_sealed;
+	e.body_case = KVQ__ENVELOPE__BODY_ALLOC;
+	e.alloc = &a;
+	r = call(c, &e, KVQ__ENVELOPE__BODY_ALLOC_REPLY, &rep);
+	if (r < 0)
+		return r;
+	ar = rep->alloc_reply;
+	if (ar->n_open_ids != n_open || ar->n_reserved_ids != n_open || ar->n_sealed_ids != n_sealed) {
+		kvq_frame_envelope_free(rep);
+		c->broken = true;   /* the daemon holds slots we cannot name: drop them all */
+		return fail(c, KVQ_EPROTOCOL, "alloc reply with the wrong counts");
+	}
+	if (n_open) {
+		memcpy(ret_open, ar->open_ids, n_open * sizeof(uint32_t));
+		memcpy(ret_reserved, ar->reserved_ids, n_open * sizeof(uint32_t));
+	}
+	if (n_sealed)
+		memcpy(ret_sealed, ar->sealed_ids, n_sealed * sizeof(uint32_t));
+	kvq_frame_envelope_free(rep);
+	return 0;
+}
+
+int kvq_client_seal(kvq_client *c, uint32_t n, const uint32_t *open_ids, const uint32_t *sealed_ids)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+	Kvq__Seal s = KVQ__SEAL__INIT;
+
+	if (!c || (n && (!open_ids || !sealed_ids)))
+		return -EINVAL;
+	s.n_open_ids = s.n_sealed_ids = n;
+	s.open_ids = (uint32_t *)open_ids;
+	s.sealed_ids = (uint32_t *)sealed_ids;
+	e.body_case = KVQ__ENVELOPE__BODY_SEAL;
+	e.seal = &s;
+	return call(c, &e, KVQ__ENVELOPE__BODY_SEAL_REPLY, NULL);
+}
+
+int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, int64_t parent, const uint32_t *tokens,
+		       const void *salt, size_t salt_len, uint32_t *ret_ids)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Publish p = KVQ__PUBLISH__INIT;
+	Kvq__PublishBlock *b = NULL, **bp = NULL;
+	uint32_t B;
+	int r;
+
+	if (!c || !c->L || !n || !sealed_ids || !tokens || !ret_ids || salt_len > KVQ_PROTO_MAX_SALT ||
+	    parent > (int64_t)UINT32_MAX || n > KVQ_PROTO_MAX_IDS)
+		return -EINVAL;
+	B = c->L->block_tokens;
+	b = calloc(n, sizeof(*b));
+	bp = calloc(n, sizeof(*bp));
+	if (!b || !bp) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		kvq__publish_block__init(&b[i]);
+		b[i].sealed_id = sealed_ids[i];
+		if (i || parent >= 0) {
+			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
+			b[i].parent_id = i ? sealed_ids[i - 1] : (uint32_t)parent;
+		}
+		b[i].n_tokens = B;
+		b[i].tokens = (uint32_t *)tokens + (size_t)i * B;
+		b[i].salt.data = (uint8_t *)salt;
+		b[i].salt.len = salt ? salt_len : 0;
+		bp[i] = &b[i];
+	}
+	p.n_blocks = n;
+	p.blocks = bp;
+	e.body_case = KVQ__ENVELOPE__BODY_PUBLISH;
+	e.publish = &p;
+	r = call(c, &e, KVQ__ENVELOPE__BODY_PUBLISH_REPLY, &rep);
+	if (r < 0)
+		goto out;
+	if (rep->publish_reply->n_ids != n) {
+		c->broken = true;
+		r = fail(c, KVQ_EPROTOCOL, "publish reply with the wrong count");
+		goto out;
+	}
+	memcpy(ret_ids, rep->publish_reply->ids, n * sizeof(uint32_t));
+out:
+	kvq_frame_envelope_free(rep);
+	free(bp);
+	free(b);
+	return r;
+}
+
+int kvq_client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens,
+		      const void *salt, size_t salt_len, uint32_t *ret_ids, uint32_t *ret_n)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Lookup l = KVQ__LOOKUP__INIT;
+	size_t n;
+	int r;
+
+	if (!c || !c->L || (n_tokens && !tokens) || max_tokens > n_tokens || !ret_n ||
+	    (max_tokens >= c->L->block_tokens && !ret_ids) || salt_len > KVQ_PROTO_MAX_SALT)
+		return -EINVAL;
+	l.n_tokens = n_tokens;
+	l.tokens = (uint32_t *)tokens;
+	l.max_tokens = max_tokens;
+	l.salt.data = (uint8_t *)salt;
+	l.salt.len = salt ? salt_len : 0;
+	e.body_case = KVQ__ENVELOPE__BODY_LOOKUP;
+	e.lookup = &l;
+	r = call(c, &e, KVQ__ENVELOPE__BODY_LOOKUP_REPLY, &rep);
+	if (r < 0)
+		return r;
+	n = rep->lookup_reply->n_sealed_ids;
+	if (n > max_tokens / c->L->block_tokens) {
+		kvq_frame_envelope_free(rep);
+		c->broken = true;   /* references we cannot name: drop them all */
+		return fail(c, KVQ_EPROTOCOL, "lookup reply longer than asked for");
+	}
+	if (n)
+		memcpy(ret_ids, rep->lookup_reply->sealed_ids, n * sizeof(uint32_t));
+	*ret_n = (uint32_t)n;
+	kvq_frame_envelope_free(rep);
+	return 0;
+}
+
+int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_ids, uint32_t n_open,
+		       const uint32_t *open_ids)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+	Kvq__Release rl = KVQ__RELEASE__INIT;
+
+	if (!c || (n_sealed && !sealed_ids) || (n_open && !open_ids))
+		return -EINVAL;
+	rl.n_sealed_ids = n_sealed;
+	rl.sealed_ids = (uint32_t *)sealed_ids;
+	rl.n_open_ids = n_open;
+	rl.open_ids = (uint32_t *)open_ids;
+	e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
+	e.release = &rl;
+	return call(c, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
+}
+
+int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+	Kvq__Fork f = KVQ__FORK__INIT;
+
+	if (!c || (n && !sealed_ids))
+		return -EINVAL;
+	f.n_sealed_ids = n;
+	f.sealed_ids = (uint32_t *)sealed_ids;
+	e.body_case = KVQ__ENVELOPE__BODY_FORK;
+	e.fork = &f;
+	return call(c, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
+}
+
+int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Stats s = KVQ__STATS__INIT;
+	const Kvq__StatsReply *sr;
+	int r;
+
+	if (!c || !ret_stats)
+		return -EINVAL;
+	if (!pool)
+		pool = c->pool;
+	if (!*pool)
+		return fail(c, -EINVAL, "no pool named and none attached");
+	s.pool = (char *)pool;
+	e.body_case = KVQ__ENVELOPE__BODY_STATS;
+	e.stats = &s;
+	r = call(c, &e, KVQ__ENVELOPE__BODY_STATS_REPLY, &rep);
+	if (r < 0)
+		return r;
+	sr = rep->stats_reply;
+	r = fail(c, -ENOENT, "kvqd reports no pool %s", pool);
+	for (size_t i = 0; i < sr->n_pools; i++) {
+		const Kvq__PoolStats *p = sr->pools[i];
+		struct kvq_stats st = { 0 };
+
+		if (strcmp(p->name, pool))
+			continue;
+		snprintf(st.name, sizeof(st.name), "%s", p->name);
+		snprintf(st.model_id, sizeof(st.model_id), "%s", p->model_id);
+		snprintf(st.backend, sizeof(st.backend), "%s", p->backend);
+		st.device = p->device;
+		st.layers = p->layers;
+		st.kv_heads = p->kv_heads;
+		st.head_dim = p->head_dim;
+		st.block_tokens = p->block_tokens;
+		st.window = p->window;
+		st.total_bytes = p->total_bytes;
+		st.n_sealed = p->n_sealed;
+		st.n_open = p->n_open;
+		st.sealed_free = p->sealed_free;
+		st.sealed_reserved = p->sealed_reserved;
+		st.sealed_held = p->sealed_held;
+		st.cached = p->cached;
+		st.referenced = p->referenced;
+		st.open_used = p->open_used;
+		st.lookup_tokens = p->lookup_tokens;
+		st.hit_tokens = p->hit_tokens;
+		st.evictions = p->evictions;
+		st.alloc_failures = p->alloc_failures;
+		st.clients = p->clients;
+		*ret_stats = st;
+		c->msg[0] = 0;
+		r = 0;
+		break;
+	}
+	kvq_frame_envelope_free(rep);
+	return r;
+}
+
+/* ---------------------------------------------------------------- sequence */
+
+/*
+ * State: n tokens; sealed[0..n_sealed) hold the first n_sealed*B tokens,
+ * open[0..n_open) (with resv[]) the rest.  Normally n_sealed*B = S(n);
+ * right after from_prompt it is n (all sealed).  Writes are given to
+ * kvq_cpu_write shifted by n_sealed blocks (its n is n - n_sealed*B), which
+ * covers both: the kernel's split of the shifted sequence equals the real
+ * one whenever the sealed prefix stays sealed.
+ */
+struct kvq_seq {
+	kvq_client *c;
+	uint8_t salt[KVQ_PROTO_MAX_SALT];
+	size_t salt_len;
+	uint32_t *tokens;
+	uint32_t n, cap;
+	int32_t *sealed;
+	uint32_t n_sealed, n_pub;       /* sealed[0..n_pub) are published */
+	int32_t *open, *resv;
+	uint32_t n_open;
+	/* write in progress (begin .. commit) */
+	bool busy;
+	uint32_t m;
+	int32_t *p_sealed, *p_open, *p_resv;
+	uint32_t p_n_sealed, p_n_open;
+	uint8_t *written;               /* per layer */
+};
+
+static int seq_reserve_tokens(kvq_seq *s, uint32_t need)
+{
+	uint32_t *t;
+	uint32_t cap = s->cap ? s->cap : 256;
+
+	if (need <= s->cap)
+		return 0;
+	while (cap < need)
+		cap = cap > UINT32_MAX / 2 ? need : cap * 2;
+	t = realloc(s->tokens, (size_t)cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	s->tokens = t;
+	s->cap = cap;
+	return 0;
+}
+
+int kvq_seq_new(kvq_client *c, const void *salt, size_t salt_len, kvq_seq **ret_seq)
+{
+	kvq_seq *s;
+
+	if (!c || !c->base || !ret_seq || salt_len > KVQ_PROTO_MAX_SALT || (salt_len && !salt))
+		return -EINVAL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->written = calloc(c->L->layers, 1);
+	if (!s->written) {
+		free(s);
+		return -ENOMEM;
+	}
+	s->c = c;
+	if (salt_len)
+		memcpy(s->salt, salt, salt_len);
+	s->salt_len = salt_len;
+	*ret_seq = s;
+	return 0;
+}
+
+static void seq_drop_pending(kvq_seq *s)
+{
+	free(s->p_sealed);
+	free(s->p_open);
+	free(s->p_resv);
+	s->p_sealed = s->p_open = s->p_resv = NULL;
+	s->p_n_sealed = s->p_n_open = 0;
+	s->busy = false;
+}
+
+/* Ids a pending write allocated beyond the committed table: released on
+ * free or when begin fails half-way. */
+static void seq_pending_new(const kvq_seq *s, uint32_t *sealed, uint32_t *ns, uint32_t *open, uint32_t *no)
+{
+	uint32_t nb_old = s->n_sealed + s->n_open;
+
+	*ns = *no = 0;
+	for (uint32_t b = nb_old; b < s->p_n_sealed; b++)
+		sealed[(*ns)++] = (uint32_t)s->p_sealed[b];
+	for (uint32_t j = 0; j < s->p_n_open; j++) {
+		uint32_t b = s->n_sealed + j;
+		if (b >= nb_old && s->p_open[j] >= 0)
+			open[(*no)++] = (uint32_t)s->p_open[j];
+	}
+}
+
+void kvq_seq_free(kvq_seq *s)
+{
+	uint32_t *sealed = NULL, *open = NULL, ns = 0, no = 0;
+	size_t cap;
+
+	if (!s)
+		return;
+	cap = (size_t)s->n_sealed + s->n_open + s->p_n_sealed + s->p_n_open + 1;
+	sealed = malloc(cap * sizeof(*sealed));
+	open = malloc(cap * sizeof(*open));
+	if (sealed && open) {
+		if (s->busy)
+			seq_pending_new(s, sealed, &ns, open, &no);
+		for (uint32_t i = 0; i < s->n_sealed; i++)
+			sealed[ns++] = (uint32_t)s->sealed[i];
+		for (uint32_t i = 0; i < s->n_open; i++)
+			open[no++] = (uint32_t)s->open[i];
+		/* a failed release leaves the holds to the connection's close */
+		for (uint32_t i = 0; i < ns || i < no; i += KVQ_PROTO_MAX_IDS / 2) {
+			uint32_t a = ns > i ? ns - i : 0, b = no > i ? no - i : 0;
+			a = a > KVQ_PROTO_MAX_IDS / 2 ? KVQ_PROTO_MAX_IDS / 2 : a;
+			b = b > KVQ_PROTO_MAX_IDS / 2 ? KVQ_PROTO_MAX_IDS / 2 : b;
+			if (kvq_client_release(s->c, a, sealed + i, b, open + i) < 0)
+				break;
+		}
+	}
+	free(sealed);
+	free(open);
+	seq_drop_pending(s);
+	free(s->tokens);
+	free(s->sealed);
+	free(s->open);
+	free(s->resv);
+	free(s->written);
+	free(s);
+}
+
+uint32_t kvq_seq_tokens(const kvq_seq *s)
+{
+	return s ? s->n : 0;
+}
+
+int kvq_seq_blocks(const kvq_seq *s, const int32_t **ret_sealed, uint32_t *ret_n_sealed, const int32_t **ret_open,
+		   uint32_t *ret_n_open)
+{
+	if (!s)
+		return -EINVAL;
+	if (ret_sealed)
+		*ret_sealed = s->sealed;
+	if (ret_n_sealed)
+		*ret_n_sealed = s->n_sealed;
+	if (ret_open)
+		*ret_open = s->open;
+	if (ret_n_open)
+		*ret_n_open = s->n_open;
+	return 0;
+}
+
+int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t *ret_hit)
+{
+	const struct kvq_layout *L;
+	uint32_t max, got = 0, *ids;
+	int r;
+
+	if (!s || (n && !tokens) || !ret_hit)
+		return -EINVAL;
+	if (n > KVQ_PROTO_MAX_TOKENS)
+		return fail(s->c, -E2BIG, "a prompt of %u tokens is over the lookup limit", n);
+	if (s->n || s->busy)
+		return fail(s->c, -EBUSY, "from_prompt on a sequence that is not empty");
+	L = s->c->L;
+	max = kvq_layout_split(L, n);
+	if (max / L->block_tokens > KVQ_PROTO_MAX_IDS)
+		max = KVQ_PROTO_MAX_IDS * L->block_tokens;
+	if (max == 0) {
+		*ret_hit = 0;
+		return 0;
+	}
+	ids = malloc((size_t)(max / L->block_tokens) * sizeof(*ids));
+	if (!ids)
+		return -ENOMEM;
+	r = kvq_client_lookup(s->c, tokens, n, max, s->salt,
+			      s->salt_len, ids, &got);
+	if (r == 0 && got) {
+		uint32_t hit = got * L->block_tokens;
+
+		r = seq_reserve_tokens(s, hit);
+		if (r == 0) {
+			int32_t *sl = realloc(s->sealed, got * sizeof(*sl));
+			if (!sl)
+				r = -ENOMEM;
+			else
+				s->sealed = sl;
+		}
+		if (r < 0) {
+			kvq_client_release(s->c, got, ids, 0, NULL);
+		} else {
+			for (uint32_t i = 0; i < got; i++)
+				s->sealed[i] = (int32_t)ids[i];
+			s->n_sealed = s->n_pub = got;
+			memcpy(s->tokens, tokens, hit * sizeof(*tokens));
+			s->n = hit;
+		}
+	}
+	free(ids);
+	if (r == 0)
+		*ret_hit = got * L->block_tokens;
+	return r;
+}
+
+int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
+{
+	const struct kvq_layout *L;
+	uint32_t B, N, s1, nb_old, nb_new, n_new_open = 0, n_new_sealed = 0, *ao = NULL, *ar = NULL, *as = NULL;
+	int r;
+
+	if (!s || !tokens || !m)
+		return -EINVAL;
+	if (s->busy)
+		return fail(s->c, -EBUSY, "a write is in progress (commit first)");
+	L = s->c->L;
+	B = L->block_tokens;
+	if (s->n > UINT32_MAX - B - m)
+		return -EINVAL;
+	N = s->n + m;
+	s1 = kvq_layout_split(L, N) / B;
+	if (s1 < s->n_sealed)
+		return fail(s->c, -EINVAL, "appending %u tokens would unseal the cached prefix: append the whole prompt",
+			    m);
+	nb_old = s->n_sealed + s->n_open;
+	nb_new = (N + B - 1) / B;
+	for (uint32_t b = nb_old; b < nb_new; b++) {
+		if (b < s1)
+			n_new_sealed++;
+		else
+			n_new_open++;
+	}
+	if (n_new_open + n_new_sealed > KVQ_PROTO_MAX_IDS)
+		return fail(s->c, -E2BIG, "%u tokens need more than %u blocks in one request", m, KVQ_PROTO_MAX_IDS);
+	r = seq_reserve_tokens(s, N);
+	if (r < 0)
+		return r;
+	s->p_sealed = calloc(s1 + 1, sizeof(int32_t));
+	s->p_open = calloc(nb_new - s->n_sealed + 1, sizeof(int32_t));
+	s->p_resv = calloc(nb_new - s->n_sealed + 1, sizeof(int32_t));
+	ao = calloc(n_new_open + 1, sizeof(*ao));
+	ar = calloc(n_new_open + 1, sizeof(*ar));
+	as = calloc(n_new_sealed + 1, sizeof(*as));
+	if (!s->p_sealed || !s->p_open || !s->p_resv || !ao || !ar || !as) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = kvq_client_alloc(s->c, n_new_open, n_new_sealed, ao, ar, as);
+	if (r < 0)
+		goto out;
+	/* the table after the write: blocks < s1 sealed, the rest open */
+	for (uint32_t b = 0; b < s->n_sealed; b++)
+		s->p_sealed[b] = s->sealed[b];
+	for (uint32_t b = s->n_sealed, io = 0, is = 0; b < nb_new; b++) {
+		uint32_t j = b - s->n_sealed;
+
+		if (b < nb_old) {
+			s->p_open[j] = s->open[j];
+			s->p_resv[j] = s->resv[j];
+			if (b < s1)
+				s->p_sealed[b] = s->resv[j];   /* sealed into its reservation */
+		} else if (b < s1) {
+			s->p_open[j] = -1;                  /* straight from the input */
+			s->p_resv[j] = -1;
+			s->p_sealed[b] = (int32_t)as[is++];
+		} else {
+			s->p_open[j] = (int32_t)ao[io];
+			s->p_resv[j] = (int32_t)ar[io++];
+		}
+	}
+	s->p_n_sealed = s1;
+	s->p_n_open = nb_new - s->n_sealed;
+	memcpy(s->tokens + s->n, tokens, (size_t)m * sizeof(*tokens));
+	s->m = m;
+	memset(s->written, 0, L->layers);
+	s->busy = true;
+out:
+	if (r < 0)
+		seq_drop_pending(s);
+	free(ao);
+	free(ar);
+	free(as);
+	return r;
+}
+
+int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
+{
+	struct kvq_seq_write w;
+	uint32_t B;
+	int r;
+
+	if (!s || !k || !v)
+		return -EINVAL;
+	if (!is_host(s->c))
+		return fail(s->c, -ENOTSUP, "writes run on host pools only in this libkvq");
+	if (!s->busy || layer >= s->c->L->layers)
+		return fail(s->c, -EINVAL, "write without begin, or layer %u out of range", layer);
+	B = s->c->L->block_tokens;
+	/* shifted past the committed sealed prefix (see struct kvq_seq) */
+	w.n = s->n - s->n_sealed * B;
+	w.m = s->m;
+	w.sealed = s->p_sealed + s->n_sealed;
+	w.open = s->p_open;
+	r = kvq_cpu_write(s->c->L, s->c->base, layer, &w, k, v);
+	if (r < 0)
+		return fail(s->c, r, "kvq_cpu_write refused the block table");
+	s->written[layer] = 1;
+	return 0;
+}
+
+int kvq_seq_commit(kvq_seq *s)
+{
+	const struct kvq_layout *L;
+	uint32_t B, s1, nb_old, n_seal = 0, *so = NULL, *ss = NULL, *ids = NULL, *pub = NULL, np;
+	int32_t *nopen = NULL, *nresv = NULL;
+	int r;
+
+	if (!s)
+		return -EINVAL;
+	L = s->c->L;
+	B = L->block_tokens;
+	if (!s->busy)
+		return fail(s->c, -EINVAL, "commit without begin");
+	for (uint32_t l = 0; l < L->layers; l++)
+		if (!s->written[l])
+			return fail(s->c, -EINVAL, "commit before layer %u was written", l);
+	s1 = s->p_n_sealed;
+	nb_old = s->n_sealed + s->n_open;
+	so = calloc(s->n_open + 1, sizeof(*so));
+	ss = calloc(s->n_open + 1, sizeof(*ss));
+	nopen = calloc(s->p_n_open + 1, sizeof(*nopen));
+	nresv = calloc(s->p_n_open + 1, sizeof(*nresv));
+	if (!so || !ss || !nopen || !nresv) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t b = s->n_sealed; b < nb_old && b < s1; b++) {
+		so[n_seal] = (uint32_t)s->open[b - s->n_sealed];
+		ss[n_seal++] = (uint32_t)s->resv[b - s->n_sealed];
+	}
+	/* the CPU write sealed them already: the seal's data is in place */
+	if (n_seal) {
+		r = kvq_client_seal(s->c, n_seal, so, ss);
+		if (r < 0)
+			goto out;
+	}
+	{
+		/* adopt the new table: s->sealed grows to s1, open is what is left */
+		int32_t *sl = realloc(s->sealed, (s1 + 1) * sizeof(*sl));
+		uint32_t no = 0;
+
+		if (!sl) {
+			r = -ENOMEM;   /* holds stay valid; free releases them */
+			goto out;
+		}
+		s->sealed = sl;
+		memcpy(s->sealed, s->p_sealed, s1 * sizeof(*sl));
+		for (uint32_t b = s1; b < s->n_sealed + s->p_n_open; b++) {
+			nopen[no] = s->p_open[b - s->n_sealed];
+			nresv[no++] = s->p_resv[b - s->n_sealed];
+		}
+		free(s->open);
+		free(s->resv);
+		s->open = nopen;
+		s->resv = nresv;
+		nopen = nresv = NULL;
+		s->n_open = no;
+		s->n_sealed = s1;
+		s->n += s->m;
+		seq_drop_pending(s);
+	}
+	np = s->n_sealed - s->n_pub;
+	if (np) {
+		pub = malloc(np * sizeof(*pub));
+		ids = malloc(np * sizeof(*ids));
+		if (!pub || !ids) {
+			r = -ENOMEM;
+			goto out;
+		}
+		for (uint32_t i = 0; i < np; i++)
+			pub[i] = (uint32_t)s->sealed[s->n_pub + i];
+		r = kvq_client_publish(s->c, np, pub, s->n_pub ? s->sealed[s->n_pub - 1] : -1,
+				       s->tokens + (size_t)s->n_pub * B, s->salt_len ? s->salt : NULL, s->salt_len,
+				       ids);
+		if (r < 0)
+			goto out;
+		/* a duplicate of a cached block: use the cached one from now on */
+		for (uint32_t i = 0; i < np; i++)
+			s->sealed[s->n_pub + i] = (int32_t)ids[i];
+		s->n_pub = s->n_sealed;
+	}
+	r = 0;
+out:
+	free(so);
+	free(ss);
+	free(nopen);
+	free(nresv);
+	free(pub);
+	free(ids);
+	return r;
+}
+
+int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale, const float *q,
+		      float *out)
+{
+	const struct kvq_layout *L;
+	struct kvq_attn a;
+	struct kvq_attn_seq as;
+	uint32_t B;
+	int r;
+
+	if (!s || !q || !out)
+		return -EINVAL;
+	if (!is_host(s->c))
+		return fail(s->c, -ENOTSUP, "attention runs on host pools only in this libkvq");
+	L = s->c->L;
+	B = L->block_tokens;
+	if (layer >= L->layers)
+		return -EINVAL;
+	if (s->busy) {
+		if (!s->written[layer])
+			return fail(s->c, -EINVAL, "attention on layer %u before its write", layer);
+		as.n = s->n + s->m;
+		as.sealed = s->p_sealed;
+		as.open = s->p_open + (s->p_n_sealed - s->n_sealed);
+	} else {
+		/* right after from_prompt the table has no open window: the
+		 * kernel's split would not match it */
+		if (s->n_sealed * B != kvq_layout_split(L, s->n))
+			return fail(s->c, -EINVAL, "attention needs the rest of the prompt appended first");
+		as.n = s->n;
+		as.sealed = s->sealed;
+		as.open = s->open;
+	}
+	as.n_q = n_q;
+	a = (struct kvq_attn){ .L = L, .base = s->c->base, .layer = layer, .q_heads = q_heads,
+		.scale = scale > 0 ? scale : 1.0f / sqrtf((float)L->head_dim), .q_dtype = KVQ_DT_F32,
+		.out_dtype = KVQ_DT_F32 };
+	r = kvq_cpu_attention(&a, &as, 1, q, out);
+	if (r < 0)
+		return fail(s->c, r, "attention: bad query counts");
+	return 0;
+}
+
+int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
+{
+	const struct kvq_layout *L;
+	kvq_seq *f = NULL;
+	uint32_t *ids = NULL, *ao = NULL, *ar = NULL;
+	bool forked = false, opened = false;
+	int r;
+
+	if (!s || !ret_seq)
+		return -EINVAL;
+	if (s->busy)
+		return fail(s->c, -EBUSY, "fork during a write");
+	if (!is_host(s->c))
+		return fail(s->c, -ENOTSUP, "fork copies the open window on host pools only in this libkvq");
+	L = s->c->L;
+	r = kvq_seq_new(s->c, s->salt, s->salt_len, &f);
+	if (r < 0)
+		return r;
+	ids = calloc(s->n_sealed + 1, sizeof(*ids));
+	ao = calloc(s->n_open + 1, sizeof(*ao));
+	ar = calloc(s->n_open + 1, sizeof(*ar));
+	f->sealed = calloc(s->n_sealed + 1, sizeof(int32_t));
+	f->open = calloc(s->n_open + 1, sizeof(int32_t));
+	f->resv = calloc(s->n_open + 1, sizeof(int32_t));
+	if (!ids || !ao || !ar || !f->sealed || !f->open || !f->resv || seq_reserve_tokens(f, s->n ? s->n : 1) < 0) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < s->n_sealed; i++)
+		ids[i] = (uint32_t)s->sealed[i];
+	if (s->n_sealed) {
+		r = kvq_client_fork(s->c, s->n_sealed, ids);
+		if (r < 0)
+			goto out;
+		forked = true;
+	}
+	if (s->n_open) {
+		r = kvq_client_alloc(s->c, s->n_open, 0, ao, ar, NULL);
+		if (r < 0)
+			goto out;
+		opened = true;
+	}
+	for (uint32_t i = 0; i < s->n_open; i++) {
+		for (uint32_t l = 0; l < L->layers; l++) {
+			uint8_t *b = s->c->base;
+			/* an open slice is contiguous over all heads */
+			memcpy(b + kvq_layout_off(L, KVQ_OPEN, ao[i], l, 0, KVQ_K_CODES),
+			       b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)s->open[i], l, 0, KVQ_K_CODES),
+			       L->layer[l].open_slice);
+		}
+		f->open[i] = (int32_t)ao[i];
+		f->resv[i] = (int32_t)ar[i];
+	}
+	memcpy(f->sealed, s->sealed, s->n_sealed * sizeof(int32_t));
+	f->n_sealed = s->n_sealed;
+	f->n_pub = s->n_pub;
+	f->n_open = s->n_open;
+	if (s->n)
+		memcpy(f->tokens, s->tokens, (size_t)s->n * sizeof(*f->tokens));
+	f->n = s->n;
+	*ret_seq = f;
+	f = NULL;
+	r = 0;
+out:
+	if (f) {
+		/* undo what the daemon granted; kvq_seq_free releases f's table */
+		if (forked)
+			kvq_client_release(s->c, s->n_sealed, ids, 0, NULL);
+		if (opened)
+			kvq_client_release(s->c, 0, NULL, s->n_open, ao);
+		kvq_seq_free(f);
+	}
+	free(ids);
+	free(ao);
+	free(ar);
+	return r;
+}
