@@ -18,6 +18,16 @@
 
 #include "config.h"
 #include "cpu/cpu.h"
+
+#ifdef KVQ_WITH_CUDA
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+#endif
 #include "frame.h"
 #include "kvq.h"
 #include "layout.h"
@@ -35,8 +45,13 @@ struct kvq_client {
 	char msg[KVQ_PROTO_MAX_MESSAGE + 1];
 	struct kvq_policy pol;
 	struct kvq_layout *L;
-	void *base;
+	void *base;                     /* host: mmap address; cuda: device address */
 	size_t map_bytes;
+#ifdef KVQ_WITH_CUDA
+	CUdevice cu_dev;                /* cuda pools: the device whose primary context is retained */
+	uint64_t cu_va;                 /* cuda pools: reserved and mapped range, 0 if none */
+	size_t cu_reserved;
+#endif
 	char backend[8];
 	char pool[KVQ_PROTO_MAX_NAME + 1];
 };
@@ -51,6 +66,207 @@ static int fail(kvq_client *c, int r, const char *fmt, ...)
 	va_end(ap);
 	return r;
 }
+
+#ifdef KVQ_WITH_CUDA
+/*
+ * Importing a cuda pool (daemon/backend.h says what an importer does).  The
+ * driver is reached through cudaGetDriverEntryPointByVersion of the
+ * statically linked cudart, never by linking libcuda, so libkvq loads
+ * where there is no driver and only attaching to a cuda pool fails there.
+ */
+#define CUDA_ABI 12000
+
+static struct {
+	int status;
+	char reason[200];
+	PFN_cuGetErrorName_v6000 get_error_name;
+	PFN_cuInit_v2000 init;
+	PFN_cuDeviceGetCount_v2000 device_count;
+	PFN_cuDeviceGet_v2000 device_get;
+	PFN_cuDeviceGetUuid_v11040 device_uuid;
+	PFN_cuDevicePrimaryCtxRetain_v7000 ctx_retain;
+	PFN_cuDevicePrimaryCtxRelease_v11000 ctx_release;
+	PFN_cuCtxSetCurrent_v4000 ctx_set;
+	PFN_cuMemGetAllocationGranularity_v10020 mem_granularity;
+	PFN_cuMemImportFromShareableHandle_v10020 mem_import;
+	PFN_cuMemAddressReserve_v10020 addr_reserve;
+	PFN_cuMemAddressFree_v10020 addr_free;
+	PFN_cuMemMap_v10020 mem_map;
+	PFN_cuMemUnmap_v10020 mem_unmap;
+	PFN_cuMemSetAccess_v10020 mem_access;
+	PFN_cuMemRelease_v10020 mem_release;
+} cu;
+
+#define CU_SYM(sym, field) { #sym, (void **)&cu.field }
+static const struct {
+	const char *name;
+	void **slot;
+} cu_syms[] = {
+	CU_SYM(cuGetErrorName, get_error_name), CU_SYM(cuInit, init),
+	CU_SYM(cuDeviceGetCount, device_count), CU_SYM(cuDeviceGet, device_get),
+	CU_SYM(cuDeviceGetUuid, device_uuid), CU_SYM(cuDevicePrimaryCtxRetain, ctx_retain),
+	CU_SYM(cuDevicePrimaryCtxRelease, ctx_release), CU_SYM(cuCtxSetCurrent, ctx_set),
+	CU_SYM(cuMemGetAllocationGranularity, mem_granularity),
+	CU_SYM(cuMemImportFromShareableHandle, mem_import), CU_SYM(cuMemAddressReserve, addr_reserve),
+	CU_SYM(cuMemAddressFree, addr_free), CU_SYM(cuMemMap, mem_map), CU_SYM(cuMemUnmap, mem_unmap),
+	CU_SYM(cuMemSetAccess, mem_access), CU_SYM(cuMemRelease, mem_release),
+};
+#undef CU_SYM
+
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_load(void)
+{
+	for (size_t i = 0; i < sizeof(cu_syms) / sizeof(cu_syms[0]); i++) {
+		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+		cudaError_t e = cudaGetDriverEntryPointByVersion(cu_syms[i].name, cu_syms[i].slot, CUDA_ABI,
+								 cudaEnableDefault, &q);
+
+		if (e != cudaSuccess) {
+			snprintf(cu.reason, sizeof(cu.reason), "no usable CUDA driver: %s (%s)", cudaGetErrorName(e),
+				 cudaGetErrorString(e));
+			cu.status = -ENODEV;
+			return;
+		}
+		if (q != cudaDriverEntryPointSuccess || !*cu_syms[i].slot) {
+			snprintf(cu.reason, sizeof(cu.reason), "CUDA driver lacks %s (ABI %d.%d)", cu_syms[i].name,
+				 CUDA_ABI / 1000, CUDA_ABI % 1000 / 10);
+			cu.status = -ENODEV;
+			return;
+		}
+	}
+	CUresult r = cu.init(0);
+
+	if (r != CUDA_SUCCESS) {
+		const char *n = NULL;
+
+		cu.get_error_name(r, &n);
+		snprintf(cu.reason, sizeof(cu.reason), "cuInit: %s", n ? n : "CUDA error");
+		cu.status = -ENODEV;
+	}
+}
+
+static int cu_fail(kvq_client *c, const char *what, CUresult r)
+{
+	const char *n = NULL;
+
+	if (cu.get_error_name)
+		cu.get_error_name(r, &n);
+	switch (r) {
+	case CUDA_ERROR_OUT_OF_MEMORY:
+		return fail(c, -ENOMEM, "%s: %s", what, n ? n : "CUDA error");
+	case CUDA_ERROR_INVALID_VALUE:
+		return fail(c, -EINVAL, "%s: %s", what, n ? n : "CUDA error");
+	case CUDA_ERROR_NOT_SUPPORTED:
+		return fail(c, -ENOTSUP, "%s: %s", what, n ? n : "CUDA error");
+	default:
+		return fail(c, -EIO, "%s: %s (%d)", what, n ? n : "CUDA error", (int)r);
+	}
+}
+
+static void cu_unmap(kvq_client *c)
+{
+	if (!c->cu_reserved)
+		return;
+	if (c->base)
+		cu.mem_unmap(c->cu_va, c->map_bytes);
+	cu.addr_free(c->cu_va, c->cu_reserved);
+	cu.ctx_release(c->cu_dev);
+	c->cu_va = 0;
+	c->cu_reserved = 0;
+	c->base = NULL;
+}
+
+/* Imports fd (map_bytes of device memory on the daemon's device, identified
+ * by uuid when it has 16 bytes, else by ordinal) and maps it read/write. */
+static int cu_attach(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, const uint8_t *uuid, size_t uuid_len)
+{
+	CUmemGenericAllocationHandle h;
+	CUmemAllocationProp prop;
+	CUmemAccessDesc acc;
+	CUdeviceptr va = 0;
+	CUcontext ctx;
+	CUdevice dev = 0;
+	size_t gran = 0, reserve;
+	int n = 0, found = 0;
+	CUresult r;
+
+	pthread_once(&cu_once, cu_load);
+	if (cu.status < 0)
+		return fail(c, cu.status, "pool is on the cuda backend: %s", cu.reason);
+	r = cu.device_count(&n);
+	if (r != CUDA_SUCCESS)
+		return cu_fail(c, "cuDeviceGetCount", r);
+	if (uuid_len == sizeof(CUuuid)) {
+		for (int i = 0; i < n && !found; i++) {
+			CUuuid u;
+
+			if (cu.device_get(&dev, i) == CUDA_SUCCESS && cu.device_uuid(&u, dev) == CUDA_SUCCESS &&
+			    !memcmp(u.bytes, uuid, sizeof(u.bytes)))
+				found = 1;
+		}
+		if (!found)
+			return fail(c, -ENODEV, "the pool's device (uuid from kvqd) is not visible to this process");
+	} else {
+		if (ordinal < 0 || ordinal >= n)
+			return fail(c, -ENODEV, "the pool's device %d is not visible (%d devices)", ordinal, n);
+		r = cu.device_get(&dev, ordinal);
+		if (r != CUDA_SUCCESS)
+			return cu_fail(c, "cuDeviceGet", r);
+	}
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	r = cu.mem_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r != CUDA_SUCCESS)
+		return cu_fail(c, "cuMemGetAllocationGranularity", r);
+	if (!gran || map_bytes > SIZE_MAX - gran)
+		return fail(c, KVQ_EPROTOCOL, "cuda pool of %llu bytes", (unsigned long long)map_bytes);
+	reserve = ((size_t)map_bytes + gran - 1) / gran * gran;
+	r = cu.ctx_retain(&ctx, dev);
+	if (r != CUDA_SUCCESS)
+		return cu_fail(c, "cuDevicePrimaryCtxRetain", r);
+	r = cu.ctx_set(ctx);
+	if (r != CUDA_SUCCESS) {
+		cu.ctx_release(dev);
+		return cu_fail(c, "cuCtxSetCurrent", r);
+	}
+	r = cu.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS) {
+		cu.ctx_release(dev);
+		return cu_fail(c, "cuMemImportFromShareableHandle", r);
+	}
+	r = cu.addr_reserve(&va, reserve, gran, 0, 0);
+	if (r != CUDA_SUCCESS) {
+		cu.mem_release(h);
+		cu.ctx_release(dev);
+		return cu_fail(c, "cuMemAddressReserve", r);
+	}
+	c->cu_dev = dev;
+	c->cu_va = va;
+	c->cu_reserved = reserve;
+	r = cu.mem_map(va, (size_t)map_bytes, 0, h, 0);
+	cu.mem_release(h); /* the mapping keeps the memory */
+	if (r != CUDA_SUCCESS) {
+		cu_unmap(c);
+		return cu_fail(c, "cuMemMap", r);
+	}
+	c->map_bytes = (size_t)map_bytes;
+	c->base = (void *)(uintptr_t)va;
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = dev;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = cu.mem_access(va, (size_t)map_bytes, &acc, 1);
+	if (r != CUDA_SUCCESS) {
+		cu_unmap(c);
+		return cu_fail(c, "cuMemSetAccess", r);
+	}
+	return 0;
+}
+#endif
 
 int kvq_default_socket(char *buf, size_t len)
 {
@@ -181,6 +397,10 @@ void kvq_client_free(kvq_client *c)
 	if (!c)
 		return;
 	/* the CPU kernels are synchronous: no work on the pool is pending */
+#ifdef KVQ_WITH_CUDA
+	if (c->cu_reserved)
+		cu_unmap(c);
+#endif
 	if (c->base)
 		munmap(c->base, c->map_bytes);
 	if (c->pool_fd >= 0)
@@ -261,14 +481,17 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	if (r < 0)
 		goto out;
 	ar = rep->attach_reply;
-	if (strcmp(ar->backend, "host")) {
-		/* Importing a CUDA pool needs the driver's VMM calls
-		 * (daemon/backend.h); not written yet, and never a silent
-		 * host fallback on device memory. */
-		r = fail(c, -ENOTSUP, "pool %s is on the %s backend; this libkvq maps host pools only", p->pool,
-			 ar->backend);
+	if (strcmp(ar->backend, "host") && strcmp(ar->backend, "cuda")) {
+		r = fail(c, KVQ_EPROTOCOL, "pool %s is on an unknown backend '%s'", p->pool, ar->backend);
 		goto out;
 	}
+#ifndef KVQ_WITH_CUDA
+	if (!strcmp(ar->backend, "cuda")) {
+		/* never a silent host fallback on device memory */
+		r = fail(c, -ENOTSUP, "pool %s is on the cuda backend; this libkvq was built without CUDA", p->pool);
+		goto out;
+	}
+#endif
 	if (c->pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
 		r = fail(c, KVQ_EPROTOCOL, "attach reply without a descriptor or with a bad size");
 		goto out;
@@ -294,16 +517,28 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 			 (unsigned long long)ar->total_bytes, (unsigned long long)L->total_bytes);
 		goto out;
 	}
-	base = mmap(NULL, (size_t)ar->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->pool_fd, 0);
-	if (base == MAP_FAILED) {
-		r = fail(c, -errno, "mapping the pool: %s", strerror(errno));
-		goto out;
+#ifdef KVQ_WITH_CUDA
+	if (!strcmp(ar->backend, "cuda")) {
+		r = cu_attach(c, c->pool_fd, ar->map_bytes, ar->device, ar->device_uuid.data, ar->device_uuid.len);
+		if (r < 0)
+			goto out;
+		/* the mapping keeps the memory; the descriptor is not needed again */
+		close(c->pool_fd);
+		c->pool_fd = -1;
+	} else
+#endif
+	{
+		base = mmap(NULL, (size_t)ar->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->pool_fd, 0);
+		if (base == MAP_FAILED) {
+			r = fail(c, -errno, "mapping the pool: %s", strerror(errno));
+			goto out;
+		}
+		/* the mapping keeps the memory; the descriptor is not needed again */
+		close(c->pool_fd);
+		c->pool_fd = -1;
+		c->base = base;
+		c->map_bytes = (size_t)ar->map_bytes;
 	}
-	/* the mapping keeps the memory; the descriptor is not needed again */
-	close(c->pool_fd);
-	c->pool_fd = -1;
-	c->base = base;
-	c->map_bytes = (size_t)ar->map_bytes;
 	c->L = L;
 	L = NULL;
 	snprintf(c->backend, sizeof(c->backend), "%s", ar->backend);

@@ -121,8 +121,14 @@ uint64_t kvq_client_id(const kvq_client *c);
  * daemon's byte count.  Returns 0; the daemon's codes (KVQ_ELAYOUT,
  * KVQ_EPOLICY, -ENOENT, -EACCES, -EISCONN, -ENOSPC, ...); KVQ_EPROTOCOL
  * when the reply is inconsistent (no descriptor, sizes that disagree);
- * -ENOTSUP for a pool on the cuda backend (this libkvq maps host pools
- * only: the CUDA import path is not written yet); or an mmap error.
+ * for a pool on the cuda backend: -ENOTSUP when this libkvq was built
+ * without CUDA, -ENODEV (with a message) where no usable driver or the
+ * pool's device (matched by uuid) is not visible, or the driver's error
+ * from the import (cuMemImportFromShareableHandle, cuMemAddressReserve,
+ * cuMemMap, cuMemSetAccess); or an mmap error (host).  A cuda pool is mapped
+ * through the device's primary context, which this call makes current on
+ * the calling thread; the CPU kernels (write, attention, fork copies) still
+ * return -ENOTSUP on cuda pools.
  */
 int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
 
@@ -131,10 +137,12 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
 const struct kvq_layout *kvq_client_layout(const kvq_client *c);
 
 /* Base address of the mapped pool (offsets from kvq_layout_off apply to
- * it), or NULL before a successful attach. */
+ * it), or NULL before a successful attach.  On a cuda pool it is a DEVICE
+ * address (a CUdeviceptr in the primary context of the pool's device):
+ * usable by kernels and cudaMemcpy, never dereferenced by the CPU. */
 void *kvq_client_base(const kvq_client *c);
 
-/* Backend of the attached pool ("host"), or NULL before attach. */
+/* Backend of the attached pool ("host" or "cuda"), or NULL before attach. */
 const char *kvq_client_backend(const kvq_client *c);
 
 /*
