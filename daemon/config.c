@@ -753,7 +753,11 @@ static void set_defaults(struct kvq_config *c)
 	c->memory_budget.percent = DEFAULT_BUDGET_PERCENT;
 	c->log_level = LOG_INFO;
 	c->create_on_attach = true;
-	c->create_acl.any = true;
+	/* who may create pools unless the file says: root and the daemon's own user */
+	c->create_acl.any = false;
+	c->create_acl.uids[c->create_acl.n_uids++] = 0;
+	if (geteuid() != 0)
+		c->create_acl.uids[c->create_acl.n_uids++] = geteuid();
 	c->create_capacity.kind = KVQ_AMOUNT_PERCENT;
 	c->create_capacity.percent = DEFAULT_CREATE_PERCENT;
 	c->quota_per_uid = KVQ_CONFIG_UNLIMITED;

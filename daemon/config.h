@@ -96,7 +96,8 @@ struct kvq_config {
 
 /* Built-in defaults, with no file: socket /run/kvqd/kvqd.sock, backend
  * auto, device 0, memory_budget 90%, log_level info, create_on_attach yes
- * for anyone who can connect, created pools get 25% of the budget, no
+ * for root and the daemon's own user (create_uids / create_gids widen it;
+ * create_uids replaces that default), created pools get 25% of the budget, no
  * quota, no pools.  Returns 0 and *ret_config (free with kvq_config_free),
  * or -ENOMEM. */
 int kvq_config_new(struct kvq_config **ret_config);

@@ -620,7 +620,10 @@ static int do_hello(struct srv_conn *c, const Kvq__Hello *h, struct reply *r, ch
 }
 
 /* A pool described by an Attach, for creation on attach. */
-static int pool_from_attach(kvq_server *s, const Kvq__Attach *a, struct srv_pool **ret, char *err,
+/* A pool created on attach: the client's geometry and policy; attachable by
+ * its creator's user, root and the daemon's user (a pool is a trust
+ * boundary: whoever maps it can read and write all of it). */
+static int pool_from_attach(kvq_server *s, const Kvq__Attach *a, uid_t creator, struct srv_pool **ret, char *err,
 			    size_t errlen)
 {
 	const Kvq__PoolCreate *pc = a->create;
@@ -649,7 +652,12 @@ static int pool_from_attach(kvq_server *s, const Kvq__Attach *a, struct srv_pool
 	p->params = (struct kvq_layout_params){ .layers = a->layers, .kv_heads = a->kv_heads,
 		.head_dim = a->head_dim, .block_tokens = a->block_tokens, .window = a->window,
 		.act = (int)a->act };
-	p->acl.any = true;
+	p->acl.any = false;
+	p->acl.uids[p->acl.n_uids++] = creator;
+	if (creator != 0)
+		p->acl.uids[p->acl.n_uids++] = 0;
+	if (geteuid() != 0 && geteuid() != creator)
+		p->acl.uids[p->acl.n_uids++] = geteuid();
 	p->quota = s->cfg->quota_per_uid;
 	p->capacity = s->cfg->create_capacity;
 	p->device = pc->device < 0 ? s->device : pc->device;
@@ -694,7 +702,7 @@ static int do_attach(struct srv_conn *c, const Kvq__Attach *a, struct reply *r, 
 			return kvq_seterr(err, errlen, "no pool %s", a->pool), -ENOENT;
 		if (!s->cfg->create_on_attach || !acl_ok(c, &s->cfg->create_acl))
 			return kvq_seterr(err, errlen, "may not create pool %s", a->pool), -EACCES;
-		ret = pool_from_attach(s, a, &p, err, errlen);
+		ret = pool_from_attach(s, a, c->uid, &p, err, errlen);
 		if (ret < 0)
 			return ret;
 		created = true;

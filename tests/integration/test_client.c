@@ -10,6 +10,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -408,6 +409,57 @@ static pid_t start_daemon(void)
 	return -1;
 }
 
+/*
+ * A client running as another user (nobody) may not attach to a pool that
+ * root created, nor create one: the create ACL defaults to root and kvqd's
+ * user, a created pool's ACL to its creator, root and kvqd's user.  Needs
+ * root to switch users; the socket and its directory are opened up first so
+ * the refusal comes from kvqd, not from the file system.
+ */
+static void test_other_uid(void)
+{
+	int st = 0;
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		ok(1, "a client as another uid is refused # SKIP not running as root");
+		return;
+	}
+	if (chmod(tmpdir, 0755) < 0 || chmod(sock_path, 0666) < 0) {
+		ok(0, "open the socket to other users: %s", strerror(errno));
+		return;
+	}
+	pid = fork();
+	if (pid == 0) {
+		struct kvq_attach_params p = { .pool = POOL, .model_id = MODEL, .layers = L_, .kv_heads = H_,
+			.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .device = -1 };
+		kvq_client *c = NULL;
+		int r1, r2;
+
+		if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(10);
+		if (kvq_client_connect(sock_path, "nobody", &c) < 0)
+			_exit(11);
+		r1 = kvq_client_attach(c, &p);           /* root's pool */
+		kvq_client_free(c);
+		if (kvq_client_connect(sock_path, "nobody", &c) < 0)
+			_exit(12);
+		p.pool = "nobodys";
+		p.create = 1;
+		p.n_sealed = 8;
+		p.n_open = 2;
+		r2 = kvq_client_attach(c, &p);           /* a new pool */
+		kvq_client_free(c);
+		_exit(r1 == -EACCES && r2 == -EACCES ? 0 : 13);
+	}
+	waitpid(pid, &st, 0);
+	ok(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	   "a client as uid 65534: attach to root's pool and creating a pool both -EACCES (exit %d)",
+	   WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	chmod(sock_path, 0660);
+	chmod(tmpdir, 0700);
+}
+
 static void test_kill9(kvq_client *mon)
 {
 	struct kvq_stats base, held, now;
@@ -520,6 +572,7 @@ int main(void)
 	   st3.alloc_failures >= st2.alloc_failures + 2,
 	   "E: nothing allocated, cached blocks kept, failures counted");
 
+	test_other_uid();
 	test_kill9(mon);
 
 	kvq_client_free(mon);

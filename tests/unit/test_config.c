@@ -306,10 +306,12 @@ static void check_defaults(const struct kvq_config *c, const char *what)
 {
 	ok(c && strcmp(c->socket, "/run/kvqd/kvqd.sock") == 0 && strcmp(c->backend, "auto") == 0 && c->device == 0 &&
 	   c->memory_budget.kind == KVQ_AMOUNT_PERCENT && c->memory_budget.percent == 90.0 &&
-	   c->log_level == LOG_INFO && c->create_on_attach && c->create_acl.any &&
+	   c->log_level == LOG_INFO && c->create_on_attach && !c->create_acl.any && c->create_acl.n_gids == 0 &&
+	   c->create_acl.uids[0] == 0 &&
+	   (geteuid() == 0 ? c->create_acl.n_uids == 1 : c->create_acl.n_uids == 2 && c->create_acl.uids[1] == geteuid()) &&
 	   c->create_capacity.kind == KVQ_AMOUNT_PERCENT && c->create_capacity.percent == 25.0 &&
 	   c->quota_per_uid == KVQ_CONFIG_UNLIMITED && c->n_pools == 0,
-	   "%s: built-in defaults (auto backend, 90%% budget, pools created on attach by anyone, 25%% each)", what);
+	   "%s: built-in defaults (auto backend, 90%% budget, pools created on attach by root and kvqd's user, 25%% each)", what);
 }
 
 static void test_defaults(void)
