@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "../tap.h"
+#include "../daemon.h"
 #include "kvq.h"
 #include "layout.h"
 
@@ -366,47 +367,8 @@ static int run_child(int (*fn)(void))
 
 static pid_t start_daemon(void)
 {
-	char conf[128];
-	const char *top = getenv("top_builddir"), *env_bin = getenv("KVQ_TEST_KVQD");
-	FILE *f;
-	pid_t pid;
-
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvqd-ctest.XXXXXX");
-	if (!mkdtemp(tmpdir))
-		return -1;
-	snprintf(sock_path, sizeof(sock_path), "%s/kvqd.sock", tmpdir);
-	snprintf(conf, sizeof(conf), "%s/kvqd.conf", tmpdir);
-	f = fopen(conf, "w");
-	if (!f)
-		return -1;
-	fprintf(f, "[kvqd]\nbackend = host\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
-		   "log_level = %s\n", getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning");
-	fclose(f);
-	snprintf(daemon_bin, sizeof(daemon_bin), "%s/daemon/kvqd", top ? top : ".");
-	if (env_bin)
-		snprintf(daemon_bin, sizeof(daemon_bin), "%s", env_bin);
-	pid = fork();
-	if (pid == 0) {
-		execl(daemon_bin, daemon_bin, "--config", conf, "--socket", sock_path, "--backend", "host",
-		      "--foreground", (char *)NULL);
-		fprintf(stderr, "exec %s: %s\n", daemon_bin, strerror(errno));
-		_exit(127);
-	}
-	for (int i = 0; i < 500; i++) {
-		kvq_client *c;
-		int st;
-
-		if (kvq_client_connect(sock_path, "probe", &c) == 0) {
-			kvq_client_free(c);
-			return pid;
-		}
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return -1;
-		usleep(10000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	return -1;
+	return test_daemon_start("host", "ctest", tmpdir, sizeof(tmpdir), sock_path, sizeof(sock_path), daemon_bin,
+				 sizeof(daemon_bin));
 }
 
 /*

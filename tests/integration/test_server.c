@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../tap.h"
+#include "../daemon.h"
 #include "cpu/cpu.h"
 #include "frame.h"
 #include "kvq.h"
@@ -660,48 +661,8 @@ static int run_child(int (*fn)(void))
 
 static pid_t start_daemon(void)
 {
-	char conf[128], *bin = daemon_bin;
-	const char *top = getenv("top_builddir"), *env_bin = getenv("KVQ_TEST_KVQD");
-	FILE *f;
-	pid_t pid;
-
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvqd-itest.XXXXXX");
-	if (!mkdtemp(tmpdir))
-		return -1;
-	snprintf(sock_path, sizeof(sock_path), "%s/kvqd.sock", tmpdir);
-	snprintf(conf, sizeof(conf), "%s/kvqd.conf", tmpdir);
-	f = fopen(conf, "w");
-	if (!f)
-		return -1;
-	fprintf(f, "[kvqd]\nbackend = host\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
-		   "log_level = %s\n", getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning");
-	fclose(f);
-	snprintf(bin, sizeof(daemon_bin), "%s/daemon/kvqd", top ? top : ".");
-	if (env_bin)
-		snprintf(bin, sizeof(daemon_bin), "%s", env_bin);
-	pid = fork();
-	if (pid == 0) {
-		execl(bin, bin, "--config", conf, "--socket", sock_path, "--backend", "host", "--foreground",
-		      (char *)NULL);
-		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
-		_exit(127);
-	}
-	/* poll for the socket to accept, no fixed sleep */
-	for (int i = 0; i < 500; i++) {
-		struct cli c;
-		int st;
-
-		if (cli_connect(&c) == 0) {
-			cli_close(&c);
-			return pid;
-		}
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return -1;
-		usleep(10000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	return -1;
+	return test_daemon_start("host", "itest", tmpdir, sizeof(tmpdir), sock_path, sizeof(sock_path), daemon_bin,
+				 sizeof(daemon_bin));
 }
 
 /* Sends raw bytes on a new connection; returns 1 when the daemon closed it
