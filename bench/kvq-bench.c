@@ -870,6 +870,8 @@ static void usage(FILE *f)
 		"commands:\n"
 		"  formats   bytes per token and CPU decode throughput of every storage format\n"
 		"  control   block operations/s, round-trip and attach latency of a running kvqd\n"
+		"  decode    GPU decode attention per format and shape: ms, GB/s, share of read bandwidth\n"
+		"            (kvq-bench decode --help for its options)\n"
 		"options of formats:\n"
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"
@@ -1671,6 +1673,18 @@ fail:
 	return 1;
 }
 
+#ifdef KVQ_WITH_CUDA
+int bench_decode(int argc, char **argv);   /* bench/decode.cu */
+#else
+static int bench_decode(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	fprintf(stderr, PROG " decode: this kvq-bench was built without CUDA\n");
+	return 1;
+}
+#endif
+
 struct command {
 	const char *name;
 	int (*run)(int argc, char **argv);
@@ -1679,6 +1693,7 @@ struct command {
 static const struct command commands[] = {
 	{ "formats", cmd_formats },
 	{ "control", cmd_control },
+	{ "decode", bench_decode },
 };
 
 int main(int argc, char **argv)

@@ -8,6 +8,10 @@
 
 #include "kvq_format.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define KVQ_MAX_LAYERS 256u
 /* Longest policy string accepted: the longest canonical form (256 layers,
  * alternating two-format specs) is about 6300 characters. */
@@ -53,5 +57,9 @@ int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len);
 
 /* 1 if any layer stores K or V in a KIVI format. */
 int kvq_policy_uses_kivi(const struct kvq_policy *p);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -20,6 +20,10 @@
 
 #include "format.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define KVQ_MAX_HEADS 256u
 #define KVQ_MAX_HEAD_DIM 256u
 #define KVQ_MAX_BLOCK_TOKENS 256u
@@ -92,5 +96,9 @@ static inline uint32_t kvq_layout_split(const struct kvq_layout *L, uint32_t n)
 
 	return n <= L->window ? 0 : B * ((n - L->window + B - 1) / B);
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,305 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvq-bench decode: one decode step of paged attention on the GPU, per
+ * format and shape, on a pool laid out for L = 32 layers (one layer timed:
+ * an L = 1 pool would hide the address-range costs), H KV heads, D = 128,
+ * B = 32, the KV written by kvq_cuda_write from random activations and the
+ * blocks of every sequence scattered over the pool.  Time: CUDA events
+ * around each launch, median of the runs after warm-up.  Bytes: what the step
+ * must read (sealed slices and the open rows up to n).  Read bandwidth: a
+ * read-only reduction over 4 GiB in the same run.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kvq_cuda.h"
+#include "format.h"
+#include "layout.h"
+
+#define PROG "kvq-bench decode"
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+	fprintf(stderr, PROG ": %s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+	unsigned x = 0;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		uint4 v = p[i];
+		x ^= v.x ^ v.y ^ v.z ^ v.w;
+	}
+	if (x == 0x9e3779b9u)   /* practically never: keeps the loads */
+		*sink = x;
+}
+
+/* Activations in [-2, 2) from a hash of the index (never all zero). */
+static __global__ void fill_kernel(uint16_t *p, size_t n, uint32_t seed)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+		h ^= h >> 15;
+		h *= 2246822519u;
+		h ^= h >> 13;
+		float u = (float)(h >> 8) * (1.0f / 16777216.0f);
+		p[i] = __half_as_ushort(__float2half_rn(4.0f * u - 2.0f));
+	}
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return x < y ? -1 : x > y;
+}
+
+static float median(float *v, int n)
+{
+	qsort(v, n, sizeof *v, cmp_float);
+	return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double read_bandwidth(int runs)
+{
+	const size_t bytes = (size_t)4 << 30;
+	uint4 *buf;
+	unsigned *sink;
+	cudaEvent_t e0, e1;
+	float t[64];
+
+	CK(cudaMalloc(&buf, bytes));
+	CK(cudaMalloc(&sink, 4));
+	fill_kernel<<<4096, 256>>>((uint16_t *)buf, bytes / 2, 7);
+	CK(cudaEventCreate(&e0));
+	CK(cudaEventCreate(&e1));
+	for (int i = 0; i < runs + 2; i++) {
+		CK(cudaEventRecord(e0));
+		read_kernel<<<132 * 8, 512>>>(buf, bytes / 16, sink);
+		CK(cudaEventRecord(e1));
+		CK(cudaEventSynchronize(e1));
+		if (i >= 2)
+			CK(cudaEventElapsedTime(&t[i - 2], e0, e1));
+	}
+	CK(cudaFree(buf));
+	CK(cudaFree(sink));
+	return bytes / (median(t, runs) * 1e-3) / 1e9;
+}
+
+struct shape {
+	uint32_t batch, ctx, q_heads, kv_heads;
+};
+
+struct result {
+	const char *format;
+	struct shape s;
+	double ms, gbps;
+};
+
+/* Times one format on one shape; returns 0, or 1 when it does not fit. */
+static int run_one(const char *fmt, struct shape sh, int runs, struct result *ret)
+{
+	const uint32_t L_ = 32, D = 128, B = 32;
+	struct kvq_policy pol;
+	struct kvq_layout *L = NULL;
+	char err[256];
+
+	if (kvq_policy_parse(fmt, L_, &pol, err, sizeof err)) {
+		fprintf(stderr, PROG ": %s\n", err);
+		exit(2);
+	}
+	uint32_t R = kvq_layout_default_window(&pol, B), nb = (sh.ctx + B - 1) / B, nw = R / B + 1;
+	struct kvq_layout_params lp = { .layers = L_, .kv_heads = sh.kv_heads, .head_dim = D, .block_tokens = B,
+		.window = R, .n_sealed = sh.batch * nb, .n_open = sh.batch * nw, .act = KVQ_DT_F16, .policy = &pol };
+	if (kvq_layout_new(&lp, &L, err, sizeof err)) {
+		fprintf(stderr, PROG ": %s\n", err);
+		exit(2);
+	}
+	const size_t rows = (size_t)sh.batch * sh.ctx, per = (size_t)sh.kv_heads * D;
+	size_t free_b = 0, total_b = 0;
+	CK(cudaMemGetInfo(&free_b, &total_b));
+	if (L->total_bytes + rows * per * 4 + ((size_t)1 << 30) > free_b) {
+		kvq_layout_free(L);
+		return 1;
+	}
+	void *pool, *kin, *vin, *q, *out, *dseq, *ws = NULL;
+	int32_t *ids = (int32_t *)malloc((size_t)sh.batch * nb * sizeof(int32_t)), *dids;
+	int32_t *oids = (int32_t *)malloc((size_t)sh.batch * nb * sizeof(int32_t)), *doids;
+	CK(cudaMalloc(&pool, L->total_bytes));
+	CK(cudaMalloc(&kin, rows * per * 2));
+	CK(cudaMalloc(&vin, rows * per * 2));
+	CK(cudaMalloc(&q, (size_t)sh.batch * sh.q_heads * D * 2));
+	CK(cudaMalloc(&out, (size_t)sh.batch * sh.q_heads * D * 2));
+	CK(cudaMalloc(&dids, (size_t)sh.batch * nb * sizeof(int32_t)));
+	CK(cudaMalloc(&doids, (size_t)sh.batch * nb * sizeof(int32_t)));
+	fill_kernel<<<4096, 256>>>((uint16_t *)kin, rows * per, 1);
+	fill_kernel<<<4096, 256>>>((uint16_t *)vin, rows * per, 2);
+	fill_kernel<<<64, 256>>>((uint16_t *)q, (size_t)sh.batch * sh.q_heads * D, 3);
+
+	/* every sequence's sealed blocks scattered over the pool; its open
+	 * window in open slots of its own (the write reads open ids only for
+	 * blocks from S(ctx)/B on) */
+	for (uint32_t i = 0; i < sh.batch * nb; i++)
+		ids[i] = (int32_t)i;
+	srand(42);
+	for (uint32_t i = sh.batch * nb; i > 1; i--) {
+		uint32_t j = (uint32_t)rand() % i;
+		int32_t t = ids[i - 1];
+		ids[i - 1] = ids[j];
+		ids[j] = t;
+	}
+	const uint32_t first_open = kvq_layout_split(L, sh.ctx) / B;
+	for (uint32_t b = 0; b < sh.batch; b++)
+		for (uint32_t j = 0; j < nb; j++)
+			oids[b * nb + j] = j >= first_open ? (int32_t)(b * nw + j - first_open) : -1;
+	CK(cudaMemcpy(dids, ids, (size_t)sh.batch * nb * sizeof(int32_t), cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(doids, oids, (size_t)sh.batch * nb * sizeof(int32_t), cudaMemcpyHostToDevice));
+	struct kvq_cuda_write_seq *w = (struct kvq_cuda_write_seq *)calloc(sh.batch, sizeof *w);
+	struct kvq_cuda_seq *s = (struct kvq_cuda_seq *)calloc(sh.batch, sizeof *s);
+	for (uint32_t b = 0; b < sh.batch; b++) {
+		w[b] = (struct kvq_cuda_write_seq){ 0, sh.ctx, b * sh.ctx, 0, dids + b * nb, doids + b * nb };
+		s[b] = (struct kvq_cuda_seq){ sh.ctx, 1, b, 0, dids + b * nb, doids + b * nb + first_open };
+	}
+	CK(cudaMalloc(&dseq, sh.batch * (sizeof *w > sizeof *s ? sizeof *w : sizeof *s)));
+	CK(cudaMemcpy(dseq, w, sh.batch * sizeof *w, cudaMemcpyHostToDevice));
+	int rc = kvq_cuda_write(L, pool, 0, (const struct kvq_cuda_write_seq *)dseq, sh.batch, sh.ctx, kin, vin, NULL);
+	if (rc) {
+		fprintf(stderr, PROG ": kvq_cuda_write: %d (%s)\n", rc, kvq_cuda_error());
+		exit(1);
+	}
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(dseq, s, sh.batch * sizeof *s, cudaMemcpyHostToDevice));
+
+	struct kvq_cuda_attn a = { L, pool, 0, sh.q_heads, 0.08838834764f, KVQ_DT_F16, KVQ_DT_F16,
+				   sh.ctx, 1, sh.batch, 0, NULL, 0, NULL };
+	a.workspace_bytes = kvq_cuda_attention_workspace(&a, sh.batch);
+	if (a.workspace_bytes)
+		CK(cudaMalloc(&ws, a.workspace_bytes));
+	a.workspace = ws;
+	cudaEvent_t e0, e1;
+	float t[256];
+	CK(cudaEventCreate(&e0));
+	CK(cudaEventCreate(&e1));
+	for (int i = 0; i < runs + 3; i++) {
+		CK(cudaEventRecord(e0));
+		rc = kvq_cuda_attention(&a, (const struct kvq_cuda_seq *)dseq, sh.batch, q, out);
+		CK(cudaEventRecord(e1));
+		CK(cudaEventSynchronize(e1));
+		if (rc) {
+			fprintf(stderr, PROG ": kvq_cuda_attention (%s): %d (%s)\n", fmt, rc, kvq_cuda_error());
+			exit(1);
+		}
+		if (i >= 3)
+			CK(cudaEventElapsedTime(&t[i - 3], e0, e1));
+	}
+	/* bytes the step reads: sealed slices, and open rows up to n */
+	uint32_t sealed = kvq_layout_split(L, sh.ctx);
+	double bytes = (double)sh.batch * ((double)(sealed / B) * L->layer[0].sealed_slice +
+					   (double)(sh.ctx - sealed) * sh.kv_heads * D * 2 * 2);
+	ret->format = fmt;
+	ret->s = sh;
+	ret->ms = median(t, runs);
+	ret->gbps = bytes / (ret->ms * 1e-3) / 1e9;
+
+	cudaFree(pool);
+	cudaFree(kin);
+	cudaFree(vin);
+	cudaFree(q);
+	cudaFree(out);
+	cudaFree(dids);
+	cudaFree(doids);
+	free(oids);
+	cudaFree(dseq);
+	if (ws)
+		cudaFree(ws);
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	free(ids);
+	free(w);
+	free(s);
+	kvq_layout_free(L);
+	return 0;
+}
+
+extern "C" int bench_decode(int argc, char **argv)
+{
+	const char *list = "f16,int8,fp8,int4g32,kivi4,kivi2";
+	int json = 0, quick = 0, runs = 30;
+	static const struct shape shapes[] = {
+		{ 64, 8192, 32, 8 }, { 16, 32768, 32, 8 }, { 256, 2048, 32, 8 }, { 4, 131072, 64, 8 },
+	};
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = 1;
+		else if (!strcmp(argv[i], "--quick"))
+			quick = 1;
+		else if (!strcmp(argv[i], "--format") && i + 1 < argc)
+			list = argv[++i];
+		else if (!strcmp(argv[i], "--runs") && i + 1 < argc && atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 200)
+			runs = atoi(argv[++i]);
+		else {
+			fprintf(stderr, "usage: " PROG " [--json] [--quick] [--format LIST] [--runs N (1-200)]\n");
+			return 2;
+		}
+	}
+	int ndev = 0;
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+		fprintf(stderr, PROG ": no usable GPU\n");
+		return 1;
+	}
+	struct cudaDeviceProp p;
+	CK(cudaGetDeviceProperties(&p, 0));
+	double rbw = read_bandwidth(quick ? 3 : 10);
+	printf("device: %s, %d SMs; read-only bandwidth %.0f GB/s (4 GiB reduction)\n", p.name,
+	       p.multiProcessorCount, rbw);
+	printf("pool: L=32 (layer 0 timed), D=128, B=32, f16 activations; median of %d runs\n", runs);
+	printf("%-8s %5s %7s %6s %9s %8s %8s %9s\n", "format", "batch", "context", "heads", "ms", "GB/s",
+	       "%read", "vs f16");
+
+	char fmts[256];
+	snprintf(fmts, sizeof fmts, "%s", list);
+	struct result res[64];
+	int nres = 0;
+	const int nshapes = quick ? 1 : (int)(sizeof shapes / sizeof shapes[0]);
+	for (int si = 0; si < nshapes; si++) {
+		double f16_ms = 0;
+		char *save = NULL, buf[256];
+		snprintf(buf, sizeof buf, "%s", fmts);
+		for (char *f = strtok_r(buf, ",", &save); f && nres < 64; f = strtok_r(NULL, ",", &save)) {
+			struct shape sh = shapes[si];
+			if (quick)
+				sh.batch = 8;
+			struct result *r = &res[nres];
+			if (run_one(f, sh, quick ? 5 : runs, r)) {
+				printf("%-8s %5u %7u %3u/%-2u  (does not fit in device memory)\n", f, sh.batch, sh.ctx,
+				       sh.q_heads, sh.kv_heads);
+				continue;
+			}
+			r->format = strdup(f);
+			if (!strcmp(f, "f16"))
+				f16_ms = r->ms;
+			printf("%-8s %5u %7u %3u/%-2u %9.3f %8.0f %7.1f%% %8.2fx\n", f, sh.batch, sh.ctx, sh.q_heads,
+			       sh.kv_heads, r->ms, r->gbps, 100.0 * r->gbps / rbw, f16_ms > 0 ? f16_ms / r->ms : 0.0);
+			fflush(stdout);
+			nres++;
+		}
+	}
+	if (json) {
+		printf("{\"read_gbps\":%.1f,\"decode\":[", rbw);
+		for (int i = 0; i < nres; i++) {
+			double f16_ms = 0;
+			for (int j = 0; j < nres; j++)
+				if (!strcmp(res[j].format, "f16") && res[j].s.batch == res[i].s.batch && res[j].s.ctx == res[i].s.ctx)
+					f16_ms = res[j].ms;
+			printf("%s{\"format\":\"%s\",\"batch\":%u,\"context\":%u,\"q_heads\":%u,\"kv_heads\":%u,"
+			       "\"ms\":%.4f,\"gbps\":%.1f,\"pct_read_bw\":%.1f,\"speedup_vs_f16\":%.3f}",
+			       i ? "," : "", res[i].format, res[i].s.batch, res[i].s.ctx, res[i].s.q_heads, res[i].s.kv_heads,
+			       res[i].ms, res[i].gbps, 100.0 * res[i].gbps / rbw, f16_ms > 0 ? f16_ms / res[i].ms : 0.0);
+		}
+		printf("]}\n");
+	}
+	return 0;
+}

@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The one dispatch place: attention arguments checked, the launch shape
+ * chosen (rows per CTA, tokens per tile, KV splits), and (K format, V format,
+ * head dim, dtype) turned into an instance of instances.h, or -ENOTSUP. */
+#include "attention.cuh"
+#include "instances.h"
+
+namespace kvq {
+
+static thread_local cudaError_t last_error = cudaSuccess;
+
+int fail_launch(void)
+{
+	last_error = cudaGetLastError();
+	if (last_error == cudaSuccess)
+		last_error = cudaErrorUnknown;
+	return -EIO;
+}
+
+#define KVQ_EXTERN(KF, VF, D, ACT) extern template int attn_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
+#define KVQ_EXTERN_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN, K, V)
+KVQ_CUDA_PAIRS(KVQ_EXTERN_PAIR)
+
+typedef int (*attn_fn)(const attn_args &, uint32_t, void *);
+
+static attn_fn attn_find(int kf, int vf, uint32_t D, int act)
+{
+#define KVQ_CASE(KF, VF, DD, ACT) \
+	if (kf == KF && vf == VF && D == DD && act == ACT) \
+		return attn_launch<KF, VF, DD, ACT>;
+#define KVQ_CASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_CASE, K, V)
+	KVQ_CUDA_PAIRS(KVQ_CASE_PAIR)
+	return NULL;
+}
+
+/* Tokens per tile: the largest of 64, 48, 32, 16 that divides B. */
+static uint32_t tile_tokens(uint32_t B)
+{
+	return B % 64 == 0 ? 64 : B % 48 == 0 ? 48 : B % 32 == 0 ? 32 : 16;
+}
+
+struct shape {
+	uint32_t g, nrp, chunks, tt, splits;
+};
+
+static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *ret)
+{
+	const struct kvq_layout *L = a->L;
+	struct shape s;
+
+	if (!L || a->layer >= L->layers || !a->base || !L->kv_heads || a->q_heads % L->kv_heads)
+		return -EINVAL;
+	s.g = a->q_heads / L->kv_heads;
+	if (s.g < 1 || s.g > 8 || a->max_q < 1 || a->max_q > (1u << 20) || a->max_q > a->max_n ||
+	    a->max_n > (1u << 30) || a->total_q < a->max_q || a->total_q > (1u << 24) || nseq > 65535 ||
+	    a->q_dtype != L->act ||
+	    (a->out_dtype != KVQ_DT_F16 && a->out_dtype != KVQ_DT_BF16 && a->out_dtype != KVQ_DT_F32))
+		return -EINVAL;
+	uint32_t rows = a->max_q * s.g;
+	s.nrp = rows >= ATTN_MAX_ROWS ? ATTN_MAX_ROWS : (rows + 7) / 8 * 8;
+	s.chunks = (rows + s.nrp - 1) / s.nrp;
+	if ((uint64_t)s.chunks * L->kv_heads > 65535)
+		return -EINVAL;
+	s.tt = tile_tokens(L->block_tokens);
+	uint32_t ntiles = (a->max_n + s.tt - 1) / s.tt;
+	if (a->splits) {
+		s.splits = a->splits < ntiles ? a->splits : ntiles;
+	} else {
+		/* enough CTAs for two waves, each split at least four tiles long */
+		int dev = 0, sms = 132;
+		if (cudaGetDevice(&dev) != cudaSuccess ||
+		    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+			return fail_launch();
+		uint64_t ctas = (uint64_t)(nseq ? nseq : 1) * L->kv_heads * s.chunks;
+		uint64_t want = (2ull * sms + ctas - 1) / ctas;
+		uint32_t most = ntiles / 4 ? ntiles / 4 : 1;
+		s.splits = (uint32_t)(want < most ? want : most);
+		if (s.splits > 64)
+			s.splits = 64;
+	}
+	if (s.splits < 1)
+		s.splits = 1;
+	*ret = s;
+	return 0;
+}
+
+static size_t ws_bytes(const struct kvq_cuda_attn *a, const struct shape &s)
+{
+	return s.splits > 1 ? (size_t)s.splits * a->total_q * a->q_heads * (a->L->head_dim + 2) * sizeof(float) : 0;
+}
+
+} /* namespace kvq */
+
+using namespace kvq;
+
+extern "C" const char *kvq_cuda_error(void)
+{
+	return cudaGetErrorString(last_error);
+}
+
+extern "C" int kvq_cuda_attention_supported(int kfmt, int vfmt, uint32_t head_dim, int act)
+{
+	unsigned gk = kvq_fmt_group(kfmt, 0), gv = kvq_fmt_group(vfmt, 1);
+
+	if ((gk && head_dim % gk) || (gv && head_dim % gv))
+		return 0;
+	return attn_find(kfmt, vfmt, head_dim, act) != NULL;
+}
+
+extern "C" size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, uint32_t nseq)
+{
+	struct shape s;
+
+	if (!a || shape_of(a, nseq, &s))
+		return 0;
+	return ws_bytes(a, s);
+}
+
+extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_cuda_seq *seqs, uint32_t nseq,
+				  const void *q, void *out)
+{
+	struct shape s;
+	int r;
+
+	if (!a || (nseq && (!seqs || !q || !out)))
+		return -EINVAL;
+	if ((r = shape_of(a, nseq, &s)))
+		return r;
+	if (!nseq)
+		return 0;
+	const struct kvq_layer_layout *ll = &a->L->layer[a->layer];
+	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act))
+		return -ENOTSUP;
+	if (ws_bytes(a, s) > a->workspace_bytes || (s.splits > 1 && !a->workspace)) {
+		if (a->splits)
+			return -EINVAL;
+		s.splits = 1;   /* chosen splits: fall back to one when no workspace fits */
+	}
+	attn_args x;
+	x.l = layer_of(a->L, a->layer);
+	x.base = (const uint8_t *)a->base;
+	x.seqs = seqs;
+	x.q = q;
+	x.out = out;
+	x.ws = (float *)a->workspace;
+	x.scale = a->scale;
+	x.out_dtype = a->out_dtype;
+	x.g = s.g;
+	x.q_heads = a->q_heads;
+	x.chunks = s.chunks;
+	x.nrp = s.nrp;
+	x.tt = s.tt;
+	x.splits = s.splits;
+	x.total_q = a->total_q;
+	x.max_q = a->max_q;
+	return attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act)(x, nseq, a->stream);
+}

@@ -1,0 +1,50 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+#
+# The whole GPU proof in one command, for a machine with a GPU:
+#   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
+# runs the GPU tests of BUILD_DIR (format arithmetic on the device, the CUDA
+# kernels against the CPU kernels, a cuda pool shared by two processes),
+# compute-sanitizer memcheck and racecheck on the kernels' small cases, and
+# kvq-bench decode; full logs go to OUT_DIR (default $OUT, else
+# /tmp/kvq-gpu), a table of results is printed last.  Exit status 1 when
+# any step failed.  KVQ_GPU_STEP_TIMEOUT bounds each step (seconds, default 600);
+# KVQ_BENCH_ARGS are passed to kvq-bench decode.
+set -u
+b=${1:?usage: tests/gpu/run.sh BUILD_DIR [OUT_DIR]}
+out=${2:-${OUT:-/tmp/kvq-gpu}}
+mkdir -p "$out"
+summary=$out/summary.txt
+: > "$summary"
+failed=0
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
+echo "device: $(cat "$out/device.txt"); $(date -u '+%Y-%m-%d %H:%M UTC')" >> "$summary"
+
+step() {
+	name=$1
+	shift
+	t0=$(date +%s)
+	timeout "${KVQ_GPU_STEP_TIMEOUT:-600}" "$@" > "$out/$name.log" 2>&1
+	rc=$?
+	t1=$(date +%s)
+	pass=$(grep -c '^ok ' "$out/$name.log")
+	fail=$(grep -c '^not ok ' "$out/$name.log")
+	[ "$rc" -eq 0 ] || failed=1
+	printf '%-10s rc=%-3s ok=%-5s not_ok=%-4s %4ss\n' "$name" "$rc" "$pass" "$fail" $((t1 - t0)) >> "$summary"
+	grep '^not ok ' "$out/$name.log" | head -20 >> "$summary"
+}
+
+step format "$b/tests/gpu/test_format_gpu.bin"
+step kernels "$b/tests/gpu/test_kernels"
+grep 'largest relative error' "$out/kernels.log" >> "$summary"
+step cudapool env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_pool"
+if command -v compute-sanitizer > /dev/null; then
+	step memcheck env KVQ_GPU_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$b/tests/gpu/test_kernels"
+	step racecheck env KVQ_GPU_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$b/tests/gpu/test_kernels"
+	grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out/memcheck.log" "$out/racecheck.log" >> "$summary"
+fi
+step bench "$b/bench/kvq-bench" decode ${KVQ_BENCH_ARGS:-}
+grep -v '^{' "$out/bench.log" | tail -30 >> "$summary"
+cat "$summary"
+exit $failed
