@@ -190,6 +190,19 @@ static int pool_size(struct srv_pool *p, uint32_t want_sealed, uint32_t want_ope
 	return -ENOSPC;
 }
 
+/* Gives back the memory and books of p; the record stays (not allocated). */
+static void pool_release(struct srv_pool *p)
+{
+	kvq_prefix_free(p->prefix);
+	p->prefix = NULL;
+	kvq_pool_free(p->pool);
+	p->pool = NULL;
+	kvq_backend_mem_destroy(&p->mem);
+	kvq_layout_free(p->L);
+	p->L = NULL;
+	p->allocated = false;
+}
+
 /* Allocates memory and books of p (params, policy, backend, device set). */
 static int pool_allocate(kvq_server *s, struct srv_pool *p, uint32_t want_sealed, uint32_t want_open,
 			 char *err, size_t errlen)
@@ -234,37 +247,15 @@ static int pool_allocate(kvq_server *s, struct srv_pool *p, uint32_t want_sealed
 fail:
 	if (r != -ENOSPC && !(err && *err))
 		kvq_seterr(err, errlen, "%s", strerror(-r));
-	kvq_prefix_free(p->prefix);
-	p->prefix = NULL;
-	kvq_pool_free(p->pool);
-	p->pool = NULL;
-	kvq_backend_mem_destroy(&p->mem);
-	kvq_layout_free(p->L);
-	p->L = NULL;
+	pool_release(p);
 	return r;
-}
-
-/* Gives back the memory and books of p; the record stays (not allocated). */
-static void pool_release(struct srv_pool *p)
-{
-	kvq_prefix_free(p->prefix);
-	p->prefix = NULL;
-	kvq_pool_free(p->pool);
-	p->pool = NULL;
-	kvq_backend_mem_destroy(&p->mem);
-	kvq_layout_free(p->L);
-	p->L = NULL;
-	p->allocated = false;
 }
 
 static void pool_free(struct srv_pool *p)
 {
 	if (!p)
 		return;
-	kvq_prefix_free(p->prefix);
-	kvq_pool_free(p->pool);
-	kvq_backend_mem_destroy(&p->mem);
-	kvq_layout_free(p->L);
+	pool_release(p);
 	free(p);
 }
 

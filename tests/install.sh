@@ -6,16 +6,7 @@
 # the tree builds against the installed libkvq through pkg-config and runs,
 # and "make uninstall" removes it all.
 set -u
-n=0
-failed=0
-t() {   # t STATUS DESCRIPTION
-	n=$((n + 1))
-	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi
-}
-skip() {
-	n=$((n + 1))
-	echo "ok $n - $1 # SKIP $2"
-}
+. "${top_srcdir:?}/tests/tap.sh"
 
 : "${top_builddir:?}" "${kvq_sbindir:?}"
 dest=$(mktemp -d /tmp/kvqd-install.XXXXXX)
@@ -120,5 +111,4 @@ left=$(find "$dest" -type f ! -path "$dest/verify/*" ! -name 'use*' | head -n 5)
 [ -z "$left" ]
 t $? "make uninstall removes every installed file${left:+: left $left}"
 
-echo "1..$n"
-exit $failed
+finish

@@ -5,12 +5,7 @@
 # man page documents is one the program prints, and every kvqd.conf key the
 # parser knows (daemon/config.c) is in kvqd.conf(5) and the example config.
 set -u
-n=0
-failed=0
-t() {   # t STATUS DESCRIPTION
-	n=$((n + 1))
-	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi
-}
+. "${top_srcdir:?}/tests/tap.sh"
 : "${top_srcdir:?}" "${top_builddir:?}"
 man=$top_srcdir/man
 
@@ -57,5 +52,4 @@ for k in $keys; do
 	t $? "kvqd.conf.example shows $k"
 done
 
-echo "1..$n"
-exit $failed
+finish
