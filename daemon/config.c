@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvqd.conf parser (format in config.h, every key in systemd/kvqd.conf.example). */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -25,7 +26,8 @@ enum { SEC_NONE = 0, SEC_KVQD = 1, SEC_POOL = 2 };
 
 enum key {
 	K_SOCKET, K_BACKEND, K_DEVICE, K_MEMORY_BUDGET, K_LOG_LEVEL, K_CREATE_ON_ATTACH, K_CREATE_UIDS,
-	K_CREATE_GIDS, K_CREATE_CAPACITY, K_CREATE_MEMORY_SHARE, K_QUOTA_PER_UID,
+	K_CREATE_GIDS, K_CREATE_CAPACITY, K_CREATE_MEMORY_SHARE, K_QUOTA_PER_UID, K_ADMIN_UIDS, K_ADMIN_GIDS,
+	K_METRICS_LISTEN,
 	K_MODEL, K_LAYERS, K_KV_HEADS, K_HEAD_DIM, K_BLOCK_TOKENS, K_POLICY, K_WINDOW, K_WINDOW_DTYPE,
 	K_CAPACITY, K_MEMORY_SHARE, K_ACL_UIDS, K_ACL_GIDS,
 	K_COUNT
@@ -46,6 +48,9 @@ static const struct {
 	[K_CREATE_CAPACITY] = { "create_capacity", SEC_KVQD },
 	[K_CREATE_MEMORY_SHARE] = { "create_memory_share", SEC_KVQD },
 	[K_QUOTA_PER_UID] = { "quota_per_uid", SEC_KVQD | SEC_POOL },
+	[K_ADMIN_UIDS] = { "admin_uids", SEC_KVQD },
+	[K_ADMIN_GIDS] = { "admin_gids", SEC_KVQD },
+	[K_METRICS_LISTEN] = { "metrics_listen", SEC_KVQD },
 	[K_MODEL] = { "model", SEC_POOL },
 	[K_LAYERS] = { "layers", SEC_POOL },
 	[K_KV_HEADS] = { "kv_heads", SEC_POOL },
@@ -427,6 +432,19 @@ static int set_kvqd(struct parser *p, int k, char *v)
 			return rc;
 		c->quota_per_uid = x;
 		return 0;
+	case K_ADMIN_UIDS:
+		return parse_ids(p, v, false, &c->admin_acl);
+	case K_ADMIN_GIDS:
+		return parse_ids(p, v, true, &c->admin_acl);
+	case K_METRICS_LISTEN: {
+		char addr[KVQ_CONFIG_LISTEN_MAX + 1], why[128];
+		uint16_t port;
+
+		if (kvq_config_parse_listen(v, addr, sizeof(addr), &port, why, sizeof(why)) < 0)
+			return fail(p, p->line, "metrics_listen '%s': %s", v, why);
+		strcpy(c->metrics_listen, v);
+		return 0;
+	}
 	}
 	return fail(p, p->line, "internal: key %d in [kvqd]", k);
 }
@@ -761,6 +779,8 @@ static void set_defaults(struct kvq_config *c)
 	c->create_capacity.kind = KVQ_AMOUNT_PERCENT;
 	c->create_capacity.percent = DEFAULT_CREATE_PERCENT;
 	c->quota_per_uid = KVQ_CONFIG_UNLIMITED;
+	/* admin operations: the same default as pool creation */
+	c->admin_acl = c->create_acl;
 }
 
 int kvq_config_new(struct kvq_config **ret_config)
@@ -901,4 +921,44 @@ uint64_t kvq_config_amount_bytes(const struct kvq_config_amount *a, uint64_t tot
 	/* long double: exact for totals up to 2^64 and percents with decimals */
 	b = (long double)total * (long double)a->percent / 100.0L;
 	return b >= 18446744073709551615.0L ? UINT64_MAX : (uint64_t)b;
+}
+
+int kvq_config_parse_listen(const char *s, char *addr, size_t addrlen, uint16_t *ret_port, char *err,
+			    size_t errlen)
+{
+	const char *colon, *host = s;
+	size_t hlen;
+	uint64_t port;
+	struct in_addr a4;
+	struct in6_addr a6;
+	char h[KVQ_CONFIG_LISTEN_MAX + 1];
+
+	if (strlen(s) > KVQ_CONFIG_LISTEN_MAX)
+		return kvq_seterr(err, errlen, "longer than %u bytes", KVQ_CONFIG_LISTEN_MAX), -EINVAL;
+	colon = strrchr(s, ':');
+	if (!colon)
+		return kvq_seterr(err, errlen, "not ADDRESS:PORT"), -EINVAL;
+	if (parse_u64(colon + 1, &port) < 0 || port == 0 || port > 65535)
+		return kvq_seterr(err, errlen, "port is not a number in 1-65535"), -EINVAL;
+	hlen = (size_t)(colon - s);
+	if (hlen >= 2 && s[0] == '[' && s[hlen - 1] == ']') {
+		host++;
+		hlen -= 2;
+	}
+	memcpy(h, host, hlen);
+	h[hlen] = '\0';
+	if (inet_pton(AF_INET, h, &a4) == 1) {
+		if ((ntohl(a4.s_addr) >> 24) != 127)
+			return kvq_seterr(err, errlen, "%s is not a loopback address (127.0.0.0/8)", h), -EINVAL;
+	} else if (inet_pton(AF_INET6, h, &a6) == 1 && host != s) {
+		if (!IN6_IS_ADDR_LOOPBACK(&a6))
+			return kvq_seterr(err, errlen, "%s is not the loopback address ::1", h), -EINVAL;
+	} else {
+		return kvq_seterr(err, errlen, "'%s' is not an IPv4 address or a bracketed IPv6 address", h), -EINVAL;
+	}
+	if (hlen >= addrlen)
+		return kvq_seterr(err, errlen, "address too long"), -EINVAL;
+	memcpy(addr, h, hlen + 1);
+	*ret_port = (uint16_t)port;
+	return 0;
 }

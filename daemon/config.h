@@ -42,6 +42,7 @@
 #define KVQ_CONFIG_MAX_IDS 64u       /* entries of one uid or gid list */
 #define KVQ_CONFIG_MAX_DEVICE 1023
 #define KVQ_CONFIG_MSG_MAX 512       /* room for an error message */
+#define KVQ_CONFIG_LISTEN_MAX 63u    /* metrics_listen: "127.0.0.1:9464", "[::1]:9464" */
 
 /* No quota. */
 #define KVQ_CONFIG_UNLIMITED UINT64_MAX
@@ -90,6 +91,8 @@ struct kvq_config {
 	struct kvq_config_acl create_acl; /* who may */
 	struct kvq_config_amount create_capacity; /* capacity of such a pool (PERCENT: of the budget) */
 	uint64_t quota_per_uid;          /* default of pools, or KVQ_CONFIG_UNLIMITED */
+	struct kvq_config_acl admin_acl; /* who may evict, flush, add and drop pools */
+	char metrics_listen[KVQ_CONFIG_LISTEN_MAX + 1]; /* loopback "ADDR:PORT", "" when off */
 	uint32_t n_pools;
 	struct kvq_config_pool *pools;
 };
@@ -98,7 +101,8 @@ struct kvq_config {
  * auto, device 0, memory_budget 90%, log_level info, create_on_attach yes
  * for root and the daemon's own user (create_uids / create_gids widen it;
  * create_uids replaces that default), created pools get 25% of the budget, no
- * quota, no pools.  Returns 0 and *ret_config (free with kvq_config_free),
+ * quota, admin operations for root and the daemon's own user (admin_uids /
+ * admin_gids as create_*), no metrics, no pools.  Returns 0 and *ret_config (free with kvq_config_free),
  * or -ENOMEM. */
 int kvq_config_new(struct kvq_config **ret_config);
 
@@ -128,5 +132,12 @@ uint64_t kvq_config_amount_bytes(const struct kvq_config_amount *a, uint64_t tot
 /* Parses a size ("64G", "1536MiB", "4096") into bytes: 0 or -EINVAL
  * (-ERANGE past 2^64 - 1).  Exposed for the CLI and tests. */
 int kvq_config_parse_size(const char *s, uint64_t *ret_bytes);
+
+/* Splits a metrics_listen value ("127.0.0.1:9464", "[::1]:9464") into its
+ * address (without brackets, into addr[addrlen]) and port.  Only loopback
+ * addresses are accepted: the metrics name pools and models and have no
+ * authentication.  Returns 0, or -EINVAL with a reason in err. */
+int kvq_config_parse_listen(const char *s, char *addr, size_t addrlen, uint16_t *ret_port, char *err,
+			    size_t errlen);
 
 #endif

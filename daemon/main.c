@@ -17,6 +17,7 @@
 #include "config.h"
 #include "frame.h"
 #include "log.h"
+#include "metrics.h"
 #include "sd.h"
 #include "server.h"
 
@@ -36,6 +37,7 @@ struct daemon {
 	struct kvq_config *cfg;
 	const char *config_path;    /* NULL: built-in defaults */
 	kvq_server *srv;
+	kvq_metrics *metrics;
 	struct event *watchdog;
 	struct timeval watchdog_tv;
 };
@@ -158,6 +160,8 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 	if (load_config(d->config_path, &c) < 0) {
 		kvq_log(LOG_ERR, "SIGHUP: %s not reloaded; the old settings stay", d->config_path);
 	} else {
+		if (strcmp(c->metrics_listen, d->cfg->metrics_listen))
+			kvq_log(LOG_NOTICE, "SIGHUP: metrics_listen changes at the next start");
 		kvq_server_set_config(d->srv, c);
 		kvq_config_free(d->cfg);
 		d->cfg = c;
@@ -267,6 +271,14 @@ int main(int argc, char **argv)
 			goto out;
 		}
 	}
+	if (d.cfg->metrics_listen[0]) {
+		r = kvq_metrics_new(d.base, d.srv, d.cfg->metrics_listen, &d.metrics, err, sizeof(err));
+		if (r < 0) {
+			kvq_log(LOG_ERR, "%s", err);
+			goto out;
+		}
+		kvq_log(LOG_INFO, "metrics at http://%s/metrics", d.cfg->metrics_listen);
+	}
 	kvq_log(LOG_NOTICE, "kvqd %s listening on %s", PACKAGE_VERSION, path);
 	kvq_server_status(d.srv, status, sizeof(status));
 	kvq_sd_ready(status);
@@ -285,6 +297,7 @@ out:
 		event_free(ev_int);
 	if (ev_term)
 		event_free(ev_term);
+	kvq_metrics_free(d.metrics);
 	kvq_server_free(d.srv);
 	if (d.base)
 		event_base_free(d.base);

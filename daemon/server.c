@@ -59,7 +59,8 @@ struct srv_pool {
 	kvq_prefix *prefix;
 	uint64_t lookup_tokens, hit_tokens;
 	uint64_t alloc_failures;                     /* refused before the pool was asked */
-	uint32_t clients;
+	uint64_t device_memory;                      /* of its device, when allocated */
+	uint32_t clients;                            /* attached, exiting ones included */
 };
 
 struct srv_out {
@@ -107,6 +108,7 @@ struct kvq_server {
 	uint32_t n_conns;
 	uint64_t next_id;
 	struct timespec started;
+	struct kvq_metrics_hist latency[KVQ_REQ_COUNT];
 };
 
 static void conn_on_read(evutil_socket_t fd, short what, void *arg);
@@ -188,6 +190,19 @@ static int pool_size(struct srv_pool *p, uint32_t want_sealed, uint32_t want_ope
 	return -ENOSPC;
 }
 
+/* Gives back the memory and books of p; the record stays (not allocated). */
+static void pool_release(struct srv_pool *p)
+{
+	kvq_prefix_free(p->prefix);
+	p->prefix = NULL;
+	kvq_pool_free(p->pool);
+	p->pool = NULL;
+	kvq_backend_mem_destroy(&p->mem);
+	kvq_layout_free(p->L);
+	p->L = NULL;
+	p->allocated = false;
+}
+
 /* Allocates memory and books of p (params, policy, backend, device set). */
 static int pool_allocate(kvq_server *s, struct srv_pool *p, uint32_t want_sealed, uint32_t want_open,
 			 char *err, size_t errlen)
@@ -223,6 +238,7 @@ static int pool_allocate(kvq_server *s, struct srv_pool *p, uint32_t want_sealed
 	if (r < 0)
 		goto fail;
 	p->allocated = true;
+	p->device_memory = total;
 	kvq_log(LOG_INFO, "pool %s: %s on %s, %u layers, %u kv heads, head dim %u, %u tokens/block, window %u, "
 		"%u sealed + %u open slots, %llu bytes", p->name, p->policy_str, p->backend->name, p->L->layers,
 		p->L->kv_heads, p->L->head_dim, p->L->block_tokens, p->L->window, p->L->n_sealed, p->L->n_open,
@@ -231,13 +247,7 @@ static int pool_allocate(kvq_server *s, struct srv_pool *p, uint32_t want_sealed
 fail:
 	if (r != -ENOSPC && !(err && *err))
 		kvq_seterr(err, errlen, "%s", strerror(-r));
-	kvq_prefix_free(p->prefix);
-	p->prefix = NULL;
-	kvq_pool_free(p->pool);
-	p->pool = NULL;
-	kvq_backend_mem_destroy(&p->mem);
-	kvq_layout_free(p->L);
-	p->L = NULL;
+	pool_release(p);
 	return r;
 }
 
@@ -245,10 +255,7 @@ static void pool_free(struct srv_pool *p)
 {
 	if (!p)
 		return;
-	kvq_prefix_free(p->prefix);
-	kvq_pool_free(p->pool);
-	kvq_backend_mem_destroy(&p->mem);
-	kvq_layout_free(p->L);
+	pool_release(p);
 	free(p);
 }
 
@@ -579,6 +586,9 @@ struct reply {
 		Kvq__ReleaseReply release;
 		Kvq__ForkReply fork;
 		Kvq__StatsReply stats;
+		Kvq__EvictReply evict;
+		Kvq__PoolAddReply pool_add;
+		Kvq__PoolDropReply pool_drop;
 	} u;
 	int fd;
 	void *mem[4];          /* freed after sending */
@@ -1097,43 +1107,96 @@ static int do_fork(struct srv_conn *c, const Kvq__Fork *q, struct reply *r, char
 	return 0;
 }
 
-static void fill_pool_stats(const struct srv_pool *p, Kvq__PoolStats *o)
+static void pool_info(const struct srv_pool *p, struct kvq_server_pool_info *o)
 {
-	struct kvq_pool_stats st;
-
-	kvq__pool_stats__init(o);
-	kvq_pool_stats(p->pool, &st);
-	o->name = (char *)p->name;
-	o->model_id = (char *)p->model;
-	o->policy = (char *)p->policy_str;
-	o->backend = (char *)p->backend->name;
+	memset(o, 0, sizeof(*o));
+	kvq_pool_stats(p->pool, &o->st);
+	o->name = p->name;
+	o->model = p->model;
+	o->policy = p->policy_str;
+	o->backend = p->backend->name;
 	o->device = p->backend == &kvq_backend_host ? -1 : p->device;
 	o->layers = p->L->layers;
 	o->kv_heads = p->L->kv_heads;
 	o->head_dim = p->L->head_dim;
 	o->block_tokens = p->L->block_tokens;
 	o->window = p->L->window;
+	o->act = p->L->act;
 	o->total_bytes = p->L->total_bytes;
-	o->n_sealed = st.n_sealed;
-	o->n_open = st.n_open;
-	o->sealed_free = st.sealed_free;
-	o->sealed_reserved = st.sealed_reserved;
-	o->sealed_held = st.sealed_private;
-	o->cached = st.sealed_cached;
-	o->referenced = st.cached_referenced;
-	o->open_used = st.open_used;
+	o->sealed_block_bytes = p->L->sealed_block_bytes;
+	o->open_block_bytes = p->L->open_block_bytes;
+	o->device_memory = p->device_memory;
 	o->lookup_tokens = p->lookup_tokens;
 	o->hit_tokens = p->hit_tokens;
-	o->evictions = st.evictions;
-	o->alloc_failures = st.alloc_failures + p->alloc_failures;
+	o->alloc_failures = o->st.alloc_failures + p->alloc_failures;
 	o->clients = p->clients;
+}
+
+static void fill_pool_stats(const struct srv_pool *p, Kvq__PoolStats *o)
+{
+	struct kvq_server_pool_info i;
+
+	pool_info(p, &i);
+	kvq__pool_stats__init(o);
+	o->name = (char *)i.name;
+	o->model_id = (char *)i.model;
+	o->policy = (char *)i.policy;
+	o->backend = (char *)i.backend;
+	o->device = i.device;
+	o->layers = i.layers;
+	o->kv_heads = i.kv_heads;
+	o->head_dim = i.head_dim;
+	o->block_tokens = i.block_tokens;
+	o->window = i.window;
+	o->act = (Kvq__DType)i.act;
+	o->total_bytes = i.total_bytes;
+	o->sealed_block_bytes = i.sealed_block_bytes;
+	o->open_block_bytes = i.open_block_bytes;
+	o->device_memory = i.device_memory;
+	o->n_sealed = i.st.n_sealed;
+	o->n_open = i.st.n_open;
+	o->sealed_free = i.st.sealed_free;
+	o->sealed_reserved = i.st.sealed_reserved;
+	o->sealed_held = i.st.sealed_private;
+	o->cached = i.st.sealed_cached;
+	o->referenced = i.st.cached_referenced;
+	o->open_used = i.st.open_used;
+	o->lookup_tokens = i.lookup_tokens;
+	o->hit_tokens = i.hit_tokens;
+	o->evictions = i.st.evictions;
+	o->alloc_failures = i.alloc_failures;
+	o->clients = i.clients;
+}
+
+static void fill_client_stats(const struct srv_conn *c, bool exiting, Kvq__ClientStats *o)
+{
+	kvq__client_stats__init(o);
+	o->id = c->id;
+	o->name = (char *)c->name;
+	o->pid = (uint32_t)c->pid;
+	o->uid = (uint32_t)c->uid;
+	o->pool = (char *)(c->pool ? c->pool->name : "");
+	o->exiting = exiting;
+	if (c->pool && c->lease) {
+		o->sealed_blocks = kvq_session_n_sealed(c->lease);
+		o->open_blocks = kvq_session_n_open(c->lease);
+		o->bytes = lease_bytes(c->pool, c->lease);
+	}
+}
+
+/* Whether the caller sees pool p in Stats (and may name it in Evict). */
+static bool pool_visible(const struct srv_conn *c, const struct srv_pool *p)
+{
+	return p->allocated && acl_ok(c, &p->acl);
 }
 
 static int do_stats(struct srv_conn *c, const Kvq__Stats *q, struct reply *r, char *err, size_t errlen)
 {
 	kvq_server *s = c->srv;
-	size_t n = 0, k = 0;
+	const struct srv_conn *lists[2] = { s->conns, s->dying };
+	size_t n = 0, k = 0, nc = 0, kc = 0;
 	Kvq__PoolStats *st, **pst;
+	Kvq__ClientStats *cs, **pcs;
 	struct timespec now;
 
 	for (struct srv_pool *p = s->pools; p; p = p->next)
@@ -1146,33 +1209,223 @@ static int do_stats(struct srv_conn *c, const Kvq__Stats *q, struct reply *r, ch
 		if (!acl_ok(c, &p->acl))
 			return kvq_seterr(err, errlen, "pool %s refuses uid %u", p->name, (unsigned)c->uid), -EACCES;
 	}
+	nc = s->n_conns;
 	st = calloc(n + 1, sizeof(*st));
 	pst = calloc(n + 1, sizeof(*pst));
-	if (!st || !pst) {
+	cs = calloc(nc + 1, sizeof(*cs));
+	pcs = calloc(nc + 1, sizeof(*pcs));
+	if (!st || !pst || !cs || !pcs) {
 		free(st);
 		free(pst);
+		free(cs);
+		free(pcs);
 		return -ENOMEM;
 	}
 	for (struct srv_pool *p = s->pools; p; p = p->next) {
-		if (!p->allocated || !acl_ok(c, &p->acl) || (q->pool[0] && strcmp(q->pool, p->name)))
+		if (!pool_visible(c, p) || (q->pool[0] && strcmp(q->pool, p->name)))
 			continue;
 		fill_pool_stats(p, &st[k]);
 		pst[k] = &st[k];
 		k++;
 	}
+	/* clients of the pools listed, and the caller itself: who else is
+	 * connected to a pool the caller cannot see is none of its business */
+	for (int l = 0; l < 2; l++)
+		for (const struct srv_conn *o = lists[l]; o && kc < nc && kc < KVQ_PROTO_MAX_CLIENTS; o = o->next) {
+			if (o != c && !(o->pool && pool_visible(c, o->pool) &&
+					(!q->pool[0] || !strcmp(q->pool, o->pool->name))))
+				continue;
+			fill_client_stats(o, l == 1, &cs[kc]);
+			pcs[kc] = &cs[kc];
+			kc++;
+		}
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	kvq__stats_reply__init(&r->u.stats);
 	r->u.stats.daemon_version = (char *)daemon_version;
 	r->u.stats.uptime_ms = (uint64_t)(now.tv_sec - s->started.tv_sec) * 1000 +
 			       (uint64_t)((now.tv_nsec - s->started.tv_nsec) / 1000000);
 	r->u.stats.backend = (char *)s->backend->name;
+	r->u.stats.device = s->backend == &kvq_backend_host ? -1 : s->device;
 	r->u.stats.n_pools = k;
 	r->u.stats.pools = pst;
+	r->u.stats.n_clients = kc;
+	r->u.stats.clients = pcs;
 	r->mem[0] = st;
 	r->mem[1] = pst;
+	r->mem[2] = cs;
+	r->mem[3] = pcs;
 	r->e.body_case = KVQ__ENVELOPE__BODY_STATS_REPLY;
 	r->e.stats_reply = &r->u.stats;
 	return 0;
+}
+
+/* ---------------------------------------------------------------- admin requests */
+
+/* Root, and whoever admin_uids / admin_gids name (by default the daemon's
+ * own user): admin requests change what every client of a pool sees. */
+static bool is_admin(const struct srv_conn *c)
+{
+	return c->uid == 0 || acl_ok(c, &c->srv->cfg->admin_acl);
+}
+
+static int admin_check(const struct srv_conn *c, const char *what, char *err, size_t errlen)
+{
+	if (is_admin(c))
+		return 0;
+	kvq_seterr(err, errlen, "%s needs root or admin rights (kvqd.conf admin_uids, admin_gids); uid %u has none",
+		   what, (unsigned)c->uid);
+	return -EPERM;
+}
+
+/* A pool the caller may name in an admin request: hidden pools read as
+ * absent, so the reply does not tell which names exist. */
+static int admin_pool(struct srv_conn *c, const char *name, struct srv_pool **ret, char *err, size_t errlen)
+{
+	struct srv_pool *p = pool_find(c->srv, name);
+
+	if (!p || !pool_visible(c, p))
+		return kvq_seterr(err, errlen, "no pool %s", name), -ENOENT;
+	*ret = p;
+	return 0;
+}
+
+static int do_evict(struct srv_conn *c, const Kvq__Evict *q, struct reply *r, char *err, size_t errlen)
+{
+	struct srv_pool *p = NULL;
+	uint32_t want, n = 0;
+	int ret;
+
+	ret = admin_check(c, "evict", err, errlen);
+	if (ret == 0)
+		ret = admin_pool(c, q->pool, &p, err, errlen);
+	if (ret < 0)
+		return ret;
+	want = kvq_prefix_evictable(p->prefix);
+	if (q->blocks && q->blocks < want)
+		want = q->blocks;
+	kvq_prefix_evict(p->prefix, want, NULL, &n);
+	kvq_log(LOG_NOTICE, "pool %s: uid %u evicted %u cached blocks", p->name, (unsigned)c->uid, n);
+	kvq__evict_reply__init(&r->u.evict);
+	r->u.evict.evicted = n;
+	r->e.body_case = KVQ__ENVELOPE__BODY_EVICT_REPLY;
+	r->e.evict_reply = &r->u.evict;
+	return 0;
+}
+
+static int do_pool_add(struct srv_conn *c, const Kvq__PoolAdd *q, struct reply *r, char *err, size_t errlen)
+{
+	kvq_server *s = c->srv;
+	const Kvq__Attach *a = q->spec;
+	struct srv_pool *p = NULL;
+	Kvq__PoolStats *st;
+	int ret;
+
+	ret = admin_check(c, "adding a pool", err, errlen);
+	if (ret < 0)
+		return ret;
+	if (pool_find(s, a->pool))
+		return kvq_seterr(err, errlen, "pool %s exists", a->pool), -EEXIST;
+	if (a->layout_version != KVQ_LAYOUT_VERSION)
+		return kvq_seterr(err, errlen, "layout version %u, this daemon has %u", a->layout_version,
+				  KVQ_LAYOUT_VERSION), KVQ_ELAYOUT;
+	ret = pool_from_attach(s, a, c->uid, &p, err, errlen);
+	if (ret < 0)
+		return ret;
+	if (q->n_acl_uids || q->n_acl_gids) {
+		p->acl.n_uids = p->acl.n_gids = 0;
+		p->acl.uids[p->acl.n_uids++] = 0;
+		for (size_t i = 0; i < q->n_acl_uids; i++)
+			p->acl.uids[p->acl.n_uids++] = (uid_t)q->acl_uids[i];
+		for (size_t i = 0; i < q->n_acl_gids; i++)
+			p->acl.gids[p->acl.n_gids++] = (gid_t)q->acl_gids[i];
+	}
+	if (q->capacity)
+		p->capacity = (struct kvq_config_amount){ .kind = KVQ_AMOUNT_BYTES, .bytes = q->capacity };
+	st = calloc(1, sizeof(*st));
+	if (!st) {
+		free(p);
+		return -ENOMEM;
+	}
+	ret = pool_allocate(s, p, a->create->n_sealed, a->create->n_open, err, errlen);
+	if (ret < 0) {
+		free(st);
+		free(p);
+		return ret;
+	}
+	p->next = s->pools;
+	s->pools = p;
+	kvq_log(LOG_NOTICE, "pool %s added by uid %u", p->name, (unsigned)c->uid);
+	fill_pool_stats(p, st);
+	kvq__pool_add_reply__init(&r->u.pool_add);
+	r->u.pool_add.pool = st;
+	r->mem[0] = st;
+	r->e.body_case = KVQ__ENVELOPE__BODY_POOL_ADD_REPLY;
+	r->e.pool_add_reply = &r->u.pool_add;
+	return 0;
+}
+
+static int do_pool_drop(struct srv_conn *c, const Kvq__PoolDrop *q, struct reply *r, char *err, size_t errlen)
+{
+	kvq_server *s = c->srv;
+	struct srv_pool *p = NULL;
+	int ret;
+
+	ret = admin_check(c, "dropping a pool", err, errlen);
+	if (ret == 0)
+		ret = admin_pool(c, q->pool, &p, err, errlen);
+	if (ret < 0)
+		return ret;
+	/* exiting clients count too: their GPU work may still touch the memory */
+	if (p->clients)
+		return kvq_seterr(err, errlen, "pool %s has %u clients attached", p->name, p->clients), -EBUSY;
+	if (kvq_config_find_pool(s->cfg, p->name)) {
+		/* a configured pool keeps its record: the next attach allocates it again */
+		pool_release(p);
+	} else {
+		for (struct srv_pool **pp = &s->pools; *pp; pp = &(*pp)->next)
+			if (*pp == p) {
+				*pp = p->next;
+				break;
+			}
+		pool_free(p);
+	}
+	kvq_log(LOG_NOTICE, "pool %s dropped by uid %u", q->pool, (unsigned)c->uid);
+	kvq__pool_drop_reply__init(&r->u.pool_drop);
+	r->e.body_case = KVQ__ENVELOPE__BODY_POOL_DROP_REPLY;
+	r->e.pool_drop_reply = &r->u.pool_drop;
+	return 0;
+}
+
+static const char *const req_names[KVQ_REQ_COUNT] = {
+	[KVQ_REQ_HELLO] = "hello", [KVQ_REQ_ATTACH] = "attach", [KVQ_REQ_ALLOC] = "alloc",
+	[KVQ_REQ_SEAL] = "seal", [KVQ_REQ_PUBLISH] = "publish", [KVQ_REQ_LOOKUP] = "lookup",
+	[KVQ_REQ_RELEASE] = "release", [KVQ_REQ_FORK] = "fork", [KVQ_REQ_STATS] = "stats",
+	[KVQ_REQ_EVICT] = "evict", [KVQ_REQ_POOL_ADD] = "pool_add", [KVQ_REQ_POOL_DROP] = "pool_drop",
+	[KVQ_REQ_OTHER] = "other",
+};
+
+const char *kvq_server_req_name(int req)
+{
+	return req >= 0 && req < KVQ_REQ_COUNT ? req_names[req] : NULL;
+}
+
+static int req_type(Kvq__Envelope__BodyCase b)
+{
+	switch (b) {
+	case KVQ__ENVELOPE__BODY_HELLO: return KVQ_REQ_HELLO;
+	case KVQ__ENVELOPE__BODY_ATTACH: return KVQ_REQ_ATTACH;
+	case KVQ__ENVELOPE__BODY_ALLOC: return KVQ_REQ_ALLOC;
+	case KVQ__ENVELOPE__BODY_SEAL: return KVQ_REQ_SEAL;
+	case KVQ__ENVELOPE__BODY_PUBLISH: return KVQ_REQ_PUBLISH;
+	case KVQ__ENVELOPE__BODY_LOOKUP: return KVQ_REQ_LOOKUP;
+	case KVQ__ENVELOPE__BODY_RELEASE: return KVQ_REQ_RELEASE;
+	case KVQ__ENVELOPE__BODY_FORK: return KVQ_REQ_FORK;
+	case KVQ__ENVELOPE__BODY_STATS: return KVQ_REQ_STATS;
+	case KVQ__ENVELOPE__BODY_EVICT: return KVQ_REQ_EVICT;
+	case KVQ__ENVELOPE__BODY_POOL_ADD: return KVQ_REQ_POOL_ADD;
+	case KVQ__ENVELOPE__BODY_POOL_DROP: return KVQ_REQ_POOL_DROP;
+	default: return KVQ_REQ_OTHER;
+	}
 }
 
 /* One frame of c; returns 0, or -1 when c was closed. */
@@ -1181,8 +1434,10 @@ static int conn_handle(struct srv_conn *c, const uint8_t *payload, size_t len)
 	Kvq__Envelope *req = NULL;
 	struct reply r;
 	char err[KVQ_PROTO_MAX_MESSAGE] = "";
+	struct timespec t0, t1;
 	int ret;
 
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	memset(&r, 0, sizeof(r));
 	kvq__envelope__init(&r.e);
 	r.fd = -1;
@@ -1217,6 +1472,15 @@ static int conn_handle(struct srv_conn *c, const uint8_t *payload, size_t len)
 		break;
 	case KVQ__ENVELOPE__BODY_ATTACH:
 		ret = do_attach(c, req->attach, &r, err, sizeof(err));
+		break;
+	case KVQ__ENVELOPE__BODY_EVICT:
+		ret = do_evict(c, req->evict, &r, err, sizeof(err));
+		break;
+	case KVQ__ENVELOPE__BODY_POOL_ADD:
+		ret = do_pool_add(c, req->pool_add, &r, err, sizeof(err));
+		break;
+	case KVQ__ENVELOPE__BODY_POOL_DROP:
+		ret = do_pool_drop(c, req->pool_drop, &r, err, sizeof(err));
 		break;
 	default:
 		if (!c->pool) {
@@ -1270,6 +1534,9 @@ reply:
 	}
 	if (r.close_after)
 		c->close_after_flush = true;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	kvq_metrics_observe(&c->srv->latency[req_type(req->body_case)],
+			    (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
 	reply_free(&r);
 	kvq_frame_envelope_free(req);
 	return 0;
@@ -1527,4 +1794,32 @@ void kvq_server_free(kvq_server *s)
 		pool_free(p);
 	}
 	free(s);
+}
+
+int kvq_server_pool_info(const kvq_server *s, uint32_t i, struct kvq_server_pool_info *ret)
+{
+	for (const struct srv_pool *p = s->pools; p; p = p->next) {
+		if (!p->allocated)
+			continue;
+		if (i-- == 0) {
+			pool_info(p, ret);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+void kvq_server_connections(const kvq_server *s, uint32_t *ret_live, uint32_t *ret_exiting)
+{
+	uint32_t dying = 0;
+
+	for (const struct srv_conn *c = s->dying; c; c = c->next)
+		dying++;
+	*ret_live = s->n_conns - dying;
+	*ret_exiting = dying;
+}
+
+const struct kvq_metrics_hist *kvq_server_latency(const kvq_server *s, int req)
+{
+	return req >= 0 && req < KVQ_REQ_COUNT ? &s->latency[req] : NULL;
 }

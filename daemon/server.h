@@ -17,6 +17,8 @@
 #include <event2/event.h>
 
 #include "config.h"
+#include "metrics.h"
+#include "pool.h"
 
 typedef struct kvq_server kvq_server;
 
@@ -49,6 +51,40 @@ void kvq_server_set_config(kvq_server *s, const struct kvq_config *config);
 
 /* One-line status for logs and sd_notify STATUS. */
 void kvq_server_status(const kvq_server *s, char *buf, size_t len);
+
+/* Request types as the latency histograms count them. */
+enum kvq_server_req {
+	KVQ_REQ_HELLO = 0, KVQ_REQ_ATTACH, KVQ_REQ_ALLOC, KVQ_REQ_SEAL, KVQ_REQ_PUBLISH, KVQ_REQ_LOOKUP,
+	KVQ_REQ_RELEASE, KVQ_REQ_FORK, KVQ_REQ_STATS, KVQ_REQ_EVICT, KVQ_REQ_POOL_ADD, KVQ_REQ_POOL_DROP,
+	KVQ_REQ_OTHER, KVQ_REQ_COUNT
+};
+
+/* Lower-case name of a request type ("alloc"). */
+const char *kvq_server_req_name(int req);
+
+/* One pool as the server has it, for Stats and the metrics. */
+struct kvq_server_pool_info {
+	const char *name, *model, *policy, *backend;
+	int device;                      /* -1 for host */
+	uint32_t layers, kv_heads, head_dim, block_tokens, window;
+	int act;
+	uint64_t total_bytes, sealed_block_bytes, open_block_bytes;
+	uint64_t device_memory;          /* of the pool's device (host: physical memory) */
+	struct kvq_pool_stats st;
+	uint64_t lookup_tokens, hit_tokens, alloc_failures;   /* alloc_failures: all refusals */
+	uint32_t clients;
+};
+
+/* The i-th allocated pool (0, 1, ... in the server's order).  Returns 0 and
+ * *ret (strings valid until the pool is dropped), or -ENOENT past the end. */
+int kvq_server_pool_info(const kvq_server *s, uint32_t i, struct kvq_server_pool_info *ret);
+
+/* Live connections, and connections closed whose exiting peer still holds
+ * a lease. */
+void kvq_server_connections(const kvq_server *s, uint32_t *ret_live, uint32_t *ret_exiting);
+
+/* Latency histogram of requests of type req (enum kvq_server_req), or NULL. */
+const struct kvq_metrics_hist *kvq_server_latency(const kvq_server *s, int req);
 
 /* Closes every connection, frees the pools, unlinks a socket it created.
  * NULL is fine. */

@@ -306,23 +306,46 @@ static int check_act(int act, const char *what, char *err, size_t errlen)
 			return r_;      \
 	} while (0)
 
+/* An Attach, or a PoolAdd's spec (what names the fields in messages). */
+static int check_attach(const Kvq__Attach *a, const char *what, char *err, size_t errlen)
+{
+	char f[48];
+
+	snprintf(f, sizeof(f), "%s.pool", what);
+	TRY(check_str(a->pool, KVQ_PROTO_MAX_NAME, 1, 0, f, err, errlen));
+	snprintf(f, sizeof(f), "%s.model_id", what);
+	TRY(check_str(a->model_id, KVQ_PROTO_MAX_MODEL_ID, 1, 0, f, err, errlen));
+	snprintf(f, sizeof(f), "%s.policy", what);
+	TRY(check_str(a->policy, KVQ_PROTO_MAX_POLICY, 1, 1, f, err, errlen));
+	snprintf(f, sizeof(f), "%s.act", what);
+	TRY(check_act(a->act, f, err, errlen));
+	snprintf(f, sizeof(f), "%s.create.backend", what);
+	if (a->create)
+		TRY(check_backend(a->create->backend, 1, f, err, errlen));
+	return 0;
+}
+
 static int check_request(const Kvq__Envelope *e, char *err, size_t errlen)
 {
 	switch (e->body_case) {
 	case KVQ__ENVELOPE__BODY_HELLO:
 		return check_str(e->hello->client_name, KVQ_PROTO_MAX_NAME, 1, 0, "hello.client_name", err,
 				 errlen);
-	case KVQ__ENVELOPE__BODY_ATTACH: {
-		const Kvq__Attach *a = e->attach;
+	case KVQ__ENVELOPE__BODY_ATTACH:
+		return check_attach(e->attach, "attach", err, errlen);
+	case KVQ__ENVELOPE__BODY_EVICT:
+		return check_str(e->evict->pool, KVQ_PROTO_MAX_NAME, 1, 0, "evict.pool", err, errlen);
+	case KVQ__ENVELOPE__BODY_POOL_ADD: {
+		const Kvq__PoolAdd *a = e->pool_add;
 
-		TRY(check_str(a->pool, KVQ_PROTO_MAX_NAME, 1, 0, "attach.pool", err, errlen));
-		TRY(check_str(a->model_id, KVQ_PROTO_MAX_MODEL_ID, 1, 0, "attach.model_id", err, errlen));
-		TRY(check_str(a->policy, KVQ_PROTO_MAX_POLICY, 1, 1, "attach.policy", err, errlen));
-		TRY(check_act(a->act, "attach.act", err, errlen));
-		if (a->create)
-			TRY(check_backend(a->create->backend, 1, "attach.create.backend", err, errlen));
-		return 0;
+		if (!a->spec || !a->spec->create)
+			return fail(-EINVAL, err, errlen, "pool_add: spec and spec.create are required");
+		TRY(check_attach(a->spec, "pool_add.spec", err, errlen));
+		TRY(check_count(a->n_acl_uids, KVQ_PROTO_MAX_ACL, "pool_add.acl_uids", err, errlen));
+		return check_count(a->n_acl_gids, KVQ_PROTO_MAX_ACL, "pool_add.acl_gids", err, errlen);
 	}
+	case KVQ__ENVELOPE__BODY_POOL_DROP:
+		return check_str(e->pool_drop->pool, KVQ_PROTO_MAX_NAME, 1, 0, "pool_drop.pool", err, errlen);
 	case KVQ__ENVELOPE__BODY_ALLOC:
 		return check_count((size_t)e->alloc->n_open + e->alloc->n_sealed, KVQ_PROTO_MAX_IDS,
 				   "alloc.n_open + alloc.n_sealed", err, errlen);
@@ -423,7 +446,13 @@ static int check_reply(const Kvq__Envelope *e, char *err, size_t errlen)
 	case KVQ__ENVELOPE__BODY_SEAL_REPLY:
 	case KVQ__ENVELOPE__BODY_RELEASE_REPLY:
 	case KVQ__ENVELOPE__BODY_FORK_REPLY:
+	case KVQ__ENVELOPE__BODY_EVICT_REPLY:
+	case KVQ__ENVELOPE__BODY_POOL_DROP_REPLY:
 		return 0;
+	case KVQ__ENVELOPE__BODY_POOL_ADD_REPLY:
+		if (!e->pool_add_reply->pool)
+			return fail(-EINVAL, err, errlen, "pool_add_reply: no pool");
+		return check_pool_stats(e->pool_add_reply->pool, err, errlen);
 	case KVQ__ENVELOPE__BODY_STATS_REPLY: {
 		const Kvq__StatsReply *s = e->stats_reply;
 
@@ -432,6 +461,11 @@ static int check_reply(const Kvq__Envelope *e, char *err, size_t errlen)
 		TRY(check_backend(s->backend, 0, "stats_reply.backend", err, errlen));
 		for (size_t i = 0; i < s->n_pools; i++)
 			TRY(check_pool_stats(s->pools[i], err, errlen));
+		TRY(check_count(s->n_clients, KVQ_PROTO_MAX_CLIENTS, "stats_reply.clients", err, errlen));
+		for (size_t i = 0; i < s->n_clients; i++) {
+			TRY(check_str(s->clients[i]->name, KVQ_PROTO_MAX_NAME, 0, 0, "clients[].name", err, errlen));
+			TRY(check_str(s->clients[i]->pool, KVQ_PROTO_MAX_NAME, 0, 0, "clients[].pool", err, errlen));
+		}
 		return 0;
 	}
 	default:

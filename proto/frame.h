@@ -33,6 +33,8 @@
 #define KVQ_PROTO_MAX_SALT 64u
 #define KVQ_PROTO_MAX_POLICY KVQ_POLICY_MAX_LEN
 #define KVQ_PROTO_MAX_MESSAGE 1024u     /* a reply's message */
+#define KVQ_PROTO_MAX_ACL 63u           /* uids, and gids, in a PoolAdd (root is added) */
+#define KVQ_PROTO_MAX_CLIENTS 1024u     /* clients in a StatsReply (the daemon's connection limit) */
 
 /*
  * Memory protobuf-c may allocate to unpack one envelope.  Unpacked size is

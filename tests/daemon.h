@@ -19,12 +19,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Starts kvqd with the given backend ("host" or "cuda"); fills dir (a new
- * temp directory named after tag), sock and bin.  Returns the daemon's pid,
- * or -1 when it could not start or did not listen within 5 s. */
+/* Starts kvqd with the given backend ("host" or "cuda") and extra lines for
+ * its [kvqd] section (NULL for none); fills dir (a new temp directory named
+ * after tag), sock and bin.  Returns the daemon's pid, or -1 when it could
+ * not start or did not listen within 5 s. */
 __attribute__((unused))
-static pid_t test_daemon_start(const char *backend, const char *tag, char *dir, size_t dirlen, char *sock,
-			       size_t socklen, char *bin, size_t binlen)
+static pid_t test_daemon_start_conf(const char *backend, const char *tag, const char *extra, char *dir,
+				    size_t dirlen, char *sock, size_t socklen, char *bin, size_t binlen)
 {
 	const char *top = getenv("top_builddir"), *env_bin = getenv("KVQ_TEST_KVQD");
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -41,7 +42,7 @@ static pid_t test_daemon_start(const char *backend, const char *tag, char *dir, 
 	if (!f)
 		return -1;
 	fprintf(f, "[kvqd]\nbackend = %s\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
-		   "log_level = %s\n", backend, getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning");
+		   "log_level = %s\n%s", backend, getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning", extra ? extra : "");
 	fclose(f);
 	if (env_bin)
 		snprintf(bin, binlen, "%s", env_bin);
@@ -74,6 +75,14 @@ static pid_t test_daemon_start(const char *backend, const char *tag, char *dir, 
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	return -1;
+}
+
+/* test_daemon_start_conf without extra lines. */
+__attribute__((unused))
+static pid_t test_daemon_start(const char *backend, const char *tag, char *dir, size_t dirlen, char *sock,
+			       size_t socklen, char *bin, size_t binlen)
+{
+	return test_daemon_start_conf(backend, tag, NULL, dir, dirlen, sock, socklen, bin, binlen);
 }
 
 #endif

@@ -4,7 +4,8 @@
 #   tools/dev.sh demo    install what is missing, build, run the main job: kvqd on a
 #                        temporary socket and two workers sharing a prompt prefix
 #   tools/dev.sh bench   install what is missing, build, run the format benchmark
-#   tools/dev.sh check   install what is missing, build, run the whole test suite
+#   tools/dev.sh check   install what is missing, build, run the whole test suite,
+#                        then make distcheck
 #   tools/dev.sh deps    only install the Debian packages the build needs
 # Builds go to build/ (and build-asan/ for the sanitizer run) beside this tree.
 set -euo pipefail
@@ -35,8 +36,10 @@ summary() {
 }
 trap summary EXIT
 
+# mandoc lints the man pages, systemd provides systemd-analyze and
+# systemd-sysusers for the install test (it need not run as PID 1)
 packages="build-essential autoconf automake libtool pkg-config libevent-dev libprotobuf-c-dev
-protobuf-c-compiler libsystemd-dev libssl-dev binutils"
+protobuf-c-compiler libsystemd-dev libssl-dev binutils mandoc systemd"
 
 deps() {
 	local missing=()
@@ -126,6 +129,8 @@ check)
 	stage "configure asan" configure_in build-asan --enable-werror --enable-asan --with-cuda=no --disable-shared
 	stage "build asan" make -C "$top/build-asan" -j"$jobs"
 	stage "unit tests under asan" make -C "$top/build-asan" -j"$jobs" check-unit
+	# the tarball builds, tests, installs and uninstalls on its own (without CUDA)
+	stage "make distcheck" make -C "$top/build" -j"$jobs" distcheck
 	;;
 *)
 	echo "usage: $0 demo|bench|check|deps" >&2

@@ -199,6 +199,19 @@ static const struct bad {
 	{ "[pool p]\nmodel = a\tb\n", "2: model id holds a control character" },
 	{ "[pool p]\nwindow_dtype = f32\n", "2: window_dtype 'f32' is not f16 or bf16" },
 	{ "[kvqd]\nquota_per_uid = 0\n", "2: quota_per_uid must not be 0" },
+	{ "[kvqd]\nadmin_gids = kvq-no-such-group-xyz\n", "2: no such group 'kvq-no-such-group-xyz'" },
+	{ "[pool p]\nadmin_uids = 0\n", "2: unknown key 'admin_uids' in [pool p]" },
+	{ "[kvqd]\nmetrics_listen = 0.0.0.0:9464\n",
+	  "2: metrics_listen '0.0.0.0:9464': 0.0.0.0 is not a loopback address (127.0.0.0/8)" },
+	{ "[kvqd]\nmetrics_listen = [::]:9464\n", "2: metrics_listen '[::]:9464': :: is not the loopback address ::1" },
+	{ "[kvqd]\nmetrics_listen = ::1:9464\n",
+	  "2: metrics_listen '::1:9464': '::1' is not an IPv4 address or a bracketed IPv6 address" },
+	{ "[kvqd]\nmetrics_listen = localhost:9464\n",
+	  "2: metrics_listen 'localhost:9464': 'localhost' is not an IPv4 address" },
+	{ "[kvqd]\nmetrics_listen = 127.0.0.1\n", "2: metrics_listen '127.0.0.1': not ADDRESS:PORT" },
+	{ "[kvqd]\nmetrics_listen = 127.0.0.1:0\n", "2: metrics_listen '127.0.0.1:0': port is not a number in 1-65535" },
+	{ "[kvqd]\nmetrics_listen = 127.0.0.1:65536\n",
+	  "2: metrics_listen '127.0.0.1:65536': port is not a number in 1-65535" },
 	/* 4 layers x (sealed slice: 2 heads x (2048 + 64 + 2048 + 64) + open: 2 heads x 2 x 32 x 64 x 2) */
 	{ "[pool p]\nmodel = m\nlayers = 4\nkv_heads = 2\nhead_dim = 64\npolicy = int8\ncapacity = 64K\n",
 	  "7: capacity 65536 bytes is less than one sealed block and one open window (99328 bytes)" },
@@ -433,8 +446,37 @@ static void test_files(void)
 	kvq_config_free(c);
 }
 
+/* Keys for operating kvqd: who is an admin, where the metrics listen. */
+static void test_operations(void)
+{
+	static const char text[] = "[kvqd]\nadmin_uids = 0, 4242\nadmin_gids = 77\nmetrics_listen = [::1]:9464\n";
+	struct kvq_config *c = NULL, *d = NULL;
+	char err[KVQ_CONFIG_MSG_MAX] = "", addr[64];
+	gid_t g77 = 77, g78 = 78;
+	uint16_t port = 0;
+
+	ok(kvq_config_parse_string(text, sizeof text - 1, "ops.conf", &c, err, sizeof err) == 0, "admin and metrics keys "
+	   "parse: %s", err);
+	if (c) {
+		ok(kvq_config_acl_allows(&c->admin_acl, 4242, &g78, 1) && kvq_config_acl_allows(&c->admin_acl, 1000, &g77, 1) &&
+		   !kvq_config_acl_allows(&c->admin_acl, 1000, &g78, 1), "admin_uids and admin_gids name the admins");
+		ok(!strcmp(c->metrics_listen, "[::1]:9464"), "metrics_listen kept as written");
+	}
+	ok(kvq_config_new(&d) == 0 && !d->metrics_listen[0] && kvq_config_acl_allows(&d->admin_acl, 0, &g78, 1) &&
+	   kvq_config_acl_allows(&d->admin_acl, geteuid(), &g78, 1) &&
+	   (geteuid() == 12345 || !kvq_config_acl_allows(&d->admin_acl, 12345, &g78, 1)),
+	   "defaults: no metrics; admins are root and kvqd's own user");
+	ok(kvq_config_parse_listen("127.1.2.3:80", addr, sizeof addr, &port, err, sizeof err) == 0 &&
+	   !strcmp(addr, "127.1.2.3") && port == 80, "127.0.0.0/8 is loopback");
+	ok(kvq_config_parse_listen("[::1]:9464", addr, sizeof addr, &port, err, sizeof err) == 0 && !strcmp(addr, "::1") &&
+	   port == 9464, "[::1] is loopback, brackets dropped");
+	kvq_config_free(c);
+	kvq_config_free(d);
+}
+
 int main(void)
 {
+	test_operations();
 	test_full();
 	test_errors();
 	test_limits();

@@ -1,0 +1,231 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Prometheus text exposition of kvqd's pools and requests (metrics.h). */
+#include <config.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+#include "server.h"
+
+/* A scrape is a small GET; anything larger is not one. */
+#define METRICS_MAX_HEADERS 8192
+#define METRICS_TIMEOUT_S 10
+
+const double kvq_metrics_bucket_le[KVQ_METRICS_BUCKETS] = {
+	0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0,
+};
+
+struct kvq_metrics {
+	struct evhttp *http;
+	kvq_server *server;
+};
+
+void kvq_metrics_observe(struct kvq_metrics_hist *h, double seconds)
+{
+	int i = 0;
+
+	while (i < KVQ_METRICS_BUCKETS && seconds > kvq_metrics_bucket_le[i])
+		i++;
+	if (i < KVQ_METRICS_BUCKETS)
+		h->bucket[i]++;
+	h->count++;
+	h->sum += seconds;
+}
+
+/* One family's HELP and TYPE lines. */
+static void family(struct evbuffer *b, const char *name, const char *type, const char *help)
+{
+	evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Pool names are [A-Za-z0-9._-] (config) or printable ASCII without blanks
+ * (protocol): only '"' and '\\' need escaping in a label value. */
+static void label(struct evbuffer *b, const char *v)
+{
+	for (; *v; v++) {
+		if (*v == '"' || *v == '\\')
+			evbuffer_add(b, "\\", 1);
+		evbuffer_add(b, v, 1);
+	}
+}
+
+/* NAME{pool="P"[,EXTRA]} VALUE */
+static void sample(struct evbuffer *b, const char *name, const char *pool, const char *extra, uint64_t v)
+{
+	evbuffer_add_printf(b, "%s{pool=\"", name);
+	label(b, pool);
+	evbuffer_add_printf(b, "\"%s%s} %llu\n", extra ? "," : "", extra ? extra : "", (unsigned long long)v);
+}
+
+struct pool_metric {
+	const char *name, *type, *help;
+	uint64_t (*get)(const struct kvq_server_pool_info *i);
+};
+
+#define GET(fn, expr) \
+	static uint64_t fn(const struct kvq_server_pool_info *i) { return (expr); }
+GET(get_capacity, i->total_bytes)
+GET(get_device_memory, i->device_memory)
+GET(get_bytes_per_token, i->sealed_block_bytes / i->block_tokens)
+GET(get_slots_sealed, i->st.n_sealed)
+GET(get_slots_open, i->st.n_open)
+GET(get_lookup, i->lookup_tokens)
+GET(get_hit, i->hit_tokens)
+GET(get_evictions, i->st.evictions)
+GET(get_alloc_failures, i->alloc_failures)
+GET(get_clients, i->clients)
+#undef GET
+
+static const struct pool_metric pool_metrics[] = {
+	{ "kvq_pool_capacity_bytes", "gauge", "Bytes of the pool's layout.", get_capacity },
+	{ "kvq_pool_device_memory_bytes", "gauge", "Memory of the pool's device (host: physical memory).",
+	  get_device_memory },
+	{ "kvq_pool_sealed_bytes_per_token", "gauge", "Bytes one sealed token takes over all layers, scales included.",
+	  get_bytes_per_token },
+	{ "kvq_pool_sealed_slots", "gauge", "Sealed slots of the pool.", get_slots_sealed },
+	{ "kvq_pool_open_slots", "gauge", "Open slots of the pool.", get_slots_open },
+	{ "kvq_prefix_lookup_tokens_total", "counter", "Tokens prefix lookups asked for.", get_lookup },
+	{ "kvq_prefix_hit_tokens_total", "counter", "Tokens prefix lookups found cached.", get_hit },
+	{ "kvq_evictions_total", "counter", "Cached blocks evicted.", get_evictions },
+	{ "kvq_alloc_failures_total", "counter", "Allocations refused for lack of room.", get_alloc_failures },
+	{ "kvq_pool_clients", "gauge", "Connections attached to the pool.", get_clients },
+};
+
+static void write_metrics(kvq_server *s, struct evbuffer *b)
+{
+	struct kvq_server_pool_info i;
+	uint32_t live, exiting;
+	char extra[64];
+
+	family(b, "kvq_build_info", "gauge", "kvqd's version (the value is 1).");
+	evbuffer_add_printf(b, "kvq_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
+	kvq_server_connections(s, &live, &exiting);
+	family(b, "kvq_connections", "gauge", "Client connections: live, or closed with an exiting peer's lease kept.");
+	evbuffer_add_printf(b, "kvq_connections{state=\"live\"} %u\nkvq_connections{state=\"exiting\"} %u\n", live,
+			    exiting);
+
+	family(b, "kvq_blocks", "gauge", "Slots of each pool by state (sealed: free, reserved, held, cached; "
+		  "cached and referenced; open: used, free).");
+	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+		static const char *const states[] = { "free", "reserved", "held", "cached", "referenced",
+						      "open_used", "open_free" };
+		const uint64_t v[] = { i.st.sealed_free, i.st.sealed_reserved, i.st.sealed_private, i.st.sealed_cached,
+				       i.st.cached_referenced, i.st.open_used, i.st.open_free };
+
+		for (size_t j = 0; j < sizeof(v) / sizeof(v[0]); j++) {
+			snprintf(extra, sizeof(extra), "state=\"%s\"", states[j]);
+			sample(b, "kvq_blocks", i.name, extra, v[j]);
+		}
+	}
+	family(b, "kvq_pool_bytes", "gauge", "Bytes of each pool's slots by state (sealed: held, cached, "
+		  "reserved; open: used).");
+	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+		snprintf(extra, sizeof(extra), "state=\"held\"");
+		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_private * i.sealed_block_bytes);
+		snprintf(extra, sizeof(extra), "state=\"cached\"");
+		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_cached * i.sealed_block_bytes);
+		snprintf(extra, sizeof(extra), "state=\"reserved\"");
+		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_reserved * i.sealed_block_bytes);
+		snprintf(extra, sizeof(extra), "state=\"open\"");
+		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.open_used * i.open_block_bytes);
+	}
+	for (size_t m = 0; m < sizeof(pool_metrics) / sizeof(pool_metrics[0]); m++) {
+		family(b, pool_metrics[m].name, pool_metrics[m].type, pool_metrics[m].help);
+		for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++)
+			sample(b, pool_metrics[m].name, i.name, NULL, pool_metrics[m].get(&i));
+	}
+
+	family(b, "kvq_request_duration_seconds", "histogram",
+	       "Time from a request's arrival to its reply being queued, by request type.");
+	for (int r = 0; r < KVQ_REQ_COUNT; r++) {
+		const struct kvq_metrics_hist *h = kvq_server_latency(s, r);
+		const char *name = kvq_server_req_name(r);
+		uint64_t cum = 0;
+
+		for (int j = 0; j < KVQ_METRICS_BUCKETS; j++) {
+			cum += h->bucket[j];
+			evbuffer_add_printf(b, "kvq_request_duration_seconds_bucket{request=\"%s\",le=\"%g\"} %llu\n",
+					    name, kvq_metrics_bucket_le[j], (unsigned long long)cum);
+		}
+		evbuffer_add_printf(b, "kvq_request_duration_seconds_bucket{request=\"%s\",le=\"+Inf\"} %llu\n"
+				    "kvq_request_duration_seconds_sum{request=\"%s\"} %.9f\n"
+				    "kvq_request_duration_seconds_count{request=\"%s\"} %llu\n",
+				    name, (unsigned long long)h->count, name, h->sum, name,
+				    (unsigned long long)h->count);
+	}
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+	kvq_metrics *m = arg;
+	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+	struct evbuffer *b;
+
+	if (!path || strcmp(path, "/metrics")) {
+		evhttp_send_error(req, HTTP_NOTFOUND, "kvqd serves /metrics only");
+		return;
+	}
+	b = evbuffer_new();
+	if (!b) {
+		evhttp_send_error(req, HTTP_INTERNAL, NULL);
+		return;
+	}
+	write_metrics(m->server, b);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+			  "text/plain; version=0.0.4; charset=utf-8");
+	evhttp_send_reply(req, HTTP_OK, "OK", b);
+	evbuffer_free(b);
+}
+
+int kvq_metrics_new(struct event_base *base, struct kvq_server *server, const char *listen, kvq_metrics **ret,
+		    char *err, size_t errlen)
+{
+	char addr[KVQ_CONFIG_LISTEN_MAX + 1];
+	kvq_metrics *m;
+	uint16_t port;
+	int r;
+
+	r = kvq_config_parse_listen(listen, addr, sizeof(addr), &port, err, errlen);
+	if (r < 0)
+		return r;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->server = server;
+	m->http = evhttp_new(base);
+	if (!m->http) {
+		free(m);
+		return kvq_seterr(err, errlen, "metrics: cannot create the HTTP server"), -ENOMEM;
+	}
+	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+	evhttp_set_max_headers_size(m->http, METRICS_MAX_HEADERS);
+	evhttp_set_max_body_size(m->http, 0);
+	evhttp_set_timeout(m->http, METRICS_TIMEOUT_S);
+	evhttp_set_gencb(m->http, on_request, m);
+	if (evhttp_bind_socket(m->http, addr, port) < 0) {
+		r = errno ? -errno : -EADDRNOTAVAIL;
+		kvq_seterr(err, errlen, "metrics: cannot listen on %s: %s", listen, strerror(-r));
+		kvq_metrics_free(m);
+		return r;
+	}
+	*ret = m;
+	return 0;
+}
+
+void kvq_metrics_free(kvq_metrics *m)
+{
+	if (!m)
+		return;
+	if (m->http)
+		evhttp_free(m->http);
+	free(m);
+}

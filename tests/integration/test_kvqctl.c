@@ -1,0 +1,594 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Integration test of the operator's view: a real kvqd with metrics on a
+ * loopback port, libkvq clients that publish and look up blocks, and the
+ * kvqctl binary run as a new user would run it.  Each figure kvqctl and the
+ * metrics report is compared with what the clients did.
+ *
+ * KVQ_TEST_KVQD names the kvqd binary, KVQ_TEST_KVQCTL the kvqctl binary
+ * (defaults: $top_builddir/daemon/kvqd, $top_builddir/client/kvqctl).
+ */
+#include <config.h>
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <grp.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../tap.h"
+#include "../daemon.h"
+#include "kvq.h"
+#include "layout.h"
+
+#define L_ 2
+#define H_ 2
+#define D_ 32
+#define B_ 16
+#define NB 3                       /* blocks published */
+#define POOL "ctl"
+#define MODEL "test/ctl@1"
+#define OUT_MAX (1 << 20)
+
+static char sock_path[108], tmpdir[64], daemon_bin[512], ctl_bin[512];
+
+struct run {
+	int status;                  /* exit code, or -1 */
+	char out[OUT_MAX], err[4096];
+};
+
+static struct run R;
+
+/* Runs kvqctl with args (NULL-terminated) as uid (or the caller: -1);
+ * fills R.  Returns the exit code. */
+static int kvqctl_as(int uid, const char *const *args)
+{
+	const char *argv[32];
+	int po[2], pe[2], st = 0, n = 0;
+	size_t lo = 0, le = 0;
+	pid_t pid;
+
+	argv[n++] = ctl_bin;
+	for (; *args && n < 31; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+	memset(&R, 0, sizeof(R));
+	R.status = -1;
+	if (pipe(po) < 0 || pipe(pe) < 0)
+		return -1;
+	pid = fork();
+	if (pid == 0) {
+		dup2(po[1], 1);
+		dup2(pe[1], 2);
+		close(po[0]);
+		close(pe[0]);
+		if (uid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid((uid_t)uid) < 0))
+			_exit(120);
+		execv(ctl_bin, (char *const *)argv);
+		_exit(127);
+	}
+	close(po[1]);
+	close(pe[1]);
+	for (;;) {
+		struct pollfd p[2] = { { .fd = po[0], .events = POLLIN }, { .fd = pe[0], .events = POLLIN } };
+		ssize_t k;
+
+		if (p[0].fd < 0 && p[1].fd < 0)
+			break;
+		if (poll(p, 2, 10000) <= 0)
+			break;
+		if (p[0].revents) {
+			k = read(po[0], R.out + lo, sizeof(R.out) - 1 - lo);
+			if (k <= 0) {
+				close(po[0]);
+				po[0] = -1;
+			} else
+				lo += (size_t)k;
+		}
+		if (p[1].revents) {
+			k = read(pe[0], R.err + le, sizeof(R.err) - 1 - le);
+			if (k <= 0) {
+				close(pe[0]);
+				pe[0] = -1;
+			} else
+				le += (size_t)k;
+		}
+		if (po[0] < 0 && pe[0] < 0)
+			break;
+	}
+	if (po[0] >= 0)
+		close(po[0]);
+	if (pe[0] >= 0)
+		close(pe[0]);
+	waitpid(pid, &st, 0);
+	R.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return R.status;
+}
+
+#define KVQCTL(...) kvqctl_as(-1, (const char *const[]){ "--socket", sock_path, __VA_ARGS__, NULL })
+#define KVQCTL_NOBODY(...) kvqctl_as(65534, (const char *const[]){ "--socket", sock_path, __VA_ARGS__, NULL })
+
+/* The number after "key": at or after from in a JSON text (NAN if none). */
+static double jnum(const char *doc, const char *from, const char *key)
+{
+	char pat[96];
+	const char *p = from ? strstr(doc, from) : doc;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	if (!p || !(p = strstr(p, pat)))
+		return NAN;
+	return strtod(p + strlen(pat), NULL);
+}
+
+/* One JSON document: balanced brackets outside strings, ending in a newline,
+ * nothing after it. */
+static bool json_shape(const char *s)
+{
+	int depth = 0;
+	bool in_str = false;
+	size_t n = strlen(s);
+
+	if (n < 3 || s[0] != '{' || s[n - 1] != '\n')
+		return false;
+	for (size_t i = 0; i + 1 < n; i++) {
+		char c = s[i];
+
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = false;
+			continue;
+		}
+		if (c == '"')
+			in_str = true;
+		else if (c == '{' || c == '[')
+			depth++;
+		else if (c == '}' || c == ']') {
+			if (--depth < 0)
+				return false;
+			if (depth == 0 && i + 2 != n)
+				return false;
+		}
+	}
+	return depth == 0 && !in_str;
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+static int free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/* GET path on 127.0.0.1:port; the whole response (headers and body) into
+ * buf.  Returns its length or -1. */
+static ssize_t http_get(int port, const char *path, char *buf, size_t len)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	char req[256];
+	size_t got = 0;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+	if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(fd);
+		return -1;
+	}
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t k;
+
+		if (poll(&p, 1, 5000) <= 0)
+			break;
+		k = read(fd, buf + got, len - 1 - got);
+		if (k <= 0)
+			break;
+		got += (size_t)k;
+	}
+	close(fd);
+	buf[got] = 0;
+	return (ssize_t)got;
+}
+
+static bool metric_name(const char **p)
+{
+	const char *s = *p;
+
+	if (!isalpha((unsigned char)*s) && *s != '_' && *s != ':')
+		return false;
+	while (isalnum((unsigned char)*s) || *s == '_' || *s == ':')
+		s++;
+	*p = s;
+	return true;
+}
+
+/* A value: a float, +Inf, -Inf or NaN. */
+static bool metric_value(const char *s)
+{
+	char *end;
+
+	if (!strcmp(s, "+Inf") || !strcmp(s, "-Inf") || !strcmp(s, "NaN"))
+		return true;
+	strtod(s, &end);
+	return end != s && *end == 0;
+}
+
+#define MAX_FAMILIES 64
+
+/*
+ * Parses a text exposition line by line (Prometheus text format 0.0.4):
+ * "# HELP name text", "# TYPE name counter|gauge|histogram|summary|untyped",
+ * and samples "name{label="value",...} value"; every sample belongs to a
+ * family whose TYPE came first (histograms: _bucket, _sum, _count), each
+ * family's samples are contiguous, and bucket counts never fall.  Returns
+ * the number of samples, or -(line number) of the first bad line.
+ */
+static int parse_exposition(char *body)
+{
+	char fam[MAX_FAMILIES][96], type[MAX_FAMILIES][16], last[96] = "";
+	int nfam = 0, samples = 0, line = 0;
+	double prev_bucket = -1;
+
+	for (char *save = NULL, *l = strtok_r(body, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+		const char *p = l, *name;
+		char base[96], value[64];
+		int f = -1;
+		size_t n;
+
+		line++;
+		if (!strncmp(l, "# HELP ", 7) || !strncmp(l, "# TYPE ", 7)) {
+			bool is_type = l[2] == 'T';
+
+			p = l + 7;
+			name = p;
+			if (!metric_name(&p) || *p != ' ' || (size_t)(p - name) >= sizeof(base))
+				return -line;
+			if (is_type) {
+				const char *t = p + 1;
+
+				if (strcmp(t, "counter") && strcmp(t, "gauge") && strcmp(t, "histogram") &&
+				    strcmp(t, "summary") && strcmp(t, "untyped"))
+					return -line;
+				if (nfam >= MAX_FAMILIES)
+					return -line;
+				for (int i = 0; i < nfam; i++)
+					if (strlen(fam[i]) == (size_t)(p - name) && !strncmp(fam[i], name, (size_t)(p - name)))
+						return -line;     /* a family declared twice */
+				snprintf(fam[nfam], sizeof(fam[0]), "%.*s", (int)(p - name), name);
+				snprintf(type[nfam], sizeof(type[0]), "%s", t);
+				nfam++;
+			}
+			continue;
+		}
+		if (l[0] == '#')
+			continue;
+		name = p;
+		if (!metric_name(&p) || (size_t)(p - name) >= sizeof(base))
+			return -line;
+		snprintf(base, sizeof(base), "%.*s", (int)(p - name), name);
+		if (*p == '{') {
+			p++;
+			while (*p != '}') {
+				const char *ln = p;
+
+				if (!metric_name(&ln) || *ln != '=' || ln[1] != '"')
+					return -line;
+				p = ln + 2;
+				while (*p && *p != '"') {
+					if (*p == '\\') {
+						if (p[1] != '\\' && p[1] != '"' && p[1] != 'n')
+							return -line;
+						p++;
+					}
+					p++;
+				}
+				if (*p != '"')
+					return -line;
+				p++;
+				if (*p == ',')
+					p++;
+				else if (*p != '}')
+					return -line;
+			}
+			p++;
+		}
+		if (*p != ' ')
+			return -line;
+		p++;
+		n = strcspn(p, " ");
+		if (n == 0 || n >= sizeof(value))
+			return -line;
+		snprintf(value, sizeof(value), "%.*s", (int)n, p);
+		if (!metric_value(value))
+			return -line;
+		/* the family: the name itself, or a histogram's suffixed series */
+		for (int i = 0; i < nfam && f < 0; i++) {
+			size_t fl = strlen(fam[i]);
+
+			if (!strcmp(base, fam[i]))
+				f = i;
+			else if (!strcmp(type[i], "histogram") && !strncmp(base, fam[i], fl) &&
+				 (!strcmp(base + fl, "_bucket") || !strcmp(base + fl, "_sum") ||
+				  !strcmp(base + fl, "_count")))
+				f = i;
+		}
+		if (f < 0 || (f != nfam - 1))
+			return -line;     /* no TYPE before it, or not contiguous with its family */
+		if (strstr(base, "_bucket")) {
+			double v = strtod(value, NULL);
+
+			if (strstr(l, "le=\"1e-05\""))
+				prev_bucket = -1;     /* the first bucket of a series */
+			if (v < prev_bucket)
+				return -line;
+			prev_bucket = v;
+		}
+		(void)last;
+		samples++;
+	}
+	return samples;
+}
+
+/* The value of the sample line that starts with prefix (e.g.
+ * 'kvq_evictions_total{pool="ctl"} '), or NAN. */
+static double metric(const char *body, const char *prefix)
+{
+	const char *p = body;
+
+	while ((p = strstr(p, prefix))) {
+		if (p == body || p[-1] == '\n')
+			return strtod(p + strlen(prefix), NULL);
+		p++;
+	}
+	return NAN;
+}
+
+/* ---------------------------------------------------------------- the test */
+
+static uint32_t tokens[NB * B_ + 1];
+
+static kvq_client *open_pool(const char *name)
+{
+	struct kvq_attach_params p = { .pool = POOL, .model_id = MODEL, .layers = L_, .kv_heads = H_, .head_dim = D_,
+		.block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .create = 1, .n_sealed = 16, .n_open = 4,
+		.device = -1 };
+	kvq_client *c = NULL;
+
+	if (kvq_client_connect(sock_path, name, &c) < 0)
+		return NULL;
+	if (kvq_client_attach(c, &p) < 0) {
+		diag("attach: %s", kvq_client_error(c));
+		kvq_client_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* Waits until the daemon reports no referenced blocks (a closed client's
+ * lease goes when the daemon reads the end of stream). */
+static bool wait_unreferenced(kvq_client *mon)
+{
+	struct kvq_stats st;
+
+	for (int i = 0; i < 500; i++) {
+		if (kvq_client_stats(mon, POOL, &st) == 0 && st.referenced == 0)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+static void test_plan(void)
+{
+	double w16, w4, f16, i8, tf16, ti8;
+
+	ok(KVQCTL("--json", "plan", "--model", "Llama-3-70B", "--weight-bits", "16") == 0 && json_shape(R.out),
+	   "plan --json: one JSON document (exit %d)", R.status);
+	w16 = jnum(R.out, NULL, "weights_bytes");
+	ok(w16 > 139e9 && w16 < 142e9, "plan: 70B at 16-bit weights needs about 140 GB (%.2f GB)", w16 / 1e9);
+	f16 = jnum(R.out, "\"policy\":\"f16\"", "kv_bytes_per_token");
+	i8 = jnum(R.out, "\"policy\":\"int8\"", "kv_bytes_per_token");
+	/* 2 (K and V) x 80 layers x 8 KV heads x 128 dims x 2 bytes */
+	ok(f16 == 2.0 * 80 * 8 * 128 * 2, "plan: f16 KV per token of 70B = 2*L*H*D*2 = 327680 bytes (%.0f)", f16);
+	/* int8: one code per value plus a 2-byte scale per token per head */
+	ok(i8 == 2.0 * 80 * 8 * (128 + 2), "plan: int8 KV per token = 2*L*H*(D+2) = 166400 bytes (%.0f)", i8);
+	ok(KVQCTL("--json", "plan", "--model", "Llama-3-70B", "--weight-bits", "4", "--gpu-memory", "80GB") == 0,
+	   "plan at 4-bit weights (exit %d)", R.status);
+	w4 = jnum(R.out, NULL, "weights_bytes");
+	ok(w4 > 34e9 && w4 < 36e9, "plan: 70B at 4-bit weights needs about 35 GB (%.2f GB)", w4 / 1e9);
+	tf16 = jnum(R.out, "\"policy\":\"f16\"", "tokens_in_budget");
+	ti8 = jnum(R.out, "\"policy\":\"int8\"", "tokens_in_budget");
+	ok(ti8 / tf16 > 1.9 && ti8 / tf16 < 2.0, "plan: int8 KV holds about twice the tokens of f16 (%.0f vs %.0f)",
+	   ti8, tf16);
+	ok(jnum(R.out, NULL, "kv_budget_bytes") == 80e9 * 0.9 - w4, "plan: KV budget = memory x 0.9 - weights");
+	ok(KVQCTL("plan", "--model", "SmolLM2-135M") == 0 && strstr(R.out, "SmolLM2-135M") &&
+	   strstr(R.out, "kivi2") && !strstr(R.out, "int4g128"),
+	   "plan table for SmolLM2-135M: every policy its head dim (64) allows");
+	ok(KVQCTL("plan", "--layers", "4", "--kv-heads", "2", "--head-dim", "32", "--params", "1M", "--policy",
+		  "0-1:int8;2-:kivi2") == 0 && strstr(R.out, "0-1:int8;2-3:kivi2"),
+	   "plan with explicit geometry and a mixed policy (canonical form in the table)");
+	ok(KVQCTL("plan", "--model", "GPT-9") == 2 && strstr(R.err, "unknown model") && !strchr(strchr(R.err, '\n') + 1, '\n'),
+	   "plan with an unknown model: exit 2, one line");
+}
+
+int main(void)
+{
+	const char *top = getenv("top_builddir"), *env_ctl = getenv("KVQ_TEST_KVQCTL");
+	static char body[1 << 20], extra[128];
+	struct kvq_stats st;
+	kvq_client *a = NULL, *b = NULL;
+	uint32_t ids[NB], got[NB], hit = 0, n = 0, bpt;
+	int port, samples;
+	pid_t d;
+
+	if (env_ctl)
+		snprintf(ctl_bin, sizeof(ctl_bin), "%s", env_ctl);
+	else
+		snprintf(ctl_bin, sizeof(ctl_bin), "%s/client/kvqctl", top ? top : ".");
+	for (uint32_t i = 0; i < NB * B_ + 1; i++)
+		tokens[i] = 500 + i * 3;
+	port = free_port();
+	snprintf(extra, sizeof(extra), "metrics_listen = 127.0.0.1:%d\n", port);
+	d = test_daemon_start_conf("host", "ctl", extra, tmpdir, sizeof(tmpdir), sock_path, sizeof(sock_path),
+				   daemon_bin, sizeof(daemon_bin));
+	if (!ok(d > 0 && port > 0, "kvqd starts with metrics on 127.0.0.1:%d", port))
+		return done_testing();
+
+	test_plan();
+
+	/* errors a new user meets first */
+	ok(kvqctl_as(-1, (const char *const[]){ "--socket", "/nonexistent/kvqd.sock", "stats", NULL }) == 1 &&
+	   strstr(R.err, "not running") && !R.out[0], "no daemon: exit 1, 'kvqd is not running' on stderr");
+	KVQCTL("stats", "nope");
+	ok(R.status == 1 && strstr(R.err, "unknown pool"), "unknown pool: exit 1, '%.*s'", (int)strcspn(R.err, "\n"),
+	   R.err);
+	ok(KVQCTL("frobnicate") == 2 && strstr(R.err, "unknown command"), "unknown command: exit 2");
+
+	/* A publishes NB blocks and keeps them; B finds them and misses once */
+	a = open_pool("worker-a");
+	b = open_pool("worker-b");
+	ok(a && b, "two libkvq clients attach (the first creates the pool)");
+	if (!a || !b)
+		goto out;
+	ok(kvq_client_alloc(a, 0, NB, NULL, NULL, ids) == 0 &&
+	   kvq_client_publish(a, NB, ids, -1, tokens, NULL, 0, got) == 0, "A allocates and publishes %d blocks", NB);
+	n = (uint32_t)kvq_client_lookup(b, tokens, NB * B_ + 1, NB * B_, NULL, 0, ids, &hit);
+	ok(n == 0 && hit == NB, "B's lookup of %d tokens hits %u blocks", NB * B_, hit);
+	tokens[0]++;
+	ok(kvq_client_lookup(b, tokens, NB * B_ + 1, 2 * B_, NULL, 0, got, &n) == 0 && n == 0,
+	   "B's lookup of another prompt (%d tokens) misses", 2 * B_);
+	tokens[0]--;
+	bpt = (uint32_t)(kvq_client_layout(a)->sealed_block_bytes / B_);
+
+	ok(KVQCTL("--json", "stats", POOL) == 0 && json_shape(R.out), "stats --json: one JSON document");
+	ok(jnum(R.out, NULL, "lookup_tokens") == NB * B_ + 2 * B_ && jnum(R.out, NULL, "hit_tokens") == NB * B_,
+	   "stats: %d of %d tokens looked up hit", NB * B_, NB * B_ + 2 * B_);
+	ok(jnum(R.out, NULL, "hit_rate") == (double)(NB * B_) / (NB * B_ + 2 * B_), "stats: hit rate %g",
+	   jnum(R.out, NULL, "hit_rate"));
+	ok(jnum(R.out, NULL, "cached") == NB && jnum(R.out, NULL, "referenced") == NB,
+	   "stats: %d blocks cached, all referenced", NB);
+	ok(jnum(R.out, NULL, "bytes_per_token") == bpt, "stats: bytes per token %u as the layout computes", bpt);
+	ok(fabs(jnum(R.out, NULL, "ratio_to_f16") - 0.5) < 0.05, "stats: int8 is about half of f16 (%g)",
+	   jnum(R.out, NULL, "ratio_to_f16"));
+	ok(jnum(R.out, NULL, "capacity_bytes") == kvq_client_layout(a)->total_bytes &&
+	   jnum(R.out, NULL, "device_memory_bytes") > jnum(R.out, NULL, "capacity_bytes") &&
+	   jnum(R.out, NULL, "capacity_share_of_device") > 0,
+	   "stats: capacity, device memory and the share the pool takes");
+	ok(jnum(R.out, NULL, "clients_attached") == 2, "stats: 2 clients attached");
+	{
+		char id[64];
+
+		snprintf(id, sizeof(id), "\"id\":%llu,", (unsigned long long)kvq_client_id(a));
+		ok(jnum(R.out, id, "sealed_blocks") == NB && jnum(R.out, id, "bytes") == NB * (double)bpt * B_,
+		   "stats: per-client blocks: A holds %d sealed blocks", NB);
+	}
+	ok(KVQCTL("stats") == 0 && strstr(R.out, "pool ctl") && strstr(R.out, "hit rate 60.0%") &&
+	   strstr(R.out, "worker-a") && strstr(R.out, "backend host"), "stats as a table: pool, hit rate, clients");
+	ok(KVQCTL("pools") == 0 && strstr(R.out, "ctl ") && strstr(R.out, "int8"), "pools: one line per pool");
+	ok(KVQCTL("clients", POOL) == 0 && strstr(R.out, "worker-a") && strstr(R.out, "worker-b"),
+	   "clients: both workers listed");
+	ok(KVQCTL("--json", "flush", POOL) == 0 && jnum(R.out, NULL, "evicted") == 0,
+	   "flush while every block is referenced evicts nothing");
+
+	/* A goes, B releases: the blocks stay cached with no reference */
+	kvq_client_free(a);
+	a = NULL;
+	ok(kvq_client_release(b, hit, ids, 0, NULL) == 0 && wait_unreferenced(b), "A leaves, B releases its hits");
+
+	if (geteuid() == 0 && chmod(tmpdir, 0755) == 0 && chmod(sock_path, 0666) == 0) {
+		KVQCTL_NOBODY("flush", POOL);
+		ok(R.status == 1 && strstr(R.err, "permission denied"), "flush as uid 65534: exit 1, '%.*s'",
+		   (int)strcspn(R.err, "\n"), R.err);
+		ok(KVQCTL_NOBODY("pool", "drop", POOL) == 1 && strstr(R.err, "permission denied"),
+		   "pool drop as uid 65534: refused");
+		ok(kvq_client_stats(b, POOL, &st) == 0 && st.cached == NB, "nothing was evicted by the refused calls");
+		chmod(sock_path, 0660);
+		chmod(tmpdir, 0700);
+	} else {
+		ok(1, "admin operations refused for other users # SKIP not running as root");
+	}
+
+	ok(KVQCTL("--json", "evict", POOL, "1") == 0 && jnum(R.out, NULL, "evicted") == 1, "evict 1: one block goes");
+	ok(KVQCTL("flush", POOL) == 0 && strstr(R.out, "2 cached blocks evicted"), "flush: the other 2 go");
+	ok(kvq_client_stats(b, POOL, &st) == 0 && st.cached == 0 && st.evictions == NB,
+	   "the pool has no cached block left, %d evictions counted", NB);
+
+	ok(KVQCTL("pool", "drop", POOL) == 1 && strstr(R.err, "clients attached"), "pool drop refused while attached");
+	ok(KVQCTL("pool", "create", "extra", "--model", "m@2", "--layers", "4", "--kv-heads", "2", "--head-dim", "64",
+		  "--policy", "k=int8,v=int4g64", "--capacity", "2M") == 0 && strstr(R.out, "pool extra created"),
+	   "pool create at run time");
+	ok(KVQCTL("pool", "create", "extra", "--model", "m@2", "--layers", "4", "--kv-heads", "2", "--head-dim", "64",
+		  "--policy", "int8") == 1 && strstr(R.err, "exists"), "creating it twice: exit 1, exists");
+	ok(KVQCTL("--json", "pools") == 0 && strstr(R.out, "\"name\":\"extra\"") &&
+	   jnum(R.out, "\"name\":\"extra\"", "capacity_bytes") <= 2 << 20, "the new pool is listed, within its capacity");
+
+	/* metrics */
+	ok(http_get(port, "/metrics", body, sizeof(body)) > 0 && strstr(body, " 200 ") &&
+	   strstr(body, "text/plain; version=0.0.4"), "GET /metrics: 200, text format 0.0.4");
+	{
+		char *text = strstr(body, "\r\n\r\n"), copy[sizeof(body)];
+
+		text = text ? text + 4 : body;
+		snprintf(copy, sizeof(copy), "%s", text);
+		samples = parse_exposition(copy);
+		ok(samples > 50, "every line of the exposition parses (%d samples%s)", samples,
+		   samples < 0 ? ": bad line" : "");
+		ok(metric(text, "kvq_prefix_hit_tokens_total{pool=\"ctl\"} ") == NB * B_ &&
+		   metric(text, "kvq_prefix_lookup_tokens_total{pool=\"ctl\"} ") == NB * B_ + 2 * B_,
+		   "metrics: hit and lookup tokens of pool ctl");
+		ok(metric(text, "kvq_evictions_total{pool=\"ctl\"} ") == NB, "metrics: %d evictions", NB);
+		ok(metric(text, "kvq_blocks{pool=\"ctl\",state=\"cached\"} ") == 0 &&
+		   metric(text, "kvq_blocks{pool=\"ctl\",state=\"free\"} ") == 16,
+		   "metrics: blocks by state (16 free, 0 cached)");
+		ok(metric(text, "kvq_pool_clients{pool=\"ctl\"} ") == 1 && metric(text, "kvq_pool_clients{pool=\"extra\"} ") == 0,
+		   "metrics: clients per pool");
+		ok(metric(text, "kvq_pool_sealed_bytes_per_token{pool=\"ctl\"} ") == bpt, "metrics: bytes per token");
+		ok(metric(text, "kvq_request_duration_seconds_count{request=\"lookup\"} ") == 2 &&
+		   metric(text, "kvq_request_duration_seconds_bucket{request=\"lookup\",le=\"+Inf\"} ") == 2,
+		   "metrics: latency histogram counts B's 2 lookups");
+	}
+	ok(http_get(port, "/other", body, sizeof(body)) > 0 && strstr(body, " 404 "), "GET /other: 404");
+
+	ok(KVQCTL("pool", "drop", "extra") == 0 && KVQCTL("--json", "pools") == 0 && !strstr(R.out, "\"extra\""),
+	   "pool drop frees a pool nobody attached to");
+out:
+	kvq_client_free(a);
+	kvq_client_free(b);
+	kill(d, SIGTERM);
+	waitpid(d, NULL, 0);
+	{
+		char path[200];
+
+		snprintf(path, sizeof(path), "%s/kvqd.conf", tmpdir);
+		unlink(path);
+		rmdir(tmpdir);
+	}
+	return done_testing();
+}

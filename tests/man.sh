@@ -1,0 +1,55 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# TAP: the man pages lint clean (mandoc -T lint), each long option that
+# kvqd --help and kvqctl --help print is in its man page and each option a
+# man page documents is one the program prints, and every kvqd.conf key the
+# parser knows (daemon/config.c) is in kvqd.conf(5) and the example config.
+set -u
+. "${top_srcdir:?}/tests/tap.sh"
+: "${top_srcdir:?}" "${top_builddir:?}"
+man=$top_srcdir/man
+
+for page in kvqd.8 kvqctl.1 kvqd.conf.5 libkvq.3; do
+	if command -v mandoc >/dev/null 2>&1; then
+		out=$(mandoc -T lint -W warning "$man/$page" 2>&1)
+		st=$?
+	else
+		# groff reports what it cannot format as warnings on stderr
+		out=$(groff -man -ww -z "$man/$page" 2>&1)
+		st=$?
+		[ -z "$out" ] || st=1
+	fi
+	t $st "lint $page${out:+: $(echo "$out" | head -n 3 | tr '\n' ' ')}"
+done
+
+# "--kv-heads" is written "\-\-kv\-heads" in a man page
+escape() { printf '%s' "$1" | sed 's/-/\\-/g'; }
+
+for pair in daemon/kvqd:kvqd.8 client/kvqctl:kvqctl.1; do
+	bin=$top_builddir/${pair%%:*}
+	page=$man/${pair#*:}
+	help=$("$bin" --help)
+	opts=$(printf '%s\n' "$help" | grep -o -- '--[a-z][a-z-]*' | sort -u)
+	[ -n "$opts" ]
+	t $? "${pair%%:*} --help lists options"
+	for o in $opts; do
+		grep -qF -- "$(escape "$o")" "$page"
+		t $? "${pair#*:} documents $o"
+	done
+	for o in $(grep -o -- '\\-\\-[a-z][a-z]*\(\\-[a-z][a-z]*\)*' "$page" | sed 's/\\-/-/g' | sort -u); do
+		printf '%s\n' "$help" | grep -q -- "$o\\b"
+		t $? "${pair%%:*} --help has $o, which ${pair#*:} documents"
+	done
+done
+
+keys=$(sed -n 's/^.*\[K_[A-Z_]*\] = { "\([a-z_]*\)".*$/\1/p' "$top_srcdir/daemon/config.c" | sort -u)
+[ -n "$keys" ]
+t $? "the parser's keys are found in daemon/config.c"
+for k in $keys; do
+	grep -qE "(^\.B |\\\\fB)$k(\\\\| |,|\$)" "$man/kvqd.conf.5"
+	t $? "kvqd.conf(5) documents $k"
+	grep -qE "^#? ?$k = " "$top_srcdir/systemd/kvqd.conf.example"
+	t $? "kvqd.conf.example shows $k"
+done
+
+finish
