@@ -27,6 +27,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+
+#include "cuda/kvq_cuda.h"
 #endif
 #include "frame.h"
 #include "kvq.h"
@@ -49,6 +51,8 @@ struct kvq_client {
 	size_t map_bytes;
 #ifdef KVQ_WITH_CUDA
 	CUdevice cu_dev;                /* cuda pools: the device whose primary context is retained */
+	CUcontext cu_ctx;               /* its primary context, made current before CUDA work */
+	cudaStream_t stream;            /* where libkvq's kernels and copies run (NULL: legacy default) */
 	uint64_t cu_va;                 /* cuda pools: reserved and mapped range, 0 if none */
 	size_t cu_reserved;
 #endif
@@ -245,6 +249,7 @@ static int cu_attach(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, con
 		return cu_fail(c, "cuMemAddressReserve", r);
 	}
 	c->cu_dev = dev;
+	c->cu_ctx = ctx;
 	c->cu_va = va;
 	c->cu_reserved = reserve;
 	r = cu.mem_map(va, (size_t)map_bytes, 0, h, 0);
@@ -396,10 +401,14 @@ void kvq_client_free(kvq_client *c)
 {
 	if (!c)
 		return;
-	/* the CPU kernels are synchronous: no work on the pool is pending */
+	/* the CPU kernels are synchronous: no work on the pool is pending;
+	 * CUDA work is drained before the mapping goes */
 #ifdef KVQ_WITH_CUDA
-	if (c->cu_reserved)
+	if (c->cu_reserved) {
+		if (cu.ctx_set(c->cu_ctx) == CUDA_SUCCESS)
+			cudaStreamSynchronize(c->stream);
 		cu_unmap(c);
+	}
 #endif
 	if (c->base)
 		munmap(c->base, c->map_bytes);
@@ -440,6 +449,23 @@ const char *kvq_client_backend(const kvq_client *c)
 static bool is_host(const kvq_client *c)
 {
 	return c->base && !strcmp(c->backend, "host");
+}
+
+static bool is_cuda(const kvq_client *c)
+{
+	return c->base && !strcmp(c->backend, "cuda");
+}
+
+int kvq_client_set_stream(kvq_client *c, void *stream)
+{
+	if (!c)
+		return -EINVAL;
+#ifdef KVQ_WITH_CUDA
+	c->stream = (cudaStream_t)stream;
+	return 0;
+#else
+	return stream ? -ENOTSUP : 0;
+#endif
 }
 
 int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
@@ -803,7 +829,197 @@ struct kvq_seq {
 	int32_t *p_sealed, *p_open, *p_resv;
 	uint32_t p_n_sealed, p_n_open;
 	uint8_t *written;               /* per layer */
+#ifdef KVQ_WITH_CUDA
+	/* cuda pools: the record and block table a kernel reads, and staging
+	 * for inputs and outputs in host memory, both in device memory */
+	void *d_table, *d_stage;
+	size_t d_table_cap, d_stage_cap;
+#endif
 };
+
+#ifdef KVQ_WITH_CUDA
+/*
+ * The CUDA side of a sequence on a cuda pool.  Everything runs on the
+ * client's stream, in order; libkvq drains that stream before it tells kvqd
+ * a block is sealed or published (no one may find a block before its bytes
+ * are there) and before it releases slots (no kernel of ours may still read
+ * them when another client gets them).
+ */
+static int gpu_err(kvq_client *c, const char *what, cudaError_t e)
+{
+	return fail(c, -EIO, "%s: %s", what, cudaGetErrorString(e));
+}
+
+/* Makes the pool's context current in the calling thread. */
+static int gpu_ready(kvq_client *c)
+{
+	CUresult r = cu.ctx_set(c->cu_ctx);
+
+	return r == CUDA_SUCCESS ? 0 : cu_fail(c, "cuCtxSetCurrent", r);
+}
+
+static int gpu_drain(kvq_client *c)
+{
+	cudaError_t e = cudaStreamSynchronize(c->stream);
+
+	return e == cudaSuccess ? 0 : gpu_err(c, "waiting for the pool's CUDA work", e);
+}
+
+/* Grows a device buffer to need bytes; its old contents are dropped, after
+ * the work that may still read them. */
+static int gpu_grow(kvq_client *c, void **buf, size_t *cap, size_t need)
+{
+	cudaError_t e;
+	int r;
+
+	if (need <= *cap)
+		return 0;
+	if ((r = gpu_drain(c)) < 0)
+		return r;
+	cudaFree(*buf);
+	*buf = NULL;
+	*cap = 0;
+	need = need < 4096 ? 4096 : need + need / 2;
+	if ((e = cudaMalloc(buf, need)) != cudaSuccess)
+		return gpu_err(c, "cudaMalloc", e);
+	*cap = need;
+	return 0;
+}
+
+/*
+ * Sends a kernel's sequence record with its block table to device memory:
+ * [record][sealed ids][open ids], one copy.  The record (struct
+ * kvq_cuda_seq or kvq_cuda_write_seq: the same shape) gets a, b, c and the
+ * device addresses of the two tables; *ret is the record's device address.
+ */
+static int gpu_table(kvq_seq *s, uint32_t a, uint32_t b, uint32_t c3, const int32_t *sealed, uint32_t ns,
+		     const int32_t *open, uint32_t no, void **ret)
+{
+	kvq_client *c = s->c;
+	struct kvq_cuda_seq rec = { .n = a, .n_q = b, .q_row0 = c3 };
+	size_t bytes = sizeof(rec) + ((size_t)ns + no) * sizeof(int32_t);
+	uint8_t *h = malloc(bytes);
+	cudaError_t e;
+	int r;
+
+	if (!h)
+		return -ENOMEM;
+	r = gpu_grow(c, &s->d_table, &s->d_table_cap, bytes);
+	if (r == 0) {
+		uint8_t *d = s->d_table;
+		rec.sealed = (const int32_t *)(d + sizeof(rec));
+		rec.open = (const int32_t *)(d + sizeof(rec) + (size_t)ns * sizeof(int32_t));
+		memcpy(h, &rec, sizeof(rec));
+		if (ns)
+			memcpy(h + sizeof(rec), sealed, (size_t)ns * sizeof(int32_t));
+		if (no)
+			memcpy(h + sizeof(rec) + (size_t)ns * sizeof(int32_t), open, (size_t)no * sizeof(int32_t));
+		e = cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->stream);
+		r = e == cudaSuccess ? 0 : gpu_err(c, "copying the block table", e);
+		*ret = d;
+	}
+	free(h);
+	return r;
+}
+
+static bool gpu_is_device(const void *p)
+{
+	struct cudaPointerAttributes a;
+
+	if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+		cudaGetLastError();   /* a plain host pointer on older runtimes */
+		return false;
+	}
+	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* One layer's write on the GPU: k and v in device memory are read where
+ * they are, host arrays are copied first. */
+static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, uint32_t ns, uint32_t no,
+		     const void *k, const void *v)
+{
+	kvq_client *c = s->c;
+	const struct kvq_layout *L = c->L;
+	const size_t bytes = (size_t)w->m * L->kv_heads * L->head_dim * kvq_dtype_bytes(L->act);
+	void *rec = NULL;
+	cudaError_t e;
+	int r;
+
+	if ((r = gpu_ready(c)) < 0)
+		return r;
+	if (!gpu_is_device(k) || !gpu_is_device(v)) {
+		if ((r = gpu_grow(c, &s->d_stage, &s->d_stage_cap, 2 * bytes)) < 0)
+			return r;
+		if ((e = cudaMemcpyAsync(s->d_stage, k, bytes, cudaMemcpyDefault, c->stream)) != cudaSuccess ||
+		    (e = cudaMemcpyAsync((uint8_t *)s->d_stage + bytes, v, bytes, cudaMemcpyDefault, c->stream)) !=
+			    cudaSuccess)
+			return gpu_err(c, "copying K and V to the device", e);
+		k = s->d_stage;
+		v = (uint8_t *)s->d_stage + bytes;
+	}
+	if ((r = gpu_table(s, w->n, w->m, 0, w->sealed, ns, w->open, no, &rec)) < 0)
+		return r;
+	r = kvq_cuda_write(L, c->base, layer, rec, 1, w->m, k, v, c->stream);
+	return r < 0 ? fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
+}
+
+/* Attention on the GPU for float host arrays (converted to and from the
+ * activation dtype around the kernel); returns when out is written. */
+static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+			 uint32_t q_heads, float scale, const float *q, float *out)
+{
+	kvq_client *c = s->c;
+	const struct kvq_layout *L = c->L;
+	const struct kvq_layer_layout *ll = &L->layer[layer];
+	const size_t nel = (size_t)as->n_q * q_heads * L->head_dim, bytes = nel * 2;
+	struct kvq_cuda_attn a = { .L = L, .base = c->base, .layer = layer, .q_heads = q_heads, .scale = scale,
+		.q_dtype = L->act, .out_dtype = L->act, .max_n = as->n, .max_q = as->n_q, .total_q = as->n_q,
+		.stream = c->stream };
+	uint16_t *h = NULL;
+	void *rec = NULL;
+	cudaError_t e;
+	size_t ws;
+	int r;
+
+	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, L->head_dim, L->act))
+		return fail(c, -ENOTSUP, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
+			    kvq_fmt_name(ll->vfmt), L->head_dim);
+	if ((r = gpu_ready(c)) < 0)
+		return r;
+	ws = kvq_cuda_attention_workspace(&a, 1);
+	if ((r = gpu_grow(c, &s->d_stage, &s->d_stage_cap, 2 * bytes + ws)) < 0)
+		return r;
+	h = malloc(bytes);
+	if (!h)
+		return -ENOMEM;
+	for (size_t i = 0; i < nel; i++)
+		h[i] = L->act == KVQ_DT_BF16 ? kvq_bf16_from_f32(q[i]) : kvq_f16_from_f32(q[i]);
+	a.workspace = ws ? (uint8_t *)s->d_stage + 2 * bytes : NULL;
+	a.workspace_bytes = ws;
+	if ((e = cudaMemcpyAsync(s->d_stage, h, bytes, cudaMemcpyHostToDevice, c->stream)) != cudaSuccess) {
+		r = gpu_err(c, "copying q to the device", e);
+		goto out;
+	}
+	if ((r = gpu_table(s, as->n, as->n_q, 0, as->sealed, ns, as->open, no, &rec)) < 0)
+		goto out;
+	r = kvq_cuda_attention(&a, rec, 1, s->d_stage, (uint8_t *)s->d_stage + bytes);
+	if (r < 0) {
+		r = fail(c, r, "kvq_cuda_attention: %s", r == -EIO ? kvq_cuda_error() : "refused");
+		goto out;
+	}
+	if ((e = cudaMemcpyAsync(h, (uint8_t *)s->d_stage + bytes, bytes, cudaMemcpyDeviceToHost, c->stream)) !=
+		    cudaSuccess ||
+	    (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) {
+		r = gpu_err(c, "attention output", e);
+		goto out;
+	}
+	for (size_t i = 0; i < nel; i++)
+		out[i] = L->act == KVQ_DT_BF16 ? kvq_bf16_to_f32(h[i]) : kvq_f16_to_f32(h[i]);
+out:
+	free(h);
+	return r;
+}
+#endif
 
 static int seq_reserve_tokens(kvq_seq *s, uint32_t need)
 {
@@ -877,6 +1093,14 @@ void kvq_seq_free(kvq_seq *s)
 
 	if (!s)
 		return;
+#ifdef KVQ_WITH_CUDA
+	/* no kernel of ours may read the slots once they are released */
+	if (is_cuda(s->c) && gpu_ready(s->c) == 0) {
+		gpu_drain(s->c);
+		cudaFree(s->d_table);
+		cudaFree(s->d_stage);
+	}
+#endif
 	cap = (size_t)s->n_sealed + s->n_open + s->p_n_sealed + s->p_n_open + 1;
 	sealed = malloc(cap * sizeof(*sealed));
 	open = malloc(cap * sizeof(*open));
@@ -1068,8 +1292,8 @@ int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 
 	if (!s || !k || !v)
 		return -EINVAL;
-	if (!is_host(s->c))
-		return fail(s->c, -ENOTSUP, "writes run on host pools only in this libkvq");
+	if (!is_host(s->c) && !is_cuda(s->c))
+		return fail(s->c, -ENOTSUP, "writes need an attached host or cuda pool");
 	if (!s->busy || layer >= s->c->L->layers)
 		return fail(s->c, -EINVAL, "write without begin, or layer %u out of range", layer);
 	B = s->c->L->block_tokens;
@@ -1078,6 +1302,15 @@ int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 	w.m = s->m;
 	w.sealed = s->p_sealed + s->n_sealed;
 	w.open = s->p_open;
+#ifdef KVQ_WITH_CUDA
+	if (is_cuda(s->c)) {
+		r = gpu_write(s, layer, &w, s->p_n_sealed - s->n_sealed, s->p_n_open, k, v);
+		if (r < 0)
+			return r;
+		s->written[layer] = 1;
+		return 0;
+	}
+#endif
 	r = kvq_cpu_write(s->c->L, s->c->base, layer, &w, k, v);
 	if (r < 0)
 		return fail(s->c, r, "kvq_cpu_write refused the block table");
@@ -1115,7 +1348,11 @@ int kvq_seq_commit(kvq_seq *s)
 		so[n_seal] = (uint32_t)s->open[b - s->n_sealed];
 		ss[n_seal++] = (uint32_t)s->resv[b - s->n_sealed];
 	}
-	/* the CPU write sealed them already: the seal's data is in place */
+	/* the write sealed them already; on the GPU, once the stream drains */
+#ifdef KVQ_WITH_CUDA
+	if (is_cuda(s->c) && (n_seal || s->p_n_sealed > s->n_pub) && ((r = gpu_ready(s->c)) < 0 || (r = gpu_drain(s->c)) < 0))
+		goto out;
+#endif
 	if (n_seal) {
 		r = kvq_client_seal(s->c, n_seal, so, ss);
 		if (r < 0)
@@ -1188,8 +1425,8 @@ int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q
 
 	if (!s || !q || !out)
 		return -EINVAL;
-	if (!is_host(s->c))
-		return fail(s->c, -ENOTSUP, "attention runs on host pools only in this libkvq");
+	if (!is_host(s->c) && !is_cuda(s->c))
+		return fail(s->c, -ENOTSUP, "attention needs an attached host or cuda pool");
 	L = s->c->L;
 	B = L->block_tokens;
 	if (layer >= L->layers)
@@ -1210,6 +1447,16 @@ int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q
 		as.open = s->open;
 	}
 	as.n_q = n_q;
+	if (!n_q || n_q > as.n || !q_heads || q_heads % L->kv_heads)
+		return fail(s->c, -EINVAL, "attention: bad query counts");
+#ifdef KVQ_WITH_CUDA
+	if (is_cuda(s->c)) {
+		uint32_t ns = s->busy ? s->p_n_sealed : s->n_sealed;
+		uint32_t no = s->busy ? s->p_n_open - (s->p_n_sealed - s->n_sealed) : s->n_open;
+		return gpu_attention(s, layer, &as, ns, no, q_heads,
+				     scale > 0 ? scale : 1.0f / sqrtf((float)L->head_dim), q, out);
+	}
+#endif
 	a = (struct kvq_attn){ .L = L, .base = s->c->base, .layer = layer, .q_heads = q_heads,
 		.scale = scale > 0 ? scale : 1.0f / sqrtf((float)L->head_dim), .q_dtype = KVQ_DT_F32,
 		.out_dtype = KVQ_DT_F32 };
@@ -1231,8 +1478,8 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 		return -EINVAL;
 	if (s->busy)
 		return fail(s->c, -EBUSY, "fork during a write");
-	if (!is_host(s->c))
-		return fail(s->c, -ENOTSUP, "fork copies the open window on host pools only in this libkvq");
+	if (!is_host(s->c) && !is_cuda(s->c))
+		return fail(s->c, -ENOTSUP, "fork needs an attached host or cuda pool");
 	L = s->c->L;
 	r = kvq_seq_new(s->c, s->salt, s->salt_len, &f);
 	if (r < 0)
@@ -1261,13 +1508,29 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 			goto out;
 		opened = true;
 	}
+#ifdef KVQ_WITH_CUDA
+	if (is_cuda(s->c) && s->n_open && (r = gpu_ready(s->c)) < 0)
+		goto out;
+#endif
 	for (uint32_t i = 0; i < s->n_open; i++) {
 		for (uint32_t l = 0; l < L->layers; l++) {
 			uint8_t *b = s->c->base;
 			/* an open slice is contiguous over all heads */
-			memcpy(b + kvq_layout_off(L, KVQ_OPEN, ao[i], l, 0, KVQ_K_CODES),
-			       b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)s->open[i], l, 0, KVQ_K_CODES),
-			       L->layer[l].open_slice);
+			uint8_t *to = b + kvq_layout_off(L, KVQ_OPEN, ao[i], l, 0, KVQ_K_CODES);
+			const uint8_t *from = b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)s->open[i], l, 0, KVQ_K_CODES);
+#ifdef KVQ_WITH_CUDA
+			if (is_cuda(s->c)) {
+				/* in stream order: later kernels see the copy */
+				cudaError_t e = cudaMemcpyAsync(to, from, L->layer[l].open_slice, cudaMemcpyDeviceToDevice,
+								s->c->stream);
+				if (e != cudaSuccess) {
+					r = gpu_err(s->c, "copying the open window", e);
+					goto out;
+				}
+				continue;
+			}
+#endif
+			memcpy(to, from, L->layer[l].open_slice);
 		}
 		f->open[i] = (int32_t)ao[i];
 		f->resv[i] = (int32_t)ar[i];
@@ -1285,6 +1548,10 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 out:
 	if (f) {
 		/* undo what the daemon granted; kvq_seq_free releases f's table */
+#ifdef KVQ_WITH_CUDA
+		if (is_cuda(s->c) && opened && gpu_ready(s->c) == 0)
+			gpu_drain(s->c);   /* copies into ao may be in flight */
+#endif
 		if (forked)
 			kvq_client_release(s->c, s->n_sealed, ids, 0, NULL);
 		if (opened)

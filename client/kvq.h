@@ -142,6 +142,12 @@ const struct kvq_layout *kvq_client_layout(const kvq_client *c);
  * usable by kernels and cudaMemcpy, never dereferenced by the CPU. */
 void *kvq_client_base(const kvq_client *c);
 
+/* The CUDA stream (a cudaStream_t) on which libkvq queues its kernels and
+ * copies for a cuda pool; NULL (the default) is the legacy default stream.
+ * Returns 0, or -ENOTSUP for a non-NULL stream in a libkvq built without
+ * CUDA. */
+int kvq_client_set_stream(kvq_client *c, void *stream);
+
 /* Backend of the attached pool ("host" or "cuda"), or NULL before attach. */
 const char *kvq_client_backend(const kvq_client *c);
 
@@ -213,11 +219,13 @@ int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stat
  *   kvq_seq_commit()              seals blocks that left the open window
  *                                 and publishes every new sealed block
  * Order rules: a block is published only after all its layers are written
- * and sealed (commit refuses before every layer was written); on the host
- * backend kvq_cpu_write has finished when it returns, so commit may follow
- * at once.  Slots are released only by kvq_seq_free, after the last
- * attention that reads them has returned.  Host pools only: on other
- * backends the data calls return -ENOTSUP (never a silent no-op).
+ * and sealed (commit refuses before every layer was written).  On host
+ * pools the CPU kernels have finished when they return.  On cuda pools the
+ * CUDA kernels (kernels/cuda) run on the client's stream
+ * (kvq_client_set_stream), the block tables they read in device memory;
+ * commit waits for that stream before it tells kvqd a block is sealed or
+ * published, and kvq_seq_free waits before it releases slots, so no other
+ * process sees a block before its bytes or loses one under a running kernel.
  */
 typedef struct kvq_seq kvq_seq;
 
@@ -251,8 +259,10 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m);
 
 /* Writes one layer's K and V of the m tokens of the current begin: k and
  * v are [m][kv_heads][head_dim] in the pool's activation dtype (f16 or
- * bf16 bits).  Returns 0, -EINVAL (no write in progress, bad layer),
- * -ENOTSUP (not a host pool). */
+ * bf16 bits); on a cuda pool they may be in device memory (read in place)
+ * or host memory (copied first), and the write is queued on the client's
+ * stream.  Returns 0, -EINVAL (no write in progress, bad layer), -EIO (a
+ * CUDA error, named by kvq_client_error) or -ENOTSUP (not attached). */
 int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v);
 
 /* Seals blocks that left the open window and publishes all new sealed
@@ -266,16 +276,19 @@ int kvq_seq_commit(kvq_seq *s);
  * [n_q][q_heads][head_dim] floats, q_heads a multiple of kv_heads; scale 0
  * means 1/sqrt(head_dim).  Between begin and commit it sees the new tokens
  * (after kvq_seq_write of that layer).  Reads KV as stored: sealed blocks
- * quantized, the open window in full precision.  Returns 0, -EINVAL (bad
- * counts, no stored tokens, or a layer not yet written in the current
- * write) or -ENOTSUP (not a host pool). */
+ * quantized, the open window in full precision.  q and out are host
+ * memory; on a cuda pool q goes to the device in the activation dtype, the
+ * CUDA kernel runs on the client's stream, and the call returns once out is
+ * written.  Returns 0, -EINVAL (bad counts, no stored tokens, or a layer not
+ * yet written in the current write), -EIO (a CUDA error) or -ENOTSUP (not
+ * attached, or no CUDA kernel for the layer's formats). */
 int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
 		      const float *q, float *out);
 
 /* A copy sharing the sealed blocks by reference (Fork) with its own copy
- * of the open window (new open slots, bytes copied for every layer).
- * Returns 0 and *ret_seq, -EBUSY (a write in progress), -ENOTSUP (not a
- * host pool), -ENOMEM or a daemon code. */
+ * of the open window (new open slots, bytes copied for every layer; on a
+ * cuda pool copied on the client's stream).  Returns 0 and *ret_seq, -EBUSY
+ * (a write in progress), -ENOTSUP (not attached), -ENOMEM or a daemon code. */
 int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq);
 
 /* The sequence's block table: *ret_sealed / *ret_n_sealed and *ret_open /

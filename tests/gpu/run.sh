@@ -4,7 +4,8 @@
 # The whole GPU proof in one command, for a machine with a GPU:
 #   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
 # runs the GPU tests of BUILD_DIR (format arithmetic on the device, the CUDA
-# kernels against the CPU kernels, a cuda pool shared by two processes),
+# kernels against the CPU kernels, a cuda pool shared by two processes,
+# libkvq's sequences on a cuda pool against a host pool),
 # compute-sanitizer memcheck and racecheck on the kernels' small cases, and
 # kvq-bench decode; full logs go to OUT_DIR (default $OUT, else
 # /tmp/kvq-gpu), a table of results is printed last.  Exit status 1 when
@@ -39,6 +40,7 @@ step format "$b/tests/gpu/test_format_gpu.bin"
 step kernels "$b/tests/gpu/test_kernels"
 grep 'largest relative error' "$out/kernels.log" >> "$summary"
 step cudapool env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_pool"
+step cudaseq env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 if command -v compute-sanitizer > /dev/null; then
 	step memcheck env KVQ_GPU_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$b/tests/gpu/test_kernels"
 	step racecheck env KVQ_GPU_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$b/tests/gpu/test_kernels"
