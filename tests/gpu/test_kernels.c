@@ -41,6 +41,7 @@ struct tcase {
 	const char *policy;
 	uint32_t layers, H, g, D, B, rblocks;
 	int act;
+	uint32_t prefill;   /* > 0: one sequence, a prefill chunk of this many tokens over a cached prefix */
 };
 
 struct seq {
@@ -386,13 +387,21 @@ static void run_case(const struct tcase *tc)
 	char err[256], name[200];
 	uint32_t ns, nsealed = 2, nopen = 2;
 
-	snprintf(name, sizeof name, "%s H=%u g=%u D=%u B=%u R=%u %s", tc->policy, H, tc->g, D, B, R,
-		 tc->act == KVQ_DT_BF16 ? "bf16" : "f16");
+	snprintf(name, sizeof name, "%s H=%u g=%u D=%u B=%u R=%u %s%s", tc->policy, H, tc->g, D, B, R,
+		 tc->act == KVQ_DT_BF16 ? "bf16" : "f16", tc->prefill ? " long prefill" : "");
 	if (kvq_policy_parse(tc->policy, tc->layers, &pol, err, sizeof err) < 0) {
 		ok(0, "%s: policy (%s)", name, err);
 		return;
 	}
-	ns = plan_seqs(B, R, s);
+	if (tc->prefill) {
+		/* a long chunk attending over 500 cached tokens and itself */
+		memset(s, 0, sizeof s);
+		s[0].n = 500 + tc->prefill;
+		s[0].n_q = tc->prefill;
+		ns = 1;
+	} else {
+		ns = plan_seqs(B, R, s);
+	}
 	for (uint32_t i = 0; i < ns; i++) {
 		nsealed += s[i].n <= R ? 0 : (s[i].n - R + B - 1) / B;
 		nopen += (s[i].n + B - 1) / B;
@@ -428,7 +437,13 @@ static void run_case(const struct tcase *tc)
 		s[i].d_open = dmalloc(nb * 4);
 		CK(cudaMemcpy(s[i].d_sealed, s[i].sealed, nb * 4, cudaMemcpyHostToDevice));
 		CK(cudaMemcpy(s[i].d_open, s[i].open, nb * 4, cudaMemcpyHostToDevice));
-		plan_chunks(&s[i], i, B);
+		if (tc->prefill) {   /* the prefix first, then the chunk in one write */
+			s[i].chunk[0] = 500;
+			s[i].chunk[1] = tc->prefill;
+			s[i].nchunk = 2;
+		} else {
+			plan_chunks(&s[i], i, B);
+		}
 	}
 
 	int written = 1;
@@ -530,16 +545,18 @@ int main(void)
 				    !kvq_cuda_attention_supported(tp.k[0], tp.v[0], D, act))
 					continue;
 				struct tcase tc = { pol[p], 1, 2, gs[idx % 4], D, idx % 3 ? 32 : 16,
-						    kvq_policy_uses_kivi(&tp) ? 4 : 1 + idx % 2, act };
+						    kvq_policy_uses_kivi(&tp) ? 4 : 1 + idx % 2, act, 0 };
 				run_case(&tc);
 			}
 	if (!small) {
 		const struct tcase extra[] = {
-			{ "0:int8;1:k=int8,v=int4g32;2:kivi2", 3, 4, 4, 128, 32, 4, KVQ_DT_F16 },
-			{ "0:fp8;1-2:kivi4", 3, 2, 8, 64, 16, 4, KVQ_DT_BF16 },
-			{ "int8", 1, 8, 4, 128, 64, 2, KVQ_DT_F16 },
-			{ "kivi2", 1, 2, 4, 128, 48, 4, KVQ_DT_F16 },
-			{ "int4g32", 1, 3, 2, 64, 128, 1, KVQ_DT_BF16 },
+			{ "0:int8;1:k=int8,v=int4g32;2:kivi2", 3, 4, 4, 128, 32, 4, KVQ_DT_F16, 0 },
+			{ "0:fp8;1-2:kivi4", 3, 2, 8, 64, 16, 4, KVQ_DT_BF16, 0 },
+			{ "int8", 1, 8, 4, 128, 64, 2, KVQ_DT_F16, 0 },
+			{ "kivi2", 1, 2, 4, 128, 48, 4, KVQ_DT_F16, 0 },
+			{ "int4g32", 1, 3, 2, 64, 128, 1, KVQ_DT_BF16, 0 },
+			{ "int8", 1, 2, 4, 128, 32, 1, KVQ_DT_F16, 2000 },
+			{ "k=int8,v=kivi2", 1, 2, 8, 64, 16, 4, KVQ_DT_BF16, 1500 },
 		};
 		for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
 			run_case(&extra[i]);

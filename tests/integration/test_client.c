@@ -372,6 +372,76 @@ static pid_t start_daemon(void)
 }
 
 /*
+ * The per-uid quota seen through libkvq: a kvqd whose pools allow each uid
+ * 24 KiB of pool bytes (reservations included).  A sequence that needs more
+ * fails in kvq_seq_begin with -EDQUOT and holds nothing; one that fits
+ * works; a second client of the same uid shares the quota.
+ */
+static void test_quota_libkvq(void)
+{
+	char dir[64], sock[108], bin[512], conf[128];
+	static uint32_t tok[400];
+	pid_t d = test_daemon_start_conf("host", "cquota", "quota_per_uid = 24K\n", dir, sizeof(dir), sock,
+					 sizeof(sock), bin, sizeof(bin));
+	struct kvq_attach_params p = { .pool = "quota", .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .create = 1,
+		.n_sealed = N_SEALED, .n_open = N_OPEN, .device = -1 };
+	kvq_client *c = NULL, *c2 = NULL;
+	kvq_seq *s = NULL, *s2 = NULL;
+	struct kvq_stats st;
+	int r, st_ok;
+
+	if (!ok(d > 0, "quota: kvqd with quota_per_uid = 24K starts"))
+		return;
+	for (uint32_t i = 0; i < 400; i++)
+		tok[i] = 500 + i;
+	r = kvq_client_connect(sock, "quota", &c);
+	if (r == 0)
+		r = kvq_client_attach(c, &p);
+	if (r == 0)
+		r = kvq_seq_new(c, NULL, 0, &s);
+	if (!ok(r == 0, "quota: attach and a sequence (%d)", r))
+		goto out;
+	const struct kvq_layout *L = kvq_client_layout(c);
+	/* 400 tokens: 24 sealed blocks and a window, far over 24 KiB */
+	r = kvq_seq_begin(s, tok, 400);
+	char msg[256];
+	snprintf(msg, sizeof(msg), "%s", kvq_client_error(c));
+	st_ok = kvq_client_stats(c, "quota", &st) == 0 && st.sealed_held == 0 && st.open_used == 0;
+	ok(r == -EDQUOT && msg[0] && st_ok,
+	   "quota: kvq_seq_begin of 400 tokens (%llu bytes per sealed block) fails with -EDQUOT, a message, nothing held (%d: %s)",
+	   (unsigned long long)L->sealed_block_bytes, r, msg);
+	r = kvq_seq_begin(s, tok, 40);
+	ok(r == 0, "quota: 40 tokens fit (%d %s)", r, kvq_client_error(c));
+	if (r == 0)
+		kvq_seq_free(s);   /* releases the begin's slots */
+	s = NULL;
+	/* a second connection of the same uid counts against the same quota */
+	r = kvq_client_connect(sock, "quota-2", &c2);
+	if (r == 0)
+		r = kvq_client_attach(c2, &p);
+	if (r == 0)
+		r = kvq_seq_new(c, NULL, 0, &s);
+	if (r == 0)
+		r = kvq_seq_new(c2, NULL, 0, &s2);
+	if (r == 0)
+		r = kvq_seq_begin(s, tok, 30);
+	int r2 = r == 0 ? kvq_seq_begin(s2, tok + 100, 30) : r;
+	ok(r == 0 && r2 == -EDQUOT, "quota: counted per uid across connections (30 tokens each, 16,896 bytes: %d, then %d)", r,
+	   r2);
+out:
+	kvq_seq_free(s);
+	kvq_seq_free(s2);
+	kvq_client_free(c);
+	kvq_client_free(c2);
+	kill(d, SIGTERM);
+	waitpid(d, NULL, 0);
+	snprintf(conf, sizeof(conf), "%s/kvqd.conf", dir);
+	unlink(conf);
+	rmdir(dir);
+}
+
+/*
  * A client running as another user (nobody) may not attach to a pool that
  * root created, nor create one: the create ACL defaults to root and kvqd's
  * user, a created pool's ACL to its creator, root and kvqd's user.  Needs
@@ -536,6 +606,7 @@ int main(void)
 
 	test_other_uid();
 	test_kill9(mon);
+	test_quota_libkvq();
 
 	kvq_client_free(mon);
 	kill(d, SIGTERM);
