@@ -36,6 +36,10 @@ step() {
 	grep '^not ok ' "$out/$name.log" | head -20 >> "$summary"
 }
 
+# fresh random inputs each run (the tests print the seed; set KVQ_TEST_SEED to repeat one)
+KVQ_TEST_SEED=${KVQ_TEST_SEED:-$(date +%s)}
+export KVQ_TEST_SEED
+echo "seed: $KVQ_TEST_SEED" >> "$summary"
 step format "$b/tests/gpu/test_format_gpu.bin"
 step kernels "$b/tests/gpu/test_kernels"
 grep 'largest relative error' "$out/kernels.log" >> "$summary"
