@@ -6,9 +6,10 @@
 # runs the GPU tests of BUILD_DIR (format arithmetic on the device, the CUDA
 # kernels against the CPU kernels, a cuda pool shared by two processes,
 # libkvq's sequences on a cuda pool against a host pool),
-# compute-sanitizer memcheck and racecheck on the kernels' small cases, and
-# kvq-bench decode; full logs go to OUT_DIR (default $OUT, else
-# /tmp/kvq-gpu), a table of results is printed last.  Exit status 1 when
+# compute-sanitizer memcheck and racecheck on the kernels' small cases,
+# kvq-bench decode, and kvq-bench control against a host-backend kvqd;
+# full logs go to OUT_DIR (default $OUT, else /tmp/kvq-gpu), a table of
+# results is printed last.  Exit status 1 when
 # any step failed.  KVQ_GPU_STEP_TIMEOUT bounds each step (seconds, default 600);
 # KVQ_BENCH_ARGS are passed to kvq-bench decode.
 set -u
@@ -19,8 +20,7 @@ summary=$out/summary.txt
 : > "$summary"
 failed=0
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
-echo "device: $(cat "$out/device.txt"); $(date -u '+%Y-%m-%d %H:%M UTC')" >> "$summary"
+echo "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1); $(date -u '+%Y-%m-%d %H:%M UTC')" >> "$summary"
 
 step() {
 	name=$1
@@ -51,6 +51,22 @@ if command -v compute-sanitizer > /dev/null; then
 	grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out/memcheck.log" "$out/racecheck.log" >> "$summary"
 fi
 step bench "$b/bench/kvq-bench" decode ${KVQ_BENCH_ARGS:-}
+# the control plane on this (otherwise idle) machine: a host-backend kvqd
+ctl=$(mktemp -d)
+"$b/daemon/kvqd" --socket "$ctl/kvqd.sock" --backend host --foreground > "$ctl/kvqd.log" 2>&1 &
+kvqd_pid=$!
+for i in 1 2 3 4 5 6 7 8 9 10; do [ -S "$ctl/kvqd.sock" ] && break; sleep 0.2; done
+step control "$b/bench/kvq-bench" control --socket "$ctl/kvqd.sock" --seconds 3
+kill "$kvqd_pid"
+wait "$kvqd_pid"
+rm -rf "$ctl"
 grep -v '^{' "$out/bench.log" | tail -30 >> "$summary"
+tail -8 "$out/control.log" >> "$summary"
+# few files: the small test logs in one
+for t in format cudapool cudaseq; do
+	echo "== $t" >> "$out/tests.log"
+	cat "$out/$t.log" >> "$out/tests.log"
+	rm -f "$out/$t.log"
+done
 cat "$summary"
 exit $failed
