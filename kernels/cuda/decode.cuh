@@ -22,8 +22,10 @@
  *   m-row i (i < 8):  token 8·(i / 2) + 4·s + (i % 2)   (m-tile s = 0, 1)
  *   m-row i + 8:      the same token + 2.
  * Scales stay out of the MMA as in attn_kernel: K's per-token scale on the
- * scores, V's per-token scale on the probabilities (normalised by the chunk's
- * largest scale and 2^14, the accumulator's unit tracked per warp).
+ * scores, V's per-token scale on the probabilities, divided by the warp's
+ * unit: the largest V scale seen so far over 2^14 (probabilities times scale
+ * stay normal FP16 at most 2^14; the unit only grows, so the accumulator is
+ * rescaled only when it or a row's maximum moves).
  */
 #ifndef KVQ_CUDA_DECODE_CUH
 #define KVQ_CUDA_DECODE_CUH
@@ -175,40 +177,45 @@ template <int D> struct dec_state {
 	float acc[D / 16][4];
 };
 
-/* One 32-token chunk: loads, scores, online softmax, PV.  KF/VF are the
- * chunk's formats (the layer's for a sealed block; the activation's, with
- * no parameters, for an open one, whose V rows are not transposed). */
-template <int KF, int VF, int D, int ACT, bool OPEN>
-__device__ __forceinline__ void dec_chunk(dec_state<D> &st, const uint8_t *kc, const uint8_t *vc, const uint8_t *kpar,
-					  const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0, uint32_t n,
-					  const uint32_t (&qf)[D / 8], const uint32_t (&lim)[2], float sl2)
+/* One 32-token chunk's codes and parameters as loaded (raw words).  KF/VF
+ * are the chunk's formats: the layer's for a sealed block; the activation's,
+ * with no parameters, for an open one, whose V rows are not transposed. */
+template <int KF, int VF, int D, bool OPEN> struct dec_raw {
+	static constexpr int KB = fmt<KF>::bits / 8, VB = fmt<VF>::bits / 8;
+	static constexpr int KN = D / 4 * KB;    /* bytes of one K row this thread loads */
+	static constexpr int VN = 8 * VB;        /* bytes of one V row this thread loads */
+	static constexpr bool KTOK = !OPEN && fmt<KF>::kind_k == KVQ_PARAM_TOKEN;
+	static constexpr bool VTOK = !OPEN && fmt<VF>::kind_v == KVQ_PARAM_TOKEN;
+	uint32_t kw[2][2][KN / 4];
+	uint32_t vw[D / 16][2][VN / 4];
+	uint32_t kpw[4], vpw[4];
+};
+
+/* Issues every load of a chunk (t0: its first token, tb: its offset in the
+ * block, n: the sequence's tokens). */
+template <int KF, int VF, int D, bool OPEN>
+__device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN> &r, const uint8_t *kc, const uint8_t *vc,
+					 const uint8_t *kpar, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0,
+					 uint32_t n)
 {
-	constexpr int KB = fmt<KF>::bits / 8, VB = fmt<VF>::bits / 8;
-	constexpr int KN = D / 4 * KB;    /* bytes of one K row this thread loads */
-	constexpr int VN = 8 * VB;        /* bytes of one V row this thread loads */
-	constexpr int KS = D / 16, MT = D / 16;
-	constexpr bool KTOK = !OPEN && fmt<KF>::kind_k == KVQ_PARAM_TOKEN;
-	constexpr bool VTOK = !OPEN && fmt<VF>::kind_v == KVQ_PARAM_TOKEN;
+	typedef dec_raw<KF, VF, D, OPEN> R;
+	constexpr int KB = R::KB, VB = R::VB, KN = R::KN, VN = R::VN, MT = D / 16;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, qc = lane & 3, tg = lane >> 3, te = qn & 1;
 
-	/* ---- every load of the chunk first */
-	uint32_t kw[2][2][KN / 4];
+	const uint8_t *kb = kc + (size_t)(tb + tg * 8 + te) * (D * KB) + qc * KN;
 #pragma unroll
 	for (int s = 0; s < 2; s++)
 #pragma unroll
-		for (int hi = 0; hi < 2; hi++) {
-			const uint32_t t = tb + tg * 8 + 4 * s + 2 * hi + te;
-			dec_ld<KN>(kw[s][hi], kc + (size_t)t * D * KB + qc * KN);
-		}
-	uint32_t vw[MT][2][VN / 4];
+		for (int hi = 0; hi < 2; hi++)
+			dec_ld<KN>(r.kw[s][hi], kb + (4 * s + 2 * hi) * (D * KB));
 	if constexpr (!OPEN) {
+		const uint8_t *vb = vc + ((size_t)qn * B + tb + qc * 8) * VB;
+		const size_t v8 = (size_t)8 * B * VB;
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-			for (int hi = 0; hi < 2; hi++) {
-				const uint32_t d = mt * 16 + qn + 8 * hi;
-				dec_ld<VN>(vw[mt][hi], vc + ((size_t)d * B + tb + qc * 8) * VB);
-			}
+			for (int hi = 0; hi < 2; hi++)
+				dec_ld<VN>(r.vw[mt][hi], vb + (2 * mt + hi) * v8);
 	} else {
 		/* open rows are [token][dim]: 16-bit loads, tokens past n zeroed
 		 * (the open block's unwritten rows are junk) */
@@ -223,15 +230,25 @@ __device__ __forceinline__ void dec_chunk(dec_state<D> &st, const uint8_t *kc, c
 					const uint32_t t = tb + qc * 8 + 2 * j;
 					const uint32_t x0 = t0 + qc * 8 + 2 * j < n ? vr[(size_t)t * D + d] : 0u;
 					const uint32_t x1 = t0 + qc * 8 + 2 * j + 1 < n ? vr[(size_t)(t + 1) * D + d] : 0u;
-					vw[mt][hi][j] = x0 | x1 << 16;
+					r.vw[mt][hi][j] = x0 | x1 << 16;
 				}
 			}
 	}
-	uint32_t kpw[4] = { 0, 0, 0, 0 }, vpw[4] = { 0, 0, 0, 0 };
-	if constexpr (KTOK)
-		dec_ld<16>(kpw, kpar + (tb + tg * 8) * 2);
-	if constexpr (VTOK)
-		dec_ld<16>(vpw, vpar + (tb + tg * 8) * 2);
+	if constexpr (R::KTOK)
+		dec_ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
+	if constexpr (R::VTOK)
+		dec_ld<16>(r.vpw, vpar + (tb + tg * 8) * 2);
+}
+
+/* Scores, online softmax and PV of a loaded chunk. */
+template <int KF, int VF, int D, int ACT, bool OPEN>
+__device__ __forceinline__ void dec_compute(dec_state<D> &st, const dec_raw<KF, VF, D, OPEN> &r, uint32_t t0,
+					    const uint32_t (&qf)[D / 8], const uint32_t (&lim)[2], float sl2)
+{
+	typedef dec_raw<KF, VF, D, OPEN> R;
+	constexpr int KS = D / 16, MT = D / 16;
+	constexpr bool KTOK = R::KTOK, VTOK = R::VTOK;
+	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, tg = lane >> 3, te = qn & 1;
 
 	/* ---- scores Sᵀ = K·Qᵀ: x[s][i], C fragment of m-tile s */
 	float x[2][4];
@@ -242,7 +259,7 @@ __device__ __forceinline__ void dec_chunk(dec_state<D> &st, const uint8_t *kc, c
 		for (int k = 0; k < KS; k++) {
 			uint32_t fa[4];
 			const uint32_t fb[2] = { qf[2 * k], qf[2 * k + 1] };
-			dec_frag<KF, ACT>(fa, kw[s][0], kw[s][1], k);
+			dec_frag<KF, ACT>(fa, r.kw[s][0], r.kw[s][1], k);
 			mma16816<ACT>(c, fa, fb);
 		}
 #pragma unroll
@@ -251,7 +268,7 @@ __device__ __forceinline__ void dec_chunk(dec_state<D> &st, const uint8_t *kc, c
 			const uint32_t t = t0 + tg * 8 + 4 * s + 2 * hi + te;
 			float y = c[i] * sl2;
 			if (KTOK)
-				y *= dec_half(kpw, 4 * s + 2 * hi + (int)te);
+				y *= dec_half(r.kpw, 4 * s + 2 * hi + (int)te);
 			x[s][i] = t < lim[i & 1] ? y : -INFINITY;
 		}
 	}
@@ -275,13 +292,14 @@ __device__ __forceinline__ void dec_chunk(dec_state<D> &st, const uint8_t *kc, c
 		S = 0.0f;
 #pragma unroll
 		for (int i = 0; i < 8; i++)
-			S = fmaxf(S, dec_half(vpw, i));
+			S = fmaxf(S, dec_half(r.vpw, i));
 		S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 8));
 		S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 16));
 		if (!(S > 0.0f))
 			S = 1.0f;
 	}
-	const float unit = S * (1.0f / ATTN_P_UNIT), rs = ATTN_P_UNIT / S, ratio = st.unit / unit;
+	/* the unit only grows, so most chunks leave the accumulator as it is */
+	const float unit = fmaxf(st.unit, S * (1.0f / ATTN_P_UNIT)), rs = 1.0f / unit, ratio = st.unit / unit;
 	st.unit = unit;
 	uint32_t pb[2][2];
 #pragma unroll
@@ -292,16 +310,18 @@ __device__ __forceinline__ void dec_chunk(dec_state<D> &st, const uint8_t *kc, c
 			const int hi = i >> 1;
 			const float e = dec_exp2(x[s][i] - mu[i & 1]);
 			st.l[i & 1] += e;
-			p[i] = VTOK ? e * dec_half(vpw, 4 * s + 2 * hi + (int)te) * rs : e * rs;
+			p[i] = VTOK ? e * dec_half(r.vpw, 4 * s + 2 * hi + (int)te) * rs : e * rs;
 		}
 		pb[s][0] = dec_trans(act<ACT>::pack(p[0], p[1]));
 		pb[s][1] = dec_trans(act<ACT>::pack(p[2], p[3]));
 	}
+	const float f0 = alpha[0] * ratio, f1 = alpha[1] * ratio;
+	if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f))
 #pragma unroll
-	for (int mt = 0; mt < MT; mt++)
+		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-		for (int i = 0; i < 4; i++)
-			st.acc[mt][i] *= alpha[i & 1] * ratio;
+			for (int i = 0; i < 4; i++)
+				st.acc[mt][i] *= i & 1 ? f1 : f0;
 
 	/* ---- Oᵀ += Vᵀ·Pᵀ */
 #pragma unroll
@@ -309,9 +329,39 @@ __device__ __forceinline__ void dec_chunk(dec_state<D> &st, const uint8_t *kc, c
 #pragma unroll
 		for (int s = 0; s < 2; s++) {
 			uint32_t fa[4];
-			dec_frag<VF, ACT>(fa, vw[mt][0], vw[mt][1], s);
+			dec_frag<VF, ACT>(fa, r.vw[mt][0], r.vw[mt][1], s);
 			mma16816<ACT>(st.acc[mt], fa, pb[s]);
 		}
+}
+
+#define DEC_NOSLOT 0xffffffffu
+
+/* Slot of chunk u (below end): the sealed id, or the open id with bit 31
+ * set; DEC_NOSLOT past end or for an id outside the pool. */
+__device__ __forceinline__ uint32_t dec_slot(const attn_args &a, const kvq_cuda_seq &s, uint32_t u, uint32_t end,
+					     uint32_t n_sealed_blk)
+{
+	if (u >= end)
+		return DEC_NOSLOT;
+	const uint32_t blk = u * DEC_CHUNK / a.l.B;
+	const bool sealed = blk < n_sealed_blk;
+	const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
+	if (id < 0 || (uint32_t)id >= (sealed ? a.l.n_sealed : a.l.n_open))
+		return DEC_NOSLOT;
+	return (uint32_t)id | (sealed ? 0u : 0x80000000u);
+}
+
+template <int KF, int VF, int D>
+__device__ __forceinline__ void dec_load_sealed(const attn_args &a, dec_raw<KF, VF, D, false> &r, uint32_t slot,
+						uint32_t u, uint32_t h, uint32_t n)
+{
+	if (slot == DEC_NOSLOT)
+		return;
+	const layer_dev &l = a.l;
+	const uint8_t *hs = sealed_head(l, a.base, slot, h);
+	const uint32_t t0 = u * DEC_CHUNK;
+	dec_load(r, hs + l.off[KVQ_K_CODES], hs + l.off[KVQ_V_CODES], hs + l.off[KVQ_K_PARAMS], hs + l.off[KVQ_V_PARAMS],
+		 l.B, t0 % l.B, t0, n);
 }
 
 template <int KF, int VF, int D, int ACT>
@@ -355,28 +405,58 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 	dec_state<D> st;
 	st.m[0] = st.m[1] = -INFINITY;
 	st.l[0] = st.l[1] = 0.0f;
-	st.unit = 1.0f;
+	st.unit = 0.0f;
 #pragma unroll
 	for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 		for (int i = 0; i < 4; i++)
 			st.acc[mt][i] = 0.0f;
 
-	for (uint32_t u = u0 + warp; u < u1; u += DEC_WARPS) {
-		const uint32_t t0 = u * DEC_CHUNK, blk = t0 / l.B, tb = t0 % l.B;
-		const bool sealed = blk < n_sealed_blk;
-		const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
-		if (id < 0 || (uint32_t)id >= (sealed ? l.n_sealed : l.n_open))
+	/* Slots are read two chunks ahead (a dependent load off the critical
+	 * path); 8-bit formats also load a sealed chunk while the previous one
+	 * is computed (two register buffers: twice the bytes in flight). */
+	const uint32_t us = n_sealed_blk * l.B / DEC_CHUNK < u1 ? n_sealed_blk * l.B / DEC_CHUNK : u1;
+	uint32_t u = u0 + warp;
+	if constexpr (fmt<KF>::bits == 8 && fmt<VF>::bits == 8) {
+		if (u < us) {
+			dec_raw<KF, VF, D, false> A, B;
+			uint32_t sa = dec_slot(a, s, u, us, n_sealed_blk), sb = dec_slot(a, s, u + DEC_WARPS, us, n_sealed_blk);
+			dec_load_sealed(a, A, sa, u, h, s.n);
+			for (;;) {
+				const uint32_t sc = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
+				dec_load_sealed(a, B, sb, u + DEC_WARPS, h, s.n);
+				if (sa != DEC_NOSLOT)
+					dec_compute<KF, VF, D, ACT, false>(st, A, u * DEC_CHUNK, qf, lim, sl2);
+				u += DEC_WARPS;
+				if (u >= us)
+					break;
+				const uint32_t sd = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
+				dec_load_sealed(a, A, sc, u + DEC_WARPS, h, s.n);
+				if (sb != DEC_NOSLOT)
+					dec_compute<KF, VF, D, ACT, false>(st, B, u * DEC_CHUNK, qf, lim, sl2);
+				u += DEC_WARPS;
+				if (u >= us)
+					break;
+				sa = sc;
+				sb = sd;
+			}
+		}
+	}
+	for (uint32_t sn = dec_slot(a, s, u, u1, n_sealed_blk); u < u1; u += DEC_WARPS) {
+		const uint32_t sl = sn;
+		sn = dec_slot(a, s, u + DEC_WARPS, u1, n_sealed_blk);
+		if (sl == DEC_NOSLOT)
 			continue;
-		if (sealed) {
-			const uint8_t *hs = sealed_head(l, a.base, (uint32_t)id, h);
-			dec_chunk<KF, VF, D, ACT, false>(st, hs + l.off[KVQ_K_CODES], hs + l.off[KVQ_V_CODES],
-							 hs + l.off[KVQ_K_PARAMS], hs + l.off[KVQ_V_PARAMS], l.B, tb,
-							 t0, s.n, qf, lim, sl2);
+		const uint32_t t0 = u * DEC_CHUNK, tb = t0 % l.B;
+		if (!(sl >> 31)) {
+			dec_raw<KF, VF, D, false> r;
+			dec_load_sealed(a, r, sl, u, h, s.n);
+			dec_compute<KF, VF, D, ACT, false>(st, r, t0, qf, lim, sl2);
 		} else {
-			const uint8_t *oh = open_head(l, a.base, (uint32_t)id, h);
-			dec_chunk<OF, OF, D, ACT, true>(st, oh, oh + (size_t)l.B * D * 2, NULL, NULL, l.B, tb, t0, s.n,
-							qf, lim, sl2);
+			const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h);
+			dec_raw<OF, OF, D, true> r;
+			dec_load(r, oh, oh + (size_t)l.B * D * 2, NULL, NULL, l.B, tb, t0, s.n);
+			dec_compute<OF, OF, D, ACT, true>(st, r, t0, qf, lim, sl2);
 		}
 	}
 
