@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The one dispatch place: attention arguments checked, the launch shape
- * chosen (rows per CTA, tokens per tile, KV splits), and (K format, V format,
- * head dim, dtype) turned into an instance of instances.h, or -ENOTSUP. */
-#include "attention.cuh"
+/* The one dispatch place: attention arguments checked, the kernel and the
+ * launch shape chosen (rows per CTA, tokens per tile, KV splits), and (K
+ * format, V format, head dim, dtype) turned into an instance of instances.h,
+ * or -ENOTSUP.  A step of at most 8 query rows per KV head over per-token
+ * formats in blocks of a multiple of 32 tokens goes to decode_kernel; the
+ * rest to attn_kernel. */
+#include "decode.cuh"
 #include "instances.h"
 
 namespace kvq {
@@ -21,7 +24,28 @@ int fail_launch(void)
 #define KVQ_EXTERN_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN, K, V)
 KVQ_CUDA_PAIRS(KVQ_EXTERN_PAIR)
 
+#define KVQ_EXTERN_DEC(KF, VF, D, ACT) \
+	extern template int decode_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
+	extern template int decode_occupancy<KF, VF, D, ACT>(void);
+#define KVQ_EXTERN_DEC_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_DEC, K, V)
+KVQ_CUDA_DECODE_PAIRS(KVQ_EXTERN_DEC_PAIR)
+
 typedef int (*attn_fn)(const attn_args &, uint32_t, void *);
+
+struct decode_fn {
+	attn_fn launch;
+	int (*occupancy)(void);
+};
+
+static decode_fn decode_find(int kf, int vf, uint32_t D, int act)
+{
+#define KVQ_DCASE(KF, VF, DD, ACT) \
+	if (kf == KF && vf == VF && D == DD && act == ACT) \
+		return decode_fn{ decode_launch<KF, VF, DD, ACT>, decode_occupancy<KF, VF, DD, ACT> };
+#define KVQ_DCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_DCASE, K, V)
+	KVQ_CUDA_DECODE_PAIRS(KVQ_DCASE_PAIR)
+	return decode_fn{ NULL, NULL };
+}
 
 static attn_fn attn_find(int kf, int vf, uint32_t D, int act)
 {
@@ -41,7 +65,28 @@ static uint32_t tile_tokens(uint32_t B)
 
 struct shape {
 	uint32_t g, nrp, chunks, tt, splits;
+	decode_fn dec;   /* launch set: decode_kernel */
 };
+
+/* Splits for decode_kernel: CTAs of equal work fill the GPU in whole waves,
+ * so choose the split count whose last wave is fullest, counting a small
+ * cost per split (the partials and their merge). */
+static uint32_t decode_splits(uint64_t ctas, uint32_t slots, uint32_t nch)
+{
+	uint32_t most = nch / (2 * DEC_WARPS), best = 1;
+	double best_cost = 1e30;
+
+	most = most < 1 ? 1 : most > 64 ? 64 : most;
+	for (uint32_t s = 1; s <= most; s++) {
+		uint64_t waves = (ctas * s + slots - 1) / slots;
+		double cost = (double)waves / s * (1.0 + 0.01 * s) + (s > 1 ? 0.03 : 0.0);
+		if (cost < best_cost) {
+			best_cost = cost;
+			best = s;
+		}
+	}
+	return best;
+}
 
 static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *ret)
 {
@@ -62,8 +107,23 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	if ((uint64_t)s.chunks * L->kv_heads > 65535)
 		return -EINVAL;
 	s.tt = tile_tokens(L->block_tokens);
+	s.dec = decode_fn{ NULL, NULL };
+	if (rows <= 8 && L->block_tokens % DEC_CHUNK == 0)
+		s.dec = decode_find(L->layer[a->layer].kfmt, L->layer[a->layer].vfmt, L->head_dim, L->act);
 	uint32_t ntiles = (a->max_n + s.tt - 1) / s.tt;
-	if (a->splits) {
+	if (s.dec.launch) {
+		uint32_t nch = (a->max_n + DEC_CHUNK - 1) / DEC_CHUNK;
+		if (a->splits) {
+			s.splits = a->splits < nch ? a->splits : nch;
+		} else {
+			int dev = 0, sms = 132, occ = s.dec.occupancy();
+			if (cudaGetDevice(&dev) != cudaSuccess ||
+			    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+				return fail_launch();
+			uint64_t ctas = (uint64_t)(nseq ? nseq : 1) * L->kv_heads;
+			s.splits = decode_splits(ctas, (uint32_t)(sms * (occ > 0 ? occ : 1)), nch);
+		}
+	} else if (a->splits) {
 		s.splits = a->splits < ntiles ? a->splits : ntiles;
 	} else {
 		/* enough CTAs for two waves, each split at least four tiles long */
@@ -153,5 +213,7 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	x.splits = s.splits;
 	x.total_q = a->total_q;
 	x.max_q = a->max_q;
+	if (s.dec.launch)
+		return s.dec.launch(x, nseq, a->stream);
 	return attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act)(x, nseq, a->stream);
 }

@@ -18,6 +18,11 @@
 
 #define KVQ_CUDA_PAIRS(X) KVQ_CUDA_PAIRS_A(X) KVQ_CUDA_PAIRS_B(X)
 
+/* Pairs (of the lists above) that also have the decode kernel (decode.cuh,
+ * compiled in decode_inst.cu): formats with per-token parameters or none. */
+#define KVQ_CUDA_DECODE_PAIRS(X) \
+	X(F16, F16) X(BF16, BF16) X(INT8, INT8) X(FP8, FP8) X(FP8E5M2, FP8E5M2) X(INT8, FP8) X(F16, INT8)
+
 /* The four instances of one pair. */
 #define KVQ_CUDA_EACH(Y, K, V) \
 	Y(KVQ_FMT_##K, KVQ_FMT_##V, 64, KVQ_DT_F16) Y(KVQ_FMT_##K, KVQ_FMT_##V, 128, KVQ_DT_F16) \

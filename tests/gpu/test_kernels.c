@@ -14,7 +14,9 @@
  *  - attention on the GPU (outputs poisoned with NaN first; one split and
  *    several, merged) against kvq_cpu_attention's fp32 output on the host
  *    pool: max|gpu - cpu| / max|cpu| <= 2e-3 for FP16 output, 1e-2 for BF16
- *    (and per output row within ten times that, see attend_layer).
+ *    (and per output row within ten times that, see attend_layer); then
+ *    again as a decode step (one query per sequence, 8 / g for some), the
+ *    shape that takes the decode kernel where it has an instance.
  * Every (K, V) pair the CUDA build instantiates is run at head dims 64 and
  * 128 with FP16 and BF16 activations, plus per-layer policies and other block
  * sizes.  KVQ_GPU_SMALL=1 runs a few small cases (for compute-sanitizer).
@@ -253,11 +255,22 @@ static int write_layer(const struct kvq_layout *L, uint8_t *host, void *dev, uin
 /* Attention of one layer: CPU fp32 reference, GPU with one split and with
  * several; relative max error of each. */
 static void attend_layer(const struct tcase *tc, const struct kvq_layout *L, const uint8_t *host, void *dev,
-			 uint32_t layer, struct seq *s, uint32_t ns, const char *name)
+			 uint32_t layer, struct seq *s, uint32_t ns, const char *case_name, int decode)
 {
 	const uint32_t D = L->head_dim, qh = L->kv_heads * tc->g;
-	uint32_t total_q = 0, max_q = 0, max_n = 0;
+	uint32_t total_q = 0, max_q = 0, max_n = 0, saved_nq[MAXSEQ];
+	char name[240];
 
+	/* decode: a step of at most 8 query rows per KV head (one query, or
+	 * 8 / g speculative ones), the shape the decode kernel takes */
+	snprintf(name, sizeof name, "%s%s", case_name, decode ? " decode" : "");
+	for (uint32_t i = 0; i < ns; i++) {
+		saved_nq[i] = s[i].n_q;
+		if (decode) {
+			uint32_t nq = i % 3 == 1 && tc->g <= 8 ? 8 / tc->g : 1;
+			s[i].n_q = nq < s[i].n ? nq : s[i].n;
+		}
+	}
 	for (uint32_t i = 0; i < ns; i++) {
 		s[i].q_row0 = total_q;
 		total_q += s[i].n_q;
@@ -352,6 +365,8 @@ out:
 	free(q);
 	free(got);
 	free(ref);
+	for (uint32_t i = 0; i < ns; i++)
+		s[i].n_q = saved_nq[i];
 }
 
 /* kvq_cuda_seal of a full open block holding fresh random rows. */
@@ -451,7 +466,8 @@ static void run_case(const struct tcase *tc)
 		written = !write_layer(L, host, dev, l, s, ns, tc->act, name);
 	if (written && pools_equal(L, host, dev, "after the writes", name))
 		for (uint32_t l = 0; l < tc->layers; l++)
-			attend_layer(tc, L, host, dev, l, s, ns, name);
+			for (int dec = 0; dec < 2; dec++)
+				attend_layer(tc, L, host, dev, l, s, ns, name, dec);
 	seal_one(L, host, dev, oids[oi], sids[si], tc->act, name);
 
 	for (uint32_t i = 0; i < ns; i++) {
