@@ -408,9 +408,10 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 }
 
 /* KIVI K: q·s (high and low parts) and q·z of the block whose channel
- * parameters start at kpar; q in dim order (qd), the thread's span. */
+ * parameters start at kpar; q as B fragments (qf: k-step k, slot e holds dim
+ * dec_kdim(k, e) of the thread's span). */
 template <int D, int ACT, int P>
-__device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qd)[D / 8], const uint8_t *kpar)
+__device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)[D / 8], const uint8_t *kpar)
 {
 	typedef act<ACT> AT;
 	const uint32_t lane = threadIdx.x & 31, qc = lane & 3;
@@ -425,8 +426,8 @@ __device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qd)
 #pragma unroll
 			for (int b = 0; b < 2; b++) {
 				const int dd = dec_kdim<P>(k, 2 * h + b);
-				const uint32_t qw = qd[dd >> 1];
-				const unsigned short qb = (unsigned short)(dd & 1 ? qw >> 16 : qw & 0xffffu);
+				const uint32_t qw = qf[2 * k + h];
+				const unsigned short qb = (unsigned short)(b ? qw >> 16 : qw & 0xffffu);
 				const float qv = AT::to_f(*reinterpret_cast<const typename AT::T *>(&qb));
 				const float sc = __half2float(__ushort_as_half((unsigned short)(cp[dd] & 0xffffu)));
 				const float zc = __half2float(__ushort_as_half((unsigned short)(cp[dd] >> 16)));
@@ -651,21 +652,32 @@ __device__ __forceinline__ void dec_load_sealed(const attn_args &a, dec_raw<KF, 
 template <int KF, int VF, int D, int ACT, class LY>
 __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::NGV> &st,
 					   const dec_raw<KF, VF, D, false, LY> &r, uint32_t slot, uint32_t u, uint32_t h,
-					   const uint32_t (&qd)[D / 8], const uint32_t (&qf)[D / 8], dec_kch<D> &kq,
+					   const uint32_t (&qf)[D / 8], dec_kch<D> &kq,
 					   const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
 {
 	if constexpr (dec_raw<KF, VF, D, false, LY>::KCH) {
 		if (slot != kq.slot) {
 			const uint8_t *hs = sealed_head(a.l, a.base, slot, h);
-			dec_kch_set<D, ACT, LY::KP>(kq, qd, hs + a.l.off[KVQ_K_PARAMS]);
+			dec_kch_set<D, ACT, LY::KP>(kq, qf, hs + a.l.off[KVQ_K_PARAMS]);
 			kq.slot = slot;
 		}
 	}
 	dec_compute<KF, VF, D, ACT, false, LY>(st, r, u * DEC_CHUNK, qf, kq, qg, lim, sl2);
 }
 
+/* Per pair: whether sealed chunks are double-buffered (8-bit: twice the
+ * bytes in flight), and the CTAs per multiprocessor the registers are held
+ * to (4/2-bit codes: three, single-buffered; KIVI K keeps q·s in two parts
+ * and stays at two). */
+template <int KF, int VF> struct dec_tune {
+	static constexpr bool sub8 = fmt<KF>::bits < 8 || fmt<VF>::bits < 8;
+	static constexpr bool kch = fmt<KF>::kind_k == KVQ_PARAM_CHANNEL;
+	static constexpr bool dbuf = fmt<KF>::bits == 8 && fmt<VF>::bits == 8;
+	static constexpr int minb = sub8 && !kch ? 3 : 1;
+};
+
 template <int KF, int VF, int D, int ACT>
-__global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
+__global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) decode_kernel(attn_args a)
 {
 	constexpr int OF = ACT == KVQ_DT_F16 ? KVQ_FMT_F16 : KVQ_FMT_BF16;   /* open rows */
 	typedef dec_lay<KF, VF, D> LY;
@@ -751,7 +763,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 	 * flight). */
 	const uint32_t us = n_sealed_blk * l.B / DEC_CHUNK < u1 ? n_sealed_blk * l.B / DEC_CHUNK : u1;
 	uint32_t u = u0 + warp;
-	if constexpr (fmt<KF>::bits <= 8 && fmt<VF>::bits <= 8 && !RS::KCH) {
+	if constexpr (dec_tune<KF, VF>::dbuf) {
 		if (u < us) {
 			RS A, B;
 			uint32_t sa = dec_slot(a, s, u, us, n_sealed_blk), sb = dec_slot(a, s, u + DEC_WARPS, us, n_sealed_blk);
@@ -760,14 +772,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 				const uint32_t sc = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
 				dec_load_sealed(a, B, sb, u + DEC_WARPS, h, s.n);
 				if (sa != DEC_NOSLOT)
-					dec_sealed<KF, VF, D, ACT, LY>(a, st, A, sa, u, h, qd, qf, kq, qg, lim, sl2);
+					dec_sealed<KF, VF, D, ACT, LY>(a, st, A, sa, u, h, qf, kq, qg, lim, sl2);
 				u += DEC_WARPS;
 				if (u >= us)
 					break;
 				const uint32_t sd = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
 				dec_load_sealed(a, A, sc, u + DEC_WARPS, h, s.n);
 				if (sb != DEC_NOSLOT)
-					dec_sealed<KF, VF, D, ACT, LY>(a, st, B, sb, u, h, qd, qf, kq, qg, lim, sl2);
+					dec_sealed<KF, VF, D, ACT, LY>(a, st, B, sb, u, h, qf, kq, qg, lim, sl2);
 				u += DEC_WARPS;
 				if (u >= us)
 					break;
@@ -785,7 +797,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 		if (!(sl >> 31)) {
 			RS r;
 			dec_load_sealed(a, r, sl, u, h, s.n);
-			dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl, u, h, qd, qf, kq, qg, lim, sl2);
+			dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl, u, h, qf, kq, qg, lim, sl2);
 		} else {
 			const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h);
 			dec_raw<OF, OF, D, true, LY> r;
