@@ -666,14 +666,13 @@ __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::
 }
 
 /* Per pair: whether sealed chunks are double-buffered (8-bit: twice the
- * bytes in flight), and the CTAs per multiprocessor the registers are held
- * to (4/2-bit codes: three, single-buffered; KIVI K keeps q·s in two parts
- * and stays at two). */
+ * bytes in flight; single-buffered at 3 CTAs/SM was slower, 0.389 against
+ * 0.330 ms), and the CTAs per multiprocessor the registers are held to (4/2-bit
+ * codes: three, single-buffered; bench/RESULTS.md). */
 template <int KF, int VF> struct dec_tune {
 	static constexpr bool sub8 = fmt<KF>::bits < 8 || fmt<VF>::bits < 8;
-	static constexpr bool kch = fmt<KF>::kind_k == KVQ_PARAM_CHANNEL;
 	static constexpr bool dbuf = fmt<KF>::bits == 8 && fmt<VF>::bits == 8;
-	static constexpr int minb = sub8 && !kch ? 3 : 1;
+	static constexpr int minb = sub8 ? 3 : 1;
 };
 
 template <int KF, int VF, int D, int ACT>
@@ -757,10 +756,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 			st.acc[mt][i] = 0.0f;
 
 	/* Slots are read two chunks ahead (a dependent load off the critical
-	 * path); formats of at most 8 bits (KIVI K aside: its channel
-	 * parameters take the registers) also load a sealed chunk while the
-	 * previous one is computed (two register buffers: twice the bytes in
-	 * flight). */
+	 * path); 8-bit formats also load a sealed chunk while the previous one
+	 * is computed (two register buffers: twice the bytes in flight;
+	 * dec_tune). */
 	const uint32_t us = n_sealed_blk * l.B / DEC_CHUNK < u1 ? n_sealed_blk * l.B / DEC_CHUNK : u1;
 	uint32_t u = u0 + warp;
 	if constexpr (dec_tune<KF, VF>::dbuf) {
