@@ -2,9 +2,10 @@
 /* The one dispatch place: attention arguments checked, the kernel and the
  * launch shape chosen (rows per CTA, tokens per tile, KV splits), and (K
  * format, V format, head dim, dtype) turned into an instance of instances.h,
- * or -ENOTSUP.  A step of at most 8 query rows per KV head over per-token
- * formats in blocks of a multiple of 32 tokens goes to decode_kernel; the
- * rest to attn_kernel. */
+ * or -ENOTSUP.  A step of at most 8 query rows per KV head in blocks of a
+ * multiple of 32 tokens goes to decode_kernel (pairs of
+ * KVQ_CUDA_DECODE_PAIRS whose groups fit the head dim); the rest to
+ * attn_kernel. */
 #include "decode.cuh"
 #include "instances.h"
 
@@ -108,7 +109,9 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 		return -EINVAL;
 	s.tt = tile_tokens(L->block_tokens);
 	s.dec = decode_fn{ NULL, NULL };
-	if (rows <= 8 && L->block_tokens % DEC_CHUNK == 0)
+	if (rows <= 8 && L->block_tokens % DEC_CHUNK == 0 &&
+	    kvq_fmt_group(L->layer[a->layer].kfmt, 0) <= L->head_dim &&
+	    kvq_fmt_group(L->layer[a->layer].vfmt, 1) <= L->head_dim)
 		s.dec = decode_find(L->layer[a->layer].kfmt, L->layer[a->layer].vfmt, L->head_dim, L->act);
 	uint32_t ntiles = (a->max_n + s.tt - 1) / s.tt;
 	if (s.dec.launch) {

@@ -1,31 +1,39 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Decode attention: at most 8 query rows per KV head (one MMA n-tile), the
- * per-token formats (f16, bf16, int8, fp8 e4m3, fp8 e5m2), blocks of a
- * multiple of 32 tokens.  attention.cu picks it over attn_kernel when all of
- * that holds; everything else stays with attn_kernel.
+ * Decode attention: at most 8 query rows per KV head (one MMA n-tile), every
+ * stored format, blocks of a multiple of 32 tokens.  attention.cu picks it
+ * over attn_kernel when all of that holds (and the format's groups fit the
+ * head dim); everything else stays with attn_kernel.
  *
  * One CTA per (KV split, KV head, sequence), DEC_WARPS warps.  Each warp
  * streams its own 32-token chunks (no CTA-wide barrier until the end) with
  * its own online softmax, and the warps are merged through shared memory at
  * the end (the split's result, or its partial for merge_kernel).
  *
- * Codes go from global memory straight into registers (16-byte loads for K,
- * 8 or 16 for V), are converted to exact FP16/BF16 pairs in registers and fed
+ * Codes go from global memory straight into registers, are converted to
+ * exact FP16/BF16 pairs in registers (4- and 2-bit codes with the 0x6400 /
+ * 0x4300 magic: one mask-or and one f16x2 subtract or fma per pair) and fed
  * to mma.sync as A fragments: Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·Pᵀ with query rows in N.
  * The fragment order is free where it does not change the sums: thread
- * (lane / 4, lane % 4) loads head dims [c·D/4, (c+1)·D/4) of its K rows and
- * tokens [8c, 8c + 8) of its V rows (c = lane % 4), and the query fragments
- * use the same head-dim order.  The chunk's tokens sit at QKᵀ m-rows chosen
- * so that the score accumulator, moved to the B layout with movmatrix, is
- * exactly the PV k order of those V loads:
- *   m-row i (i < 8):  token 8·(i / 2) + 4·s + (i % 2)   (m-tile s = 0, 1)
- *   m-row i + 8:      the same token + 2.
- * Scales stay out of the MMA as in attn_kernel: K's per-token scale on the
- * scores, V's per-token scale on the probabilities, divided by the warp's
- * unit: the largest V scale seen so far over 2^14 (probabilities times scale
- * stay normal FP16 at most 2^14; the unit only grows, so the accumulator is
- * rescaled only when it or a row's maximum moves).
+ * (lane / 4, lane % 4) = (qn, qc) loads head dims [c·S/4, (c+1)·S/4) of each
+ * span of S dims of its K rows (S = D, or the int4 group: one k-step never
+ * mixes groups), in the order its code width unpacks best (dec_kdim), and
+ * the query fragments use the same order.  It loads tokens [8c, 8c + 8) of
+ * its V rows; the chunk's tokens sit at QKᵀ m-rows chosen so that the score
+ * accumulator, moved to the B layout with movmatrix, is exactly the PV k
+ * order of those V codes (dec_lay::tok):
+ *   8/16-bit V: m-row i (i < 8) token 8·(i / 2) + 4·s + (i % 2), i + 8: + 2
+ *   4/2-bit V:  m-row i (i < 8) token 8·(i / 2) + 2·s + 4·(i % 2), i + 8: + 1
+ * (m-tile s = 0, 1), so a 4-bit word unpacks to the pairs (t, t + 4).
+ * Scales and zeros stay out of the MMA as in attn_kernel: K's per-token scale
+ * on the scores; int4 K per group (one accumulator per group, plus z·Σq of
+ * the group); KIVI's per-channel K scale folded into q once per block as a
+ * high and a low FP16 part (two MMAs) plus the bias q·z; V's per-token or
+ * per-group scale on the probabilities (one P fragment per V group, plus
+ * Σ p·z per group), divided by the warp's unit per V group: the largest
+ * scale seen so far over 2^14 (probabilities times scale stay normal FP16
+ * at most 2^14; the unit only grows, so the accumulator is rescaled only
+ * when it or a row's maximum moves).
  */
 #ifndef KVQ_CUDA_DECODE_CUH
 #define KVQ_CUDA_DECODE_CUH
@@ -134,20 +142,140 @@ template <> struct dec_cvt<KVQ_FMT_FP8E5M2, KVQ_DT_F16> {
 	}
 };
 
-/* The A fragment of one k-step from raw words: for 8-bit codes word k of
- * each row (hi = 0: the lower m-row or dim, 1: the upper), for 16-bit codes
- * words 2k and 2k + 1. */
-template <int F, int ACT, int NW>
-__device__ __forceinline__ void dec_frag(uint32_t fa[4], const uint32_t (&r0)[NW], const uint32_t (&r1)[NW], int k)
+/* 4-bit codes to pairs: x_i = (code i, code i + 4) of a word of 8 codes
+ * (i < 4), exact.  FP16: (w & 0x000f000f) | 0x6400 is 1024 + c, the high
+ * nibble in place is 1024 + 16c; BF16: 0x4300 | c is 128 + c. */
+template <int ACT> __device__ __forceinline__ uint32_t dec_nib(uint32_t w, int i)
 {
-	if constexpr (fmt<F>::bits == 8) {
+	uint32_t y;
+	if constexpr (ACT == KVQ_DT_F16) {
+		const uint32_t v = i >= 2 ? w >> 8 : w;
+		if (i & 1) {
+			const uint32_t x = (v & 0x00f000f0u) | 0x64006400u;
+			asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(0x2c002c00u), "r"(0xd400d400u));
+		} else {
+			const uint32_t x = (v & 0x000f000fu) | 0x64006400u;
+			asm("sub.f16x2 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(0x64006400u));
+		}
+	} else {
+		const uint32_t x = ((w >> (4 * i)) & 0x000f000fu) | 0x43004300u;
+		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(0x3f803f80u), "r"(0xc300c300u));
+	}
+	return y;
+}
+
+/* 2-bit codes to pairs: x_i = (code i, code i + H) for the crumbs of w
+ * (H = 8: a word of 16 codes; H = 4: 8 codes in bytes 0 and 2). */
+template <int ACT> __device__ __forceinline__ uint32_t dec_crumb(uint32_t w, int i)
+{
+	uint32_t y;
+	if constexpr (ACT == KVQ_DT_F16) {
+		const uint32_t x = ((w >> (2 * i)) & 0x00030003u) | 0x64006400u;
+		asm("sub.f16x2 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(0x64006400u));
+	} else {
+		const uint32_t x = ((w >> (2 * i)) & 0x00030003u) | 0x43004300u;
+		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(0x3f803f80u), "r"(0xc300c300u));
+	}
+	return y;
+}
+
+/* Where K's k-step k, slot e (fa[0] low/high, fa[2] low/high) sits among the
+ * thread's dims of a span, by K code width P: 16 and 8 in order; 4 and 2 as
+ * their words unpack (dec_nib, dec_crumb). */
+template <int P> __host__ __device__ constexpr int dec_kdim(int k, int e)
+{
+	return P == 4 ? 8 * (k >> 1) + 2 * (k & 1) + (e >> 1) + 4 * (e & 1)
+	     : P == 2 ? 16 * (k >> 2) + 2 * (k & 3) + (e >> 1) + 8 * (e & 1)
+		      : 4 * k + e;
+}
+
+/* Pairs (k-step k) of 16-bit values kept in dim order, put in the order P. */
+template <int P, int N>
+__device__ __forceinline__ void dec_perm16(const uint32_t (&w)[N], int k, uint32_t &lo, uint32_t &hi)
+{
+	if constexpr (P == 4) {
+		const uint32_t a = w[(k >> 1) * 4 + (k & 1)], b = w[(k >> 1) * 4 + (k & 1) + 2];
+		lo = __byte_perm(a, b, 0x5410);
+		hi = __byte_perm(a, b, 0x7632);
+	} else if constexpr (P == 2) {
+		const uint32_t a = w[(k >> 2) * 8 + (k & 3)], b = w[(k >> 2) * 8 + (k & 3) + 4];
+		lo = __byte_perm(a, b, 0x5410);
+		hi = __byte_perm(a, b, 0x7632);
+	} else {
+		lo = w[2 * k];
+		hi = w[2 * k + 1];
+	}
+}
+
+/* The layout one (K, V) pair imposes on a chunk, sealed or open. */
+template <int KF, int VF, int D> struct dec_lay {
+	static constexpr int KBITS = fmt<KF>::bits, VBITS = fmt<VF>::bits;
+	static constexpr bool VNIB = VBITS < 8;
+	static constexpr int KP = KBITS < 8 ? KBITS : 16;
+	static constexpr int KSPAN = fmt<KF>::kind_k == KVQ_PARAM_GROUP && fmt<KF>::group_k < D ? fmt<KF>::group_k : D;
+	static constexpr int KPARTS = D / KSPAN;
+	static constexpr int VGS = fmt<VF>::kind_v == KVQ_PARAM_GROUP && fmt<VF>::group_v < D ? fmt<VF>::group_v : D;
+	static constexpr int NGV = D / VGS;
+	/* token (within the 8 of m-row pair group lane / 8) of m-tile s, upper half hi, m-row parity te */
+	static __device__ __forceinline__ uint32_t tok(int s, int hi, uint32_t te)
+	{
+		return VNIB ? 2 * s + hi + 4 * te : 4 * s + 2 * hi + te;
+	}
+	/* tokens (a, b) of V word j of a thread's 8 (16-bit codes) */
+	static __host__ __device__ constexpr int vt(int j, int b) { return VNIB ? j + 4 * b : 2 * j + b; }
+};
+
+/* The A fragment of one k-step of K (rows r0, r1: m-row qn and qn + 8). */
+template <int F, int ACT, int P, int NW>
+__device__ __forceinline__ void dec_kfrag(uint32_t fa[4], const uint32_t (&r0)[NW], const uint32_t (&r1)[NW], int k)
+{
+	if constexpr (fmt<F>::bits == 16) {
+		dec_perm16<P>(r0, k, fa[0], fa[2]);
+		dec_perm16<P>(r1, k, fa[1], fa[3]);
+		if constexpr (!((F == KVQ_FMT_F16 && ACT == KVQ_DT_F16) || (F == KVQ_FMT_BF16 && ACT == KVQ_DT_BF16))) {
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				fa[i] = dec_cvt<F, ACT>::two(fa[i]);
+		}
+	} else if constexpr (fmt<F>::bits == 8) {
 		dec_cvt<F, ACT>::four(r0[k], fa[0], fa[2]);
 		dec_cvt<F, ACT>::four(r1[k], fa[1], fa[3]);
+	} else if constexpr (fmt<F>::bits == 4) {
+		fa[0] = dec_nib<ACT>(r0[k >> 1], 2 * (k & 1));
+		fa[2] = dec_nib<ACT>(r0[k >> 1], 2 * (k & 1) + 1);
+		fa[1] = dec_nib<ACT>(r1[k >> 1], 2 * (k & 1));
+		fa[3] = dec_nib<ACT>(r1[k >> 1], 2 * (k & 1) + 1);
 	} else {
-		fa[0] = dec_cvt<F, ACT>::two(r0[2 * k]);
-		fa[2] = dec_cvt<F, ACT>::two(r0[2 * k + 1]);
-		fa[1] = dec_cvt<F, ACT>::two(r1[2 * k]);
-		fa[3] = dec_cvt<F, ACT>::two(r1[2 * k + 1]);
+		fa[0] = dec_crumb<ACT>(r0[k >> 2], 2 * (k & 3));
+		fa[2] = dec_crumb<ACT>(r0[k >> 2], 2 * (k & 3) + 1);
+		fa[1] = dec_crumb<ACT>(r1[k >> 2], 2 * (k & 3));
+		fa[3] = dec_crumb<ACT>(r1[k >> 2], 2 * (k & 3) + 1);
+	}
+}
+
+/* The A fragment of k-step s of V (rows: dims qn and qn + 8 of an m-tile). */
+template <int F, int ACT, int NW>
+__device__ __forceinline__ void dec_vfrag(uint32_t fa[4], const uint32_t (&r0)[NW], const uint32_t (&r1)[NW], int s)
+{
+	if constexpr (fmt<F>::bits == 16) {
+		fa[0] = dec_cvt<F, ACT>::two(r0[2 * s]);
+		fa[2] = dec_cvt<F, ACT>::two(r0[2 * s + 1]);
+		fa[1] = dec_cvt<F, ACT>::two(r1[2 * s]);
+		fa[3] = dec_cvt<F, ACT>::two(r1[2 * s + 1]);
+	} else if constexpr (fmt<F>::bits == 8) {
+		dec_cvt<F, ACT>::four(r0[s], fa[0], fa[2]);
+		dec_cvt<F, ACT>::four(r1[s], fa[1], fa[3]);
+	} else if constexpr (fmt<F>::bits == 4) {
+		fa[0] = dec_nib<ACT>(r0[0], 2 * s);
+		fa[2] = dec_nib<ACT>(r0[0], 2 * s + 1);
+		fa[1] = dec_nib<ACT>(r1[0], 2 * s);
+		fa[3] = dec_nib<ACT>(r1[0], 2 * s + 1);
+	} else {
+		/* 16 bits of 8 codes: bytes 0 and 2 (dec_load), pairs (t, t + 4) */
+		fa[0] = dec_crumb<ACT>(r0[0], 2 * s);
+		fa[2] = dec_crumb<ACT>(r0[0], 2 * s + 1);
+		fa[1] = dec_crumb<ACT>(r1[0], 2 * s);
+		fa[3] = dec_crumb<ACT>(r1[0], 2 * s + 1);
 	}
 }
 
@@ -165,57 +293,89 @@ __device__ __forceinline__ float dec_exp2(float x)
 	return y;
 }
 
-__device__ __forceinline__ float dec_half(const uint32_t (&w)[4], int i)
+/* Half i of an array of words (FP16 parameters: s, or {s, z} pairs). */
+template <int N> __device__ __forceinline__ float dec_half(const uint32_t (&w)[N], int i)
 {
 	const uint32_t x = w[i >> 1];
 	return __half2float(__ushort_as_half((unsigned short)(i & 1 ? x >> 16 : x & 0xffffu)));
 }
 
 /* What one warp carries from chunk to chunk. */
-template <int D> struct dec_state {
-	float m[2], l[2], unit;   /* per query column 2c, 2c + 1 (log2 units) */
+template <int D, int NGV> struct dec_state {
+	float m[2], l[2], unit[NGV];   /* per query column 2c, 2c + 1 (log2 units); per V group */
 	float acc[D / 16][4];
+};
+
+/* KIVI K: q·s of the current block as high and low parts, and q·z. */
+template <int D> struct dec_kch {
+	uint32_t qh[D / 8], ql[D / 8];
+	float kb[2];
+	uint32_t slot;
 };
 
 /* One 32-token chunk's codes and parameters as loaded (raw words).  KF/VF
  * are the chunk's formats: the layer's for a sealed block; the activation's,
- * with no parameters, for an open one, whose V rows are not transposed. */
-template <int KF, int VF, int D, bool OPEN> struct dec_raw {
-	static constexpr int KB = fmt<KF>::bits / 8, VB = fmt<VF>::bits / 8;
-	static constexpr int KN = D / 4 * KB;    /* bytes of one K row this thread loads */
-	static constexpr int VN = 8 * VB;        /* bytes of one V row this thread loads */
+ * with no parameters, for an open one, whose V rows are not transposed.  LY
+ * is the layer's layout (dec_lay), which open chunks follow too. */
+template <int KF, int VF, int D, bool OPEN, class LY> struct dec_raw {
+	static constexpr int KBITS = fmt<KF>::bits, VBITS = fmt<VF>::bits;
+	static constexpr int KPB = LY::KSPAN / 4 * KBITS / 8;   /* bytes of one span of one K row */
+	static constexpr int KN = KPB * LY::KPARTS;              /* bytes of one K row this thread loads */
+	static constexpr int VN = 8 * VBITS / 8;                 /* bytes of one V row this thread loads */
 	static constexpr bool KTOK = !OPEN && fmt<KF>::kind_k == KVQ_PARAM_TOKEN;
+	static constexpr bool KGRP = !OPEN && fmt<KF>::kind_k == KVQ_PARAM_GROUP;
+	static constexpr bool KCH = !OPEN && fmt<KF>::kind_k == KVQ_PARAM_CHANNEL;
 	static constexpr bool VTOK = !OPEN && fmt<VF>::kind_v == KVQ_PARAM_TOKEN;
+	static constexpr bool VGRP = !OPEN && fmt<VF>::kind_v == KVQ_PARAM_GROUP;
+	static_assert(!KGRP || LY::VNIB, "int4 K parameters are loaded for the 4/2-bit V token order");
 	uint32_t kw[2][2][KN / 4];
-	uint32_t vw[D / 16][2][VN / 4];
-	uint32_t kpw[4], vpw[4];
+	uint32_t vw[D / 16][2][VN >= 4 ? VN / 4 : 1];
+	uint32_t kpw[KGRP ? 4 * LY::KPARTS : 4], vpw[VGRP ? 4 * LY::NGV : 4];
 };
+
+template <int N> __device__ __forceinline__ void dec_ldp(uint32_t *r, const uint8_t *p)
+{
+	if constexpr (N == 2) {
+		const uint32_t x = __ldg(reinterpret_cast<const unsigned short *>(p));
+		r[0] = __byte_perm(x, 0u, 0x4140);   /* bytes 0 and 2: dec_vfrag */
+	} else {
+		uint32_t t[N / 4];
+		dec_ld<N>(t, p);
+#pragma unroll
+		for (int i = 0; i < N / 4; i++)
+			r[i] = t[i];
+	}
+}
 
 /* Issues every load of a chunk (t0: its first token, tb: its offset in the
  * block, n: the sequence's tokens). */
-template <int KF, int VF, int D, bool OPEN>
-__device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN> &r, const uint8_t *kc, const uint8_t *vc,
+template <int KF, int VF, int D, bool OPEN, class LY>
+__device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *vc,
 					 const uint8_t *kpar, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0,
 					 uint32_t n)
 {
-	typedef dec_raw<KF, VF, D, OPEN> R;
-	constexpr int KB = R::KB, VB = R::VB, KN = R::KN, VN = R::VN, MT = D / 16;
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int KBITS = R::KBITS, VBITS = R::VBITS, KPB = R::KPB, VN = R::VN, MT = D / 16;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, qc = lane & 3, tg = lane >> 3, te = qn & 1;
 
-	const uint8_t *kb = kc + (size_t)(tb + tg * 8 + te) * (D * KB) + qc * KN;
 #pragma unroll
 	for (int s = 0; s < 2; s++)
 #pragma unroll
-		for (int hi = 0; hi < 2; hi++)
-			dec_ld<KN>(r.kw[s][hi], kb + (4 * s + 2 * hi) * (D * KB));
+		for (int hi = 0; hi < 2; hi++) {
+			const uint8_t *kr = kc + (size_t)(tb + tg * 8 + LY::tok(s, hi, te)) * (D * KBITS / 8);
+#pragma unroll
+			for (int j = 0; j < LY::KPARTS; j++)
+				dec_ldp<KPB>(&r.kw[s][hi][j * (KPB / 4)],
+					     kr + (j * LY::KSPAN + qc * (LY::KSPAN / 4)) * KBITS / 8);
+		}
 	if constexpr (!OPEN) {
-		const uint8_t *vb = vc + ((size_t)qn * B + tb + qc * 8) * VB;
-		const size_t v8 = (size_t)8 * B * VB;
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-			for (int hi = 0; hi < 2; hi++)
-				dec_ld<VN>(r.vw[mt][hi], vb + (2 * mt + hi) * v8);
+			for (int hi = 0; hi < 2; hi++) {
+				const size_t e = (size_t)(mt * 16 + qn + 8 * hi) * B + tb + qc * 8;
+				dec_ldp<VN>(r.vw[mt][hi], vc + e * VBITS / 8);
+			}
 	} else {
 		/* open rows are [token][dim]: 16-bit loads, tokens past n zeroed
 		 * (the open block's unwritten rows are junk) */
@@ -227,27 +387,73 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN> &r, const uint
 				const uint32_t d = mt * 16 + qn + 8 * hi;
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
-					const uint32_t t = tb + qc * 8 + 2 * j;
-					const uint32_t x0 = t0 + qc * 8 + 2 * j < n ? vr[(size_t)t * D + d] : 0u;
-					const uint32_t x1 = t0 + qc * 8 + 2 * j + 1 < n ? vr[(size_t)(t + 1) * D + d] : 0u;
+					const uint32_t ta = qc * 8 + LY::vt(j, 0), tb1 = qc * 8 + LY::vt(j, 1);
+					const uint32_t x0 = t0 + ta < n ? vr[(size_t)(tb + ta) * D + d] : 0u;
+					const uint32_t x1 = t0 + tb1 < n ? vr[(size_t)(tb + tb1) * D + d] : 0u;
 					r.vw[mt][hi][j] = x0 | x1 << 16;
 				}
 			}
 	}
 	if constexpr (R::KTOK)
 		dec_ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
+	if constexpr (R::KGRP)   /* {s, z}[t][part] of the tokens 4·te + 0..3 of the thread's eight */
+		dec_ld<16 * LY::KPARTS>(r.kpw, kpar + (size_t)(tb + tg * 8 + 4 * te) * LY::KPARTS * 4);
 	if constexpr (R::VTOK)
 		dec_ld<16>(r.vpw, vpar + (tb + tg * 8) * 2);
+	if constexpr (R::VGRP) {   /* {s, z}[group][t], the same four tokens */
+#pragma unroll
+		for (int gv = 0; gv < LY::NGV; gv++)
+			dec_ldp<16>(&r.vpw[4 * gv], vpar + ((size_t)gv * B + tb + tg * 8 + 4 * te) * 4);
+	}
+}
+
+/* KIVI K: q·s (high and low parts) and q·z of the block whose channel
+ * parameters start at kpar; q as B fragments (qf: k-step k, slot e holds dim
+ * dec_kdim(k, e) of the thread's span). */
+template <int D, int ACT, int P>
+__device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)[D / 8], const uint8_t *kpar)
+{
+	typedef act<ACT> AT;
+	const uint32_t lane = threadIdx.x & 31, qc = lane & 3;
+	uint32_t cp[D / 4];
+	dec_ld<D>(cp, kpar + qc * D);
+	float bias = 0.0f;
+#pragma unroll
+	for (int k = 0; k < D / 16; k++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			float hv[2], lv[2];
+#pragma unroll
+			for (int b = 0; b < 2; b++) {
+				const int dd = dec_kdim<P>(k, 2 * h + b);
+				const uint32_t qw = qf[2 * k + h];
+				const unsigned short qb = (unsigned short)(b ? qw >> 16 : qw & 0xffffu);
+				const float qv = AT::to_f(*reinterpret_cast<const typename AT::T *>(&qb));
+				const float sc = __half2float(__ushort_as_half((unsigned short)(cp[dd] & 0xffffu)));
+				const float zc = __half2float(__ushort_as_half((unsigned short)(cp[dd] >> 16)));
+				const float x = qv * sc;
+				hv[b] = AT::to_f(AT::from_f(x));
+				lv[b] = x - hv[b];
+				bias += qv * zc;
+			}
+			kq.qh[2 * k + h] = AT::pack(hv[0], hv[1]);
+			kq.ql[2 * k + h] = AT::pack(lv[0], lv[1]);
+		}
+	bias += __shfl_xor_sync(0xffffffffu, bias, 1);
+	bias += __shfl_xor_sync(0xffffffffu, bias, 2);
+	kq.kb[0] = __shfl_sync(0xffffffffu, bias, 8 * qc);
+	kq.kb[1] = __shfl_sync(0xffffffffu, bias, 8 * qc + 4);
 }
 
 /* Scores, online softmax and PV of a loaded chunk. */
-template <int KF, int VF, int D, int ACT, bool OPEN>
-__device__ __forceinline__ void dec_compute(dec_state<D> &st, const dec_raw<KF, VF, D, OPEN> &r, uint32_t t0,
-					    const uint32_t (&qf)[D / 8], const uint32_t (&lim)[2], float sl2)
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
+__device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
+					    uint32_t t0, const uint32_t (&qf)[D / 8], const dec_kch<D> &kq,
+					    const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
 {
-	typedef dec_raw<KF, VF, D, OPEN> R;
-	constexpr int KS = D / 16, MT = D / 16;
-	constexpr bool KTOK = R::KTOK, VTOK = R::VTOK;
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int MT = D / 16, NGV = LY::NGV, KPS = LY::KSPAN / 16;
+	constexpr bool KTOK = R::KTOK, VTOK = R::VTOK, KGRP = R::KGRP, KCH = R::KCH, VGRP = R::VGRP;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, tg = lane >> 3, te = qn & 1;
 
 	/* ---- scores Sᵀ = K·Qᵀ: x[s][i], C fragment of m-tile s */
@@ -256,24 +462,49 @@ __device__ __forceinline__ void dec_compute(dec_state<D> &st, const dec_raw<KF, 
 	for (int s = 0; s < 2; s++) {
 		float c[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 #pragma unroll
-		for (int k = 0; k < KS; k++) {
-			uint32_t fa[4];
-			const uint32_t fb[2] = { qf[2 * k], qf[2 * k + 1] };
-			dec_frag<KF, ACT>(fa, r.kw[s][0], r.kw[s][1], k);
-			mma16816<ACT>(c, fa, fb);
+		for (int j = 0; j < LY::KPARTS; j++) {
+			float cg[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll
+			for (int k = j * KPS; k < (j + 1) * KPS; k++) {
+				uint32_t fa[4];
+				dec_kfrag<KF, ACT, LY::KP>(fa, r.kw[s][0], r.kw[s][1], k);
+				if constexpr (KCH) {
+					const uint32_t fh[2] = { kq.qh[2 * k], kq.qh[2 * k + 1] };
+					const uint32_t fl[2] = { kq.ql[2 * k], kq.ql[2 * k + 1] };
+					mma16816<ACT>(cg, fa, fh);
+					mma16816<ACT>(cg, fa, fl);
+				} else {
+					const uint32_t fb[2] = { qf[2 * k], qf[2 * k + 1] };
+					mma16816<ACT>(cg, fa, fb);
+				}
+			}
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				if constexpr (KGRP) {
+					const uint32_t w = r.kpw[(2 * s + (i >> 1)) * LY::KPARTS + j];
+					const float sc = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+					const float zc = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+					c[i] += cg[i] * sc + zc * qg[j][i & 1];
+				} else {
+					c[i] += cg[i];
+				}
+			}
 		}
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			const int hi = i >> 1;
-			const uint32_t t = t0 + tg * 8 + 4 * s + 2 * hi + te;
-			float y = c[i] * sl2;
+			const uint32_t t = t0 + tg * 8 + LY::tok(s, hi, te);
+			float y = c[i];
+			if constexpr (KCH)
+				y += kq.kb[i & 1];
+			y *= sl2;
 			if (KTOK)
-				y *= dec_half(r.kpw, 4 * s + 2 * hi + (int)te);
+				y *= dec_half(r.kpw, (int)LY::tok(s, hi, te));
 			x[s][i] = t < lim[i & 1] ? y : -INFINITY;
 		}
 	}
 
-	/* ---- online softmax per query column; the chunk's V unit */
+	/* ---- online softmax per query column; the chunk's V unit per group */
 	float alpha[2], mu[2];
 #pragma unroll
 	for (int j = 0; j < 2; j++) {
@@ -287,51 +518,103 @@ __device__ __forceinline__ void dec_compute(dec_state<D> &st, const dec_raw<KF, 
 		st.m[j] = m_new;
 		st.l[j] *= alpha[j];
 	}
-	float S = 1.0f;
-	if constexpr (VTOK) {
-		S = 0.0f;
+	float e[2][4];
 #pragma unroll
-		for (int i = 0; i < 8; i++)
-			S = fmaxf(S, dec_half(r.vpw, i));
-		S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 8));
-		S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 16));
-		if (!(S > 0.0f))
-			S = 1.0f;
-	}
-	/* the unit only grows, so most chunks leave the accumulator as it is */
-	const float unit = fmaxf(st.unit, S * (1.0f / ATTN_P_UNIT)), rs = 1.0f / unit, ratio = st.unit / unit;
-	st.unit = unit;
-	uint32_t pb[2][2];
-#pragma unroll
-	for (int s = 0; s < 2; s++) {
-		float p[4];
+	for (int s = 0; s < 2; s++)
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			const int hi = i >> 1;
-			const float e = dec_exp2(x[s][i] - mu[i & 1]);
-			st.l[i & 1] += e;
-			p[i] = VTOK ? e * dec_half(r.vpw, 4 * s + 2 * hi + (int)te) * rs : e * rs;
+			e[s][i] = dec_exp2(x[s][i] - mu[i & 1]);
+			st.l[i & 1] += e[s][i];
 		}
-		pb[s][0] = dec_trans(act<ACT>::pack(p[0], p[1]));
-		pb[s][1] = dec_trans(act<ACT>::pack(p[2], p[3]));
+	float rs[NGV], ratio[NGV];
+	bool moved = alpha[0] != 1.0f || alpha[1] != 1.0f;
+#pragma unroll
+	for (int gv = 0; gv < NGV; gv++) {
+		float S = 1.0f;
+		if constexpr (VTOK) {
+			S = 0.0f;
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				S = fmaxf(S, dec_half(r.vpw, i));
+			S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 8));
+			S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 16));
+			if (!(S > 0.0f))
+				S = 1.0f;
+		} else if constexpr (VGRP) {
+			S = 0.0f;
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				S = fmaxf(S, dec_half(r.vpw, 2 * (4 * gv + i)));
+			S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 4));
+			S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 8));
+			S = fmaxf(S, __shfl_xor_sync(0xffffffffu, S, 16));
+			if (!(S > 0.0f))
+				S = 1.0f;
+		}
+		/* the unit only grows, so most chunks leave the accumulator as it is */
+		const float unit = fmaxf(st.unit[gv], S * (1.0f / ATTN_P_UNIT));
+		rs[gv] = 1.0f / unit;
+		ratio[gv] = st.unit[gv] / unit;
+		st.unit[gv] = unit;
+		moved = moved || ratio[gv] != 1.0f;
 	}
-	const float f0 = alpha[0] * ratio, f1 = alpha[1] * ratio;
-	if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f))
+	if (__any_sync(0xffffffffu, moved))
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 			for (int i = 0; i < 4; i++)
-				st.acc[mt][i] *= i & 1 ? f1 : f0;
+				st.acc[mt][i] *= alpha[i & 1] * ratio[mt * 16 / LY::VGS];
 
-	/* ---- Oᵀ += Vᵀ·Pᵀ */
+	/* ---- Oᵀ += Vᵀ·Pᵀ, one P per V group (plus Σ p·z of the group) */
 #pragma unroll
-	for (int mt = 0; mt < MT; mt++)
+	for (int gv = 0; gv < NGV; gv++) {
+		uint32_t pb[2][2];
+		float zs[2] = { 0.0f, 0.0f };
 #pragma unroll
 		for (int s = 0; s < 2; s++) {
-			uint32_t fa[4];
-			dec_frag<VF, ACT>(fa, r.vw[mt][0], r.vw[mt][1], s);
-			mma16816<ACT>(st.acc[mt], fa, pb[s]);
+			float p[4];
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				const int hi = i >> 1;
+				if constexpr (VTOK) {
+					p[i] = e[s][i] * dec_half(r.vpw, (int)LY::tok(s, hi, te)) * rs[gv];
+				} else if constexpr (VGRP) {
+					const uint32_t w = r.vpw[4 * gv + 2 * s + hi];
+					const float sc = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+					const float zc = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+					p[i] = e[s][i] * sc * rs[gv];
+					zs[i & 1] += e[s][i] * zc;
+				} else {
+					p[i] = e[s][i] * rs[gv];
+				}
+			}
+			pb[s][0] = dec_trans(act<ACT>::pack(p[0], p[1]));
+			pb[s][1] = dec_trans(act<ACT>::pack(p[2], p[3]));
 		}
+		if constexpr (VGRP) {
+#pragma unroll
+			for (int j = 0; j < 2; j++) {
+				zs[j] += __shfl_xor_sync(0xffffffffu, zs[j], 4);
+				zs[j] += __shfl_xor_sync(0xffffffffu, zs[j], 8);
+				zs[j] += __shfl_xor_sync(0xffffffffu, zs[j], 16);
+				zs[j] *= rs[gv];
+			}
+		}
+#pragma unroll
+		for (int mt = gv * LY::VGS / 16; mt < (gv + 1) * LY::VGS / 16; mt++) {
+#pragma unroll
+			for (int s = 0; s < 2; s++) {
+				uint32_t fa[4];
+				dec_vfrag<VF, ACT>(fa, r.vw[mt][0], r.vw[mt][1], s);
+				mma16816<ACT>(st.acc[mt], fa, pb[s]);
+			}
+			if constexpr (VGRP) {
+#pragma unroll
+				for (int i = 0; i < 4; i++)
+					st.acc[mt][i] += zs[i & 1];
+			}
+		}
+	}
 }
 
 #define DEC_NOSLOT 0xffffffffu
@@ -351,8 +634,8 @@ __device__ __forceinline__ uint32_t dec_slot(const attn_args &a, const kvq_cuda_
 	return (uint32_t)id | (sealed ? 0u : 0x80000000u);
 }
 
-template <int KF, int VF, int D>
-__device__ __forceinline__ void dec_load_sealed(const attn_args &a, dec_raw<KF, VF, D, false> &r, uint32_t slot,
+template <int KF, int VF, int D, class LY>
+__device__ __forceinline__ void dec_load_sealed(const attn_args &a, dec_raw<KF, VF, D, false, LY> &r, uint32_t slot,
 						uint32_t u, uint32_t h, uint32_t n)
 {
 	if (slot == DEC_NOSLOT)
@@ -364,11 +647,41 @@ __device__ __forceinline__ void dec_load_sealed(const attn_args &a, dec_raw<KF, 
 		 l.B, t0 % l.B, t0, n);
 }
 
+/* A loaded sealed chunk (slot: its block); KIVI K first folds the block's
+ * channel parameters into q when the block changes. */
+template <int KF, int VF, int D, int ACT, class LY>
+__device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::NGV> &st,
+					   const dec_raw<KF, VF, D, false, LY> &r, uint32_t slot, uint32_t u, uint32_t h,
+					   const uint32_t (&qf)[D / 8], dec_kch<D> &kq,
+					   const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
+{
+	if constexpr (dec_raw<KF, VF, D, false, LY>::KCH) {
+		if (slot != kq.slot) {
+			const uint8_t *hs = sealed_head(a.l, a.base, slot, h);
+			dec_kch_set<D, ACT, LY::KP>(kq, qf, hs + a.l.off[KVQ_K_PARAMS]);
+			kq.slot = slot;
+		}
+	}
+	dec_compute<KF, VF, D, ACT, false, LY>(st, r, u * DEC_CHUNK, qf, kq, qg, lim, sl2);
+}
+
+/* Per pair: whether sealed chunks are double-buffered (8-bit: twice the
+ * bytes in flight; single-buffered at 3 CTAs/SM was slower, 0.389 against
+ * 0.330 ms), and the CTAs per multiprocessor the registers are held to (4/2-bit
+ * codes: three, single-buffered; bench/RESULTS.md). */
+template <int KF, int VF> struct dec_tune {
+	static constexpr bool sub8 = fmt<KF>::bits < 8 || fmt<VF>::bits < 8;
+	static constexpr bool dbuf = fmt<KF>::bits == 8 && fmt<VF>::bits == 8;
+	static constexpr int minb = sub8 ? 3 : 1;
+};
+
 template <int KF, int VF, int D, int ACT>
-__global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
+__global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) decode_kernel(attn_args a)
 {
 	constexpr int OF = ACT == KVQ_DT_F16 ? KVQ_FMT_F16 : KVQ_FMT_BF16;   /* open rows */
-	constexpr int MT = D / 16, DQ = D / 4;
+	typedef dec_lay<KF, VF, D> LY;
+	typedef dec_raw<KF, VF, D, false, LY> RS;
+	constexpr int MT = D / 16, SQ = LY::KSPAN / 4, NGV = LY::NGV;
 	__shared__ float sm_m[DEC_WARPS][8], sm_l[DEC_WARPS][8];
 	__shared__ float sm_o[DEC_WARPS][8][D + 4];
 
@@ -383,16 +696,44 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 	const uint32_t u0 = blockIdx.x * per, u1 = u0 + per < nch ? u0 + per : nch;
 	const uint32_t n_sealed_blk = split_of(l, s.n) / l.B;
 
-	/* query row qn, head dims [qc·D/4, (qc+1)·D/4): the B fragments of every k-step */
-	uint32_t qf[D / 8];
+	/* query row qn, head dims [qc·S/4, (qc+1)·S/4) of each span of S dims, in
+	 * dim order (qd), then as B fragments of every k-step (qf) */
+	uint32_t qd[D / 8], qf[D / 8];
 	if (qn < nr) {
-		const size_t qix = ((size_t)(s.q_row0 + qn / g) * a.q_heads + h * g + qn % g) * D + qc * DQ;
-		dec_ld<DQ * 2>(qf, reinterpret_cast<const uint8_t *>(a.q) + qix * 2);
+		const size_t qix = ((size_t)(s.q_row0 + qn / g) * a.q_heads + h * g + qn % g) * D + qc * SQ;
+#pragma unroll
+		for (int j = 0; j < LY::KPARTS; j++)
+			dec_ldp<SQ * 2>(&qd[j * (SQ / 2)], reinterpret_cast<const uint8_t *>(a.q) + (qix + j * LY::KSPAN) * 2);
 	} else {
 #pragma unroll
 		for (int i = 0; i < D / 8; i++)
-			qf[i] = 0;
+			qd[i] = 0;
 	}
+#pragma unroll
+	for (int k = 0; k < D / 16; k++)
+		dec_perm16<LY::KP>(qd, k, qf[2 * k], qf[2 * k + 1]);
+	/* int4 K: Σ q of each span for the thread's score columns */
+	float qg[LY::KPARTS][2];
+#pragma unroll
+	for (int j = 0; j < LY::KPARTS; j++) {
+		float sum = 0.0f;
+		qg[j][0] = qg[j][1] = 0.0f;
+		if constexpr (RS::KGRP) {
+#pragma unroll
+			for (int i = 0; i < SQ / 2; i++) {
+				const uint32_t w = qd[j * (SQ / 2) + i];
+				const unsigned short lo = (unsigned short)(w & 0xffffu), hi = (unsigned short)(w >> 16);
+				sum += act<ACT>::to_f(*reinterpret_cast<const typename act<ACT>::T *>(&lo)) +
+				       act<ACT>::to_f(*reinterpret_cast<const typename act<ACT>::T *>(&hi));
+			}
+			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+			sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+			qg[j][0] = __shfl_sync(0xffffffffu, sum, 8 * qc);
+			qg[j][1] = __shfl_sync(0xffffffffu, sum, 8 * qc + 4);
+		}
+	}
+	dec_kch<D> kq;
+	kq.slot = DEC_NOSLOT;
 	/* tokens visible to this thread's score columns (query rows 2c, 2c + 1) */
 	uint32_t lim[2];
 #pragma unroll
@@ -402,10 +743,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 	}
 	const float sl2 = a.scale * DEC_LOG2E;
 
-	dec_state<D> st;
+	dec_state<D, NGV> st;
 	st.m[0] = st.m[1] = -INFINITY;
 	st.l[0] = st.l[1] = 0.0f;
-	st.unit = 0.0f;
+#pragma unroll
+	for (int gv = 0; gv < NGV; gv++)
+		st.unit[gv] = 0.0f;
 #pragma unroll
 	for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -414,26 +757,27 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 
 	/* Slots are read two chunks ahead (a dependent load off the critical
 	 * path); 8-bit formats also load a sealed chunk while the previous one
-	 * is computed (two register buffers: twice the bytes in flight). */
+	 * is computed (two register buffers: twice the bytes in flight;
+	 * dec_tune). */
 	const uint32_t us = n_sealed_blk * l.B / DEC_CHUNK < u1 ? n_sealed_blk * l.B / DEC_CHUNK : u1;
 	uint32_t u = u0 + warp;
-	if constexpr (fmt<KF>::bits == 8 && fmt<VF>::bits == 8) {
+	if constexpr (dec_tune<KF, VF>::dbuf) {
 		if (u < us) {
-			dec_raw<KF, VF, D, false> A, B;
+			RS A, B;
 			uint32_t sa = dec_slot(a, s, u, us, n_sealed_blk), sb = dec_slot(a, s, u + DEC_WARPS, us, n_sealed_blk);
 			dec_load_sealed(a, A, sa, u, h, s.n);
 			for (;;) {
 				const uint32_t sc = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
 				dec_load_sealed(a, B, sb, u + DEC_WARPS, h, s.n);
 				if (sa != DEC_NOSLOT)
-					dec_compute<KF, VF, D, ACT, false>(st, A, u * DEC_CHUNK, qf, lim, sl2);
+					dec_sealed<KF, VF, D, ACT, LY>(a, st, A, sa, u, h, qf, kq, qg, lim, sl2);
 				u += DEC_WARPS;
 				if (u >= us)
 					break;
 				const uint32_t sd = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
 				dec_load_sealed(a, A, sc, u + DEC_WARPS, h, s.n);
 				if (sb != DEC_NOSLOT)
-					dec_compute<KF, VF, D, ACT, false>(st, B, u * DEC_CHUNK, qf, lim, sl2);
+					dec_sealed<KF, VF, D, ACT, LY>(a, st, B, sb, u, h, qf, kq, qg, lim, sl2);
 				u += DEC_WARPS;
 				if (u >= us)
 					break;
@@ -449,14 +793,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 			continue;
 		const uint32_t t0 = u * DEC_CHUNK, tb = t0 % l.B;
 		if (!(sl >> 31)) {
-			dec_raw<KF, VF, D, false> r;
+			RS r;
 			dec_load_sealed(a, r, sl, u, h, s.n);
-			dec_compute<KF, VF, D, ACT, false>(st, r, t0, qf, lim, sl2);
+			dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl, u, h, qf, kq, qg, lim, sl2);
 		} else {
 			const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h);
-			dec_raw<OF, OF, D, true> r;
+			dec_raw<OF, OF, D, true, LY> r;
 			dec_load(r, oh, oh + (size_t)l.B * D * 2, NULL, NULL, l.B, tb, t0, s.n);
-			dec_compute<OF, OF, D, ACT, true>(st, r, t0, qf, lim, sl2);
+			dec_compute<OF, OF, D, ACT, true, LY>(st, r, t0, qf, kq, qg, lim, sl2);
 		}
 	}
 
@@ -476,7 +820,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_kernel(attn_args a)
 	for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 		for (int i = 0; i < 4; i++)
-			sm_o[warp][2 * qc + (i & 1)][mt * 16 + qn + 8 * (i >> 1)] = st.acc[mt][i] * st.unit;
+			sm_o[warp][2 * qc + (i & 1)][mt * 16 + qn + 8 * (i >> 1)] = st.acc[mt][i] * st.unit[mt * 16 / LY::VGS];
 	__syncthreads();
 
 	for (uint32_t idx = threadIdx.x; idx < nr * D; idx += DEC_WARPS * 32) {
