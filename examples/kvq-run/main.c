@@ -35,7 +35,7 @@
 #define RUN_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 struct opts {
-	const char *model, *socket, *prompt, *file;
+	const char *model, *socket, *prompt, *file, *dump;
 	const char *kv[RUN_MAX_KV];
 	unsigned n_kv;
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts;
@@ -105,30 +105,40 @@ static void load(void)
 	mm_set_threads(o.threads);
 }
 
-static void kv_open(struct kv *k, const char *policy, uint32_t max_tokens)
+/* policy is a policy string, optionally followed by @W: its pool's open
+ * window in tokens (else --window). */
+static uint32_t num(const char *s, const char *opt);
+
+static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 {
 	const struct model_cfg *c = model_cfg(md);
 	struct kvq_policy pol;
-	char err[256], pool[65], model_id[128];
+	char err[256], pool[65], model_id[128], policy[512];
+	const char *at = strchr(spec, '@');
+	uint32_t window = at ? num(at + 1, "--kv POLICY@WINDOW") : o.window;
 	uint64_t h = 0xcbf29ce484222325ull;
+	uint32_t n_sealed = (max_tokens + RUN_BLOCK - 1) / RUN_BLOCK + 8;
 	const struct kvq_layout *L;
 	int r;
 
-	k->policy = policy;
+	snprintf(policy, sizeof(policy), "%.*s", at ? (int)(at - spec) : (int)strlen(spec), spec);
+	k->policy = spec;
 	if (kvq_policy_parse(policy, c->layers, &pol, err, sizeof(err)) < 0)
 		die("--kv %s: %s", policy, err);
 	kvq_policy_format(&pol, k->canon, sizeof(k->canon));
-	/* one pool per (policy, window): pools compare both at attach */
+	/* one pool per (policy, window, capacity): pools compare the first two
+	 * at attach, and a pool made for a short run cannot hold a long one */
 	for (const char *p = k->canon; *p; p++)
 		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-	h = (h ^ o.window) * 0x100000001b3ull;
+	h = (h ^ window) * 0x100000001b3ull;
+	h = (h ^ n_sealed) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
 	snprintf(model_id, sizeof(model_id), "smollm2-135m-instruct-q4_1@%016llx", (unsigned long long)model_fp);
-	uint32_t win = o.window ? o.window : kvq_layout_default_window(&pol, RUN_BLOCK);
+	uint32_t win = window ? window : kvq_layout_default_window(&pol, RUN_BLOCK);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = RUN_BLOCK, .policy = policy,
-		.window = o.window, .act = KVQ_ACT_F16, .create = 1,
-		.n_sealed = (max_tokens + RUN_BLOCK - 1) / RUN_BLOCK + 8, .n_open = win / RUN_BLOCK + 4,
+		.window = window, .act = KVQ_ACT_F16, .create = 1,
+		.n_sealed = n_sealed, .n_open = win / RUN_BLOCK + 4,
 		.backend = "host", .device = -1 };
 	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
 	if (r < 0)
@@ -343,6 +353,7 @@ static int cmd_perplexity(void)
 	uint64_t scored = 0;
 	unsigned windows = 0;
 	float *logits;
+	FILE *dump = NULL;
 
 	load();
 	V = model_cfg(md)->vocab;
@@ -355,6 +366,8 @@ static int cmd_perplexity(void)
 	double *lp = malloc(sizeof(double) * V);
 	if (!logits || !lp)
 		die("%s%s", strerror(ENOMEM), "");
+	if (o.dump && !(dump = fopen(o.dump, "wb")))
+		die("%s: %s", o.dump, strerror(errno));
 	t0 = now_s();
 	/* non-overlapping windows of ctx tokens, each a fresh sequence; every
 	 * token after a window's first is scored */
@@ -365,6 +378,11 @@ static int cmd_perplexity(void)
 			break;
 		kv_reset(&k);
 		feed(&k, ids + a, w, logits, NULL);
+		/* for tools/model-check.py: per window, the count, the ids and
+		 * the logits (uint32, uint32[w], float[w][vocab], little-endian) */
+		if (dump && (fwrite(&w, 4, 1, dump) != 1 || fwrite(ids + a, 4, w, dump) != w ||
+			     fwrite(logits, sizeof(float) * V, w, dump) != w))
+			die("%s: %s", o.dump, strerror(errno));
 		for (uint32_t i = 0; i + 1 < w; i++) {
 			log_softmax(logits + (size_t)i * V, V, lp);
 			nll -= lp[ids[a + i + 1]];
@@ -382,6 +400,8 @@ static int cmd_perplexity(void)
 		printf("%s: kv %s (window %u, %.2f bits/value), ctx %u: %zu tokens, %u window(s), %llu scored: "
 		       "perplexity %.4f (%.1f s)\n",
 		       o.file, k.canon, k.window, k.bits, ctx, n, windows, (unsigned long long)scored, ppl, secs);
+	if (dump && fclose(dump) != 0)
+		die("%s: %s", o.dump, strerror(errno));
 	free(lp);
 	free(logits);
 	free(ids);
@@ -556,12 +576,13 @@ static int cmd_tokenize(void)
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]\n"
-		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] FILE\n"
+		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
 		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--json] FILE\n"
 		   "       kvq-run tokenize [--special] TEXT\n"
 		   "options: --model PATH ($KVQ_MODEL)  --socket PATH ($KVQ_SOCKET)  --window N (open window,\n"
 		   "         tokens)  --batch N (prefill chunk, default 128)  --threads N  --limit N (first N\n"
-		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n");
+		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
+		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n");
 }
 
 static uint32_t num(const char *s, const char *opt)
@@ -581,7 +602,7 @@ int main(int argc, char **argv)
 		{ "batch", 1, NULL, 'b' }, { "ctx", 1, NULL, 'c' }, { "max-tokens", 1, NULL, 'n' },
 		{ "threads", 1, NULL, 't' }, { "limit", 1, NULL, 'l' }, { "gen", 1, NULL, 'g' },
 		{ "json", 0, NULL, 'j' }, { "raw", 0, NULL, 'r' }, { "special", 0, NULL, 'S' },
-		{ "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "dump", 1, NULL, 'd' }, { "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -608,6 +629,8 @@ int main(int argc, char **argv)
 		case 't': o.threads = num(optarg, "--threads"); break;
 		case 'l': o.limit = num(optarg, "--limit"); break;
 		case 'g': o.gen = num(optarg, "--gen"); break;
+		case 'd': o.dump = optarg; break;
+		case 'G': o.gen_prompts = num(optarg, "--gen-prompts"); break;
 		case 'j': o.json = true; break;
 		case 'r': o.raw = true; break;
 		case 'S': o.special = true; break;
