@@ -117,7 +117,7 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	const char *at = strchr(spec, '@');
 	uint32_t window = at ? num(at + 1, "--kv POLICY@WINDOW") : o.window;
 	uint64_t h = 0xcbf29ce484222325ull;
-	uint32_t n_sealed = (max_tokens + RUN_BLOCK - 1) / RUN_BLOCK + 8;
+	uint32_t n_sealed, n_open, win;
 	const struct kvq_layout *L;
 	int r;
 
@@ -126,6 +126,11 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	if (kvq_policy_parse(policy, c->layers, &pol, err, sizeof(err)) < 0)
 		die("--kv %s: %s", policy, err);
 	kvq_policy_format(&pol, k->canon, sizeof(k->canon));
+	/* a write of o.batch tokens holds the window's open slots and its own
+	 * until commit, and every open slot reserves a sealed one */
+	win = window ? window : kvq_layout_default_window(&pol, RUN_BLOCK);
+	n_open = (win + o.batch) / RUN_BLOCK + 2;
+	n_sealed = (max_tokens + RUN_BLOCK - 1) / RUN_BLOCK + n_open + 2;
 	/* one pool per (policy, window, capacity): pools compare the first two
 	 * at attach, and a pool made for a short run cannot hold a long one */
 	for (const char *p = k->canon; *p; p++)
@@ -134,11 +139,10 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	h = (h ^ n_sealed) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
 	snprintf(model_id, sizeof(model_id), "smollm2-135m-instruct-q4_1@%016llx", (unsigned long long)model_fp);
-	uint32_t win = window ? window : kvq_layout_default_window(&pol, RUN_BLOCK);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = RUN_BLOCK, .policy = policy,
 		.window = window, .act = KVQ_ACT_F16, .create = 1,
-		.n_sealed = n_sealed, .n_open = win / RUN_BLOCK + 4,
+		.n_sealed = n_sealed, .n_open = n_open,
 		.backend = "host", .device = -1 };
 	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
 	if (r < 0)
@@ -185,7 +189,7 @@ static void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, f
 		else
 			r = model_forward(md, k->s, ids + a, m, a + m == n && last ? 1 : 0, last);
 		if (r < 0)
-			die("forward: %s (%s)", kvq_strerror(r), kvq_client_error(k->c));
+			die("forward (kv %s): %s", k->policy, kvq_client_error(k->c));
 	}
 }
 

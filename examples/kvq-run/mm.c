@@ -13,7 +13,7 @@
 #endif
 
 #define MM_ROWS 4          /* rows dequantized together */
-#define MM_TTILE 32        /* tokens per tile (their activations stay in L2) */
+#define MM_TTILE 128
 #define MM_MAX_THREADS 16
 
 static unsigned mm_threads = 1;
@@ -154,6 +154,28 @@ __attribute__((target("avx2,fma"))) static void dot4x2_avx2(const float *w, cons
 	ret2[2] = hsum(b2);
 	ret2[3] = hsum(b3);
 }
+
+
+/* Q4_1 rows, 32 values per block: 8 at a time from the nibbles. */
+__attribute__((target("avx2,fma"))) static void dequant_q4_1_avx2(const uint8_t *row, uint32_t n, float *out)
+{
+	for (uint32_t b = 0; b < n / 32; b++) {
+		const uint8_t *p = row + b * 20;
+		uint16_t dh, mh;
+
+		memcpy(&dh, p, 2);
+		memcpy(&mh, p + 2, 2);
+		__m256 d = _mm256_set1_ps(kvq_f16_to_f32(dh)), m = _mm256_set1_ps(kvq_f16_to_f32(mh));
+		__m128i q = _mm_loadu_si128((const __m128i *)(p + 4));
+		__m128i lo = _mm_and_si128(q, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
+		float *o = out + b * 32;
+
+		_mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m));
+		_mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m));
+		_mm256_storeu_ps(o + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m));
+		_mm256_storeu_ps(o + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m));
+	}
+}
 #endif
 
 typedef void (*dot4_fn)(const float *, const float *, uint32_t, float *);
@@ -205,6 +227,12 @@ static void *run_job(void *arg)
 			uint32_t nr = r + MM_ROWS <= j->r1 ? MM_ROWS : j->r1 - r;
 
 			for (uint32_t i = 0; i < MM_ROWS; i++)
+#ifdef MM_X86
+				if (i < nr && fn == dot4_avx2 && j->W->type == GGUF_T_Q4_1)
+					dequant_q4_1_avx2(j->W->data + (size_t)(r + i) * j->W->row_bytes, k,
+							  w + (size_t)i * k);
+				else
+#endif
 				if (i < nr)
 					mm_dequant_row(j->W->type, j->W->data + (size_t)(r + i) * j->W->row_bytes, k,
 						       w + (size_t)i * k);
