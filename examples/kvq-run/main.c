@@ -6,7 +6,7 @@
  *   kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]
  *   kvq-run perplexity [--kv POLICY] [--ctx N] FILE [--json]
  *   kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] FILE [--json]
- *   kvq-run tokenize [--special] TEXT          (ids, one line)
+ *   kvq-run tokenize [--special] [--decode] TEXT   (ids, or their bytes again)
  *
  * Common: --model PATH ($KVQ_MODEL), --socket PATH ($KVQ_SOCKET), --window N
  * (open window in tokens, 0: the pool's default), --batch N (prefill chunk),
@@ -40,7 +40,7 @@ struct opts {
 	unsigned n_kv;
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts;
 	unsigned threads;
-	bool json, raw, special;
+	bool json, raw, special, decode;
 };
 
 /* One policy's pool and sequence. */
@@ -570,9 +570,18 @@ static int cmd_tokenize(void)
 		die("tokenize needs TEXT%s%s", "", "");
 	load();
 	ids = encode(o.prompt, strlen(o.prompt), o.special, &n);
-	for (size_t i = 0; i < n; i++)
-		printf("%s%u", i ? " " : "", ids[i]);
-	printf("\n");
+	for (size_t i = 0; i < n; i++) {
+		if (o.decode) {
+			char buf[256];
+			int len = tok_decode(tk, ids[i], buf, sizeof(buf));
+
+			fwrite(buf, 1, len < (int)sizeof(buf) ? (size_t)len : sizeof(buf) - 1, stdout);
+		} else {
+			printf("%s%u", i ? " " : "", ids[i]);
+		}
+	}
+	if (!o.decode)
+		printf("\n");
 	free(ids);
 	return 0;
 }
@@ -582,7 +591,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]\n"
 		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
 		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--json] FILE\n"
-		   "       kvq-run tokenize [--special] TEXT\n"
+		   "       kvq-run tokenize [--special] [--decode] TEXT   (ids, or the ids decoded back)\n"
 		   "options: --model PATH ($KVQ_MODEL)  --socket PATH ($KVQ_SOCKET)  --window N (open window,\n"
 		   "         tokens)  --batch N (prefill chunk, default 128)  --threads N  --limit N (first N\n"
 		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
@@ -606,7 +615,7 @@ int main(int argc, char **argv)
 		{ "batch", 1, NULL, 'b' }, { "ctx", 1, NULL, 'c' }, { "max-tokens", 1, NULL, 'n' },
 		{ "threads", 1, NULL, 't' }, { "limit", 1, NULL, 'l' }, { "gen", 1, NULL, 'g' },
 		{ "json", 0, NULL, 'j' }, { "raw", 0, NULL, 'r' }, { "special", 0, NULL, 'S' },
-		{ "dump", 1, NULL, 'd' }, { "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "decode", 0, NULL, 'D' }, { "dump", 1, NULL, 'd' }, { "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -634,6 +643,7 @@ int main(int argc, char **argv)
 		case 'l': o.limit = num(optarg, "--limit"); break;
 		case 'g': o.gen = num(optarg, "--gen"); break;
 		case 'd': o.dump = optarg; break;
+		case 'D': o.decode = true; break;
 		case 'G': o.gen_prompts = num(optarg, "--gen-prompts"); break;
 		case 'j': o.json = true; break;
 		case 'r': o.raw = true; break;
