@@ -4,6 +4,9 @@
  * by default) whose KV cache lives in a kvqd pool.
  *
  *   kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]
+ *                    [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]
+ *     (chat template; the prompt's cached sealed prefix is taken from kvqd's
+ *     prefix cache unless --no-prefix-cache)
  *   kvq-run perplexity [--kv POLICY] [--ctx N] FILE [--json]
  *   kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] FILE [--json]
  *   kvq-run tokenize [--special] [--decode] TEXT   (ids, or their bytes again)
@@ -35,12 +38,12 @@
 #define RUN_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 struct opts {
-	const char *model, *socket, *prompt, *file, *dump;
+	const char *model, *socket, *prompt, *file, *dump, *system, *system_file, *salt;
 	const char *kv[RUN_MAX_KV];
 	unsigned n_kv;
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts;
 	unsigned threads;
-	bool json, raw, special, decode;
+	bool json, raw, special, decode, no_cache, stats;
 };
 
 /* One policy's pool and sequence. */
@@ -162,7 +165,7 @@ static void kv_reset(struct kv *k)
 
 	kvq_seq_free(k->s);
 	k->s = NULL;
-	r = kvq_seq_new(k->c, NULL, 0, &k->s);
+	r = kvq_seq_new(k->c, o.salt, o.salt ? strlen(o.salt) : 0, &k->s);
 	if (r < 0)
 		die("sequence: %s%s", kvq_strerror(r), "");
 }
@@ -180,9 +183,17 @@ static void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, f
 {
 	uint32_t V = model_cfg(md)->vocab;
 
-	for (uint32_t a = 0; a < n; a += o.batch) {
-		uint32_t m = n - a < o.batch ? n - a : o.batch;
+	uint32_t pos = kvq_seq_tokens(k->s);
+
+	/* chunks end at multiples of o.batch in the sequence: the sealed/open
+	 * split a query sees depends on its chunk's end, so a run that starts
+	 * from a cached prefix computes what a cold run computed */
+	for (uint32_t a = 0, m; a < n; a += m) {
 		int r;
+
+		m = o.batch - (pos + a) % o.batch;
+		if (m > n - a)
+			m = n - a;
 
 		if (logits)
 			r = model_forward(md, k->s, ids + a, m, m, logits + (size_t)a * V);
@@ -294,22 +305,40 @@ static uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t
 	return n;
 }
 
+static void print_stats(struct kv *k)
+{
+	struct kvq_stats st;
+	int r = kvq_client_stats(k->c, NULL, &st);
+
+	if (r < 0) {
+		fprintf(stderr, "kvq-run: stats: %s\n", kvq_strerror(r));
+		return;
+	}
+	fprintf(stderr, "kvq-run: pool %s (%s, %.1f MiB): %u client(s); sealed slots %u: %u cached (%u referenced), "
+		"%u held, %u reserved, %u free; open slots %u: %u used; lookups asked %llu tokens, hit %llu\n",
+		st.name, st.backend, st.total_bytes / 1048576.0, st.clients, st.n_sealed, st.cached, st.referenced,
+		st.sealed_held, st.sealed_reserved, st.sealed_free, st.n_open, st.open_used,
+		(unsigned long long)st.lookup_tokens, (unsigned long long)st.hit_tokens);
+}
+
 static int cmd_generate(void)
 {
 	const struct model_cfg *c;
 	struct kv k = { 0 };
-	char *text;
-	size_t n, len;
-	uint32_t *ids, *out, g;
+	char *text, *sys = NULL, nocache[64];
+	size_t n, len, sys_len = 0;
+	uint32_t *ids, *out, g, hit = 0;
 	float *last;
-	int end;
+	int end, r;
 	double t0, t1, t2;
 
 	if (!o.prompt)
 		die("generate needs --prompt TEXT%s%s", "", "");
 	load();
 	c = model_cfg(md);
-	len = strlen(o.prompt) + 256;
+	if (o.system_file)
+		sys = read_file(o.system_file, &sys_len);
+	len = strlen(o.prompt) + sys_len + strlen(RUN_SYSTEM) + 128;
 	text = malloc(len);
 	if (!text)
 		die("%s%s", strerror(ENOMEM), "");
@@ -317,28 +346,44 @@ static int cmd_generate(void)
 		snprintf(text, len, "%s", o.prompt);
 	else
 		snprintf(text, len, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n",
-			 RUN_SYSTEM, o.prompt);
+			 sys ? sys : o.system ? o.system : RUN_SYSTEM, o.prompt);
+	free(sys);
 	ids = encode(text, strlen(text), !o.raw, &n);
 	free(text);
 	if (n == 0 || n + o.max_tokens > c->ctx)
 		die("prompt empty or beyond the context%s%s", "", "");
 	end = tok_find(tk, "<|im_end|>");
-	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", (uint32_t)n + o.max_tokens);
+	/* pools sized by class, so workers with different prompts share one */
+	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", n + o.max_tokens <= 2048 ? 2048 : c->ctx);
+	if (o.no_cache) {
+		/* a salt of our own: nothing found, nothing shared */
+		snprintf(nocache, sizeof(nocache), "no-prefix-cache-%ld-%.0f", (long)getpid(), now_s() * 1e6);
+		o.salt = nocache;
+	}
 	kv_reset(&k);
 	last = malloc(sizeof(float) * c->vocab);
 	out = malloc(sizeof(uint32_t) * (o.max_tokens + 1));
 	if (!last || !out)
 		die("%s%s", strerror(ENOMEM), "");
 	t0 = now_s();
-	feed(&k, ids, (uint32_t)n, NULL, last);
+	if (!o.no_cache) {
+		r = kvq_seq_from_prompt(k.s, ids, (uint32_t)n, &hit);
+		if (r < 0)
+			die("prefix lookup: %s (%s)", kvq_strerror(r), kvq_client_error(k.c));
+	}
+	feed(&k, ids + hit, (uint32_t)n - hit, NULL, last);
 	t1 = now_s();
 	g = greedy(&k, last, o.max_tokens, end, out, true);
 	t2 = now_s();
 	printf("\n");
-	fprintf(stderr, "kvq-run: kv %s (window %u, %.2f bits/value sealed); prompt %zu tokens in %.2f s "
-		"(%.1f tok/s); %u tokens generated in %.2f s (%.1f tok/s); matmul path %s, %u thread(s)\n",
-		k.canon, k.window, k.bits, n, t1 - t0, n / (t1 - t0), g, t2 - t1, g > 1 ? (g - 1) / (t2 - t1) : 0.0,
-		mm_path(), o.threads);
+	fflush(stdout);
+	fprintf(stderr, "kvq-run: kv %s (window %u, %.2f bits/value sealed); prompt %zu tokens: %u from the prefix "
+		"cache%s, %zu computed; prefill %.2f s; %u tokens generated in %.2f s (%.1f tok/s); matmul path %s, "
+		"%u thread(s)\n",
+		k.canon, k.window, k.bits, n, hit, o.no_cache ? " (disabled)" : "", n - hit, t1 - t0, g, t2 - t1,
+		g > 1 ? (g - 1) / (t2 - t1) : 0.0, mm_path(), o.threads);
+	if (o.stats)
+		print_stats(&k);
 	free(last);
 	free(out);
 	free(ids);
@@ -589,6 +634,7 @@ static int cmd_tokenize(void)
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]\n"
+		   "                [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]\n"
 		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
 		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--json] FILE\n"
 		   "       kvq-run tokenize [--special] [--decode] TEXT   (ids, or the ids decoded back)\n"
@@ -615,7 +661,8 @@ int main(int argc, char **argv)
 		{ "batch", 1, NULL, 'b' }, { "ctx", 1, NULL, 'c' }, { "max-tokens", 1, NULL, 'n' },
 		{ "threads", 1, NULL, 't' }, { "limit", 1, NULL, 'l' }, { "gen", 1, NULL, 'g' },
 		{ "json", 0, NULL, 'j' }, { "raw", 0, NULL, 'r' }, { "special", 0, NULL, 'S' },
-		{ "decode", 0, NULL, 'D' }, { "dump", 1, NULL, 'd' }, { "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "decode", 0, NULL, 'D' }, { "system", 1, NULL, 'y' }, { "system-file", 1, NULL, 'Y' },
+		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' }, { "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -644,6 +691,10 @@ int main(int argc, char **argv)
 		case 'g': o.gen = num(optarg, "--gen"); break;
 		case 'd': o.dump = optarg; break;
 		case 'D': o.decode = true; break;
+		case 'y': o.system = optarg; break;
+		case 'Y': o.system_file = optarg; break;
+		case 'N': o.no_cache = true; break;
+		case 'T': o.stats = true; break;
 		case 'G': o.gen_prompts = num(optarg, "--gen-prompts"); break;
 		case 'j': o.json = true; break;
 		case 'r': o.raw = true; break;
