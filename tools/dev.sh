@@ -3,6 +3,7 @@
 # Developer entry point used by the README's quick start and by CI.
 #   tools/dev.sh demo    install what is missing, build, run the main job: kvqd on a
 #                        temporary socket and two workers sharing a prompt prefix
+#                        (synthetic K/V, then the real model: tools/model-demo.sh)
 #   tools/dev.sh bench   install what is missing, build, run the format benchmark
 #   tools/dev.sh check   install what is missing, build, run the whole test suite
 #   tools/dev.sh quality install what is missing, build, fetch the model, write the
@@ -117,6 +118,8 @@ demo)
 	stage bootstrap bootstrap
 	stage build build
 	stage "kvqd + two workers (kvq-demo)" demo_run
+	stage "fetch model" fetch_model
+	stage "kvqd + two kvq-run workers (real model)" bash "$top/tools/model-demo.sh"
 	;;
 bench)
 	stage deps deps

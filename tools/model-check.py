@@ -20,6 +20,7 @@ the same top-1 token at >= 99 % of positions; perplexity within 0.1 %.
 It compares the token ids with `kvq-run tokenize` and the logits with
 `kvq-run perplexity --kv f16 --dump`.  Usage (a running kvqd, KVQ_SOCKET):
   python3 tools/model-check.py KVQ_RUN MODEL.gguf TEXTFILE [N_TOKENS]
+  python3 tools/model-check.py tokens KVQ_RUN MODEL.gguf FILE...   (token ids only)
 Needs numpy, gguf and tokenizers (tools/model-check.sh makes a venv).
 """
 import json
@@ -126,7 +127,37 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
+def tokens_only(kvq_run, model, files):
+    """Token ids of each UTF-8 file from kvq-run and from the reference."""
+    tk = hf_tokenizer(GGUFReader(model))
+    env = dict(os.environ, KVQ_MODEL=model)
+    n = equal = non_ascii = tokens = 0
+    bad = []
+    for f in files:
+        try:
+            text = open(f, encoding="utf-8").read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if "\0" in text or len(text) > 60000:   # one argv string
+            continue
+        ref = tk.encode(text).ids
+        out = subprocess.run([kvq_run, "tokenize", text], env=env, check=True, capture_output=True,
+                             text=True).stdout.split()
+        n += 1
+        non_ascii += any(ord(c) > 127 for c in text)
+        tokens += len(ref)
+        if [int(x) for x in out] == ref:
+            equal += 1
+        else:
+            bad.append(f)
+    print(json.dumps({"files": n, "with_non_ascii": non_ascii, "tokens": tokens, "equal": equal,
+                      "mismatches": bad[:10]}, indent=1))
+    return 0 if n and equal == n else 1
+
+
 def main():
+    if sys.argv[1] == "tokens":
+        return tokens_only(sys.argv[2], sys.argv[3], sys.argv[4:])
     kvq_run, model, textfile = sys.argv[1:4]
     n_tok = int(sys.argv[4]) if len(sys.argv) > 4 else 256
     r = GGUFReader(model)

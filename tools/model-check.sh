@@ -2,10 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # Checks kvq-run's tokenizer and FP16-KV forward pass against an independent
 # reference (tools/model-check.py: the gguf package's dequantizers, the
-# tokenizers library, a float64 numpy forward) on Debian's license texts.
+# tokenizers library, a float64 numpy forward): token ids of every
+# /usr/share/doc/*/copyright file, then logits on Debian's license texts.
 # Makes a venv with the reference's packages in the cache directory, starts a
-# kvqd on a temporary socket, prints one JSON result per text and AGREE or
-# DISAGREE.  Not part of CI (it downloads the packages; about a minute per text).
+# kvqd on a temporary socket, prints JSON results and AGREE or DISAGREE per
+# text.  Not part of CI (it downloads the packages; a few minutes).
 #   tools/model-check.sh [N_TOKENS]        (default 256)
 set -euo pipefail
 
@@ -32,6 +33,9 @@ for _ in $(seq 500); do
 done
 export KVQ_SOCKET=$tmp/kvqd.sock
 rc=0
+# the tokenizer on every copyright file Debian installed (many non-ASCII names)
+"$venv/bin/python" "$top/tools/model-check.py" tokens "$top/build/examples/kvq-run/kvq-run" "$KVQ_MODEL" \
+	/usr/share/doc/*/copyright || rc=1
 for text in /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/GFDL-1.3; do
 	"$venv/bin/python" "$top/tools/model-check.py" "$top/build/examples/kvq-run/kvq-run" "$KVQ_MODEL" "$text" "$n" ||
 		rc=1
