@@ -23,15 +23,8 @@ if [ ! -x "$venv/bin/python" ]; then
 	}
 	"$venv/bin/pip" install --quiet gguf==0.19.0 numpy==2.4.6 tokenizers==0.23.3
 fi
-tmp=$(mktemp -d /tmp/kvqd-check.XXXXXX)
-"$top/build/daemon/kvqd" --backend host --socket "$tmp/kvqd.sock" --foreground --log-level warning &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 500); do
-	[ -S "$tmp/kvqd.sock" ] && break
-	sleep 0.01
-done
-export KVQ_SOCKET=$tmp/kvqd.sock
+. "$top/tools/kvqd-temp.sh"
+kvqd_temp_start "$top" check
 rc=0
 # the tokenizer on every copyright file Debian installed (many non-ASCII names)
 "$venv/bin/python" "$top/tools/model-check.py" tokens "$top/build/examples/kvq-run/kvq-run" "$KVQ_MODEL" \

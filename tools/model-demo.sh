@@ -17,30 +17,23 @@ system=/usr/share/common-licenses/Artistic
 run=$top/build/examples/kvq-run/kvq-run
 export KVQ_MODEL=${KVQ_MODEL:-$(bash "$top/tools/fetch-model.sh" | tail -n 1)}
 
-tmp=$(mktemp -d /tmp/kvqd-model-demo.XXXXXX)
-"$top/build/daemon/kvqd" --backend host --socket "$tmp/kvqd.sock" --foreground --log-level warning &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 500); do
-	[ -S "$tmp/kvqd.sock" ] && break
-	sleep 0.01
-done
-export KVQ_SOCKET=$tmp/kvqd.sock
+. "$top/tools/kvqd-temp.sh"
+kvqd_temp_start "$top" model-demo
 gen() {   # gen NAME QUESTION [ARGS...]
 	local name=$1 q=$2
 	shift 2
 	echo "--- $name: \"$q\""
 	"$run" generate --kv "$policy" --system-file "$system" --prompt "$q" --max-tokens 48 --threads 2 --stats "$@" \
-		>"$tmp/$name.out" 2>"$tmp/$name.err" || { cat "$tmp/$name.err"; return 1; }
-	cat "$tmp/$name.out"
-	sed 's/^kvq-run: /  /' "$tmp/$name.err"
+		>"$kvqd_temp_dir/$name.out" 2>"$kvqd_temp_dir/$name.err" || { cat "$kvqd_temp_dir/$name.err"; return 1; }
+	cat "$kvqd_temp_dir/$name.out"
+	sed 's/^kvq-run: /  /' "$kvqd_temp_dir/$name.err"
 }
 
 echo "kvq-run: SmolLM2-135M-Instruct, KV policy $policy; system prompt: $system"
 gen "worker 1 (cold)" "Who may charge a fee under this license?"
 gen "worker 2 (warm)" "Can I distribute modified versions of the package?"
 gen "worker 2 again, prefix cache disabled" "Can I distribute modified versions of the package?" --no-prefix-cache
-if cmp -s "$tmp/worker 2 (warm).out" "$tmp/worker 2 again, prefix cache disabled.out"; then
+if cmp -s "$kvqd_temp_dir/worker 2 (warm).out" "$kvqd_temp_dir/worker 2 again, prefix cache disabled.out"; then
 	echo "worker 2's output with the shared prefix equals its output without the prefix cache: yes"
 else
 	echo "worker 2's output with the shared prefix equals its output without the prefix cache: NO"

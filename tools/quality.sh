@@ -30,15 +30,8 @@ runs=(
 	"gpl3-8192 /usr/share/common-licenses/GPL-3 8192 long 0 0"
 )
 
-tmp=$(mktemp -d /tmp/kvqd-quality.XXXXXX)
-"$top/build/daemon/kvqd" --backend host --socket "$tmp/kvqd.sock" --foreground --log-level warning &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 500); do
-	[ -S "$tmp/kvqd.sock" ] && break
-	sleep 0.01
-done
-export KVQ_SOCKET=$tmp/kvqd.sock
+. "$top/tools/kvqd-temp.sh"
+kvqd_temp_start "$top" quality
 mkdir -p "$out"
 for r in "${runs[@]}"; do
 	read -r name text ctx list gen gp <<<"$r"
