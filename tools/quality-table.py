@@ -36,7 +36,7 @@ def main():
            "of 128 tokens; every policy's forward runs in step with the FP16-KV one and",
            "attention reads KV as stored (sealed blocks quantized, the open window FP16).",
            "",
-           "- bits/value: bytes of one sealed block (K and V codes, FP16 scales and zeros,",
+           "- bytes/value, bits/value: bytes of one sealed block (K and V codes, FP16 scales and zeros,",
            "  16-byte alignment) x 8 / values in it; the FP16 open window is not counted.",
            "- ppl: perplexity of the text under that KV policy; d%: its change against",
            "  FP16 KV; KL: mean KL(p_f16 || p_policy) of the next-token distributions (nats);",
@@ -52,12 +52,12 @@ def main():
         out += [f"## {name}, ctx {run['ctx']}", "",
                 f"{run['tokens']} tokens, {run['scored']} scored, FP16-KV perplexity **{ref['ppl']:.4f}**"
                 f" ({run['seconds']:.0f} s for all policies on two cores).", "",
-                "| policy | bits/value | ppl | d% | KL | top-1 | rep4 | same | target |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "| policy | bytes/value | bits/value | ppl | d% | KL | top-1 | rep4 | same | target |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in run["results"]:
             t = TARGETS.get(r["kv"]) if r["window"] in (16, 64) else None
             verdict = "" if t is None else ("met" if abs(r["dppl_pct"]) <= t else "MISSED") + f" (<= {t} %)"
-            out.append(f"| {label(r)} | {r['bits_per_value']:.2f} | {r['ppl']:.4f} | {r['dppl_pct']:+.3f} |"
+            out.append(f"| {label(r)} | {r['bits_per_value'] / 8:.4f} | {r['bits_per_value']:.2f} | {r['ppl']:.4f} | {r['dppl_pct']:+.3f} |"
                        f" {r['kl']:.5f} | {100 * r['top1']:.2f} % | {100 * r['rep4']:.1f} % |"
                        f" {100 * r['cont_match']:.1f} % | {verdict} |")
         out += ["", f"FP16 KV: rep4 {100 * ref['rep4']:.1f} %.", "",
