@@ -26,8 +26,8 @@ long=(int8 fp8 int4g32 kivi4 kivi2 k=int8,v=int4g32 "0-9:int8;10-:kivi4" kivi2@1
 # name  text  ctx  policy-list  continuations (greedy tokens, prompts)
 runs=(
 	"gpl3-2048 /usr/share/common-licenses/GPL-3 2048 all 32 2"
-	"gfdl-2048 /usr/share/common-licenses/GFDL-1.3 2048 all 32 2"
 	"gpl3-8192 /usr/share/common-licenses/GPL-3 8192 long 0 0"
+	"gfdl-2048 /usr/share/common-licenses/GFDL-1.3 2048 all 32 2"
 )
 
 . "$top/tools/kvqd-temp.sh"

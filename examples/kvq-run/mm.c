@@ -176,6 +176,24 @@ __attribute__((target("avx2,fma"))) static void dequant_q4_1_avx2(const uint8_t 
 		_mm256_storeu_ps(o + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m));
 	}
 }
+
+/* Q8_0 rows: the same products as the portable loop (int8 -> float, times d). */
+__attribute__((target("avx2,fma"))) static void dequant_q8_0_avx2(const uint8_t *row, uint32_t n, float *out)
+{
+	for (uint32_t b = 0; b < n / 32; b++) {
+		const uint8_t *p = row + b * 34;
+		uint16_t dh;
+
+		memcpy(&dh, p, 2);
+		__m256 d = _mm256_set1_ps(kvq_f16_to_f32(dh));
+
+		for (int j = 0; j < 32; j += 8) {
+			__m128i q = _mm_loadl_epi64((const __m128i *)(p + 2 + j));
+
+			_mm256_storeu_ps(out + b * 32 + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+		}
+	}
+}
 #endif
 
 typedef void (*dot4_fn)(const float *, const float *, uint32_t, float *);
@@ -230,6 +248,9 @@ static void *run_job(void *arg)
 #ifdef MM_X86
 				if (i < nr && fn == dot4_avx2 && j->W->type == GGUF_T_Q4_1)
 					dequant_q4_1_avx2(j->W->data + (size_t)(r + i) * j->W->row_bytes, k,
+							  w + (size_t)i * k);
+				else if (i < nr && fn == dot4_avx2 && j->W->type == GGUF_T_Q8_0)
+					dequant_q8_0_avx2(j->W->data + (size_t)(r + i) * j->W->row_bytes, k,
 							  w + (size_t)i * k);
 				else
 #endif
