@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@ static gguf_file *gf;
 static tok *tk;
 static model *md;
 static uint64_t model_fp;
+static char model_name[96];   /* general.name, blanks as '-' (the pool's model id) */
 
 static double now_s(void)
 {
@@ -70,10 +72,14 @@ static double now_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static void die(const char *fmt, const char *a, const char *b)
+__attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...)
 {
+	va_list ap;
+
 	fprintf(stderr, "kvq-run: ");
-	fprintf(stderr, fmt, a, b);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
 	fputc('\n', stderr);
 	exit(1);
 }
@@ -94,24 +100,29 @@ static uint64_t fingerprint(void)
 static void load(void)
 {
 	const char *path = o.model ? o.model : getenv("KVQ_MODEL");
+	struct gguf_str name;
 	char err[256] = "";
 	int r;
 
 	if (!path)
-		die("no model: --model PATH or KVQ_MODEL (tools/fetch-model.sh fetches it)%s%s", "", "");
+		die("no model: --model PATH or KVQ_MODEL (tools/fetch-model.sh fetches it)");
 	r = gguf_open(path, &gf, err, sizeof(err));
 	if (r < 0)
-		die("%s%s", err, "");
+		die("%s", err);
 	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, o.batch, &md, err, sizeof(err)) < 0)
 		die("%s: %s", path, err);
 	model_fp = fingerprint();
+	if (gguf_get_str(gf, "general.name", &name) < 0 || name.len == 0)
+		name = (struct gguf_str){ "model", 5 };
+	for (uint32_t i = 0; i < name.len && i + 1 < sizeof(model_name); i++)
+		model_name[i] = name.p[i] > ' ' && name.p[i] < 127 ? name.p[i] : '-';
 	mm_set_threads(o.threads);
 }
 
-/* policy is a policy string, optionally followed by @W: its pool's open
- * window in tokens (else --window). */
 static uint32_t num(const char *s, const char *opt);
 
+/* Attaches k to the pool of spec: a policy, optionally followed by @W, its
+ * pool's open window in tokens (else --window), sized for max_tokens. */
 static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 {
 	const struct model_cfg *c = model_cfg(md);
@@ -134,14 +145,17 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	win = window ? window : kvq_layout_default_window(&pol, RUN_BLOCK);
 	n_open = (win + o.batch) / RUN_BLOCK + 2;
 	n_sealed = (max_tokens + RUN_BLOCK - 1) / RUN_BLOCK + n_open + 2;
-	/* one pool per (policy, window, capacity): pools compare the first two
-	 * at attach, and a pool made for a short run cannot hold a long one */
+	/* one pool per (model, policy, window, capacity): pools compare the
+	 * first three at attach, and a pool made for a short run cannot hold a
+	 * long one */
+	snprintf(model_id, sizeof(model_id), "%s@%016llx", model_name, (unsigned long long)model_fp);
+	for (const char *p = model_id; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
 	for (const char *p = k->canon; *p; p++)
 		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
 	h = (h ^ window) * 0x100000001b3ull;
 	h = (h ^ n_sealed) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
-	snprintf(model_id, sizeof(model_id), "smollm2-135m-instruct-q4_1@%016llx", (unsigned long long)model_fp);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = RUN_BLOCK, .policy = policy,
 		.window = window, .act = KVQ_ACT_F16, .create = 1,
@@ -149,7 +163,7 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 		.backend = "host", .device = -1 };
 	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
 	if (r < 0)
-		die("connect to kvqd: %s%s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r), "");
+		die("connect to kvqd: %s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r));
 	r = kvq_client_attach(k->c, &p);
 	if (r < 0)
 		die("attach: %s (%s)", kvq_strerror(r), kvq_client_error(k->c));
@@ -167,7 +181,7 @@ static void kv_reset(struct kv *k)
 	k->s = NULL;
 	r = kvq_seq_new(k->c, o.salt, o.salt ? strlen(o.salt) : 0, &k->s);
 	if (r < 0)
-		die("sequence: %s%s", kvq_strerror(r), "");
+		die("sequence: %s", kvq_strerror(r));
 }
 
 static void kv_close(struct kv *k)
@@ -255,7 +269,7 @@ static uint32_t *encode(const char *text, size_t len, int special, size_t *ret_n
 	uint32_t *ids;
 
 	if (tok_encode(tk, text, len, special, &ids, ret_n) < 0)
-		die("tokenize: %s%s", strerror(ENOMEM), "");
+		die("tokenize: %s", strerror(ENOMEM));
 	return ids;
 }
 
@@ -269,7 +283,7 @@ static uint32_t *file_tokens(size_t *ret_n)
 	if (o.limit && n > o.limit)
 		n = o.limit;
 	if (n < 2)
-		die("%s: fewer than 2 tokens%s", o.file, "");
+		die("%s: fewer than 2 tokens", o.file);
 	*ret_n = n;
 	return ids;
 }
@@ -333,7 +347,7 @@ static int cmd_generate(void)
 	double t0, t1, t2;
 
 	if (!o.prompt)
-		die("generate needs --prompt TEXT%s%s", "", "");
+		die("generate needs --prompt TEXT");
 	load();
 	c = model_cfg(md);
 	if (o.system_file)
@@ -341,7 +355,7 @@ static int cmd_generate(void)
 	len = strlen(o.prompt) + sys_len + strlen(RUN_SYSTEM) + 128;
 	text = malloc(len);
 	if (!text)
-		die("%s%s", strerror(ENOMEM), "");
+		die("%s", strerror(ENOMEM));
 	if (o.raw)
 		snprintf(text, len, "%s", o.prompt);
 	else
@@ -351,7 +365,7 @@ static int cmd_generate(void)
 	ids = encode(text, strlen(text), !o.raw, &n);
 	free(text);
 	if (n == 0 || n + o.max_tokens > c->ctx)
-		die("prompt empty or beyond the context%s%s", "", "");
+		die("prompt empty or beyond the context");
 	end = tok_find(tk, "<|im_end|>");
 	/* pools sized by class, so workers with different prompts share one */
 	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", n + o.max_tokens <= 2048 ? 2048 : c->ctx);
@@ -364,7 +378,7 @@ static int cmd_generate(void)
 	last = malloc(sizeof(float) * c->vocab);
 	out = malloc(sizeof(uint32_t) * (o.max_tokens + 1));
 	if (!last || !out)
-		die("%s%s", strerror(ENOMEM), "");
+		die("%s", strerror(ENOMEM));
 	t0 = now_s();
 	if (!o.no_cache) {
 		r = kvq_seq_from_prompt(k.s, ids, (uint32_t)n, &hit);
@@ -408,13 +422,13 @@ static int cmd_perplexity(void)
 	V = model_cfg(md)->vocab;
 	ctx = o.ctx ? o.ctx : 2048;
 	if (ctx < 2 || ctx > model_cfg(md)->ctx)
-		die("--ctx between 2 and the model's context%s%s", "", "");
+		die("--ctx between 2 and the model's context");
 	ids = file_tokens(&n);
 	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", ctx);
 	logits = malloc(sizeof(float) * V * ctx);
 	double *lp = malloc(sizeof(double) * V);
 	if (!logits || !lp)
-		die("%s%s", strerror(ENOMEM), "");
+		die("%s", strerror(ENOMEM));
 	if (o.dump && !(dump = fopen(o.dump, "wb")))
 		die("%s: %s", o.dump, strerror(errno));
 	t0 = now_s();
@@ -492,24 +506,24 @@ static int cmd_ab(void)
 	uint32_t *cont[RUN_MAX_KV + 1];
 
 	if (o.n_kv == 0)
-		die("ab needs --kv POLICY%s%s", "", "");
+		die("ab needs --kv POLICY");
 	load();
 	V = model_cfg(md)->vocab;
 	ctx = o.ctx ? o.ctx : 2048;
 	if (ctx < 2 || ctx + o.gen > model_cfg(md)->ctx)
-		die("--ctx between 2 and the model's context less --gen%s%s", "", "");
+		die("--ctx between 2 and the model's context less --gen");
 	ids = file_tokens(&n);
 	logits = calloc(nk, sizeof(*logits));
 	lr = malloc(sizeof(double) * V);
 	lq = malloc(sizeof(double) * V);
 	if (!logits || !lr || !lq)
-		die("%s%s", strerror(ENOMEM), "");
+		die("%s", strerror(ENOMEM));
 	for (uint32_t j = 0; j < nk; j++) {
 		kv_open(&k[j], j == 0 ? "f16" : o.kv[j - 1], ctx + o.gen);
 		logits[j] = malloc(sizeof(float) * V * (size_t)o.batch);
 		cont[j] = malloc(sizeof(uint32_t) * (o.gen + 1));
 		if (!logits[j] || !cont[j])
-			die("%s%s", strerror(ENOMEM), "");
+			die("%s", strerror(ENOMEM));
 	}
 	t0 = now_s();
 	for (size_t a = 0; a + 1 < n; a += ctx) {
@@ -612,7 +626,7 @@ static int cmd_tokenize(void)
 	uint32_t *ids;
 
 	if (!o.prompt)
-		die("tokenize needs TEXT%s%s", "", "");
+		die("tokenize needs TEXT");
 	load();
 	ids = encode(o.prompt, strlen(o.prompt), o.special, &n);
 	for (size_t i = 0; i < n; i++) {
@@ -679,7 +693,7 @@ int main(int argc, char **argv)
 		case 'p': o.prompt = optarg; break;
 		case 'k':
 			if (o.n_kv == RUN_MAX_KV)
-				die("at most %s policies%s", "24", "");
+				die("at most %d policies", RUN_MAX_KV);
 			o.kv[o.n_kv++] = optarg;
 			break;
 		case 'w': o.window = num(optarg, "--window"); break;
@@ -704,7 +718,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (o.batch < 1 || o.batch > 4096)
-		die("--batch between 1 and 4096%s%s", "", "");
+		die("--batch between 1 and 4096");
 	if (optind < argc) {
 		if (!strcmp(cmd, "tokenize"))
 			o.prompt = argv[optind];
@@ -716,7 +730,7 @@ int main(int argc, char **argv)
 	if (!strcmp(cmd, "tokenize"))
 		return cmd_tokenize();
 	if (!o.file)
-		die("%s needs FILE%s", cmd, "");
+		die("%s needs FILE", cmd);
 	if (!strcmp(cmd, "perplexity"))
 		return cmd_perplexity();
 	if (!strcmp(cmd, "ab"))
