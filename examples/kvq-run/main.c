@@ -501,7 +501,7 @@ static int cmd_ab(void)
 	struct ab_stat st[RUN_MAX_KV + 1] = { { 0 } };
 	uint64_t scored = 0;
 	size_t n;
-	double t0, *lr, *lq;
+	double t0, *lr, *lq, *pref;
 	float **logits;
 	uint32_t *cont[RUN_MAX_KV + 1];
 
@@ -516,7 +516,8 @@ static int cmd_ab(void)
 	logits = calloc(nk, sizeof(*logits));
 	lr = malloc(sizeof(double) * V);
 	lq = malloc(sizeof(double) * V);
-	if (!logits || !lr || !lq)
+	pref = malloc(sizeof(double) * V);
+	if (!logits || !lr || !lq || !pref)
 		die("%s", strerror(ENOMEM));
 	for (uint32_t j = 0; j < nk; j++) {
 		kv_open(&k[j], j == 0 ? "f16" : o.kv[j - 1], ctx + o.gen);
@@ -545,6 +546,8 @@ static int cmd_ab(void)
 				uint32_t top_ref = argmax(ref, V);
 
 				log_softmax(ref, V, lr);
+				for (uint32_t v = 0; v < V; v++)
+					pref[v] = exp(lr[v]);
 				st[0].nll -= lr[tgt];
 				for (uint32_t j = 1; j < nk; j++) {
 					const float *q = logits[j] + (size_t)i * V;
@@ -553,7 +556,7 @@ static int cmd_ab(void)
 					log_softmax(q, V, lq);
 					st[j].nll -= lq[tgt];
 					for (uint32_t v = 0; v < V; v++)
-						kl += exp(lr[v]) * (lr[v] - lq[v]);
+						kl += pref[v] * (lr[v] - lq[v]);
 					st[j].kl += kl;
 					st[j].top1 += argmax(q, V) == top_ref;
 				}
@@ -614,6 +617,7 @@ static int cmd_ab(void)
 	free(logits);
 	free(lr);
 	free(lq);
+	free(pref);
 	free(ids);
 	return 0;
 }
@@ -676,7 +680,8 @@ int main(int argc, char **argv)
 		{ "threads", 1, NULL, 't' }, { "limit", 1, NULL, 'l' }, { "gen", 1, NULL, 'g' },
 		{ "json", 0, NULL, 'j' }, { "raw", 0, NULL, 'r' }, { "special", 0, NULL, 'S' },
 		{ "decode", 0, NULL, 'D' }, { "system", 1, NULL, 'y' }, { "system-file", 1, NULL, 'Y' },
-		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' }, { "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' },
+		{ "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
