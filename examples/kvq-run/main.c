@@ -34,7 +34,6 @@
 #include "model.h"
 #include "tokenizer.h"
 
-#define RUN_BLOCK 16
 #define RUN_MAX_KV 24
 #define RUN_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -42,7 +41,7 @@ struct opts {
 	const char *model, *socket, *prompt, *file, *dump, *system, *system_file, *salt;
 	const char *kv[RUN_MAX_KV];
 	unsigned n_kv;
-	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts;
+	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block;
 	unsigned threads;
 	bool json, raw, special, decode, no_cache, stats;
 };
@@ -57,7 +56,7 @@ struct kv {
 	uint32_t window;
 };
 
-static struct opts o = { .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4 };
+static struct opts o = { .block = 16, .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4 };
 static gguf_file *gf;
 static tok *tk;
 static model *md;
@@ -142,9 +141,9 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	kvq_policy_format(&pol, k->canon, sizeof(k->canon));
 	/* a write of o.batch tokens holds the window's open slots and its own
 	 * until commit, and every open slot reserves a sealed one */
-	win = window ? window : kvq_layout_default_window(&pol, RUN_BLOCK);
-	n_open = (win + o.batch) / RUN_BLOCK + 2;
-	n_sealed = (max_tokens + RUN_BLOCK - 1) / RUN_BLOCK + n_open + 2;
+	win = window ? window : kvq_layout_default_window(&pol, o.block);
+	n_open = (win + o.batch) / o.block + 2;
+	n_sealed = (max_tokens + o.block - 1) / o.block + n_open + 2;
 	/* one pool per (model, policy, window, capacity): pools compare the
 	 * first three at attach, and a pool made for a short run cannot hold a
 	 * long one */
@@ -154,10 +153,12 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	for (const char *p = k->canon; *p; p++)
 		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
 	h = (h ^ window) * 0x100000001b3ull;
+	if (o.block != 16)   /* (pool names of the default stay as they were) */
+		h = (h ^ (o.block << 20)) * 0x100000001b3ull;
 	h = (h ^ n_sealed) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
-		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = RUN_BLOCK, .policy = policy,
+		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = policy,
 		.window = window, .act = KVQ_ACT_F16, .create = 1,
 		.n_sealed = n_sealed, .n_open = n_open,
 		.backend = "host", .device = -1 };
@@ -659,7 +660,8 @@ static void usage(FILE *f)
 		   "options: --model PATH ($KVQ_MODEL)  --socket PATH ($KVQ_SOCKET)  --window N (open window,\n"
 		   "         tokens)  --batch N (prefill chunk, default 128)  --threads N  --limit N (first N\n"
 		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
-		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n");
+		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n"
+		   "         --block N (tokens per KV block, default 16)\n");
 }
 
 static uint32_t num(const char *s, const char *opt)
@@ -681,7 +683,7 @@ int main(int argc, char **argv)
 		{ "json", 0, NULL, 'j' }, { "raw", 0, NULL, 'r' }, { "special", 0, NULL, 'S' },
 		{ "decode", 0, NULL, 'D' }, { "system", 1, NULL, 'y' }, { "system-file", 1, NULL, 'Y' },
 		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' },
-		{ "gen-prompts", 1, NULL, 'G' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -714,6 +716,7 @@ int main(int argc, char **argv)
 		case 'Y': o.system_file = optarg; break;
 		case 'N': o.no_cache = true; break;
 		case 'T': o.stats = true; break;
+		case 'B': o.block = num(optarg, "--block"); break;
 		case 'G': o.gen_prompts = num(optarg, "--gen-prompts"); break;
 		case 'j': o.json = true; break;
 		case 'r': o.raw = true; break;
