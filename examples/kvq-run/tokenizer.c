@@ -233,7 +233,7 @@ bad:
 int tok_new(const gguf_file *f, tok **ret_tok, char *err, size_t errlen)
 {
 	struct gguf_str model;
-	const int32_t *types = NULL;
+	const uint8_t *types = NULL;   /* int32 each, unaligned in the mapping */
 	uint32_t ttype;
 	uint64_t n, nt = 0, eos = 0, unk = 0;
 	tok *t;
@@ -266,13 +266,16 @@ int tok_new(const gguf_file *f, tok **ret_tok, char *err, size_t errlen)
 	memset(t->ids_by_hash, 0xff, sizeof(int32_t) * (t->id_mask + 1));
 	for (uint32_t id = 0; id < n; id++) {
 		uint32_t i = (uint32_t)fnv(t->vocab[id].p, t->vocab[id].len) & t->id_mask;
+		int32_t type = 0;
 
 		if (lookup(t, t->vocab[id].p, t->vocab[id].len) >= 0)
 			continue;   /* a duplicate string: the first id wins */
 		while (t->ids_by_hash[i] >= 0)
 			i = (i + 1) & t->id_mask;
 		t->ids_by_hash[i] = (int32_t)id;
-		if (types && (types[id] == TOK_TYPE_CONTROL || types[id] == TOK_TYPE_USER) && t->vocab[id].len &&
+		if (types)
+			memcpy(&type, types + 4 * (size_t)id, 4);
+		if ((type == TOK_TYPE_CONTROL || type == TOK_TYPE_USER) && t->vocab[id].len &&
 		    t->n_special < TOK_MAX_SPECIAL)
 			t->special[t->n_special++] = id;
 	}
