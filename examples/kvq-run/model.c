@@ -1,0 +1,259 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq_format.h"
+#include "mm.h"
+#include "model.h"
+
+struct layer_w {
+	const struct gguf_tensor *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
+};
+
+struct model {
+	struct model_cfg cfg;
+	const struct gguf_tensor *embd, *out_norm, *out;
+	struct layer_w *lw;
+	uint32_t max_batch;
+	/* scratch for max_batch tokens */
+	float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
+	uint16_t *k16, *v16;
+};
+
+static int cfg_u32(const gguf_file *f, const char *key, uint32_t *ret, char *err, size_t errlen)
+{
+	uint64_t v;
+
+	if (gguf_get_uint(f, key, &v) < 0 || v == 0 || v > (1u << 20)) {
+		snprintf(err, errlen, "model: %s missing or out of range", key);
+		return -EINVAL;
+	}
+	*ret = (uint32_t)v;
+	return 0;
+}
+
+/* The tensor name with shape {ne0, ne1} (ne1 0: a vector of ne0). */
+static const struct gguf_tensor *want(const gguf_file *f, const char *name, uint32_t ne0, uint32_t ne1,
+				      int *bad, char *err, size_t errlen)
+{
+	const struct gguf_tensor *t = gguf_tensor(f, name);
+
+	if (!t || t->ne[0] != ne0 || t->rows != (ne1 ? ne1 : 1) || (!ne1 && t->type != GGUF_T_F32)) {
+		if (!*bad)
+			snprintf(err, errlen, "model: tensor %s %s", name, t ? "has an unexpected shape or type" : "missing");
+		*bad = 1;
+		return NULL;
+	}
+	return t;
+}
+
+int model_load(const gguf_file *f, uint32_t max_batch, model **ret_model, char *err, size_t errlen)
+{
+	struct gguf_str arch;
+	struct model_cfg *c;
+	model *m;
+	int bad = 0, r;
+	size_t n;
+
+	if (gguf_get_str(f, "general.architecture", &arch) < 0 || arch.len != 5 || memcmp(arch.p, "llama", 5)) {
+		snprintf(err, errlen, "model: not a llama-architecture file");
+		return -EINVAL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	c = &m->cfg;
+	if ((r = cfg_u32(f, "llama.block_count", &c->layers, err, errlen)) < 0 ||
+	    (r = cfg_u32(f, "llama.embedding_length", &c->dim, err, errlen)) < 0 ||
+	    (r = cfg_u32(f, "llama.attention.head_count", &c->heads, err, errlen)) < 0 ||
+	    (r = cfg_u32(f, "llama.attention.head_count_kv", &c->kv_heads, err, errlen)) < 0 ||
+	    (r = cfg_u32(f, "llama.feed_forward_length", &c->ffn, err, errlen)) < 0 ||
+	    (r = cfg_u32(f, "llama.context_length", &c->ctx, err, errlen)) < 0)
+		goto fail;
+	c->eps = 1e-5f;
+	c->rope_base = 10000.0f;
+	gguf_get_float(f, "llama.attention.layer_norm_rms_epsilon", &c->eps);
+	gguf_get_float(f, "llama.rope.freq_base", &c->rope_base);
+	r = -EINVAL;
+	if (c->dim % c->heads || c->heads % c->kv_heads || (c->dim / c->heads) % 16) {
+		snprintf(err, errlen, "model: unsupported head geometry");
+		goto fail;
+	}
+	c->head_dim = c->dim / c->heads;
+	m->embd = gguf_tensor(f, "token_embd.weight");
+	if (!m->embd || m->embd->ne[0] != c->dim) {
+		snprintf(err, errlen, "model: no token_embd.weight");
+		goto fail;
+	}
+	c->vocab = (uint32_t)m->embd->rows;
+	m->out_norm = want(f, "output_norm.weight", c->dim, 0, &bad, err, errlen);
+	/* tied embeddings when the file has no output.weight */
+	m->out = gguf_tensor(f, "output.weight") ? want(f, "output.weight", c->dim, c->vocab, &bad, err, errlen)
+						: m->embd;
+	m->lw = calloc(c->layers, sizeof(*m->lw));
+	if (!m->lw) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t l = 0; l < c->layers && !bad; l++) {
+		struct layer_w *w = &m->lw[l];
+		uint32_t kvd = c->kv_heads * c->head_dim;
+		char name[96];
+
+#define W(field, suffix, a, b) \
+	(snprintf(name, sizeof(name), "blk.%u." suffix, l), w->field = want(f, name, a, b, &bad, err, errlen))
+		W(attn_norm, "attn_norm.weight", c->dim, 0);
+		W(q, "attn_q.weight", c->dim, c->dim);
+		W(k, "attn_k.weight", c->dim, kvd);
+		W(v, "attn_v.weight", c->dim, kvd);
+		W(o, "attn_output.weight", c->dim, c->dim);
+		W(ffn_norm, "ffn_norm.weight", c->dim, 0);
+		W(gate, "ffn_gate.weight", c->dim, c->ffn);
+		W(up, "ffn_up.weight", c->dim, c->ffn);
+		W(down, "ffn_down.weight", c->ffn, c->dim);
+#undef W
+	}
+	if (bad)
+		goto fail;
+	m->max_batch = max_batch;
+	n = max_batch;
+	r = -ENOMEM;
+	if (!(m->x = malloc(n * c->dim * sizeof(float))) || !(m->xn = malloc(n * c->dim * sizeof(float))) ||
+	    !(m->q = malloc(n * c->dim * sizeof(float))) || !(m->att = malloc(n * c->dim * sizeof(float))) ||
+	    !(m->tmp = malloc(n * c->dim * sizeof(float))) ||
+	    !(m->k = malloc(n * c->kv_heads * c->head_dim * sizeof(float))) ||
+	    !(m->v = malloc(n * c->kv_heads * c->head_dim * sizeof(float))) ||
+	    !(m->k16 = malloc(n * c->kv_heads * c->head_dim * sizeof(uint16_t))) ||
+	    !(m->v16 = malloc(n * c->kv_heads * c->head_dim * sizeof(uint16_t))) ||
+	    !(m->g = malloc(n * c->ffn * sizeof(float))) || !(m->u = malloc(n * c->ffn * sizeof(float))))
+		goto fail;
+	*ret_model = m;
+	return 0;
+fail:
+	model_free(m);
+	return r;
+}
+
+void model_free(model *m)
+{
+	if (!m)
+		return;
+	free(m->lw);
+	free(m->x);
+	free(m->xn);
+	free(m->q);
+	free(m->k);
+	free(m->v);
+	free(m->att);
+	free(m->tmp);
+	free(m->g);
+	free(m->u);
+	free(m->k16);
+	free(m->v16);
+	free(m);
+}
+
+const struct model_cfg *model_cfg(const model *m)
+{
+	return &m->cfg;
+}
+
+static void rmsnorm(const float *x, const float *w, uint32_t n, uint32_t dim, float eps, float *out)
+{
+	for (uint32_t t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * dim;
+		double ss = 0;
+		float sc;
+
+		for (uint32_t i = 0; i < dim; i++)
+			ss += (double)xt[i] * xt[i];
+		sc = 1.0f / sqrtf((float)(ss / dim) + eps);
+		for (uint32_t i = 0; i < dim; i++)
+			out[(size_t)t * dim + i] = xt[i] * sc * w[i];
+	}
+}
+
+/* RoPE on adjacent pairs (GGUF's llama files permute Q and K rows for it):
+ * pair i of a head turns by pos * base^(-2i/head_dim). */
+static void rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, uint32_t pos0, float base)
+{
+	float step = powf(base, -2.0f / (float)hd);
+
+	for (uint32_t t = 0; t < n; t++) {
+		float theta = (float)(pos0 + t);
+
+		for (uint32_t i = 0; i < hd / 2; i++, theta *= step) {
+			float cs = cosf(theta), sn = sinf(theta);
+
+			for (uint32_t h = 0; h < heads; h++) {
+				float *p = x + ((size_t)t * heads + h) * hd + 2 * i, a = p[0], b = p[1];
+
+				p[0] = a * cs - b * sn;
+				p[1] = a * sn + b * cs;
+			}
+		}
+	}
+}
+
+int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t n_out, float *logits)
+{
+	const struct model_cfg *c = &m->cfg;
+	uint32_t D = c->dim, kvd = c->kv_heads * c->head_dim, pos0 = kvq_seq_tokens(s);
+	int r;
+
+	if (n == 0 || n > m->max_batch || n_out > n)
+		return -EINVAL;
+	for (uint32_t t = 0; t < n; t++) {
+		if (tokens[t] >= c->vocab)
+			return -EINVAL;
+		mm_dequant_row(m->embd->type, m->embd->data + (size_t)tokens[t] * m->embd->row_bytes, D,
+			       m->x + (size_t)t * D);
+	}
+	r = kvq_seq_begin(s, tokens, n);
+	if (r < 0)
+		return r;
+	for (uint32_t l = 0; l < c->layers; l++) {
+		const struct layer_w *w = &m->lw[l];
+
+		rmsnorm(m->x, (const float *)w->attn_norm->data, n, D, c->eps, m->xn);
+		mm_matmul(w->q, m->xn, n, m->q);
+		mm_matmul(w->k, m->xn, n, m->k);
+		mm_matmul(w->v, m->xn, n, m->v);
+		rope(m->q, n, c->heads, c->head_dim, pos0, c->rope_base);
+		rope(m->k, n, c->kv_heads, c->head_dim, pos0, c->rope_base);
+		for (size_t i = 0; i < (size_t)n * kvd; i++) {
+			m->k16[i] = kvq_f16_from_f32(m->k[i]);
+			m->v16[i] = kvq_f16_from_f32(m->v[i]);
+		}
+		r = kvq_seq_write(s, l, m->k16, m->v16);
+		if (r < 0)
+			return r;
+		r = kvq_seq_attention(s, l, c->heads, n, 0.0f, m->q, m->att);
+		if (r < 0)
+			return r;
+		mm_matmul(w->o, m->att, n, m->tmp);
+		for (size_t i = 0; i < (size_t)n * D; i++)
+			m->x[i] += m->tmp[i];
+		rmsnorm(m->x, (const float *)w->ffn_norm->data, n, D, c->eps, m->xn);
+		mm_matmul(w->gate, m->xn, n, m->g);
+		mm_matmul(w->up, m->xn, n, m->u);
+		for (size_t i = 0; i < (size_t)n * c->ffn; i++)
+			m->g[i] = m->g[i] / (1.0f + expf(-m->g[i])) * m->u[i];
+		mm_matmul(w->down, m->g, n, m->tmp);
+		for (size_t i = 0; i < (size_t)n * D; i++)
+			m->x[i] += m->tmp[i];
+	}
+	r = kvq_seq_commit(s);
+	if (r < 0)
+		return r;
+	if (n_out) {
+		const float *xl = m->x + (size_t)(n - n_out) * D;
+
+		rmsnorm(xl, (const float *)m->out_norm->data, n_out, D, c->eps, m->xn);
+		mm_matmul(m->out, m->xn, n_out, logits);
+	}
+	return 0;
+}

@@ -1,0 +1,93 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# kvq-run on the real model (SmolLM2-135M-Instruct, tools/fetch-model.sh)
+# against a kvqd it starts on a temporary socket: the tokenizer on non-ASCII
+# text, a GGUF that is cut short, generation, FP16-KV perplexity in the range
+# the independent reference gives (tools/model-check.py), int8 KV against
+# FP16.  Skipped when the model has not been fetched.
+top_builddir=${top_builddir:-.}
+model=${KVQ_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/kvqd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+run=$top_builddir/examples/kvq-run/kvq-run
+text=/usr/share/common-licenses/GPL-3
+
+if [ ! -f "$model" ]; then
+	echo "1..0 # SKIP model not fetched (tools/fetch-model.sh; tools/dev.sh check fetches it)"
+	exit 0
+fi
+if [ ! -f "$text" ]; then
+	echo "1..0 # SKIP $text missing (Debian's base-files ships it)"
+	exit 0
+fi
+export KVQ_MODEL=$model
+tmp=$(mktemp -d /tmp/kvqd-model.XXXXXX)
+"${KVQ_TEST_KVQD:-$top_builddir/daemon/kvqd}" --backend host --socket "$tmp/kvqd.sock" --foreground \
+	--log-level warning &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+i=0
+while [ ! -S "$tmp/kvqd.sock" ] && [ $i -lt 500 ]; do
+	sleep 0.01
+	i=$((i + 1))
+done
+export KVQ_SOCKET=$tmp/kvqd.sock
+
+n=0
+fails=0
+check() {   # check DESCRIPTION COMMAND...
+	desc=$1
+	shift
+	n=$((n + 1))
+	if "$@"; then
+		echo "ok $n - $desc"
+	else
+		echo "not ok $n - $desc"
+		fails=$((fails + 1))
+	fi
+}
+json_num() {   # json_num KEY FILE: the first number after "KEY":
+	sed -n "s/.*\"$1\":\([-0-9.e]*\).*/\1/p" "$2" | head -n 1
+}
+between() {   # between X LO HI
+	awk -v x="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x != "" && x >= lo && x <= hi) }'
+}
+
+close_to_f16() {   # close_to_f16 KL TOP1
+	awk -v k="$1" -v t="$2" 'BEGIN { exit !(k != "" && k < 0.01 && t > 0.95) }'
+}
+
+echo "1..8"
+
+# Ids recorded from the tokenizers library (Rust BPE) built from the GGUF's
+# vocabulary and merges with SmolLM2's pre-tokenizer, as tools/model-check.py
+# builds it: tokenizer.encode(T).ids
+t=$(printf 'Größe, café & naïve — 日本語 Ελληνικά «Привет, мир» 12345 it'"'"'s I'"'"'LL  two   spaces\n\ttab 😀 ÿ€')
+want="27302 7466 34878 85 28 37366 1456 15486 46494 1841 17097 241 115 40993 179 120 248 5664 239 17162 17162 25723 11517 12001 21118 26112 23708 155 249 46879 16464 32547 28 41337 7872 9175 20306 216 33 34 35 36 37 357 506 339 23 16421 216 827 256 5600 198 197 15999 40303 218 5549 140 14195"
+check "non-ASCII text gives the reference tokenizer's ids" test "$("$run" tokenize "$t")" = "$want"
+check "non-ASCII text decodes back to the same bytes" test "$("$run" tokenize --decode "$t")" = "$t"
+check "control tokens split out with --special, plain text without" \
+	test "$("$run" tokenize --special "$(printf '<|im_start|>user\nhi<|im_end|>')")" = "1 4093 198 6004 2" -a \
+	"$("$run" tokenize "<|im_end|>")" != "2"
+
+head -c 1000000 "$model" >"$tmp/cut.gguf"
+"$run" tokenize --model "$tmp/cut.gguf" hi >/dev/null 2>"$tmp/cut.err"
+rc=$?
+check "a GGUF cut short is refused with a reason" test $rc -ne 0 -a -s "$tmp/cut.err"
+
+"$run" generate --prompt "What is the capital of France?" --max-tokens 24 >"$tmp/gen.out" 2>"$tmp/gen.err"
+check "generate answers a simple question (f16 KV)" grep -q Paris "$tmp/gen.out"
+
+# tools/model-check.py on these 256 tokens: reference perplexity 21.6594,
+# kvq-run 21.6614; allowed: the reference's value +-0.1 %
+"$run" perplexity --kv f16 --ctx 256 --limit 256 --json "$text" >"$tmp/ppl.json" 2>&1
+ppl=$(json_num ppl "$tmp/ppl.json")
+check "f16-KV perplexity of 256 tokens of GPL-3 ($ppl) agrees with the reference" between "$ppl" 21.638 21.681
+
+"$run" ab --kv int8 --kv kivi2 --ctx 256 --limit 256 --gen 0 --json "$text" >"$tmp/ab.json" 2>&1
+sed 's/},{/}\n{/g' "$tmp/ab.json" >"$tmp/ab.lines"
+kl8=$(grep '"kv":"int8"' "$tmp/ab.lines" | sed -n 's/.*"kl":\([-0-9.e]*\).*/\1/p')
+top8=$(grep '"kv":"int8"' "$tmp/ab.lines" | sed -n 's/.*"top1":\([-0-9.e]*\).*/\1/p')
+kl2=$(grep '"kv":"kivi2"' "$tmp/ab.lines" | sed -n 's/.*"kl":\([-0-9.e]*\).*/\1/p')
+check "int8 KV stays close to f16 (KL $kl8, top-1 $top8)" close_to_f16 "$kl8" "$top8"
+check "kivi2 KV moves further from f16 than int8 (KL $kl2 > $kl8)" between "$kl2" "$kl8" 100
+
+exit 0
