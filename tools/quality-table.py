@@ -15,6 +15,10 @@ def label(r):
     return f"`{r['kv']}` (window {r['window']})"
 
 
+def gen_cell(has_gen, x):
+    return f"{100 * x:.1f} %" if has_gen else "-"
+
+
 def pareto(rows):
     """Rows not dominated in (bits per value, dppl): fewer bits and a
     smaller perplexity increase than every other."""
@@ -55,13 +59,17 @@ def main():
                 f" ({run['seconds']:.0f} s for all policies, two threads on two shared cores).", "",
                 "| policy | bytes/value | bits/value | ppl | d% | KL | top-1 | rep4 | same | target |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        # continuations: recorded since kvq-run wrote "gen"; older results
+        # without any have all-zero figures
+        has_gen = run.get("gen", 1) and run.get("gen_prompts", 1) and (
+            "gen" in run or any(r["cont_match"] > 0 for r in run["results"]))
         for r in run["results"]:
             t = TARGETS.get(r["kv"]) if r["window"] in (16, 64) else None
             verdict = "" if t is None else ("met" if abs(r["dppl_pct"]) <= t else "MISSED") + f" (<= {t} %)"
             out.append(f"| {label(r)} | {r['bits_per_value'] / 8:.4f} | {r['bits_per_value']:.2f} | {r['ppl']:.4f} | {r['dppl_pct']:+.3f} |"
-                       f" {r['kl']:.5f} | {100 * r['top1']:.2f} % | {100 * r['rep4']:.1f} % |"
-                       f" {100 * r['cont_match']:.1f} % | {verdict} |")
-        out += ["", f"FP16 KV: rep4 {100 * ref['rep4']:.1f} %.", "",
+                       f" {r['kl']:.5f} | {100 * r['top1']:.2f} % | {gen_cell(has_gen, r['rep4'])} |"
+                       f" {gen_cell(has_gen, r['cont_match'])} | {verdict} |")
+        out += ["", f"FP16 KV: rep4 {100 * ref['rep4']:.1f} %." if has_gen else "No continuations in this run.", "",
                 "Pareto front (bits/value against d%): " +
                 ", ".join(f"{label(r)} {r['bits_per_value']:.2f} b, {r['dppl_pct']:+.3f} %"
                           for r in pareto(run["results"])) + ".", ""]

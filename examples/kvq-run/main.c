@@ -584,9 +584,10 @@ static int cmd_ab(void)
 	}
 	double secs = now_s() - t0, ppl_ref = exp(st[0].nll / scored);
 	if (o.json)
-		printf("{\"file\":\"%s\",\"ctx\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"ref\":{\"kv\":\"f16\","
+		printf("{\"file\":\"%s\",\"ctx\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
+		       "\"gen_prompts\":%u,\"ref\":{\"kv\":\"f16\","
 		       "\"window\":%u,\"bits_per_value\":%.4f,\"ppl\":%.6f,\"rep4\":%.4f},\"results\":[",
-		       o.file, ctx, n, (unsigned long long)scored, secs, k[0].window, k[0].bits, ppl_ref,
+		       o.file, ctx, n, (unsigned long long)scored, secs, o.gen, gp, k[0].window, k[0].bits, ppl_ref,
 		       st[0].ngrams ? (double)st[0].repeats / st[0].ngrams : 0.0);
 	else
 		printf("%s: ctx %u, %zu tokens, %llu scored; f16 KV perplexity %.4f (%.1f s)\n", o.file, ctx, n,
