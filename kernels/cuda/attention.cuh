@@ -492,6 +492,16 @@ __global__ void merge_kernel(const kvq_cuda_seq *seqs, const float *ws, void *ou
 	store_out(out_dtype, out, row * D + d, den > 0.0f ? num / den : 0.0f);
 }
 
+/* After a launch that wrote split partials: the merge into out. */
+template <int D> int merge_launch(const attn_args &a, uint32_t nseq, void *stream)
+{
+	if (a.splits <= 1)
+		return 0;
+	merge_kernel<D><<<dim3(a.max_q, a.q_heads, nseq), D, 0, (cudaStream_t)stream>>>(
+		a.seqs, a.ws, a.out, a.out_dtype, a.splits, a.total_q, a.q_heads);
+	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
+}
+
 /* Launches one (K format, V format, head dim, dtype) instance (and the
  * merge when the KV range is split).  Explicitly instantiated for the pairs
  * of instances.h, one file per half of the list. */
@@ -510,13 +520,7 @@ template <int KF, int VF, int D, int ACT> int attn_launch(const attn_args &a, ui
 				      (cudaStream_t)stream>>>(a);
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return fail_launch();
-	if (a.splits > 1) {
-		merge_kernel<D><<<dim3(a.max_q, a.q_heads, nseq), D, 0, (cudaStream_t)stream>>>(
-			a.seqs, a.ws, a.out, a.out_dtype, a.splits, a.total_q, a.q_heads);
-		if (cudaPeekAtLastError() != cudaSuccess)
-			return fail_launch();
-	}
-	return 0;
+	return merge_launch<D>(a, nseq, stream);
 }
 
 } /* namespace kvq */

@@ -867,13 +867,7 @@ template <int KF, int VF, int D, int ACT> int decode_launch(const attn_args &a, 
 	decode_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H, nseq), DEC_WARPS * 32, 0, (cudaStream_t)stream>>>(a);
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return fail_launch();
-	if (a.splits > 1) {
-		merge_kernel<D><<<dim3(a.max_q, a.q_heads, nseq), D, 0, (cudaStream_t)stream>>>(
-			a.seqs, a.ws, a.out, a.out_dtype, a.splits, a.total_q, a.q_heads);
-		if (cudaPeekAtLastError() != cudaSuccess)
-			return fail_launch();
-	}
-	return 0;
+	return merge_launch<D>(a, nseq, stream);
 }
 
 } /* namespace kvq */
