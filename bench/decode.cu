@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvq-bench decode: one decode step of paged attention on the GPU, per
- * format and shape, on a pool laid out for L = 32 layers (one layer timed:
- * an L = 1 pool would hide the address-range costs), H KV heads, D = 128,
- * B = 32, the KV written by kvq_cuda_write from random activations and the
- * blocks of every sequence scattered over the pool.  Time: CUDA events
- * around each launch, median of the runs after warm-up.  Bytes: what the step
- * must read (sealed slices and the open rows up to n).  Read bandwidth: a
- * read-only reduction over 4 GiB in the same run.
+ * kvq-bench decode | prefill | append: paged attention and the write on the
+ * GPU, per format and shape, on a pool laid out for L = 32 layers (one layer
+ * timed: an L = 1 pool would hide the address-range costs), H KV heads,
+ * D = 128, B = 32, the KV written by kvq_cuda_write from random activations
+ * and the blocks of every sequence scattered over the pool.  decode: one
+ * query token per sequence; prefill: a 2048-token chunk over a cached
+ * 8192-token prefix (the chunk's KV written first, as a worker does);
+ * append: the kvq_cuda_write of a 64 x 2048-token prefill (input read,
+ * sealed slices and open rows written) against a device-to-device copy.
+ * Time: CUDA events around each launch, median of the runs after warm-up.
+ * Bytes: what the step must read (sealed slices and the open rows up to n).
+ * Read bandwidth: a read-only reduction over 4 GiB in the same run.
+ * `--sdpa FILE` takes bench/sdpa.py's PyTorch times for the speed-up column.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -90,12 +95,14 @@ static double read_bandwidth(int runs)
 
 struct shape {
 	uint32_t batch, ctx, q_heads, kv_heads;
+	uint32_t nq;   /* query tokens per sequence: 1 for decode, a chunk for prefill */
 };
 
 struct result {
 	const char *format;
 	struct shape s;
-	double ms, gbps;
+	double ms, gbps;               /* attention */
+	double write_ms, write_bytes;  /* kvq_cuda_write of the whole context (append/seal) */
 };
 
 /* Times one format on one shape; returns 0, or 1 when it does not fit. */
@@ -130,13 +137,14 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	CK(cudaMalloc(&pool, L->total_bytes));
 	CK(cudaMalloc(&kin, rows * per * 2));
 	CK(cudaMalloc(&vin, rows * per * 2));
-	CK(cudaMalloc(&q, (size_t)sh.batch * sh.q_heads * D * 2));
-	CK(cudaMalloc(&out, (size_t)sh.batch * sh.q_heads * D * 2));
+	const size_t qel = (size_t)sh.batch * sh.nq * sh.q_heads * D;
+	CK(cudaMalloc(&q, qel * 2));
+	CK(cudaMalloc(&out, qel * 2));
 	CK(cudaMalloc(&dids, (size_t)sh.batch * nb * sizeof(int32_t)));
 	CK(cudaMalloc(&doids, (size_t)sh.batch * nb * sizeof(int32_t)));
 	fill_kernel<<<4096, 256>>>((uint16_t *)kin, rows * per, 1);
 	fill_kernel<<<4096, 256>>>((uint16_t *)vin, rows * per, 2);
-	fill_kernel<<<64, 256>>>((uint16_t *)q, (size_t)sh.batch * sh.q_heads * D, 3);
+	fill_kernel<<<64, 256>>>((uint16_t *)q, qel, 3);
 
 	/* every sequence's sealed blocks scattered over the pool; its open
 	 * window in open slots of its own (the write reads open ids only for
@@ -160,28 +168,45 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	struct kvq_cuda_seq *s = (struct kvq_cuda_seq *)calloc(sh.batch, sizeof *s);
 	for (uint32_t b = 0; b < sh.batch; b++) {
 		w[b] = (struct kvq_cuda_write_seq){ 0, sh.ctx, b * sh.ctx, 0, dids + b * nb, doids + b * nb };
-		s[b] = (struct kvq_cuda_seq){ sh.ctx, 1, b, 0, dids + b * nb, doids + b * nb + first_open };
+		s[b] = (struct kvq_cuda_seq){ sh.ctx, sh.nq, b * sh.nq, 0, dids + b * nb, doids + b * nb + first_open };
 	}
 	CK(cudaMalloc(&dseq, sh.batch * (sizeof *w > sizeof *s ? sizeof *w : sizeof *s)));
 	CK(cudaMemcpy(dseq, w, sh.batch * sizeof *w, cudaMemcpyHostToDevice));
-	int rc = kvq_cuda_write(L, pool, 0, (const struct kvq_cuda_write_seq *)dseq, sh.batch, sh.ctx, kin, vin, NULL);
+	cudaEvent_t e0, e1;
+	float t[256];
+	CK(cudaEventCreate(&e0));
+	CK(cudaEventCreate(&e1));
+	/* the prefill's write (the same bytes each time), timed too */
+	int rc = 0;
+	for (int i = 0; i < 5 && !rc; i++) {
+		CK(cudaEventRecord(e0));
+		rc = kvq_cuda_write(L, pool, 0, (const struct kvq_cuda_write_seq *)dseq, sh.batch, sh.ctx, kin, vin, NULL);
+		CK(cudaEventRecord(e1));
+		CK(cudaEventSynchronize(e1));
+		if (i >= 1)
+			CK(cudaEventElapsedTime(&t[i - 1], e0, e1));
+	}
 	if (rc) {
 		fprintf(stderr, PROG ": kvq_cuda_write: %d (%s)\n", rc, kvq_cuda_error());
 		exit(1);
 	}
 	CK(cudaDeviceSynchronize());
+	{
+		/* input K and V read, sealed slices and open rows written */
+		uint32_t sealed = kvq_layout_split(L, sh.ctx);
+		ret->write_ms = median(t, 4);
+		ret->write_bytes = (double)rows * per * 2 * 2 +
+				   (double)sh.batch * ((double)(sealed / B) * L->layer[0].sealed_slice +
+						       (double)(sh.ctx - sealed) * per * 2 * 2);
+	}
 	CK(cudaMemcpy(dseq, s, sh.batch * sizeof *s, cudaMemcpyHostToDevice));
 
 	struct kvq_cuda_attn a = { L, pool, 0, sh.q_heads, 0.08838834764f, KVQ_DT_F16, KVQ_DT_F16,
-				   sh.ctx, 1, sh.batch, 0, NULL, 0, NULL };
+				   sh.ctx, sh.nq, sh.batch * sh.nq, 0, NULL, 0, NULL };
 	a.workspace_bytes = kvq_cuda_attention_workspace(&a, sh.batch);
 	if (a.workspace_bytes)
 		CK(cudaMalloc(&ws, a.workspace_bytes));
 	a.workspace = ws;
-	cudaEvent_t e0, e1;
-	float t[256];
-	CK(cudaEventCreate(&e0));
-	CK(cudaEventCreate(&e1));
 	for (int i = 0; i < runs + 3; i++) {
 		CK(cudaEventRecord(e0));
 		rc = kvq_cuda_attention(&a, (const struct kvq_cuda_seq *)dseq, sh.batch, q, out);
@@ -223,13 +248,65 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	return 0;
 }
 
+/* Copy bandwidth: a device-to-device cudaMemcpy of 2 GiB, bytes read + written. */
+static double copy_bandwidth(int runs)
+{
+	const size_t bytes = (size_t)2 << 30;
+	void *a, *b;
+	cudaEvent_t e0, e1;
+	float t[64];
+
+	CK(cudaMalloc(&a, bytes));
+	CK(cudaMalloc(&b, bytes));
+	fill_kernel<<<4096, 256>>>((uint16_t *)a, bytes / 2, 9);
+	CK(cudaEventCreate(&e0));
+	CK(cudaEventCreate(&e1));
+	for (int i = 0; i < runs + 2; i++) {
+		CK(cudaEventRecord(e0));
+		CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+		CK(cudaEventRecord(e1));
+		CK(cudaEventSynchronize(e1));
+		if (i >= 2)
+			CK(cudaEventElapsedTime(&t[i - 2], e0, e1));
+	}
+	CK(cudaFree(a));
+	CK(cudaFree(b));
+	return 2.0 * bytes / (median(t, runs) * 1e-3) / 1e9;
+}
+
+/* PyTorch SDPA times from bench/sdpa.py: lines "MODE batch context q_heads
+ * kv_heads nq ms"; 0 when the shape is not there. */
+static double sdpa_ms(const char *file, const char *mode, const struct shape *sh)
+{
+	FILE *f = file ? fopen(file, "r") : NULL;
+	char m[32], line[256];
+	unsigned b, c, qh, kh, nq;
+	double ms, found = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "%31s %u %u %u %u %u %lf", m, &b, &c, &qh, &kh, &nq, &ms) == 7 && !strcmp(m, mode) &&
+		    b == sh->batch && c == sh->ctx && qh == sh->q_heads && kh == sh->kv_heads && nq == sh->nq)
+			found = ms;
+	fclose(f);
+	return found;
+}
+
+/* kvq-bench decode | prefill | append: the command name is argv[0]. */
 extern "C" int bench_decode(int argc, char **argv)
 {
-	const char *list = "f16,int8,fp8,int4g32,kivi4,kivi2";
+	const char *mode = argv[0], *list = "f16,int8,fp8,int4g32,kivi4,kivi2", *sdpa = NULL;
 	int json = 0, quick = 0, runs = 30;
-	static const struct shape shapes[] = {
-		{ 64, 8192, 32, 8 }, { 16, 32768, 32, 8 }, { 256, 2048, 32, 8 }, { 4, 131072, 64, 8 },
+	static const struct shape decode_shapes[] = {
+		{ 64, 8192, 32, 8, 1 }, { 16, 32768, 32, 8, 1 }, { 256, 2048, 32, 8, 1 }, { 4, 131072, 64, 8, 1 },
 	};
+	/* a 2048-token chunk over a cached 8192-token prefix; a 64 x 2048 prefill */
+	static const struct shape prefill_shapes[] = { { 4, 10240, 32, 8, 2048 } };
+	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1 } };
+	const int is_prefill = !strcmp(mode, "prefill"), is_append = !strcmp(mode, "append");
+	const struct shape *shapes = is_prefill ? prefill_shapes : is_append ? append_shapes : decode_shapes;
+	const int nshapes_all = is_prefill || is_append ? 1 : 4;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json"))
@@ -238,66 +315,91 @@ extern "C" int bench_decode(int argc, char **argv)
 			quick = 1;
 		else if (!strcmp(argv[i], "--format") && i + 1 < argc)
 			list = argv[++i];
+		else if (!strcmp(argv[i], "--sdpa") && i + 1 < argc)
+			sdpa = argv[++i];
 		else if (!strcmp(argv[i], "--runs") && i + 1 < argc && atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 200)
 			runs = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: " PROG " [--json] [--quick] [--format LIST] [--runs N (1-200)]\n");
+			fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST] [--runs N (1-200)] "
+					"[--sdpa FILE (bench/sdpa.py's output)]\n", mode);
 			return 2;
 		}
 	}
 	int ndev = 0;
 	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-		fprintf(stderr, PROG ": no usable GPU\n");
+		fprintf(stderr, "kvq-bench %s: no usable GPU\n", mode);
 		return 1;
 	}
 	struct cudaDeviceProp p;
 	CK(cudaGetDeviceProperties(&p, 0));
-	double rbw = read_bandwidth(quick ? 3 : 10);
-	printf("device: %s, %d SMs; read-only bandwidth %.0f GB/s (4 GiB reduction)\n", p.name,
-	       p.multiProcessorCount, rbw);
-	printf("pool: L=32 (layer 0 timed), D=128, B=32, f16 activations; median of %d runs\n", runs);
-	printf("%-8s %5s %7s %6s %9s %8s %8s %9s\n", "format", "batch", "context", "heads", "ms", "GB/s",
-	       "%read", "vs f16");
+	double rbw = read_bandwidth(quick ? 3 : 10), cbw = is_append ? copy_bandwidth(quick ? 3 : 10) : 0;
+	printf("device: %s, %d SMs; read-only bandwidth %.0f GB/s (4 GiB reduction)", p.name, p.multiProcessorCount, rbw);
+	if (is_append)
+		printf("; copy %.0f GB/s (2 GiB cudaMemcpy, read + written)", cbw);
+	printf("\npool: L=32 (layer 0 timed), D=128, B=32, f16 activations; median of %d runs\n", runs);
+	if (is_append)
+		printf("%-8s %5s %7s %6s %9s %8s %8s\n", "format", "batch", "tokens", "heads", "write ms", "GB/s", "%copy");
+	else
+		printf("%-8s %5s %7s %5s %6s %9s %8s %8s %9s %9s\n", "format", "batch", "context", "nq", "heads", "ms",
+		       "GB/s", "%read", "vs f16", "vs sdpa");
 
-	char fmts[256];
-	snprintf(fmts, sizeof fmts, "%s", list);
 	struct result res[64];
 	int nres = 0;
-	const int nshapes = quick ? 1 : (int)(sizeof shapes / sizeof shapes[0]);
+	const int nshapes = quick ? 1 : nshapes_all;
 	for (int si = 0; si < nshapes; si++) {
 		double f16_ms = 0;
 		char *save = NULL, buf[256];
-		snprintf(buf, sizeof buf, "%s", fmts);
+		snprintf(buf, sizeof buf, "%s", list);
 		for (char *f = strtok_r(buf, ",", &save); f && nres < 64; f = strtok_r(NULL, ",", &save)) {
 			struct shape sh = shapes[si];
 			if (quick)
-				sh.batch = 8;
+				sh.batch = 2;
 			struct result *r = &res[nres];
 			if (run_one(f, sh, quick ? 5 : runs, r)) {
-				printf("%-8s %5u %7u %3u/%-2u  (does not fit in device memory)\n", f, sh.batch, sh.ctx,
-				       sh.q_heads, sh.kv_heads);
+				printf("%-8s %5u %7u  (does not fit in device memory)\n", f, sh.batch, sh.ctx);
 				continue;
 			}
 			r->format = strdup(f);
 			if (!strcmp(f, "f16"))
 				f16_ms = r->ms;
-			printf("%-8s %5u %7u %3u/%-2u %9.3f %8.0f %7.1f%% %8.2fx\n", f, sh.batch, sh.ctx, sh.q_heads,
-			       sh.kv_heads, r->ms, r->gbps, 100.0 * r->gbps / rbw, f16_ms > 0 ? f16_ms / r->ms : 0.0);
+			if (is_append) {
+				double g = r->write_bytes / (r->write_ms * 1e-3) / 1e9;
+				printf("%-8s %5u %7u %3u/%-2u %9.3f %8.0f %7.1f%%\n", f, sh.batch, sh.ctx, sh.q_heads, sh.kv_heads,
+				       r->write_ms, g, 100.0 * g / cbw);
+			} else {
+				double sd = sdpa_ms(sdpa, mode, &sh);
+				printf("%-8s %5u %7u %5u %3u/%-2u %9.3f %8.0f %7.1f%% %8.2fx %8.2fx\n", f, sh.batch, sh.ctx, sh.nq,
+				       sh.q_heads, sh.kv_heads, r->ms, r->gbps, 100.0 * r->gbps / rbw,
+				       f16_ms > 0 ? f16_ms / r->ms : 0.0, sd > 0 ? sd / r->ms : 0.0);
+			}
 			fflush(stdout);
 			nres++;
 		}
 	}
+	if (is_prefill || !is_append)
+		printf("GB/s: bytes of KV the step reads per second; vs sdpa: PyTorch SDPA FP16 (contiguous K/V) time / ours%s\n",
+		       sdpa ? "" : " (no --sdpa file: 0)");
 	if (json) {
-		printf("{\"read_gbps\":%.1f,\"decode\":[", rbw);
+		printf("{\"read_gbps\":%.1f,", rbw);
+		if (is_append)
+			printf("\"copy_gbps\":%.1f,", cbw);
+		printf("\"%s\":[", mode);
 		for (int i = 0; i < nres; i++) {
-			double f16_ms = 0;
+			double f16_ms = 0, sd = sdpa_ms(sdpa, mode, &res[i].s);
 			for (int j = 0; j < nres; j++)
 				if (!strcmp(res[j].format, "f16") && res[j].s.batch == res[i].s.batch && res[j].s.ctx == res[i].s.ctx)
 					f16_ms = res[j].ms;
-			printf("%s{\"format\":\"%s\",\"batch\":%u,\"context\":%u,\"q_heads\":%u,\"kv_heads\":%u,"
-			       "\"ms\":%.4f,\"gbps\":%.1f,\"pct_read_bw\":%.1f,\"speedup_vs_f16\":%.3f}",
-			       i ? "," : "", res[i].format, res[i].s.batch, res[i].s.ctx, res[i].s.q_heads, res[i].s.kv_heads,
-			       res[i].ms, res[i].gbps, 100.0 * res[i].gbps / rbw, f16_ms > 0 ? f16_ms / res[i].ms : 0.0);
+			printf("%s{\"format\":\"%s\",\"batch\":%u,\"context\":%u,\"n_q\":%u,\"q_heads\":%u,\"kv_heads\":%u,",
+			       i ? "," : "", res[i].format, res[i].s.batch, res[i].s.ctx, res[i].s.nq, res[i].s.q_heads,
+			       res[i].s.kv_heads);
+			if (is_append) {
+				double g = res[i].write_bytes / (res[i].write_ms * 1e-3) / 1e9;
+				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f}", res[i].write_ms, g, 100.0 * g / cbw);
+			} else {
+				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_read_bw\":%.1f,\"speedup_vs_f16\":%.3f,"
+				       "\"speedup_vs_sdpa\":%.3f}", res[i].ms, res[i].gbps, 100.0 * res[i].gbps / rbw,
+				       f16_ms > 0 ? f16_ms / res[i].ms : 0.0, sd > 0 ? sd / res[i].ms : 0.0);
+			}
 		}
 		printf("]}\n");
 	}

@@ -7,7 +7,8 @@
 # kernels against the CPU kernels, a cuda pool shared by two processes,
 # libkvq's sequences on a cuda pool against a host pool),
 # compute-sanitizer memcheck and racecheck on the kernels' small cases,
-# kvq-bench decode, and kvq-bench control against a host-backend kvqd;
+# kvq-bench decode/prefill/append (beside PyTorch SDPA where PyTorch is
+# installed), and kvq-bench control against a host-backend kvqd;
 # full logs go to OUT_DIR (default $OUT, else /tmp/kvq-gpu), a table of
 # results is printed last.  Exit status 1 when
 # any step failed.  KVQ_GPU_STEP_TIMEOUT bounds each step (seconds, default 600);
@@ -50,7 +51,12 @@ if command -v compute-sanitizer > /dev/null; then
 	step racecheck env KVQ_GPU_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$b/tests/gpu/test_kernels"
 	grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out/memcheck.log" "$out/racecheck.log" >> "$summary"
 fi
-step bench "$b/bench/kvq-bench" decode ${KVQ_BENCH_ARGS:-}
+# PyTorch SDPA at the same shapes (where PyTorch is there), then ours
+sdpa=""
+if python3 -c 'import torch' 2> /dev/null; then
+	python3 "$(dirname "$0")/../../bench/sdpa.py" > "$out/sdpa.txt" 2>&1 && sdpa="--sdpa $out/sdpa.txt"
+fi
+step bench sh -c "\"$b/bench/kvq-bench\" decode $sdpa ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" prefill $sdpa ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" append ${KVQ_BENCH_ARGS:-}"
 # the control plane on this (otherwise idle) machine: a host-backend kvqd
 ctl=$(mktemp -d)
 "$b/daemon/kvqd" --socket "$ctl/kvqd.sock" --backend host --foreground > "$ctl/kvqd.log" 2>&1 &
@@ -60,7 +66,7 @@ step control "$b/bench/kvq-bench" control --socket "$ctl/kvqd.sock" --seconds 3
 kill "$kvqd_pid"
 wait "$kvqd_pid"
 rm -rf "$ctl"
-grep -v '^{' "$out/bench.log" | tail -30 >> "$summary"
+grep -v '^{' "$out/bench.log" | tail -45 >> "$summary"
 tail -8 "$out/control.log" >> "$summary"
 # few files: the small test logs in one
 for t in format cudapool cudaseq; do

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch's scaled_dot_product_attention (FP16, contiguous K/V) at the shapes
+of kvq-bench decode and prefill, for its speed-up column:
+
+    python3 bench/sdpa.py > sdpa.txt
+    kvq-bench decode --sdpa sdpa.txt
+
+Prints one line per shape, "MODE batch context q_heads kv_heads n_q ms"
+(CUDA events, median of 30 runs after warm-up; K/V with the KV heads,
+GQA by enable_gqa; prefill: a chunk attending causally over the cached
+prefix and itself)."""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+D = 128
+
+
+def median_ms(fn, runs=30):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run(mode, batch, ctx, qh, kh, nq):
+    q = torch.randn(batch, qh, nq, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(batch, kh, ctx, D, device="cuda", dtype=torch.float16)
+    v = torch.randn(batch, kh, ctx, D, device="cuda", dtype=torch.float16)
+    mask = None
+    if nq > 1:
+        # query i sits at position ctx - nq + i and sees positions up to it
+        pos = torch.arange(ctx - nq, ctx, device="cuda")[:, None]
+        mask = torch.arange(ctx, device="cuda")[None, :] <= pos
+    ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+    print(f"{mode} {batch} {ctx} {qh} {kh} {nq} {ms:.4f}", flush=True)
+    del q, k, v, mask
+    torch.cuda.empty_cache()
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("sdpa.py: no CUDA device", file=sys.stderr)
+        return 1
+    for batch, ctx, qh, kh in ((64, 8192, 32, 8), (16, 32768, 32, 8), (256, 2048, 32, 8), (4, 131072, 64, 8)):
+        run("decode", batch, ctx, qh, kh, 1)
+    run("prefill", 4, 10240, 32, 8, 2048)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
