@@ -67,30 +67,49 @@ static float median(float *v, int n)
 	return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Median time (ms) of runs calls of launch() after warm ones, CUDA events
+ * around each call; launch returns 0, or a kvq_cuda code that ends the run. */
+template <typename F> static float median_ms(int warm, int runs, const char *what, F launch)
+{
+	cudaEvent_t e0, e1;
+	float t[256];
+
+	CK(cudaEventCreate(&e0));
+	CK(cudaEventCreate(&e1));
+	for (int i = 0; i < warm + runs; i++) {
+		CK(cudaEventRecord(e0));
+		int rc = launch();
+		CK(cudaEventRecord(e1));
+		CK(cudaEventSynchronize(e1));
+		if (rc) {
+			fprintf(stderr, PROG ": %s: %d (%s)\n", what, rc, kvq_cuda_error());
+			exit(1);
+		}
+		if (i >= warm)
+			CK(cudaEventElapsedTime(&t[i - warm], e0, e1));
+	}
+	CK(cudaEventDestroy(e0));
+	CK(cudaEventDestroy(e1));
+	return median(t, runs);
+}
+
 static double read_bandwidth(int runs)
 {
 	const size_t bytes = (size_t)4 << 30;
 	uint4 *buf;
 	unsigned *sink;
-	cudaEvent_t e0, e1;
-	float t[64];
 
 	CK(cudaMalloc(&buf, bytes));
 	CK(cudaMalloc(&sink, 4));
 	fill_kernel<<<4096, 256>>>((uint16_t *)buf, bytes / 2, 7);
-	CK(cudaEventCreate(&e0));
-	CK(cudaEventCreate(&e1));
-	for (int i = 0; i < runs + 2; i++) {
-		CK(cudaEventRecord(e0));
+	float ms = median_ms(2, runs, "read pass", [&] {
 		read_kernel<<<132 * 8, 512>>>(buf, bytes / 16, sink);
-		CK(cudaEventRecord(e1));
-		CK(cudaEventSynchronize(e1));
-		if (i >= 2)
-			CK(cudaEventElapsedTime(&t[i - 2], e0, e1));
-	}
+		CK(cudaPeekAtLastError());
+		return 0;
+	});
 	CK(cudaFree(buf));
 	CK(cudaFree(sink));
-	return bytes / (median(t, runs) * 1e-3) / 1e9;
+	return bytes / (ms * 1e-3) / 1e9;
 }
 
 struct shape {
@@ -172,29 +191,14 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	}
 	CK(cudaMalloc(&dseq, sh.batch * (sizeof *w > sizeof *s ? sizeof *w : sizeof *s)));
 	CK(cudaMemcpy(dseq, w, sh.batch * sizeof *w, cudaMemcpyHostToDevice));
-	cudaEvent_t e0, e1;
-	float t[256];
-	CK(cudaEventCreate(&e0));
-	CK(cudaEventCreate(&e1));
 	/* the prefill's write (the same bytes each time), timed too */
-	int rc = 0;
-	for (int i = 0; i < 5 && !rc; i++) {
-		CK(cudaEventRecord(e0));
-		rc = kvq_cuda_write(L, pool, 0, (const struct kvq_cuda_write_seq *)dseq, sh.batch, sh.ctx, kin, vin, NULL);
-		CK(cudaEventRecord(e1));
-		CK(cudaEventSynchronize(e1));
-		if (i >= 1)
-			CK(cudaEventElapsedTime(&t[i - 1], e0, e1));
-	}
-	if (rc) {
-		fprintf(stderr, PROG ": kvq_cuda_write: %d (%s)\n", rc, kvq_cuda_error());
-		exit(1);
-	}
-	CK(cudaDeviceSynchronize());
+	ret->write_ms = median_ms(1, 4, "kvq_cuda_write", [&] {
+		return kvq_cuda_write(L, pool, 0, (const struct kvq_cuda_write_seq *)dseq, sh.batch, sh.ctx, kin, vin,
+				      NULL);
+	});
 	{
 		/* input K and V read, sealed slices and open rows written */
 		uint32_t sealed = kvq_layout_split(L, sh.ctx);
-		ret->write_ms = median(t, 4);
 		ret->write_bytes = (double)rows * per * 2 * 2 +
 				   (double)sh.batch * ((double)(sealed / B) * L->layer[0].sealed_slice +
 						       (double)(sh.ctx - sealed) * per * 2 * 2);
@@ -207,25 +211,17 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	if (a.workspace_bytes)
 		CK(cudaMalloc(&ws, a.workspace_bytes));
 	a.workspace = ws;
-	for (int i = 0; i < runs + 3; i++) {
-		CK(cudaEventRecord(e0));
-		rc = kvq_cuda_attention(&a, (const struct kvq_cuda_seq *)dseq, sh.batch, q, out);
-		CK(cudaEventRecord(e1));
-		CK(cudaEventSynchronize(e1));
-		if (rc) {
-			fprintf(stderr, PROG ": kvq_cuda_attention (%s): %d (%s)\n", fmt, rc, kvq_cuda_error());
-			exit(1);
-		}
-		if (i >= 3)
-			CK(cudaEventElapsedTime(&t[i - 3], e0, e1));
-	}
+	char what[64];
+	snprintf(what, sizeof what, "kvq_cuda_attention (%s)", fmt);
+	ret->ms = median_ms(3, runs, what, [&] {
+		return kvq_cuda_attention(&a, (const struct kvq_cuda_seq *)dseq, sh.batch, q, out);
+	});
 	/* bytes the step reads: sealed slices, and open rows up to n */
 	uint32_t sealed = kvq_layout_split(L, sh.ctx);
 	double bytes = (double)sh.batch * ((double)(sealed / B) * L->layer[0].sealed_slice +
 					   (double)(sh.ctx - sealed) * sh.kv_heads * D * 2 * 2);
 	ret->format = fmt;
 	ret->s = sh;
-	ret->ms = median(t, runs);
 	ret->gbps = bytes / (ret->ms * 1e-3) / 1e9;
 
 	cudaFree(pool);
@@ -239,8 +235,6 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	cudaFree(dseq);
 	if (ws)
 		cudaFree(ws);
-	cudaEventDestroy(e0);
-	cudaEventDestroy(e1);
 	free(ids);
 	free(w);
 	free(s);
@@ -253,25 +247,17 @@ static double copy_bandwidth(int runs)
 {
 	const size_t bytes = (size_t)2 << 30;
 	void *a, *b;
-	cudaEvent_t e0, e1;
-	float t[64];
 
 	CK(cudaMalloc(&a, bytes));
 	CK(cudaMalloc(&b, bytes));
 	fill_kernel<<<4096, 256>>>((uint16_t *)a, bytes / 2, 9);
-	CK(cudaEventCreate(&e0));
-	CK(cudaEventCreate(&e1));
-	for (int i = 0; i < runs + 2; i++) {
-		CK(cudaEventRecord(e0));
+	float ms = median_ms(2, runs, "copy", [&] {
 		CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-		CK(cudaEventRecord(e1));
-		CK(cudaEventSynchronize(e1));
-		if (i >= 2)
-			CK(cudaEventElapsedTime(&t[i - 2], e0, e1));
-	}
+		return 0;
+	});
 	CK(cudaFree(a));
 	CK(cudaFree(b));
-	return 2.0 * bytes / (median(t, runs) * 1e-3) / 1e9;
+	return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
 /* PyTorch SDPA times from bench/sdpa.py: lines "MODE batch context q_heads

@@ -446,15 +446,14 @@ const char *kvq_client_backend(const kvq_client *c)
 	return c && c->base ? c->backend : NULL;
 }
 
-static bool is_host(const kvq_client *c)
-{
-	return c->base && !strcmp(c->backend, "host");
-}
-
+#ifdef KVQ_WITH_CUDA
+/* A sequence's pool is host or cuda: attach accepts no other backend, and
+ * a libkvq without CUDA refuses cuda pools there. */
 static bool is_cuda(const kvq_client *c)
 {
 	return c->base && !strcmp(c->backend, "cuda");
 }
+#endif
 
 int kvq_client_set_stream(kvq_client *c, void *stream)
 {
@@ -981,9 +980,6 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *
 	size_t ws;
 	int r;
 
-	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, L->head_dim, L->act))
-		return fail(c, -ENOTSUP, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
-			    kvq_fmt_name(ll->vfmt), L->head_dim);
 	if ((r = gpu_ready(c)) < 0)
 		return r;
 	ws = kvq_cuda_attention_workspace(&a, 1);
@@ -1003,6 +999,11 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *
 	if ((r = gpu_table(s, as->n, as->n_q, 0, as->sealed, ns, as->open, no, &rec)) < 0)
 		goto out;
 	r = kvq_cuda_attention(&a, rec, 1, s->d_stage, (uint8_t *)s->d_stage + bytes);
+	if (r == -ENOTSUP) {
+		r = fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
+			 kvq_fmt_name(ll->vfmt), L->head_dim);
+		goto out;
+	}
 	if (r < 0) {
 		r = fail(c, r, "kvq_cuda_attention: %s", r == -EIO ? kvq_cuda_error() : "refused");
 		goto out;
@@ -1292,8 +1293,6 @@ int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 
 	if (!s || !k || !v)
 		return -EINVAL;
-	if (!is_host(s->c) && !is_cuda(s->c))
-		return fail(s->c, -ENOTSUP, "writes need an attached host or cuda pool");
 	if (!s->busy || layer >= s->c->L->layers)
 		return fail(s->c, -EINVAL, "write without begin, or layer %u out of range", layer);
 	B = s->c->L->block_tokens;
@@ -1425,8 +1424,6 @@ int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q
 
 	if (!s || !q || !out)
 		return -EINVAL;
-	if (!is_host(s->c) && !is_cuda(s->c))
-		return fail(s->c, -ENOTSUP, "attention needs an attached host or cuda pool");
 	L = s->c->L;
 	B = L->block_tokens;
 	if (layer >= L->layers)
@@ -1478,8 +1475,6 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 		return -EINVAL;
 	if (s->busy)
 		return fail(s->c, -EBUSY, "fork during a write");
-	if (!is_host(s->c) && !is_cuda(s->c))
-		return fail(s->c, -ENOTSUP, "fork needs an attached host or cuda pool");
 	L = s->c->L;
 	r = kvq_seq_new(s->c, s->salt, s->salt_len, &f);
 	if (r < 0)

@@ -262,7 +262,7 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m);
  * bf16 bits); on a cuda pool they may be in device memory (read in place)
  * or host memory (copied first), and the write is queued on the client's
  * stream.  Returns 0, -EINVAL (no write in progress, bad layer), -EIO (a
- * CUDA error, named by kvq_client_error) or -ENOTSUP (not attached). */
+ * CUDA error, named by kvq_client_error). */
 int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v);
 
 /* Seals blocks that left the open window and publishes all new sealed
@@ -280,15 +280,15 @@ int kvq_seq_commit(kvq_seq *s);
  * memory; on a cuda pool q goes to the device in the activation dtype, the
  * CUDA kernel runs on the client's stream, and the call returns once out is
  * written.  Returns 0, -EINVAL (bad counts, no stored tokens, or a layer not
- * yet written in the current write), -EIO (a CUDA error) or -ENOTSUP (not
- * attached, or no CUDA kernel for the layer's formats). */
+ * yet written in the current write), -EIO (a CUDA error) or -ENOTSUP (no
+ * CUDA kernel for the layer's formats). */
 int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
 		      const float *q, float *out);
 
 /* A copy sharing the sealed blocks by reference (Fork) with its own copy
  * of the open window (new open slots, bytes copied for every layer; on a
  * cuda pool copied on the client's stream).  Returns 0 and *ret_seq, -EBUSY
- * (a write in progress), -ENOTSUP (not attached), -ENOMEM or a daemon code. */
+ * (a write in progress), -ENOMEM or a daemon code. */
 int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq);
 
 /* The sequence's block table: *ret_sealed / *ret_n_sealed and *ret_open /
