@@ -831,8 +831,8 @@ struct kvq_seq {
 #ifdef KVQ_WITH_CUDA
 	/* cuda pools: the record and block table a kernel reads, and staging
 	 * for inputs and outputs in host memory, both in device memory */
-	void *d_table, *d_stage;
-	size_t d_table_cap, d_stage_cap;
+	void *d_table, *d_stage, *d_work;
+	size_t d_table_cap, d_stage_cap, d_work_cap;
 #endif
 };
 
@@ -962,52 +962,65 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, 
 	return r < 0 ? fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
 }
 
-/* Attention on the GPU for float host arrays (converted to and from the
- * activation dtype around the kernel); returns when out is written. */
+/* Attention on the GPU with q (activation dtype) and out (f32 or the
+ * activation dtype) in device memory, queued on the client's stream. */
 static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
-			 uint32_t q_heads, float scale, const float *q, float *out)
+			 uint32_t q_heads, float scale, const void *q, void *out, bool out_f32)
 {
 	kvq_client *c = s->c;
 	const struct kvq_layout *L = c->L;
 	const struct kvq_layer_layout *ll = &L->layer[layer];
-	const size_t nel = (size_t)as->n_q * q_heads * L->head_dim, bytes = nel * 2;
 	struct kvq_cuda_attn a = { .L = L, .base = c->base, .layer = layer, .q_heads = q_heads, .scale = scale,
-		.q_dtype = L->act, .out_dtype = L->act, .max_n = as->n, .max_q = as->n_q, .total_q = as->n_q,
-		.stream = c->stream };
-	uint16_t *h = NULL;
+		.q_dtype = L->act, .out_dtype = out_f32 ? KVQ_DT_F32 : L->act, .max_n = as->n, .max_q = as->n_q,
+		.total_q = as->n_q, .stream = c->stream };
 	void *rec = NULL;
-	cudaError_t e;
 	size_t ws;
 	int r;
 
 	if ((r = gpu_ready(c)) < 0)
 		return r;
 	ws = kvq_cuda_attention_workspace(&a, 1);
-	if ((r = gpu_grow(c, &s->d_stage, &s->d_stage_cap, 2 * bytes + ws)) < 0)
+	if ((r = gpu_grow(c, &s->d_work, &s->d_work_cap, ws)) < 0)
+		return r;
+	a.workspace = ws ? s->d_work : NULL;
+	a.workspace_bytes = ws;
+	if ((r = gpu_table(s, as->n, as->n_q, 0, as->sealed, ns, as->open, no, &rec)) < 0)
+		return r;
+	r = kvq_cuda_attention(&a, rec, 1, q, out);
+	if (r == -ENOTSUP)
+		return fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
+			    kvq_fmt_name(ll->vfmt), L->head_dim);
+	if (r < 0)
+		return fail(c, r, "kvq_cuda_attention: %s", r == -EIO ? kvq_cuda_error() : "refused");
+	return 0;
+}
+
+/* The same for float host arrays, converted to and from the activation
+ * dtype around the kernel; returns when out is written. */
+static int gpu_attention_host(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns,
+			      uint32_t no, uint32_t q_heads, float scale, const float *q, float *out)
+{
+	kvq_client *c = s->c;
+	const struct kvq_layout *L = c->L;
+	const size_t nel = (size_t)as->n_q * q_heads * L->head_dim, bytes = nel * 2;
+	uint16_t *h = NULL;
+	cudaError_t e;
+	int r;
+
+	if ((r = gpu_ready(c)) < 0 || (r = gpu_grow(c, &s->d_stage, &s->d_stage_cap, 2 * bytes)) < 0)
 		return r;
 	h = malloc(bytes);
 	if (!h)
 		return -ENOMEM;
 	for (size_t i = 0; i < nel; i++)
 		h[i] = L->act == KVQ_DT_BF16 ? kvq_bf16_from_f32(q[i]) : kvq_f16_from_f32(q[i]);
-	a.workspace = ws ? (uint8_t *)s->d_stage + 2 * bytes : NULL;
-	a.workspace_bytes = ws;
 	if ((e = cudaMemcpyAsync(s->d_stage, h, bytes, cudaMemcpyHostToDevice, c->stream)) != cudaSuccess) {
 		r = gpu_err(c, "copying q to the device", e);
 		goto out;
 	}
-	if ((r = gpu_table(s, as->n, as->n_q, 0, as->sealed, ns, as->open, no, &rec)) < 0)
+	r = gpu_attention(s, layer, as, ns, no, q_heads, scale, s->d_stage, (uint8_t *)s->d_stage + bytes, false);
+	if (r < 0)
 		goto out;
-	r = kvq_cuda_attention(&a, rec, 1, s->d_stage, (uint8_t *)s->d_stage + bytes);
-	if (r == -ENOTSUP) {
-		r = fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
-			 kvq_fmt_name(ll->vfmt), L->head_dim);
-		goto out;
-	}
-	if (r < 0) {
-		r = fail(c, r, "kvq_cuda_attention: %s", r == -EIO ? kvq_cuda_error() : "refused");
-		goto out;
-	}
 	if ((e = cudaMemcpyAsync(h, (uint8_t *)s->d_stage + bytes, bytes, cudaMemcpyDeviceToHost, c->stream)) !=
 		    cudaSuccess ||
 	    (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) {
@@ -1100,6 +1113,7 @@ void kvq_seq_free(kvq_seq *s)
 		gpu_drain(s->c);
 		cudaFree(s->d_table);
 		cudaFree(s->d_stage);
+		cudaFree(s->d_work);
 	}
 #endif
 	cap = (size_t)s->n_sealed + s->n_open + s->p_n_sealed + s->p_n_open + 1;
@@ -1130,6 +1144,11 @@ void kvq_seq_free(kvq_seq *s)
 	free(s->resv);
 	free(s->written);
 	free(s);
+}
+
+kvq_client *kvq_seq_client(const kvq_seq *s)
+{
+	return s ? s->c : NULL;
 }
 
 uint32_t kvq_seq_tokens(const kvq_seq *s)
@@ -1413,54 +1432,89 @@ out:
 	return r;
 }
 
+/* The table attention of n_q query rows reads now, checked; *ns and *no
+ * are its sealed and open counts. */
+static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, struct kvq_attn_seq *as,
+			  uint32_t *ns, uint32_t *no)
+{
+	const struct kvq_layout *L = s->c->L;
+
+	if (layer >= L->layers)
+		return -EINVAL;
+	if (s->busy) {
+		if (!s->written[layer])
+			return fail(s->c, -EINVAL, "attention on layer %u before its write", layer);
+		as->n = s->n + s->m;
+		as->sealed = s->p_sealed;
+		as->open = s->p_open + (s->p_n_sealed - s->n_sealed);
+		*ns = s->p_n_sealed;
+		*no = s->p_n_open - (s->p_n_sealed - s->n_sealed);
+	} else {
+		/* right after from_prompt the table has no open window: the
+		 * kernel's split would not match it */
+		if (s->n_sealed * L->block_tokens != kvq_layout_split(L, s->n))
+			return fail(s->c, -EINVAL, "attention needs the rest of the prompt appended first");
+		as->n = s->n;
+		as->sealed = s->sealed;
+		as->open = s->open;
+		*ns = s->n_sealed;
+		*no = s->n_open;
+	}
+	as->n_q = n_q;
+	if (!n_q || n_q > as->n || !q_heads || q_heads % L->kv_heads)
+		return fail(s->c, -EINVAL, "attention: bad query counts");
+	return 0;
+}
+
 int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale, const float *q,
 		      float *out)
 {
 	const struct kvq_layout *L;
 	struct kvq_attn a;
 	struct kvq_attn_seq as;
-	uint32_t B;
+	uint32_t ns, no;
 	int r;
 
 	if (!s || !q || !out)
 		return -EINVAL;
 	L = s->c->L;
-	B = L->block_tokens;
-	if (layer >= L->layers)
-		return -EINVAL;
-	if (s->busy) {
-		if (!s->written[layer])
-			return fail(s->c, -EINVAL, "attention on layer %u before its write", layer);
-		as.n = s->n + s->m;
-		as.sealed = s->p_sealed;
-		as.open = s->p_open + (s->p_n_sealed - s->n_sealed);
-	} else {
-		/* right after from_prompt the table has no open window: the
-		 * kernel's split would not match it */
-		if (s->n_sealed * B != kvq_layout_split(L, s->n))
-			return fail(s->c, -EINVAL, "attention needs the rest of the prompt appended first");
-		as.n = s->n;
-		as.sealed = s->sealed;
-		as.open = s->open;
-	}
-	as.n_q = n_q;
-	if (!n_q || n_q > as.n || !q_heads || q_heads % L->kv_heads)
-		return fail(s->c, -EINVAL, "attention: bad query counts");
+	if ((r = seq_attn_table(s, layer, q_heads, n_q, &as, &ns, &no)) < 0)
+		return r;
+	scale = scale > 0 ? scale : 1.0f / sqrtf((float)L->head_dim);
 #ifdef KVQ_WITH_CUDA
-	if (is_cuda(s->c)) {
-		uint32_t ns = s->busy ? s->p_n_sealed : s->n_sealed;
-		uint32_t no = s->busy ? s->p_n_open - (s->p_n_sealed - s->n_sealed) : s->n_open;
-		return gpu_attention(s, layer, &as, ns, no, q_heads,
-				     scale > 0 ? scale : 1.0f / sqrtf((float)L->head_dim), q, out);
-	}
+	if (is_cuda(s->c))
+		return gpu_attention_host(s, layer, &as, ns, no, q_heads, scale, q, out);
 #endif
-	a = (struct kvq_attn){ .L = L, .base = s->c->base, .layer = layer, .q_heads = q_heads,
-		.scale = scale > 0 ? scale : 1.0f / sqrtf((float)L->head_dim), .q_dtype = KVQ_DT_F32,
-		.out_dtype = KVQ_DT_F32 };
+	a = (struct kvq_attn){ .L = L, .base = s->c->base, .layer = layer, .q_heads = q_heads, .scale = scale,
+		.q_dtype = KVQ_DT_F32, .out_dtype = KVQ_DT_F32 };
 	r = kvq_cpu_attention(&a, &as, 1, q, out);
 	if (r < 0)
 		return fail(s->c, r, "attention: bad query counts");
 	return 0;
+}
+
+int kvq_seq_attention_device(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
+			     const void *q, void *out, int out_f32)
+{
+#ifdef KVQ_WITH_CUDA
+	struct kvq_attn_seq as;
+	uint32_t ns, no;
+	int r;
+
+	if (!s || !q || !out)
+		return -EINVAL;
+	if (!is_cuda(s->c))
+		return fail(s->c, -ENOTSUP, "attention on device memory needs a cuda pool");
+	if ((r = seq_attn_table(s, layer, q_heads, n_q, &as, &ns, &no)) < 0)
+		return r;
+	scale = scale > 0 ? scale : 1.0f / sqrtf((float)s->c->L->head_dim);
+	return gpu_attention(s, layer, &as, ns, no, q_heads, scale, q, out, out_f32 != 0);
+#else
+	(void)layer, (void)q_heads, (void)n_q, (void)scale, (void)out_f32;
+	if (!s || !q || !out)
+		return -EINVAL;
+	return fail(s->c, -ENOTSUP, "attention on device memory needs a cuda pool (libkvq built without CUDA)");
+#endif
 }
 
 int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)

@@ -238,6 +238,9 @@ int kvq_seq_new(kvq_client *c, const void *salt, size_t salt_len, kvq_seq **ret_
  * frees it.  NULL is fine. */
 void kvq_seq_free(kvq_seq *s);
 
+/* The client the sequence was made on. */
+kvq_client *kvq_seq_client(const kvq_seq *s);
+
 /* Tokens stored (after the last commit, or the prefix from_prompt found). */
 uint32_t kvq_seq_tokens(const kvq_seq *s);
 
@@ -284,6 +287,15 @@ int kvq_seq_commit(kvq_seq *s);
  * CUDA kernel for the layer's formats). */
 int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
 		      const float *q, float *out);
+
+/* The same with q and out in device memory, for a worker whose activations
+ * are on the GPU (cuda pools only): q in the pool's activation dtype, out
+ * floats when out_f32 is nonzero, else the activation dtype.  Queued on the
+ * client's stream; returns without waiting.  Returns 0, -EINVAL, -EIO,
+ * -ENOTSUP (a host pool, a build without CUDA, or no kernel for the
+ * layer's formats). */
+int kvq_seq_attention_device(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
+			     const void *q, void *out, int out_f32);
 
 /* A copy sharing the sealed blocks by reference (Fork) with its own copy
  * of the open window (new open slots, bytes copied for every layer; on a
