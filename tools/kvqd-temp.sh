@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-# Sourced by the model tools: kvqd from build/ with its embedded defaults
-# (host backend, pools created on attach) on a temporary socket, stopped
-# (SIGTERM) when the script exits.
+# Sourced by the model tools: kvqd from build/ (or $KVQD) with its embedded
+# defaults (host backend unless a client asks for cuda, pools created on
+# attach) on a temporary socket, stopped (SIGTERM) when the script exits.
 #   kvqd_temp_start TOP TAG    sets kvqd_temp_dir (kept until exit), exports KVQ_SOCKET
 kvqd_temp_start() {
 	local top=$1 tag=$2
 	kvqd_temp_dir=$(mktemp -d "/tmp/kvqd-$tag.XXXXXX")
-	"$top/build/daemon/kvqd" --backend host --socket "$kvqd_temp_dir/kvqd.sock" --foreground \
+	"${KVQD:-$top/build/daemon/kvqd}" --backend host --socket "$kvqd_temp_dir/kvqd.sock" --foreground \
 		--log-level warning &
 	kvqd_temp_pid=$!
 	trap 'kill -TERM $kvqd_temp_pid 2>/dev/null; wait $kvqd_temp_pid 2>/dev/null; rm -rf "$kvqd_temp_dir"' EXIT

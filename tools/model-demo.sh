@@ -9,12 +9,17 @@
 # time; then worker 2's question again with the prefix cache disabled must
 # give the same tokens.  Needs build/ and the model (tools/fetch-model.sh).
 #   tools/model-demo.sh [POLICY]       (default int8)
+# Environment: KVQ_RUN_ARGS (more kvq-run options, e.g. "--gpu"), KVQ_RUN and
+# KVQD (the programs, default build/'s), KVQ_TEXTS (a directory holding the
+# system prompt's text under its base name).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 policy=${1:-int8}
 system=/usr/share/common-licenses/Artistic
-run=$top/build/examples/kvq-run/kvq-run
+[ -n "${KVQ_TEXTS:-}" ] && system=$KVQ_TEXTS/Artistic
+run=${KVQ_RUN:-$top/build/examples/kvq-run/kvq-run}
+read -r -a run_args <<<"${KVQ_RUN_ARGS:-}"
 export KVQ_MODEL=${KVQ_MODEL:-$(bash "$top/tools/fetch-model.sh" | tail -n 1)}
 
 . "$top/tools/kvqd-temp.sh"
@@ -23,7 +28,7 @@ gen() {   # gen NAME QUESTION [ARGS...]
 	local name=$1 q=$2
 	shift 2
 	echo "--- $name: \"$q\""
-	"$run" generate --kv "$policy" --system-file "$system" --prompt "$q" --max-tokens 48 --threads 2 --stats "$@" \
+	"$run" generate --kv "$policy" --system-file "$system" --prompt "$q" --max-tokens 48 --threads 2 --stats "${run_args[@]}" "$@" \
 		>"$kvqd_temp_dir/$name.out" 2>"$kvqd_temp_dir/$name.err" || { cat "$kvqd_temp_dir/$name.err"; return 1; }
 	cat "$kvqd_temp_dir/$name.out"
 	sed 's/^kvq-run: /  /' "$kvqd_temp_dir/$name.err"

@@ -37,7 +37,7 @@ def main():
            "tools/quality-table.py from the JSON in bench/quality/ and the notes in",
            "bench/quality/NOTES.md); do not edit by hand.  Each run is one",
            "`kvq-run ab` pass: the text is cut into non-overlapping windows of `ctx` tokens,",
-           "each a fresh sequence in a kvqd pool (host backend) filled in prefill chunks",
+           "each a fresh sequence in a kvqd pool (host backend; cuda on the GPU path) filled in prefill chunks",
            "of 128 tokens; every policy's forward runs in step with the FP16-KV one and",
            "attention reads KV as stored (sealed blocks quantized, the open window FP16).",
            "",
@@ -50,13 +50,19 @@ def main():
            "  repeated 4-grams, and share of tokens equal to FP16's continuation",
            "  before the first difference.",
            "- Targets from the issue: dPPL int8 <= 0.1 %, fp8 <= 0.5 %, kivi4 <= 1.5 %,",
-           "  int4g32 <= 2 % (uniform policies, default window).", ""]
+           "  int4g32 <= 2 % (uniform policies, default window).",
+           "- Runs marked *Hadamard-rotated* ran `kvq-run --rotate`: K, V and q of every head",
+           "  through the normalised Walsh-Hadamard transform after RoPE (attention's output back",
+           "  through it), the FP16-KV reference too; the same function in exact arithmetic, with",
+           "  channel outliers spread over the head before quantization.", ""]
     for run in runs:
         name = os.path.basename(run["file"])
         ref = run["ref"]
-        out += [f"## {name}, ctx {run['ctx']}", "",
+        rot = ", Hadamard-rotated" if run.get("rotate") else ""
+        where = "the GPU path" if run.get("path") == "gpu" else "the CPU path"
+        out += [f"## {name}, ctx {run['ctx']}{rot}", "",
                 f"{run['tokens']} tokens, {run['scored']} scored, FP16-KV perplexity **{ref['ppl']:.4f}**"
-                f" ({run['seconds']:.0f} s for all policies, two threads on two shared cores).", "",
+                f" ({run['seconds']:.0f} s for all policies, {where}).", "",
                 "| policy | bytes/value | bits/value | ppl | d% | KL | top-1 | rep4 | same | target |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         # continuations: recorded since kvq-run wrote "gen"; older results

@@ -10,10 +10,15 @@
  *   kvq-run perplexity [--kv POLICY] [--ctx N] FILE [--json]
  *   kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] FILE [--json]
  *   kvq-run tokenize [--special] [--decode] TEXT   (ids, or their bytes again)
+ *   kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE
+ *     (K's per-channel mean over FILE, for --k-center)
  *
  * Common: --model PATH ($KVQ_MODEL), --socket PATH ($KVQ_SOCKET), --window N
  * (open window in tokens, 0: the pool's default), --batch N (prefill chunk),
- * --threads N, --limit N (use the first N tokens of FILE).
+ * --threads N, --limit N (use the first N tokens of FILE), --rotate (K, V
+ * and q per head through a Hadamard transform, model.h), --gpu [--device N]
+ * (the layers on a GPU with the KV in cuda pools, model_gpu.h), --k-center
+ * PATH (K centered by calibrate's means, model.h).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -38,12 +43,13 @@
 #define RUN_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 struct opts {
-	const char *model, *socket, *prompt, *file, *dump, *system, *system_file, *salt;
+	const char *model, *socket, *prompt, *file, *dump, *system, *system_file, *salt, *out, *k_center;
 	const char *kv[RUN_MAX_KV];
 	unsigned n_kv;
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block;
 	unsigned threads;
-	bool json, raw, special, decode, no_cache, stats;
+	int device;
+	bool json, raw, special, decode, no_cache, stats, rotate, gpu;
 };
 
 /* One policy's pool and sequence. */
@@ -62,6 +68,10 @@ static tok *tk;
 static model *md;
 static uint64_t model_fp;
 static char model_name[96];   /* general.name, blanks as '-' (the pool's model id) */
+static float *k_center;       /* --k-center */
+static uint32_t k_center_hash;
+static double *k_sum;         /* calibrate */
+static bool want_k_sum;
 
 static double now_s(void)
 {
@@ -81,6 +91,51 @@ __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt,
 	va_end(ap);
 	fputc('\n', stderr);
 	exit(1);
+}
+
+/* K centers (kvq-run calibrate, --k-center): "KVQKC001", then u32 layers,
+ * kv_heads, head_dim, rotate; u64 tokens averaged, model fingerprint; then
+ * float means [layers][kv_heads][head_dim]; all little-endian. */
+#define KC_MAGIC "KVQKC001"
+struct kc_head {
+	char magic[8];
+	uint32_t layers, kv_heads, head_dim, rotate;
+	uint64_t tokens, model_fp;
+};
+
+static void kc_geometry(uint32_t *layers, uint32_t *kv_heads, uint32_t *head_dim);
+
+/* Reads --k-center for this model (geometry, fingerprint and --rotate must
+ * match the calibration). */
+static void read_k_center(void)
+{
+	struct kc_head h;
+	uint32_t L, H, D;
+	FILE *f = fopen(o.k_center, "rb");
+	size_t n;
+
+	if (!f)
+		die("--k-center %s: %s", o.k_center, strerror(errno));
+	kc_geometry(&L, &H, &D);
+	if (fread(&h, sizeof(h), 1, f) != 1 || memcmp(h.magic, KC_MAGIC, 8))
+		die("--k-center %s: not a kvq-run calibrate file", o.k_center);
+	if (h.layers != L || h.kv_heads != H || h.head_dim != D || h.model_fp != model_fp)
+		die("--k-center %s: calibrated for another model", o.k_center);
+	if (h.rotate != (o.rotate ? 1u : 0u))
+		die("--k-center %s: calibrated %s --rotate; give the same here", o.k_center, h.rotate ? "with" : "without");
+	n = (size_t)L * H * D;
+	k_center = malloc(n * sizeof(float));
+	if (!k_center)
+		die("%s", strerror(ENOMEM));
+	if (fread(k_center, sizeof(float), n, f) != n || fgetc(f) != EOF)
+		die("--k-center %s: truncated or too long", o.k_center);
+	fclose(f);
+	k_center_hash = 2166136261u;
+	for (size_t i = 0; i < n * sizeof(float); i++)
+		k_center_hash = (k_center_hash ^ ((const uint8_t *)k_center)[i]) * 16777619u;
+	for (size_t i = 0; i < n; i++)
+		if (!isfinite(k_center[i]))
+			die("--k-center %s: not finite", o.k_center);
 }
 
 /* A fingerprint of the weights for the pool's model id: size and a sample
@@ -108,9 +163,20 @@ static void load(void)
 	r = gguf_open(path, &gf, err, sizeof(err));
 	if (r < 0)
 		die("%s", err);
-	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, o.batch, &md, err, sizeof(err)) < 0)
-		die("%s: %s", path, err);
 	model_fp = fingerprint();
+	if (o.k_center)
+		read_k_center();
+	if (want_k_sum) {
+		uint32_t L, H, D;
+
+		kc_geometry(&L, &H, &D);
+		if (!(k_sum = calloc((size_t)L * H * D, sizeof(double))))
+			die("%s", strerror(ENOMEM));
+	}
+	struct model_opts mo = { .max_batch = o.batch, .rotate = o.rotate, .k_center = k_center, .k_sum = k_sum,
+		.gpu = o.gpu ? o.device : -1 };
+	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, &mo, &md, err, sizeof(err)) < 0)
+		die("%s: %s", path, err);
 	if (gguf_get_str(gf, "general.name", &name) < 0 || name.len == 0)
 		name = (struct gguf_str){ "model", 5 };
 	for (uint32_t i = 0; i < name.len && i + 1 < sizeof(model_name); i++)
@@ -147,7 +213,12 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	/* one pool per (model, policy, window, capacity): pools compare the
 	 * first three at attach, and a pool made for a short run cannot hold a
 	 * long one */
-	snprintf(model_id, sizeof(model_id), "%s@%016llx", model_name, (unsigned long long)model_fp);
+	/* rotated or centered K/V are another model's: never shared with
+	 * plain ones */
+	snprintf(model_id, sizeof(model_id), "%s@%016llx%s", model_name, (unsigned long long)model_fp,
+		 o.rotate ? "+hadamard" : "");
+	if (k_center)
+		snprintf(model_id + strlen(model_id), sizeof(model_id) - strlen(model_id), "+kc%08x", k_center_hash);
 	for (const char *p = model_id; *p; p++)
 		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
 	for (const char *p = k->canon; *p; p++)
@@ -161,13 +232,14 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = policy,
 		.window = window, .act = KVQ_ACT_F16, .create = 1,
 		.n_sealed = n_sealed, .n_open = n_open,
-		.backend = "host", .device = -1 };
+		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1 };
 	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
 	if (r < 0)
 		die("connect to kvqd: %s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r));
 	r = kvq_client_attach(k->c, &p);
 	if (r < 0)
-		die("attach: %s (%s)", kvq_strerror(r), kvq_client_error(k->c));
+		die("attach: %s (%s)%s", kvq_strerror(r), kvq_client_error(k->c),
+		    o.gpu && r == -ENODEV ? "; --gpu needs kvqd to offer cuda pools" : "");
 	L = kvq_client_layout(k->c);
 	k->window = L->window;
 	k->bits = 8.0 * (double)L->sealed_block_bytes /
@@ -215,7 +287,7 @@ static void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, f
 		else
 			r = model_forward(md, k->s, ids + a, m, a + m == n && last ? 1 : 0, last);
 		if (r < 0)
-			die("forward (kv %s): %s", k->policy, kvq_client_error(k->c));
+			die("forward (kv %s): %s", k->policy, model_error(md) ? model_error(md) : kvq_client_error(k->c));
 	}
 }
 
@@ -396,7 +468,7 @@ static int cmd_generate(void)
 		"cache%s, %zu computed; prefill %.2f s; %u tokens generated in %.2f s (%.1f tok/s); matmul path %s, "
 		"%u thread(s)\n",
 		k.canon, k.window, k.bits, n, hit, o.no_cache ? " (disabled)" : "", n - hit, t1 - t0, g, t2 - t1,
-		g > 1 ? (g - 1) / (t2 - t1) : 0.0, mm_path(), o.threads);
+		g > 1 ? (g - 1) / (t2 - t1) : 0.0, o.gpu ? "cuBLAS (GPU)" : mm_path(), o.threads);
 	if (o.stats)
 		print_stats(&k);
 	free(last);
@@ -457,9 +529,10 @@ static int cmd_perplexity(void)
 	double secs = now_s() - t0, ppl = exp(nll / scored);
 	if (o.json)
 		printf("{\"file\":\"%s\",\"kv\":\"%s\",\"window\":%u,\"bits_per_value\":%.4f,\"ctx\":%u,"
-		       "\"tokens\":%zu,\"windows\":%u,\"scored\":%llu,\"nll\":%.6f,\"ppl\":%.6f,\"seconds\":%.1f}\n",
+		       "\"tokens\":%zu,\"windows\":%u,\"scored\":%llu,\"nll\":%.6f,\"ppl\":%.6f,\"seconds\":%.1f,"
+		       "\"rotate\":%s,\"path\":\"%s\"}\n",
 		       o.file, k.canon, k.window, k.bits, ctx, n, windows, (unsigned long long)scored, nll / scored, ppl,
-		       secs);
+		       secs, o.rotate ? "true" : "false", o.gpu ? "gpu" : "cpu");
 	else
 		printf("%s: kv %s (window %u, %.2f bits/value), ctx %u: %zu tokens, %u window(s), %llu scored: "
 		       "perplexity %.4f (%.1f s)\n",
@@ -585,9 +658,10 @@ static int cmd_ab(void)
 	double secs = now_s() - t0, ppl_ref = exp(st[0].nll / scored);
 	if (o.json)
 		printf("{\"file\":\"%s\",\"ctx\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
-		       "\"gen_prompts\":%u,\"ref\":{\"kv\":\"f16\","
+		       "\"gen_prompts\":%u,\"rotate\":%s,\"path\":\"%s\",\"ref\":{\"kv\":\"f16\","
 		       "\"window\":%u,\"bits_per_value\":%.4f,\"ppl\":%.6f,\"rep4\":%.4f},\"results\":[",
-		       o.file, ctx, n, (unsigned long long)scored, secs, o.gen, gp, k[0].window, k[0].bits, ppl_ref,
+		       o.file, ctx, n, (unsigned long long)scored, secs, o.gen, gp, o.rotate ? "true" : "false",
+		       o.gpu ? "gpu" : "cpu", k[0].window, k[0].bits, ppl_ref,
 		       st[0].ngrams ? (double)st[0].repeats / st[0].ngrams : 0.0);
 	else
 		printf("%s: ctx %u, %zu tokens, %llu scored; f16 KV perplexity %.4f (%.1f s)\n", o.file, ctx, n,
@@ -626,6 +700,74 @@ static int cmd_ab(void)
 
 /* ---------------------------------------------------------------- tokenize */
 
+/* ---------------------------------------------------------------- calibrate */
+
+static void kc_geometry(uint32_t *layers, uint32_t *kv_heads, uint32_t *head_dim)
+{
+	uint64_t L, H, E, Q;
+
+	/* read from the file: the model is not loaded yet */
+	if (gguf_get_uint(gf, "llama.block_count", &L) < 0 || gguf_get_uint(gf, "llama.attention.head_count_kv", &H) < 0 ||
+	    gguf_get_uint(gf, "llama.embedding_length", &E) < 0 || gguf_get_uint(gf, "llama.attention.head_count", &Q) < 0 ||
+	    !Q || L > 4096 || H > 4096 || E > (1u << 20))
+		die("model: no llama geometry");
+	*layers = (uint32_t)L;
+	*kv_heads = (uint32_t)H;
+	*head_dim = (uint32_t)(E / Q);
+}
+
+/* K's mean per layer, head and channel over FILE (FP16 KV, windows of
+ * --ctx tokens), written to --out for --k-center. */
+static int cmd_calibrate(void)
+{
+	const struct model_cfg *c;
+	struct kc_head h = { .magic = KC_MAGIC };
+	struct kv k = { 0 };
+	uint32_t ctx, *ids;
+	size_t n, nk;
+	FILE *f;
+
+	if (!o.out)
+		die("calibrate needs --out PATH");
+	if (o.gpu || o.k_center)
+		die("calibrate runs on the CPU path, without --k-center");
+	want_k_sum = true;
+	load();
+	c = model_cfg(md);
+	ctx = o.ctx ? o.ctx : 2048;
+	if (ctx < 2 || ctx > c->ctx)
+		die("--ctx between 2 and the model's context");
+	ids = file_tokens(&n);
+	kv_open(&k, "f16", ctx);
+	for (size_t a = 0; a < n; a += ctx) {
+		uint32_t w = n - a < ctx ? (uint32_t)(n - a) : ctx;
+
+		kv_reset(&k);
+		feed(&k, ids + a, w, NULL, NULL);
+	}
+	nk = (size_t)c->layers * c->kv_heads * c->head_dim;
+	h.layers = c->layers;
+	h.kv_heads = c->kv_heads;
+	h.head_dim = c->head_dim;
+	h.rotate = o.rotate;
+	h.tokens = n;
+	h.model_fp = model_fp;
+	float *mean = malloc(nk * sizeof(float));
+	if (!mean)
+		die("%s", strerror(ENOMEM));
+	for (size_t i = 0; i < nk; i++)
+		mean[i] = (float)(k_sum[i] / (double)n);
+	if (!(f = fopen(o.out, "wb")) || fwrite(&h, sizeof(h), 1, f) != 1 || fwrite(mean, sizeof(float), nk, f) != nk ||
+	    fclose(f) != 0)
+		die("%s: %s", o.out, strerror(errno));
+	printf("%s: K means of %u layers x %u heads x %u channels over %zu tokens of %s%s\n", o.out, c->layers,
+	       c->kv_heads, c->head_dim, n, o.file, o.rotate ? " (rotated)" : "");
+	free(mean);
+	free(ids);
+	kv_close(&k);
+	return 0;
+}
+
 static int cmd_tokenize(void)
 {
 	size_t n;
@@ -658,11 +800,14 @@ static void usage(FILE *f)
 		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
 		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--json] FILE\n"
 		   "       kvq-run tokenize [--special] [--decode] TEXT   (ids, or the ids decoded back)\n"
+		   "       kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE   (K means for --k-center)\n"
 		   "options: --model PATH ($KVQ_MODEL)  --socket PATH ($KVQ_SOCKET)  --window N (open window,\n"
 		   "         tokens)  --batch N (prefill chunk, default 128)  --threads N  --limit N (first N\n"
 		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
 		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n"
-		   "         --block N (tokens per KV block, default 16)\n");
+		   "         --block N (tokens per KV block, default 16)  --rotate (Hadamard-rotated K, V, q)\n"
+		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
+		   "         calibrate's means)\n");
 }
 
 static uint32_t num(const char *s, const char *opt)
@@ -684,7 +829,9 @@ int main(int argc, char **argv)
 		{ "json", 0, NULL, 'j' }, { "raw", 0, NULL, 'r' }, { "special", 0, NULL, 'S' },
 		{ "decode", 0, NULL, 'D' }, { "system", 1, NULL, 'y' }, { "system-file", 1, NULL, 'Y' },
 		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' },
-		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' },
+		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
+		{ "k-center", 1, NULL, 'K' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -719,6 +866,11 @@ int main(int argc, char **argv)
 		case 'T': o.stats = true; break;
 		case 'B': o.block = num(optarg, "--block"); break;
 		case 'G': o.gen_prompts = num(optarg, "--gen-prompts"); break;
+		case 'R': o.rotate = true; break;
+		case 'o': o.out = optarg; break;
+		case 'K': o.k_center = optarg; break;
+		case 'U': o.gpu = true; break;
+		case 'V': o.device = (int)num(optarg, "--device"); break;
 		case 'j': o.json = true; break;
 		case 'r': o.raw = true; break;
 		case 'S': o.special = true; break;
@@ -744,6 +896,8 @@ int main(int argc, char **argv)
 		return cmd_perplexity();
 	if (!strcmp(cmd, "ab"))
 		return cmd_ab();
+	if (!strcmp(cmd, "calibrate"))
+		return cmd_calibrate();
 	usage(stderr);
 	return 2;
 }

@@ -8,16 +8,18 @@
 #include "kvq_format.h"
 #include "mm.h"
 #include "model.h"
-
-struct layer_w {
-	const struct gguf_tensor *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
-};
+#ifdef KVQ_WITH_CUDA
+#include "model_gpu.h"
+#endif
 
 struct model {
 	struct model_cfg cfg;
 	const struct gguf_tensor *embd, *out_norm, *out;
 	struct layer_w *lw;
-	uint32_t max_batch;
+	struct model_opts opt;
+#ifdef KVQ_WITH_CUDA
+	gpu_fwd *gpu;
+#endif
 	/* scratch for max_batch tokens */
 	float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
 	uint16_t *k16, *v16;
@@ -50,8 +52,9 @@ static const struct gguf_tensor *want(const gguf_file *f, const char *name, uint
 	return t;
 }
 
-int model_load(const gguf_file *f, uint32_t max_batch, model **ret_model, char *err, size_t errlen)
+int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_model, char *err, size_t errlen)
 {
+	const uint32_t max_batch = opts->max_batch;
 	struct gguf_str arch;
 	struct model_cfg *c;
 	model *m;
@@ -118,7 +121,27 @@ int model_load(const gguf_file *f, uint32_t max_batch, model **ret_model, char *
 	}
 	if (bad)
 		goto fail;
-	m->max_batch = max_batch;
+	m->opt = *opts;
+	if (opts->rotate && (c->head_dim & (c->head_dim - 1))) {
+		snprintf(err, errlen, "model: the Hadamard rotation needs a power-of-two head dim (%u)", c->head_dim);
+		goto fail;
+	}
+	if (opts->gpu >= 0 && opts->k_sum) {
+		snprintf(err, errlen, "model: K sums are taken on the CPU path only");
+		goto fail;
+	}
+	if (opts->gpu >= 0) {
+#ifdef KVQ_WITH_CUDA
+		r = gpu_fwd_new(c, m->lw, m->out_norm, m->out, opts->k_center, max_batch, opts->gpu, &m->gpu, err,
+				errlen);
+		if (r < 0)
+			goto fail;
+#else
+		snprintf(err, errlen, "model: this kvq-run was built without CUDA");
+		r = -ENOTSUP;
+		goto fail;
+#endif
+	}
 	n = max_batch;
 	r = -ENOMEM;
 	if (!(m->x = malloc(n * c->dim * sizeof(float))) || !(m->xn = malloc(n * c->dim * sizeof(float))) ||
@@ -141,6 +164,9 @@ void model_free(model *m)
 {
 	if (!m)
 		return;
+#ifdef KVQ_WITH_CUDA
+	gpu_fwd_free(m->gpu);
+#endif
 	free(m->lw);
 	free(m->x);
 	free(m->xn);
@@ -159,6 +185,17 @@ void model_free(model *m)
 const struct model_cfg *model_cfg(const model *m)
 {
 	return &m->cfg;
+}
+
+const char *model_error(const model *m)
+{
+#ifdef KVQ_WITH_CUDA
+	if (m->gpu && gpu_fwd_error(m->gpu)[0])
+		return gpu_fwd_error(m->gpu);
+#else
+	(void)m;
+#endif
+	return NULL;
 }
 
 static void rmsnorm(const float *x, const float *w, uint32_t n, uint32_t dim, float eps, float *out)
@@ -198,13 +235,35 @@ static void rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, uint32_t pos
 	}
 }
 
+/* The normalised Walsh-Hadamard transform of each hd-element row of x in
+ * place (hd a power of two); model_gpu.cu's k_hadamard in the same order. */
+static void hadamard(float *x, size_t rows, uint32_t hd)
+{
+	const float norm = 1.0f / sqrtf((float)hd);
+
+	for (size_t r = 0; r < rows; r++) {
+		float *p = x + r * hd;
+
+		for (uint32_t len = 1; len < hd; len <<= 1)
+			for (uint32_t i = 0; i < hd; i += 2 * len)
+				for (uint32_t j = i; j < i + len; j++) {
+					float a = p[j], b = p[j + len];
+
+					p[j] = a + b;
+					p[j + len] = a - b;
+				}
+		for (uint32_t i = 0; i < hd; i++)
+			p[i] *= norm;
+	}
+}
+
 int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t n_out, float *logits)
 {
 	const struct model_cfg *c = &m->cfg;
 	uint32_t D = c->dim, kvd = c->kv_heads * c->head_dim, pos0 = kvq_seq_tokens(s);
 	int r;
 
-	if (n == 0 || n > m->max_batch || n_out > n)
+	if (n == 0 || n > m->opt.max_batch || n_out > n)
 		return -EINVAL;
 	for (uint32_t t = 0; t < n; t++) {
 		if (tokens[t] >= c->vocab)
@@ -215,6 +274,14 @@ int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint
 	r = kvq_seq_begin(s, tokens, n);
 	if (r < 0)
 		return r;
+#ifdef KVQ_WITH_CUDA
+	if (m->gpu) {
+		if ((r = gpu_fwd_layers(m->gpu, s, m->x, n, pos0, m->opt.rotate)) < 0 ||
+		    (r = kvq_seq_commit(s)) < 0)
+			return r;
+		return n_out ? gpu_fwd_logits(m->gpu, n, n_out, logits) : 0;
+	}
+#endif
 	for (uint32_t l = 0; l < c->layers; l++) {
 		const struct layer_w *w = &m->lw[l];
 
@@ -224,6 +291,19 @@ int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint
 		mm_matmul(w->v, m->xn, n, m->v);
 		rope(m->q, n, c->heads, c->head_dim, pos0, c->rope_base);
 		rope(m->k, n, c->kv_heads, c->head_dim, pos0, c->rope_base);
+		if (m->opt.rotate) {
+			hadamard(m->q, (size_t)n * c->heads, c->head_dim);
+			hadamard(m->k, (size_t)n * c->kv_heads, c->head_dim);
+			hadamard(m->v, (size_t)n * c->kv_heads, c->head_dim);
+		}
+		if (m->opt.k_center)
+			for (uint32_t t = 0; t < n; t++)
+				for (uint32_t j = 0; j < kvd; j++)
+					m->k[(size_t)t * kvd + j] -= m->opt.k_center[(size_t)l * kvd + j];
+		if (m->opt.k_sum)
+			for (uint32_t t = 0; t < n; t++)
+				for (uint32_t j = 0; j < kvd; j++)
+					m->opt.k_sum[(size_t)l * kvd + j] += m->k[(size_t)t * kvd + j];
 		for (size_t i = 0; i < (size_t)n * kvd; i++) {
 			m->k16[i] = kvq_f16_from_f32(m->k[i]);
 			m->v16[i] = kvq_f16_from_f32(m->v[i]);
@@ -234,6 +314,8 @@ int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint
 		r = kvq_seq_attention(s, l, c->heads, n, 0.0f, m->q, m->att);
 		if (r < 0)
 			return r;
+		if (m->opt.rotate)
+			hadamard(m->att, (size_t)n * c->heads, c->head_dim);
 		mm_matmul(w->o, m->att, n, m->tmp);
 		for (size_t i = 0; i < (size_t)n * D; i++)
 			m->x[i] += m->tmp[i];

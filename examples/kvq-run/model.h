@@ -19,18 +19,52 @@ struct model_cfg {
 	float eps, rope_base;
 };
 
+/* One layer's tensors in the GGUF file. */
+struct layer_w {
+	const struct gguf_tensor *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
+};
+
+struct model_opts {
+	uint32_t max_batch;   /* tokens per model_forward */
+	/* K, V and q go through the normalised Walsh-Hadamard transform of
+	 * each head after RoPE, and attention's output back through it: the
+	 * same function in exact arithmetic (the transform is orthogonal and
+	 * its own inverse; q.k and p.v are unchanged), but channel outliers
+	 * are spread over the head, so quantized KV loses less.  Needs a
+	 * power-of-two head dim.  KV written this way is a different model's
+	 * KV: kvq-run gives such pools their own model id. */
+	int rotate;
+	/* [layers][kv_heads * head_dim] or NULL: subtracted from every K
+	 * (after RoPE and the rotation) before it is stored.  Attention is
+	 * unchanged in exact arithmetic (q.(k - c) differs from q.k by q.c,
+	 * the same for every key, which softmax cancels), but per-token
+	 * formats no longer spend their range on K's per-channel offsets.
+	 * kvq-run calibrate measures c as K's mean over a text. */
+	const float *k_center;
+	/* [layers][kv_heads * head_dim] or NULL: every K (after the rotation
+	 * and centering) is added here (CPU path), for kvq-run calibrate */
+	double *k_sum;
+	/* >= 0: the layers run on this GPU (model_gpu.h); every sequence
+	 * must then be on a cuda pool */
+	int gpu;
+};
+
 typedef struct model model;
 
-/* The model in f (general.architecture "llama"); at most max_batch tokens
- * per model_forward.  Returns 0 and *ret_model, -EINVAL (missing or
- * misshapen tensors; err says which), -ENOTSUP or -ENOMEM.  f must outlive
- * the model. */
-int model_load(const gguf_file *f, uint32_t max_batch, model **ret_model, char *err, size_t errlen);
+/* The model in f (general.architecture "llama").  Returns 0 and
+ * *ret_model, -EINVAL (missing or misshapen tensors; err says which),
+ * -ENOTSUP, -ENODEV/-EIO (the GPU path could not start; err says why) or
+ * -ENOMEM.  f must outlive the model. */
+int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_model, char *err, size_t errlen);
 
 /* NULL is fine. */
 void model_free(model *m);
 
 const struct model_cfg *model_cfg(const model *m);
+
+/* The GPU path's message about the last failed model_forward, or NULL
+ * (then libkvq's kvq_client_error names it). */
+const char *model_error(const model *m);
 
 /* Appends tokens[0..n) (1 <= n <= max_batch) to s at positions
  * kvq_seq_tokens(s)...: begin, per layer write + attention, commit.

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# kvq-run's GPU path (--gpu: cuBLAS for the matrix products, the project's
+# CUDA kernels for K/V writes and attention, KV in cuda pools) against its
+# CPU path, on the GPU machine:
+#   1. logits of the first 1024 tokens of GPL-3 (two windows of 512) with
+#      f16, int8 and kivi4 KV (and f16 with --rotate): largest and mean
+#      |GPU - CPU|, top-1 agreement, both perplexities.  f16 must agree to
+#      max <= 0.1, mean <= 0.01, top-1 >= 99 %, perplexity within 0.1 %
+#      (tools/model-check.py's tolerance); quantized KV is reported (a K/V
+#      value one FP16 step apart may round to another code).
+#   2. the two-worker prefix-sharing demo (tools/model-demo.sh) on the GPU.
+#   tests/gpu/model.sh BINDIR MODEL TEXTDIR [OUTDIR]
+# BINDIR holds daemon/kvqd and examples/kvq-run/kvq-run; TEXTDIR GPL-3 and
+# Artistic.  Exit status 0 when every check passed.
+set -euo pipefail
+
+b=$1
+top=$(cd "$(dirname "$0")/../.." && pwd)
+export KVQ_MODEL=$2 KVQ_TEXTS=$3 KVQD=$b/daemon/kvqd KVQ_RUN=$b/examples/kvq-run/kvq-run
+out=${4:-.}
+tmp=$(mktemp -d /tmp/kvq-gpu-model.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+threads=$(nproc)
+rc=0
+
+(
+	. "$top/tools/kvqd-temp.sh"
+	kvqd_temp_start "$top" gpu-model
+	for spec in f16 int8 kivi4 "f16 --rotate"; do
+		read -r kv extra <<<"$spec"
+		tag=$kv${extra:+-rot}
+		for path in cpu gpu; do
+			args=()
+			[ "$path" = gpu ] && args+=(--gpu)
+			[ -n "${extra:-}" ] && args+=("$extra")
+			"$KVQ_RUN" perplexity --kv "$kv" --ctx 512 --limit 1024 --threads "$threads" "${args[@]}" --json \
+				--dump "$tmp/$tag-$path.bin" "$KVQ_TEXTS/GPL-3" >"$tmp/$tag-$path.json"
+		done
+		python3 - "$tmp/$tag-cpu.bin" "$tmp/$tag-gpu.bin" "$tag" <<'EOF' || exit 1
+import math, struct, sys
+import numpy as np
+
+def read(path):
+    rows, ids = [], []
+    with open(path, "rb") as f:
+        data = f.read()
+    off, V = 0, None
+    while off < len(data):
+        (w,) = struct.unpack_from("<I", data, off); off += 4
+        t = np.frombuffer(data, "<u4", w, off); off += 4 * w
+        n = (len(data) - off) if V is None else None
+        if V is None:
+            # the vocabulary from the first window's size: the rest of the
+            # file holds w rows of V floats, then further windows
+            V = 49152
+        x = np.frombuffer(data, "<f4", w * V, off).reshape(w, V); off += 4 * w * V
+        rows.append(x); ids.append(t)
+    return rows, ids
+
+def ppl(rows, ids):
+    nll, n = 0.0, 0
+    for x, t in zip(rows, ids):
+        x = x.astype(np.float64)
+        lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
+        nll -= (x[np.arange(len(t) - 1), t[1:]] - lse[:-1]).sum(); n += len(t) - 1
+    return math.exp(nll / n)
+
+c, ci = read(sys.argv[1]); g, gi = read(sys.argv[2]); tag = sys.argv[3]
+assert all((a == b).all() for a, b in zip(ci, gi)), "token ids differ"
+d = np.concatenate([np.abs(a.astype(np.float64) - b) for a, b in zip(c, g)])
+top1 = np.mean(np.concatenate([a.argmax(1) == b.argmax(1) for a, b in zip(c, g)]))
+pc, pg = ppl(c, ci), ppl(g, gi)
+ok = d.max() <= 0.1 and d.mean() <= 0.01 and top1 >= 0.99 and abs(pg - pc) / pc <= 1e-3
+must = tag in ("f16", "f16-rot")
+print(f"{tag:8s} GPU vs CPU path: max|d| {d.max():.4f} mean|d| {d.mean():.5f} top-1 {100 * top1:.2f} % "
+      f"ppl cpu {pc:.4f} gpu {pg:.4f} ({100 * (pg - pc) / pc:+.3f} %) "
+      + ("AGREE" if ok else ("DISAGREE" if must else "(reported)")))
+sys.exit(0 if ok or not must else 1)
+EOF
+	done
+) || rc=1
+echo "--- the prefix-sharing demo on the GPU path"
+KVQ_RUN_ARGS=--gpu bash "$top/tools/model-demo.sh" int8 | tee "$out/model-demo-gpu.txt" || rc=1
+exit $rc
