@@ -54,11 +54,14 @@ def main():
            "- Runs marked *Hadamard-rotated* ran `kvq-run --rotate`: K, V and q of every head",
            "  through the normalised Walsh-Hadamard transform after RoPE (attention's output back",
            "  through it), the FP16-KV reference too; the same function in exact arithmetic, with",
-           "  channel outliers spread over the head before quantization.", ""]
+           "  channel outliers spread over the head before quantization.",
+           "- Runs marked *K centered* ran `kvq-run --k-center`: K minus its per-channel mean (per layer",
+           "  and head, measured by `kvq-run calibrate` on another text, Debian's Apache-2.0) before it is",
+           "  stored; softmax cancels the shift, so attention is unchanged in exact arithmetic.", ""]
     for run in runs:
         name = os.path.basename(run["file"])
         ref = run["ref"]
-        rot = ", Hadamard-rotated" if run.get("rotate") else ""
+        rot = (", Hadamard-rotated" if run.get("rotate") else "") + (", K centered" if run.get("k_center") else "")
         where = "the GPU path" if run.get("path") == "gpu" else "the CPU path"
         out += [f"## {name}, ctx {run['ctx']}{rot}", "",
                 f"{run['tokens']} tokens, {run['scored']} scored, FP16-KV perplexity **{ref['ppl']:.4f}**"

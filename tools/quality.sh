@@ -4,14 +4,16 @@
 # against FP16 KV in one pass over the text) on English texts Debian ships
 # (base-files' licence texts; perl-modules' Locale::Maketext essay, long
 # enough for the model's maximum context), at context 2048 and at the
-# model's maximum (8192), plain and with the Hadamard rotation (kvq-run
-# --rotate), then tools/quality-table.py.  Needs a build (build/) and the
+# model's maximum (8192): plain; with K centered (kvq-run --k-center, the
+# means calibrated on another text, Debian's Apache-2.0); with the Hadamard
+# rotation (--rotate); with both; then tools/quality-table.py.  Needs a build (build/) and the
 # model (tools/fetch-model.sh); starts its own kvqd on a temporary socket.
 #   tools/quality.sh [OUTDIR]      (default bench/quality; the table goes to OUTDIR/../QUALITY.md)
 # Environment: KVQ_THREADS (default 2), KVQ_QUALITY_RUNS (a subset of the run
 # names below, e.g. "gpl3-2048"), KVQ_RUN_ARGS (more kvq-run options, e.g.
 # "--gpu": the GPU path), KVQ_RUN and KVQD (the programs, default build/'s),
-# KVQ_TEXTS (a directory holding the texts under their base names).
+# KVQ_TEXTS (a directory holding the texts under their base names),
+# KVQ_QUALITY_JOBS (runs at once, default 1).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,38 +33,59 @@ long=(int8 fp8 int4g32 kivi4 kivi2 k=int8,v=int4g32 "0-9:int8;10-:kivi4" kivi2@1
 gpl3=/usr/share/common-licenses/GPL-3
 gfdl=/usr/share/common-licenses/GFDL-1.3
 maketext=/usr/share/perl/5.36.0/Locale/Maketext.pod
-# name  text  ctx  policy-list  continuations (greedy tokens, prompts)  rotate|-
+calib=/usr/share/common-licenses/Apache-2.0
+# name  text  ctx  policy-list  continuations (greedy tokens, prompts)  -|kc|rot|rot,kc
 runs=(
 	"gpl3-2048 $gpl3 2048 all 32 2 -"
 	"gpl3-8192 $gpl3 8192 long 0 0 -"
 	"gfdl-2048 $gfdl 2048 all 32 2 -"
 	"maketext-8192 $maketext 8192 long 0 0 -"
-	"rot-gpl3-2048 $gpl3 2048 all 32 2 rotate"
-	"rot-gpl3-8192 $gpl3 8192 long 0 0 rotate"
-	"rot-gfdl-2048 $gfdl 2048 all 32 2 rotate"
-	"rot-maketext-8192 $maketext 8192 long 0 0 rotate"
+	"kc-gpl3-2048 $gpl3 2048 all 32 2 kc"
+	"kc-gfdl-2048 $gfdl 2048 all 32 2 kc"
+	"rot-gpl3-2048 $gpl3 2048 all 32 2 rot"
+	"rot-gfdl-2048 $gfdl 2048 all 32 2 rot"
+	"rotkc-gpl3-2048 $gpl3 2048 all 32 2 rot,kc"
+	"rotkc-gpl3-8192 $gpl3 8192 long 0 0 rot,kc"
+	"rotkc-gfdl-2048 $gfdl 2048 all 32 2 rot,kc"
+	"rotkc-maketext-8192 $maketext 8192 long 0 0 rot,kc"
 )
 
 . "$top/tools/kvqd-temp.sh"
 kvqd_temp_start "$top" quality
 mkdir -p "$out"
+[ -n "${KVQ_TEXTS:-}" ] && calib=$KVQ_TEXTS/$(basename "$calib")
+# K centers, plain and rotated (CPU path; one pass over the calibration text)
+"$run_bin" calibrate --threads "$threads" --out "$kvqd_temp_dir/kc.bin" "$calib" >&2
+"$run_bin" calibrate --threads "$threads" --rotate --out "$kvqd_temp_dir/kc-rot.bin" "$calib" >&2
+jobs=0
 for r in "${runs[@]}"; do
-	read -r name text ctx list gen gp rot <<<"$r"
+	read -r name text ctx list gen gp opt <<<"$r"
 	if [ -n "${KVQ_QUALITY_RUNS:-}" ] && [[ " $KVQ_QUALITY_RUNS " != *" $name "* ]]; then
 		continue
 	fi
 	declare -n pol=$list
 	args=("${run_args[@]}")
-	[ "$rot" = rotate ] && args+=(--rotate)
+	case $opt in
+	kc) args+=(--k-center "$kvqd_temp_dir/kc.bin") ;;
+	rot) args+=(--rotate) ;;
+	rot,kc) args+=(--rotate --k-center "$kvqd_temp_dir/kc-rot.bin") ;;
+	esac
 	[ -n "${KVQ_TEXTS:-}" ] && text=$KVQ_TEXTS/$(basename "$text")
 	for p in "${pol[@]}"; do
 		args+=(--kv "$p")
 	done
-	echo "=== $name: $text, ctx $ctx, ${#pol[@]} policies against f16" >&2
-	"$run_bin" ab "${args[@]}" --ctx "$ctx" --gen "$gen" --gen-prompts "$gp" --threads "$threads" --json \
-		"$text" >"$out/$name.json.tmp"
-	mv "$out/$name.json.tmp" "$out/$name.json"
+	echo "=== $name: $text, ctx $ctx, ${#pol[@]} policies against f16 ($opt)" >&2
+	("$run_bin" ab "${args[@]}" --ctx "$ctx" --gen "$gen" --gen-prompts "$gp" --threads "$threads" --json \
+		"$text" >"$out/$name.json.tmp" && mv "$out/$name.json.tmp" "$out/$name.json") &
 	unset -n pol
+	if ((++jobs >= ${KVQ_QUALITY_JOBS:-1})); then
+		wait -n
+		jobs=$((jobs - 1))
+	fi
+done
+while ((jobs > 0)); do
+	wait -n
+	jobs=$((jobs - 1))
 done
 python3 "$top/tools/quality-table.py" "$out"/*.json >"$out/../QUALITY.md"
 echo "wrote $(cd "$out/.." && pwd)/QUALITY.md" >&2

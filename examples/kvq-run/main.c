@@ -530,9 +530,9 @@ static int cmd_perplexity(void)
 	if (o.json)
 		printf("{\"file\":\"%s\",\"kv\":\"%s\",\"window\":%u,\"bits_per_value\":%.4f,\"ctx\":%u,"
 		       "\"tokens\":%zu,\"windows\":%u,\"scored\":%llu,\"nll\":%.6f,\"ppl\":%.6f,\"seconds\":%.1f,"
-		       "\"rotate\":%s,\"path\":\"%s\"}\n",
+		       "\"rotate\":%s,\"k_center\":%s,\"path\":\"%s\"}\n",
 		       o.file, k.canon, k.window, k.bits, ctx, n, windows, (unsigned long long)scored, nll / scored, ppl,
-		       secs, o.rotate ? "true" : "false", o.gpu ? "gpu" : "cpu");
+		       secs, o.rotate ? "true" : "false", k_center ? "true" : "false", o.gpu ? "gpu" : "cpu");
 	else
 		printf("%s: kv %s (window %u, %.2f bits/value), ctx %u: %zu tokens, %u window(s), %llu scored: "
 		       "perplexity %.4f (%.1f s)\n",
@@ -658,10 +658,10 @@ static int cmd_ab(void)
 	double secs = now_s() - t0, ppl_ref = exp(st[0].nll / scored);
 	if (o.json)
 		printf("{\"file\":\"%s\",\"ctx\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
-		       "\"gen_prompts\":%u,\"rotate\":%s,\"path\":\"%s\",\"ref\":{\"kv\":\"f16\","
+		       "\"gen_prompts\":%u,\"rotate\":%s,\"k_center\":%s,\"path\":\"%s\",\"ref\":{\"kv\":\"f16\","
 		       "\"window\":%u,\"bits_per_value\":%.4f,\"ppl\":%.6f,\"rep4\":%.4f},\"results\":[",
 		       o.file, ctx, n, (unsigned long long)scored, secs, o.gen, gp, o.rotate ? "true" : "false",
-		       o.gpu ? "gpu" : "cpu", k[0].window, k[0].bits, ppl_ref,
+		       k_center ? "true" : "false", o.gpu ? "gpu" : "cpu", k[0].window, k[0].bits, ppl_ref,
 		       st[0].ngrams ? (double)st[0].repeats / st[0].ngrams : 0.0);
 	else
 		printf("%s: ctx %u, %zu tokens, %llu scored; f16 KV perplexity %.4f (%.1f s)\n", o.file, ctx, n,
