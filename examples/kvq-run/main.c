@@ -227,6 +227,8 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	if (o.block != 16)   /* (pool names of the default stay as they were) */
 		h = (h ^ (o.block << 20)) * 0x100000001b3ull;
 	h = (h ^ n_sealed) * 0x100000001b3ull;
+	if (o.gpu)   /* a cuda pool is another pool than the host one */
+		h = (h ^ (0x100u + (unsigned)o.device)) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = policy,
@@ -240,6 +242,9 @@ static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	if (r < 0)
 		die("attach: %s (%s)%s", kvq_strerror(r), kvq_client_error(k->c),
 		    o.gpu && r == -ENODEV ? "; --gpu needs kvqd to offer cuda pools" : "");
+	if (strcmp(kvq_client_backend(k->c), o.gpu ? "cuda" : "host"))
+		die("attach: pool %s is a %s pool; %s needs a %s one", pool, kvq_client_backend(k->c),
+		    o.gpu ? "--gpu" : "the CPU path", o.gpu ? "cuda" : "host");
 	L = kvq_client_layout(k->c);
 	k->window = L->window;
 	k->bits = 8.0 * (double)L->sealed_block_bytes /
