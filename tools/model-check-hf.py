@@ -12,20 +12,20 @@ The reference is transformers' own code, used as it is:
     tokenizer converter builds a fast (Rust) BPE tokenizer from the file's
     vocabulary and merges.  That converter ignores `tokenizer.ggml.pre` and
     always pre-tokenizes the GPT-2 way; SmolLM2's file says `smollm` (digits
-    split one by one first, as SmolLM2's own tokenizer and llama.cpp do), so
+    split one by one first, then GPT-2's split, as llama.cpp reads it), so
     the ids are compared twice: with transformers' tokenizer as it loads
-    (printed, not judged: it differs wherever blanks stand before a digit)
-    and with the same tokenizer given the pre-tokenizer the file names
-    (judged).
+    (printed, not judged: it differs where two or more whitespace
+    characters stand before a digit) and with the same tokenizer given the
+    pre-tokenizer the file names (judged).
 The forward runs once over the first N tokens (no KV cache in the judged
 pass), in float32 -- the pass that is judged -- and, as diagnostics, in
 float64 and in float32 with a cache that rounds K (after RoPE) and V to
 FP16, which is what FP16 KV stores.
 Tolerance (the one of tools/model-check.py, stated before looking at a KV
 format), judged against the plain float32 pass: identical token ids (with
-the file's pre-tokenizer, see above); logits
-max |diff| <= 0.1 and mean |diff| <= 0.01; the same top-1 token at >= 99 %
-of positions; perplexity within 0.1 %.
+the file's pre-tokenizer, see above); logits max |diff| <= 0.1 and mean
+|diff| <= 0.01; the same top-1 token at >= 99 % of positions; perplexity
+within 0.1 %.
 It compares the token ids with `kvq-run tokenize` and the logits with
 `kvq-run perplexity --kv f16 --dump`.  Usage (a running kvqd, KVQ_SOCKET):
   python3 tools/model-check-hf.py KVQ_RUN MODEL.gguf TEXTFILE [N_TOKENS]
@@ -63,7 +63,7 @@ def load_tokenizers(model):
     as_is = Tokenizer.from_str(fixed.backend_tokenizer.to_str())   # a copy, encode(text).ids
     fld = GGUFReader(model).fields.get("tokenizer.ggml.pre")
     pre = bytes(fld.parts[fld.data[0]]).decode() if fld else None
-    if pre == "smollm":   # as SmolLM2's tokenizer.json and llama.cpp: digits, then GPT-2's split
+    if pre == "smollm":   # as llama.cpp reads it: digits, then GPT-2's split
         fixed.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
