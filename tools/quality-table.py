@@ -15,6 +15,11 @@ def label(r):
     return f"`{r['kv']}` (window {r['window']})"
 
 
+def title(run):
+    return (f"{os.path.basename(run['file'])}, ctx {run['ctx']}" +
+            (", Hadamard-rotated" if run.get("rotate") else "") + (", K centered" if run.get("k_center") else ""))
+
+
 def gen_cell(has_gen, x):
     return f"{100 * x:.1f} %" if has_gen else "-"
 
@@ -58,12 +63,23 @@ def main():
            "- Runs marked *K centered* ran `kvq-run --k-center`: K minus its per-channel mean (per layer",
            "  and head, measured by `kvq-run calibrate` on another text, Debian's Apache-2.0) before it is",
            "  stored; softmax cancels the shift, so attention is unchanged in exact arithmetic.", ""]
+    # the targets at a glance: uniform policies at their default window
+    out += ["## Targets at a glance", "",
+            "d% of the uniform policies at the default window, per run.", "",
+            "| run | path | " + " | ".join(f"{k} (<= {t} %)" for k, t in TARGETS.items()) + " |",
+            "|---|---|" + "---:|" * len(TARGETS)]
+    for run in runs:
+        cells = []
+        for k, t in TARGETS.items():
+            r = next((r for r in run["results"] if r["kv"] == k and r["window"] in (16, 64)), None)
+            cells.append("-" if r is None else f"{r['dppl_pct']:+.3f}" + (" met" if abs(r["dppl_pct"]) <= t else ""))
+        out.append(f"| {title(run)} | {run.get('path', 'cpu')} | " + " | ".join(cells) + " |")
+    out.append("")
     for run in runs:
         name = os.path.basename(run["file"])
         ref = run["ref"]
-        rot = (", Hadamard-rotated" if run.get("rotate") else "") + (", K centered" if run.get("k_center") else "")
         where = "the GPU path" if run.get("path") == "gpu" else "the CPU path"
-        out += [f"## {name}, ctx {run['ctx']}{rot}", "",
+        out += [f"## {title(run)} ({where})", "",
                 f"{run['tokens']} tokens, {run['scored']} scored, FP16-KV perplexity **{ref['ppl']:.4f}**"
                 f" ({run['seconds']:.0f} s for all policies, {where}).", "",
                 "| policy | bytes/value | bits/value | ppl | d% | KL | top-1 | rep4 | same | target |",

@@ -50,14 +50,20 @@ runs=(
 	"rotkc-maketext-8192 $maketext 8192 long 0 0 rot,kc"
 )
 
+# every run (and the calibration) gets its own kvqd: kvq-run's pools are
+# named by model, policy, window and size, so runs at once would share them
 . "$top/tools/kvqd-temp.sh"
-kvqd_temp_start "$top" quality
 mkdir -p "$out"
+kc=$(mktemp -d /tmp/kvq-quality.XXXXXX)
+trap 'rm -rf "$kc"' EXIT
 [ -n "${KVQ_TEXTS:-}" ] && calib=$KVQ_TEXTS/$(basename "$calib")
 # K centers, plain and rotated (CPU path; one pass over the calibration text)
-"$run_bin" calibrate --threads "$threads" --out "$kvqd_temp_dir/kc.bin" "$calib" >&2
-"$run_bin" calibrate --threads "$threads" --rotate --out "$kvqd_temp_dir/kc-rot.bin" "$calib" >&2
-jobs=0
+(
+	kvqd_temp_start "$top" calibrate
+	"$run_bin" calibrate --threads "$threads" --out "$kc/kc.bin" "$calib" >&2
+	"$run_bin" calibrate --threads "$threads" --rotate --out "$kc/kc-rot.bin" "$calib" >&2
+)
+jobs=0 failed=0
 for r in "${runs[@]}"; do
 	read -r name text ctx list gen gp opt <<<"$r"
 	if [ -n "${KVQ_QUALITY_RUNS:-}" ] && [[ " $KVQ_QUALITY_RUNS " != *" $name "* ]]; then
@@ -66,26 +72,32 @@ for r in "${runs[@]}"; do
 	declare -n pol=$list
 	args=("${run_args[@]}")
 	case $opt in
-	kc) args+=(--k-center "$kvqd_temp_dir/kc.bin") ;;
+	kc) args+=(--k-center "$kc/kc.bin") ;;
 	rot) args+=(--rotate) ;;
-	rot,kc) args+=(--rotate --k-center "$kvqd_temp_dir/kc-rot.bin") ;;
+	rot,kc) args+=(--rotate --k-center "$kc/kc-rot.bin") ;;
 	esac
 	[ -n "${KVQ_TEXTS:-}" ] && text=$KVQ_TEXTS/$(basename "$text")
 	for p in "${pol[@]}"; do
 		args+=(--kv "$p")
 	done
 	echo "=== $name: $text, ctx $ctx, ${#pol[@]} policies against f16 ($opt)" >&2
-	("$run_bin" ab "${args[@]}" --ctx "$ctx" --gen "$gen" --gen-prompts "$gp" --threads "$threads" --json \
-		"$text" >"$out/$name.json.tmp" && mv "$out/$name.json.tmp" "$out/$name.json") &
+	(
+		kvqd_temp_start "$top" "quality-$name"
+		"$run_bin" ab "${args[@]}" --ctx "$ctx" --gen "$gen" --gen-prompts "$gp" --threads "$threads" --json \
+			"$text" >"$out/$name.json.tmp"
+		mv "$out/$name.json.tmp" "$out/$name.json"
+	) &
 	unset -n pol
 	if ((++jobs >= ${KVQ_QUALITY_JOBS:-1})); then
-		wait -n
+		wait -n || failed=1
 		jobs=$((jobs - 1))
 	fi
 done
 while ((jobs > 0)); do
-	wait -n
+	wait -n || failed=1
 	jobs=$((jobs - 1))
 done
-python3 "$top/tools/quality-table.py" "$out"/*.json >"$out/../QUALITY.md"
+# (OUTDIR/cpu/ may hold earlier CPU-path runs, kept for comparison)
+python3 "$top/tools/quality-table.py" "$out"/*.json $(ls "$out"/cpu/*.json 2>/dev/null) >"$out/../QUALITY.md"
 echo "wrote $(cd "$out/.." && pwd)/QUALITY.md" >&2
+exit $failed
