@@ -55,7 +55,7 @@ close_to_f16() {   # close_to_f16 KL TOP1
 	awk -v k="$1" -v t="$2" 'BEGIN { exit !(k != "" && k < 0.01 && t > 0.95) }'
 }
 
-echo "1..8"
+echo "1..13"
 
 # Ids recorded from the tokenizers library (Rust BPE) built from the GGUF's
 # vocabulary and merges with SmolLM2's pre-tokenizer, as tools/model-check.py
@@ -89,5 +89,39 @@ top8=$(grep '"kv":"int8"' "$tmp/ab.lines" | sed -n 's/.*"top1":\([-0-9.e]*\).*/\
 kl2=$(grep '"kv":"kivi2"' "$tmp/ab.lines" | sed -n 's/.*"kl":\([-0-9.e]*\).*/\1/p')
 check "int8 KV stays close to f16 (KL $kl8, top-1 $top8)" close_to_f16 "$kl8" "$top8"
 check "kivi2 KV moves further from f16 than int8 (KL $kl2 > $kl8)" between "$kl2" "$kl8" 100
+
+# the Hadamard rotation and K centering leave the function alone (f16 KV)
+# and take quantization error out of per-token K
+"$run" perplexity --rotate --kv f16 --ctx 256 --limit 256 --json "$text" >"$tmp/rot.json" 2>&1
+rot=$(json_num ppl "$tmp/rot.json")
+check "--rotate leaves the f16-KV perplexity ($rot vs $ppl) within 0.05 %" \
+	awk -v a="$rot" -v b="$ppl" 'BEGIN { exit !(a != "" && b != "" && (a - b) / b < 5e-4 && (b - a) / b < 5e-4) }'
+calib=/usr/share/common-licenses/Apache-2.0
+"$run" calibrate --limit 512 --out "$tmp/kc.bin" "$calib" >"$tmp/kc.out" 2>&1 &&
+	"$run" calibrate --limit 512 --rotate --out "$tmp/kcr.bin" "$calib" >>"$tmp/kc.out" 2>&1
+"$run" perplexity --k-center "$tmp/kc.bin" --kv f16 --ctx 256 --limit 256 --json "$text" >"$tmp/kc.json" 2>&1
+kc=$(json_num ppl "$tmp/kc.json")
+check "--k-center leaves the f16-KV perplexity ($kc vs $ppl) within 0.05 %" \
+	awk -v a="$kc" -v b="$ppl" 'BEGIN { exit !(a != "" && b != "" && (a - b) / b < 5e-4 && (b - a) / b < 5e-4) }'
+rc=0
+"$run" perplexity --rotate --k-center "$tmp/kc.bin" --kv f16 --ctx 256 --limit 256 "$text" >/dev/null \
+	2>"$tmp/kc.err" || rc=$?
+check "centers calibrated without --rotate are refused with --rotate" \
+	sh -c "test $rc -ne 0 && grep -q 'calibrated without --rotate' '$tmp/kc.err'"
+"$run" ab --kv int4g32 --ctx 256 --limit 256 --gen 0 --json "$text" >"$tmp/ab4.json" 2>&1
+"$run" ab --rotate --k-center "$tmp/kcr.bin" --kv int4g32 --ctx 256 --limit 256 --gen 0 --json "$text" \
+	>"$tmp/ab4r.json" 2>&1
+kl4=$(sed -n 's/.*"results":.*"kl":\([-0-9.e]*\).*/\1/p' "$tmp/ab4.json")
+kl4r=$(sed -n 's/.*"results":.*"kl":\([-0-9.e]*\).*/\1/p' "$tmp/ab4r.json")
+check "rotated, centered int4g32 KV is closer to f16 (KL $kl4r < $kl4)" \
+	awk -v a="$kl4r" -v b="$kl4" 'BEGIN { exit !(a != "" && b != "" && a < 0.75 * b) }'
+# --gpu: the GPU path where a GPU is usable (tests/gpu/model.sh compares
+# it with this path), else a refusal that names the reason
+rc=0
+"$run" perplexity --gpu --kv f16 --ctx 256 --limit 256 --json "$text" >"$tmp/gpu.json" 2>"$tmp/gpu.err" || rc=$?
+gppl=$(json_num ppl "$tmp/gpu.json")
+check "--gpu runs and agrees ($gppl) or is refused with a reason ($(head -c 120 "$tmp/gpu.err"))" \
+	sh -c "if [ $rc -eq 0 ]; then awk -v a='$gppl' -v b='$ppl' 'BEGIN { exit !((a - b) / b < 1e-3 && (b - a) / b < 1e-3) }';
+	else grep -qi 'cuda\|gpu\|cublas' '$tmp/gpu.err'; fi"
 
 exit 0
