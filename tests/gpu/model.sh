@@ -41,21 +41,18 @@ rc=0
 import math, struct, sys
 import numpy as np
 
-def read(path):
-    rows, ids = [], []
-    with open(path, "rb") as f:
-        data = f.read()
-    off, V = 0, None
-    while off < len(data):
-        (w,) = struct.unpack_from("<I", data, off); off += 4
-        t = np.frombuffer(data, "<u4", w, off); off += 4 * w
-        n = (len(data) - off) if V is None else None
-        if V is None:
-            # the vocabulary from the first window's size: the rest of the
-            # file holds w rows of V floats, then further windows
-            V = 49152
-        x = np.frombuffer(data, "<f4", w * V, off).reshape(w, V); off += 4 * w * V
-        rows.append(x); ids.append(t)
+def read(path, windows=2):
+    """kvq-run's --dump: per window u32 w, u32 ids[w], f32 logits[w][V];
+    here `windows` windows of the same w (--limit 1024 --ctx 512)."""
+    data = open(path, "rb").read()
+    (w,) = struct.unpack_from("<I", data, 0)
+    V = (len(data) - windows * 4 * (1 + w)) // (4 * windows * w)
+    assert len(data) == windows * 4 * (1 + w + w * V), "not two windows of equal length"
+    rows, ids, off = [], [], 0
+    for _ in range(windows):
+        off += 4
+        ids.append(np.frombuffer(data, "<u4", w, off)); off += 4 * w
+        rows.append(np.frombuffer(data, "<f4", w * V, off).reshape(w, V)); off += 4 * w * V
     return rows, ids
 
 def ppl(rows, ids):
