@@ -10,18 +10,31 @@
  * once.  Each format is one instance of the same two templates (fmt<F>).
  * The arithmetic is kvq_format.h's, so the bytes equal the CPU seal's
  * (kernels/cpu/write.c): that header has no expression a compiler could
- * contract into an FMA, and min, max and |x| give the same result in any
- * order of reduction.
+ * contract into an FMA, min, max and |x| give the same result in any order
+ * of reduction, and a quotient taken by a reciprocal is used only where it
+ * provably rounds as the true division (rint_by_recip).
  */
+#include <cuda_pipeline_primitives.h>
+
 #include "common.cuh"
 
 namespace kvq {
 
 #define WRITE_THREADS 256
 
-/* Halves of padding after each staged row: rows stay 16-byte aligned and a
- * team reading a channel down the rows spreads over the banks. */
+/* Halves of padding after each staged row: rows stay 16-byte aligned and
+ * eight lanes reading a channel down the rows spread over the banks. */
 #define SEAL_PAD 8u
+
+/* Index of element (t, d) in a staged part of rows of `row` halves: the
+ * 16-byte pieces of row t XORed with (t / 8) % 4, so that lanes reading
+ * columns of V's storage order (eight rows from a multiple of 8, several
+ * such runs per warp) spread over the banks too.  D % 32 == 0 keeps the
+ * XOR inside the row. */
+__device__ __forceinline__ uint32_t xs_at(uint32_t t, uint32_t d, uint32_t row)
+{
+	return t * row + (d ^ ((t >> 3 & 3u) << 3));
+}
 
 /* Both parts are staged at once while they take at most this much. */
 #define SEAL_BOTH_MAX (64u * 1024u)
@@ -65,28 +78,25 @@ struct rows {
 	}
 };
 
-/* Stages parts p0 .. p0 + n - 1 (0: K, 1: V) of the block: row t of part p
- * at xs + ((p - p0) * B + t) * (D + SEAL_PAD).  Four loads per thread are in
- * flight before the first store. */
+/* Stages parts p0 .. p0 + n - 1 (0: K, 1: V) of the block: part p from
+ * xs + (p - p0) * B * (D + SEAL_PAD), in xs_at's order.  Asynchronous
+ * 16-byte copies: all of a thread's are in flight at once, through no
+ * register.  The caller waits (stage_wait) and synchronises. */
 __device__ void stage_rows(const layer_dev &l, const rows &src, uint32_t p0, uint32_t n, uint16_t *xs)
 {
 	const uint32_t vec = l.D / 8, stride = l.D + SEAL_PAD, total = n * l.B * vec;
 
-	for (uint32_t i0 = 0; i0 < total; i0 += 4 * blockDim.x) {
-		uint4 x[4];
-#pragma unroll
-		for (uint32_t k = 0; k < 4; k++) {
-			const uint32_t i = i0 + k * blockDim.x + threadIdx.x, r = i / vec;
-			if (i < total)
-				x[k] = reinterpret_cast<const uint4 *>(src.get(l, r % l.B, (int)(p0 + r / l.B)))[i % vec];
-		}
-#pragma unroll
-		for (uint32_t k = 0; k < 4; k++) {
-			const uint32_t i = i0 + k * blockDim.x + threadIdx.x;
-			if (i < total)
-				*reinterpret_cast<uint4 *>(xs + (i / vec) * stride + (i % vec) * 8) = x[k];
-		}
+	for (uint32_t i = threadIdx.x; i < total; i += blockDim.x) {
+		const uint32_t r = i / vec, t = r % l.B, c = i % vec;
+		__pipeline_memcpy_async(xs + r / l.B * l.B * stride + xs_at(t, c * 8, stride),
+					src.get(l, t, (int)(p0 + r / l.B)) + c * 8, 16);
 	}
+	__pipeline_commit();
+}
+
+__device__ __forceinline__ void stage_wait(void)
+{
+	__pipeline_wait_prior(0);
 }
 
 /* An activation word as a float: exact (a NaN may lose its payload, which
@@ -111,8 +121,8 @@ template <int F> __device__ __forceinline__ uint32_t code16(int act, uint16_t x)
 
 /* One part (K or V) of a head being sealed. */
 struct part {
-	const uint16_t *xs;      /* staged rows: token t at xs + t * (D + SEAL_PAD) */
-	float2 *ps;              /* its parameters as floats {scale, zero}, in entry order */
+	const uint16_t *xs;      /* staged rows (xs_at) */
+	float2 *ps;              /* its parameters as floats {scale or 1 / scale (recip), zero}, entry order */
 	uint8_t *codes, *params; /* its fields in the sealed head slice */
 	uint32_t B, D;
 	int act;
@@ -125,6 +135,34 @@ static constexpr __host__ __device__ unsigned team_lanes(int kind, unsigned G)
 	return kind == KVQ_PARAM_TOKEN ? 32u : kind == KVQ_PARAM_CHANNEL ? 8u : G >= 128 ? 32u : G >= 8 ? G / 4 : 1u;
 }
 
+/* Formats whose codes are a quotient rounded to an integer: they take the
+ * reciprocal of the scale (FP8 rounds to its own grid: a true division). */
+template <int F> struct recip {
+	static constexpr bool ok = fmt<F>::bits < 16 && F != KVQ_FMT_FP8 && F != KVQ_FMT_FP8E5M2;
+};
+
+/* rint(y / s) from r, 1 / s rounded: q = y * r is within 2^-12 of y / s
+ * rounded while |q| < 512 (two roundings of 2^-24 each), so both round to
+ * the same integer unless q lies that close to a half-integer: then false,
+ * and the caller divides.  Beyond 512 every code clamps either way; NaN
+ * stays NaN.  (r = 0 for a zero scale gives 0 or NaN: code 0, as there.) */
+__device__ __forceinline__ bool rint_by_recip(float y, float r, float *ret_q)
+{
+	const float q = y * r, n = rintf(q);
+
+	*ret_q = n;
+	return !(fabsf(q - n) > 0.5f - 0x1p-12f);
+}
+
+/* A scale as the codes use it: 1 / s (0 for a scale that is not positive,
+ * which kvq_code_sym/asym turn into code 0) or s itself. */
+template <int F> __device__ __forceinline__ float scale_f(uint16_t h)
+{
+	const float s = kvq_f16_to_f32(h);
+
+	return recip<F>::ok ? (s > 0.0f ? 1.0f / s : 0.0f) : s;
+}
+
 /* Parameters of a part, as the CPU's seal_part(): to the slice and, as
  * floats, to shared memory for the codes. */
 template <int F, int IS_V> __device__ void part_params(const part &p)
@@ -135,7 +173,7 @@ template <int F, int IS_V> __device__ void part_params(const part &p)
 	if constexpr (kind != KVQ_PARAM_NONE) {
 		const uint32_t B = p.B, D = p.D, row = D + SEAL_PAD, np = kvq_param_count(kind, G, B, D);
 		const uint32_t len = kind == KVQ_PARAM_TOKEN ? D : kind == KVQ_PARAM_CHANNEL ? B : G;
-		const uint32_t step = kind == KVQ_PARAM_CHANNEL ? row : 1, lane = threadIdx.x % T;
+		const uint32_t lane = threadIdx.x % T;
 		const float qmax = kvq_fmt_qmax(F);
 
 		/* every thread takes every round: the shuffles need whole warps */
@@ -153,11 +191,11 @@ template <int F, int IS_V> __device__ void part_params(const part &p)
 				t = j / (D / G);
 				d = j % (D / G) * G;
 			}
-			const uint16_t *x = p.xs + t * row + d;
 			float lo = INFINITY, hi = kind == KVQ_PARAM_TOKEN ? 0.0f : -INFINITY;
 			if (j < np)
 				for (uint32_t k = lane; k < len; k += T) {
-					const float v = act_f(p.act, x[k * step]);
+					const float v = act_f(p.act, p.xs[kind == KVQ_PARAM_CHANNEL ? xs_at(k, d, row)
+												    : xs_at(t, d + k, row)]);
 					if (kind == KVQ_PARAM_TOKEN) {
 						hi = fmaxf(hi, fabsf(v));
 					} else {
@@ -176,12 +214,12 @@ template <int F, int IS_V> __device__ void part_params(const part &p)
 			if (kind == KVQ_PARAM_TOKEN) {
 				const uint16_t s = kvq_sym_scale(hi, qmax);
 				reinterpret_cast<uint16_t *>(p.params)[j] = s;
-				p.ps[j] = make_float2(kvq_f16_to_f32(s), 0.0f);
+				p.ps[j] = make_float2(scale_f<F>(s), 0.0f);
 			} else {
 				uint16_t s, z;
 				kvq_asym_params(lo, hi, qmax, &s, &z);
 				reinterpret_cast<uint32_t *>(p.params)[j] = s | (uint32_t)z << 16;
-				p.ps[j] = make_float2(kvq_f16_to_f32(s), kvq_f16_to_f32(z));
+				p.ps[j] = make_float2(scale_f<F>(s), kvq_f16_to_f32(z));
 			}
 		}
 	}
@@ -197,12 +235,13 @@ template <int F, int IS_V> __device__ __forceinline__ void chunk_codes(const par
 	const uint32_t row = p.D + SEAL_PAD;
 	uint16_t x[8];
 
-	if (IS_V) {
+	if (IS_V) {   /* t % 8 == 0: rows t .. t + 7 share their XOR */
+		const uint16_t *x0 = p.xs + xs_at(t, d, row);
 #pragma unroll
 		for (unsigned e = 0; e < 8; e++)
-			x[e] = p.xs[(t + e) * row + d];
+			x[e] = x0[e * row];
 	} else {
-		const uint4 v = *reinterpret_cast<const uint4 *>(p.xs + t * row + d);
+		const uint4 v = *reinterpret_cast<const uint4 *>(p.xs + xs_at(t, d, row));
 		const uint32_t w[4] = { v.x, v.y, v.z, v.w };
 #pragma unroll
 		for (unsigned e = 0; e < 8; e++)
@@ -241,21 +280,39 @@ template <int F, int IS_V> __device__ __forceinline__ void chunk_codes(const par
 				s[e] = p.ps[i0];
 		}
 #pragma unroll
-		for (unsigned e = 0; e < 8; e++)
-			code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], s[e].x)
-							  : kvq_code_asym(f[e], s[e].x, s[e].y, qmax);
+		for (unsigned e = 0; e < 8; e++) {
+			if constexpr (recip<F>::ok) {
+				/* as kvq_code_sym/asym: x - z, then the quotient */
+				const float y = kind == KVQ_PARAM_TOKEN ? f[e] : f[e] - s[e].y;
+				float n;
+				if (rint_by_recip(y, s[e].x, &n)) {
+					code[e] = kind == KVQ_PARAM_TOKEN ? kvq_int8_of(n) : kvq_uint_of(n, qmax);
+					continue;
+				}
+				/* near a half-integer: the reference, its scale from the slice */
+				const uint32_t i = i0 + (IS_V || kind == KVQ_PARAM_CHANNEL ? e : 0);
+				const uint16_t *w = reinterpret_cast<const uint16_t *>(p.params);
+				const float sc = kvq_f16_to_f32(kind == KVQ_PARAM_TOKEN ? w[i] : w[2 * i]);
+				code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], sc)
+								  : kvq_code_asym(f[e], sc, s[e].y, qmax);
+			} else {
+				code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], s[e].x)
+								  : kvq_code_asym(f[e], s[e].x, s[e].y, qmax);
+			}
+		}
 	}
 }
 
-/* Codes of a part: each thread makes whole 16-byte words of storage order
- * (K [t][d], V [d][t]; kvq_format.h), E / 8 chunks of eight each. */
+/* Codes of a part: each thread makes whole words of storage order (K
+ * [t][d], V [d][t]; kvq_format.h), E elements in E / 8 chunks of eight:
+ * 16 bytes, or 8 of 2-bit codes (32 elements, as many words as 4-bit). */
 template <int F, int IS_V> __device__ void part_codes(const part &p)
 {
-	constexpr unsigned bits = fmt<F>::bits, E = 128 / bits;
+	constexpr unsigned bits = fmt<F>::bits, E = 128 / bits < 32 ? 128 / bits : 32, words = E * bits / 32;
 	const uint32_t inner = IS_V ? p.B : p.D, nw = p.B * p.D / E;
 
 	for (uint32_t w = threadIdx.x; w < nw; w += blockDim.x) {
-		uint32_t word[4] = { 0, 0, 0, 0 };
+		uint32_t word[words] = {};
 		/* storage rows of `inner` elements: a token's D for K, a dim's B for V */
 		uint32_t a = w * E / inner, b = w * E % inner;
 #pragma unroll
@@ -271,7 +328,10 @@ template <int F, int IS_V> __device__ void part_codes(const part &p)
 				a++;
 			}
 		}
-		reinterpret_cast<uint4 *>(p.codes)[w] = make_uint4(word[0], word[1], word[2], word[3]);
+		if constexpr (words == 4)
+			reinterpret_cast<uint4 *>(p.codes)[w] = make_uint4(word[0], word[1], word[2], word[3]);
+		else
+			reinterpret_cast<uint2 *>(p.codes)[w] = make_uint2(word[0], word[1]);
 	}
 }
 
@@ -325,6 +385,7 @@ __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uin
 		if (p0)
 			__syncthreads();   /* K's codes are made: its rows may go */
 		stage_rows(l, src, p0, parts, xs);
+		stage_wait();
 		__syncthreads();
 		for (int phase = 0; phase < 2; phase++) {
 			for (uint32_t i = 0; i < parts; i++) {
@@ -365,7 +426,8 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 	}
 }
 
-__global__ void __launch_bounds__(WRITE_THREADS) write_kernel(layer_dev l, uint8_t *base,
+/* Six CTAs per SM (40 registers, no spill): more blocks staging at once. */
+__global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, uint8_t *base,
 								const kvq_cuda_write_seq *seqs, const uint8_t *kin,
 								const uint8_t *vin, uint32_t parts)
 {
