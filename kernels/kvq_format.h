@@ -332,19 +332,6 @@ KVQ_HD void kvq_asym_params(float mn, float mx, float qmax, uint16_t *ret_s, uin
 	*ret_s = kvq_f16_scale((mx - kvq_f16_to_f32(z)) / qmax);
 }
 
-/* The int8 code of a quotient already rounded (NaN gives 0). */
-KVQ_HD uint32_t kvq_int8_of(float q)
-{
-	q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : (q == q ? q : 0.0f));
-	return (uint32_t)(uint8_t)(int8_t)(int)q;
-}
-
-/* The unsigned code of a quotient already rounded, qmax = 2^bits - 1 (NaN gives 0). */
-KVQ_HD uint32_t kvq_uint_of(float q, float qmax)
-{
-	return (uint32_t)(q > qmax ? qmax : (q >= 0.0f ? q : 0.0f));
-}
-
 /* Code of x under a symmetric per-token scale (s as float, from FP16). */
 KVQ_HD uint32_t kvq_code_sym(int f, float x, float s)
 {
@@ -357,7 +344,9 @@ KVQ_HD uint32_t kvq_code_sym(int f, float x, float s)
 	case KVQ_FMT_FP8: return kvq_fp8_e4m3_enc(q);
 	case KVQ_FMT_FP8E5M2: return kvq_fp8_e5m2_enc(q);
 	default:
-		return kvq_int8_of(kvq_rint(q));
+		q = kvq_rint(q);
+		q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : (q == q ? q : 0.0f));   /* NaN -> 0 */
+		return (uint32_t)(uint8_t)(int8_t)(int)q;
 	}
 }
 
@@ -369,7 +358,8 @@ KVQ_HD uint32_t kvq_code_asym(float x, float s, float z, float qmax)
 	if (!(s > 0.0f))
 		return 0;
 	q = kvq_rint((x - z) / s);
-	return kvq_uint_of(q, qmax);
+	q = q > qmax ? qmax : (q >= 0.0f ? q : 0.0f);   /* NaN -> 0 */
+	return (uint32_t)q;
 }
 
 /* Value of a symmetric code (scale not applied). */

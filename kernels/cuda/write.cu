@@ -1,18 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Append and seal on the GPU.  One CTA per (block, KV head).  A block that
- * leaves the open window is staged in shared memory with 16-byte loads of
- * its rows (from the open slot and from the input alike), K and V together
- * where both fit.  Its parameters come from teams of lanes, one team per
- * entry (a token, a token's group, a channel), that reduce with shuffles; its
- * codes from threads that each make one 16-byte word of storage order, eight
- * elements (of one row of K or one column of V) at a time, and store it at
- * once.  Each format is one instance of the same two templates (fmt<F>).
- * The arithmetic is kvq_format.h's, so the bytes equal the CPU seal's
- * (kernels/cpu/write.c): that header has no expression a compiler could
- * contract into an FMA, min, max and |x| give the same result in any order
- * of reduction, and a quotient taken by a reciprocal is used only where it
- * provably rounds as the true division (rint_by_recip).
+ * leaves the open window is staged in shared memory by asynchronous 16-byte
+ * copies of its rows (from the open slot and from the input alike), K and V
+ * together where both fit.  Its parameters take two steps: teams of lanes,
+ * one per entry (a token, a token's group, a channel), reduce its range with
+ * shuffles, then one thread per entry makes the FP16 parameters.  Its codes
+ * come from threads that each make one word of storage order (16 bytes, 8
+ * of 2-bit codes), eight elements of a row of K or a column of V at a time,
+ * and store it at once.  Each format is one instance of the same templates
+ * (fmt<F>).  The arithmetic is kvq_format.h's, so the bytes equal the CPU
+ * seal's (kernels/cpu/write.c): that header has no expression a compiler
+ * could contract into an FMA, min, max and |x| give the same result in any
+ * order of reduction, and a quotient taken by a reciprocal is used only
+ * where it provably rounds as the true division (rint_by_recip).
  */
 #include <cuda_pipeline_primitives.h>
 
@@ -122,17 +123,34 @@ template <int F> __device__ __forceinline__ uint32_t code16(int act, uint16_t x)
 /* One part (K or V) of a head being sealed. */
 struct part {
 	const uint16_t *xs;      /* staged rows (xs_at) */
-	float2 *ps;              /* its parameters as floats {scale or 1 / scale (recip), zero}, entry order */
+	float2 *ps;              /* per entry: its range, then {1 / scale (recip) or scale, zero} */
 	uint8_t *codes, *params; /* its fields in the sealed head slice */
 	uint32_t B, D;
 	int act;
 };
 
-/* Lanes that reduce one parameter entry: 32 along a token's head dim, four
- * elements each along a group, 8 down a channel's tokens. */
+/* Lanes that reduce one parameter entry: along the head dim (a token, a
+ * group) each takes pieces of eight elements, up to eight lanes; down a
+ * channel eight take every eighth token. */
 static constexpr __host__ __device__ unsigned team_lanes(int kind, unsigned G)
 {
-	return kind == KVQ_PARAM_TOKEN ? 32u : kind == KVQ_PARAM_CHANNEL ? 8u : G >= 128 ? 32u : G >= 8 ? G / 4 : 1u;
+	return kind == KVQ_PARAM_GROUP && G < 64 ? (G >= 16 ? G / 8 : 1u) : 8u;
+}
+
+/* Eight activation words (a 16-byte piece) as floats. */
+__device__ __forceinline__ void unpack8(int act, uint4 v, float f[8])
+{
+	const uint32_t w[4] = { v.x, v.y, v.z, v.w };
+
+	if (act == KVQ_DT_BF16) {
+#pragma unroll
+		for (unsigned e = 0; e < 8; e++)
+			f[e] = __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+	} else {
+#pragma unroll
+		for (unsigned e = 0; e < 8; e++)
+			f[e] = __half2float(__ushort_as_half((unsigned short)(w[e / 2] >> (e % 2 * 16))));
+	}
 }
 
 /* Formats whose codes are a quotient rounded to an integer: they take the
@@ -143,15 +161,16 @@ template <int F> struct recip {
 
 /* rint(y / s) from r, 1 / s rounded: q = y * r is within 2^-12 of y / s
  * rounded while |q| < 512 (two roundings of 2^-24 each), so both round to
- * the same integer unless q lies that close to a half-integer: then false,
- * and the caller divides.  Beyond 512 every code clamps either way; NaN
- * stays NaN.  (r = 0 for a zero scale gives 0 or NaN: code 0, as there.) */
+ * the same integer unless q lies that close to a half-integer.  Then, and
+ * for a NaN or an infinity, false: the caller takes the reference.  Beyond
+ * 512 every code clamps either way.  (r = 0 for a zero scale gives 0, code
+ * 0, as there.) */
 __device__ __forceinline__ bool rint_by_recip(float y, float r, float *ret_q)
 {
 	const float q = y * r, n = rintf(q);
 
 	*ret_q = n;
-	return !(fabsf(q - n) > 0.5f - 0x1p-12f);
+	return fabsf(q - n) <= 0.5f - 0x1p-12f;
 }
 
 /* A scale as the codes use it: 1 / s (0 for a scale that is not positive,
@@ -163,61 +182,91 @@ template <int F> __device__ __forceinline__ float scale_f(uint16_t h)
 	return recip<F>::ok ? (s > 0.0f ? 1.0f / s : 0.0f) : s;
 }
 
-/* Parameters of a part, as the CPU's seal_part(): to the slice and, as
- * floats, to shared memory for the codes. */
-template <int F, int IS_V> __device__ void part_params(const part &p)
+/* Parameters of a part, first step: the range of each entry (min and
+ * max, or 0 and the largest magnitude) into shared memory. */
+template <int F, int IS_V> __device__ void part_reduce(const part &p)
 {
 	constexpr int kind = IS_V ? fmt<F>::kind_v : fmt<F>::kind_k;
 	constexpr unsigned G = IS_V ? fmt<F>::group_v : fmt<F>::group_k, T = team_lanes(kind, G);
 
 	if constexpr (kind != KVQ_PARAM_NONE) {
 		const uint32_t B = p.B, D = p.D, row = D + SEAL_PAD, np = kvq_param_count(kind, G, B, D);
-		const uint32_t len = kind == KVQ_PARAM_TOKEN ? D : kind == KVQ_PARAM_CHANNEL ? B : G;
 		const uint32_t lane = threadIdx.x % T;
-		const float qmax = kvq_fmt_qmax(F);
 
 		/* every thread takes every round: the shuffles need whole warps */
 		for (uint32_t base = 0; base < np * T; base += blockDim.x) {
 			const uint32_t j = (base + threadIdx.x) / T;
-			uint32_t t = 0, d = 0;
-			if constexpr (kind == KVQ_PARAM_TOKEN) {
-				t = j;
-			} else if constexpr (kind == KVQ_PARAM_CHANNEL) {
-				d = j;
-			} else if constexpr (IS_V) {   /* entries [g][t] */
-				t = j % B;
-				d = j / B * G;
-			} else {                       /* entries [t][g] */
-				t = j / (D / G);
-				d = j % (D / G) * G;
-			}
+			/* the CPU's amax starts at 0 (an all-NaN row gives scale 0) */
 			float lo = INFINITY, hi = kind == KVQ_PARAM_TOKEN ? 0.0f : -INFINITY;
-			if (j < np)
-				for (uint32_t k = lane; k < len; k += T) {
-					const float v = act_f(p.act, p.xs[kind == KVQ_PARAM_CHANNEL ? xs_at(k, d, row)
-												    : xs_at(t, d + k, row)]);
-					if (kind == KVQ_PARAM_TOKEN) {
-						hi = fmaxf(hi, fabsf(v));
-					} else {
-						lo = fminf(lo, v);
-						hi = fmaxf(hi, v);
+			if constexpr (kind == KVQ_PARAM_CHANNEL) {
+				for (uint32_t t = lane; j < np && t < B; t += T) {
+					const float v = act_f(p.act, p.xs[xs_at(t, j, row)]);
+					lo = fminf(lo, v);
+					hi = fmaxf(hi, v);
+				}
+			} else if (j < np) {
+				uint32_t t, d0, len;
+				if constexpr (kind == KVQ_PARAM_TOKEN) {
+					t = j;
+					d0 = 0;
+					len = D;
+				} else if constexpr (IS_V) {   /* GROUP entries [g][t] */
+					t = j % B;
+					d0 = j / B * G;
+					len = G;
+				} else {                       /* GROUP entries [t][g] */
+					t = j / (D / G);
+					d0 = j % (D / G) * G;
+					len = G;
+				}
+				for (uint32_t d = d0 + lane * 8; d < d0 + len; d += T * 8) {
+					float f[8];
+					unpack8(p.act, *reinterpret_cast<const uint4 *>(p.xs + xs_at(t, d, row)), f);
+#pragma unroll
+					for (unsigned e = 0; e < 8; e++) {
+						if (kind == KVQ_PARAM_TOKEN) {
+							hi = fmaxf(hi, fabsf(f[e]));
+						} else {
+							lo = fminf(lo, f[e]);
+							hi = fmaxf(hi, f[e]);
+						}
 					}
 				}
+			}
 #pragma unroll
 			for (unsigned o = T / 2; o; o /= 2) {
 				if (kind != KVQ_PARAM_TOKEN)
 					lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
 				hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
 			}
-			if (j >= np || lane)
-				continue;
+			if (j < np && !lane)
+				p.ps[j] = make_float2(lo, hi);
+		}
+	}
+}
+
+/* Parameters of a part, second step: one thread per entry turns its range
+ * into FP16 parameters as the CPU's seal_part() does, to the slice and, as
+ * floats for the codes, to shared memory.  V's entries start half a CTA on,
+ * so that K's and V's are made by different warps. */
+template <int F, int IS_V> __device__ void part_finish(const part &p)
+{
+	constexpr int kind = IS_V ? fmt<F>::kind_v : fmt<F>::kind_k;
+	constexpr unsigned G = IS_V ? fmt<F>::group_v : fmt<F>::group_k;
+
+	if constexpr (kind != KVQ_PARAM_NONE) {
+		const uint32_t np = kvq_param_count(kind, G, p.B, p.D);
+		const float qmax = kvq_fmt_qmax(F);
+
+		for (uint32_t j = (threadIdx.x + (IS_V ? blockDim.x / 2 : 0)) % blockDim.x; j < np; j += blockDim.x) {
+			const float2 r = p.ps[j];
 			if (kind == KVQ_PARAM_TOKEN) {
-				const uint16_t s = kvq_sym_scale(hi, qmax);
+				const uint16_t s = kvq_sym_scale(r.y, qmax);
 				reinterpret_cast<uint16_t *>(p.params)[j] = s;
 				p.ps[j] = make_float2(scale_f<F>(s), 0.0f);
 			} else {
 				uint16_t s, z;
-				kvq_asym_params(lo, hi, qmax, &s, &z);
+				kvq_asym_params(r.x, r.y, qmax, &s, &z);
 				reinterpret_cast<uint32_t *>(p.params)[j] = s | (uint32_t)z << 16;
 				p.ps[j] = make_float2(scale_f<F>(s), kvq_f16_to_f32(z));
 			}
@@ -279,26 +328,32 @@ template <int F, int IS_V> __device__ __forceinline__ void chunk_codes(const par
 			for (unsigned e = 0; e < 8; e++)
 				s[e] = p.ps[i0];
 		}
+		if constexpr (recip<F>::ok) {
+			bool sure = true;
 #pragma unroll
-		for (unsigned e = 0; e < 8; e++) {
-			if constexpr (recip<F>::ok) {
+			for (unsigned e = 0; e < 8; e++) {
 				/* as kvq_code_sym/asym: x - z, then the quotient */
-				const float y = kind == KVQ_PARAM_TOKEN ? f[e] : f[e] - s[e].y;
 				float n;
-				if (rint_by_recip(y, s[e].x, &n)) {
-					code[e] = kind == KVQ_PARAM_TOKEN ? kvq_int8_of(n) : kvq_uint_of(n, qmax);
-					continue;
-				}
-				/* near a half-integer: the reference, its scale from the slice */
-				const uint32_t i = i0 + (IS_V || kind == KVQ_PARAM_CHANNEL ? e : 0);
+				sure &= rint_by_recip(kind == KVQ_PARAM_TOKEN ? f[e] : f[e] - s[e].y, s[e].x, &n);
+				/* kvq_code_sym/asym's clamps, for n not NaN */
+				code[e] = kind == KVQ_PARAM_TOKEN ? (uint32_t)(uint8_t)(int8_t)(int)fminf(fmaxf(n, -127.0f), 127.0f)
+								  : (uint32_t)fminf(fmaxf(n, 0.0f), qmax);
+			}
+			if (!sure) {   /* a quotient near a half-integer: the reference, scales from the slice */
 				const uint16_t *w = reinterpret_cast<const uint16_t *>(p.params);
-				const float sc = kvq_f16_to_f32(kind == KVQ_PARAM_TOKEN ? w[i] : w[2 * i]);
-				code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], sc)
-								  : kvq_code_asym(f[e], sc, s[e].y, qmax);
-			} else {
+#pragma unroll
+				for (unsigned e = 0; e < 8; e++) {
+					const uint32_t i = i0 + (IS_V || kind == KVQ_PARAM_CHANNEL ? e : 0);
+					const float sc = kvq_f16_to_f32(kind == KVQ_PARAM_TOKEN ? w[i] : w[2 * i]);
+					code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], sc)
+									  : kvq_code_asym(f[e], sc, s[e].y, qmax);
+				}
+			}
+		} else {
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++)
 				code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], s[e].x)
 								  : kvq_code_asym(f[e], s[e].x, s[e].y, qmax);
-			}
 		}
 	}
 }
@@ -335,16 +390,18 @@ template <int F, int IS_V> __device__ void part_codes(const part &p)
 	}
 }
 
-/* Phase 0 (parameters) or 1 (codes) of a part, for its format. */
+/* Phase 0 (ranges), 1 (parameters) or 2 (codes) of a part, for its format. */
 template <int IS_V> __device__ void part_run(int f, int phase, const part &p)
 {
 	switch (f) {
 #define SEAL_FMT(F) \
 	case F: \
-		if (phase) \
-			part_codes<F, IS_V>(p); \
+		if (phase == 0) \
+			part_reduce<F, IS_V>(p); \
+		else if (phase == 1) \
+			part_finish<F, IS_V>(p); \
 		else \
-			part_params<F, IS_V>(p); \
+			part_codes<F, IS_V>(p); \
 		break;
 	SEAL_FMT(KVQ_FMT_F16) SEAL_FMT(KVQ_FMT_BF16) SEAL_FMT(KVQ_FMT_INT8) SEAL_FMT(KVQ_FMT_FP8)
 	SEAL_FMT(KVQ_FMT_FP8E5M2) SEAL_FMT(KVQ_FMT_INT4G32) SEAL_FMT(KVQ_FMT_INT4G64) SEAL_FMT(KVQ_FMT_INT4G128)
@@ -387,7 +444,7 @@ __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uin
 		stage_rows(l, src, p0, parts, xs);
 		stage_wait();
 		__syncthreads();
-		for (int phase = 0; phase < 2; phase++) {
+		for (int phase = 0; phase < 3; phase++) {
 			for (uint32_t i = 0; i < parts; i++) {
 				const uint16_t *x = xs + (size_t)i * B * (D + SEAL_PAD);
 				float2 *p = ps + (size_t)i * seal_max_params(B, D);
@@ -399,8 +456,8 @@ __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uin
 					part_run<0>(l.kfmt, phase, { x, p, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS],
 								    B, D, l.act });
 			}
-			if (!phase)
-				__syncthreads();   /* the parameters are in shared memory */
+			if (phase < 2)
+				__syncthreads();   /* ranges, then parameters, are in shared memory */
 		}
 	}
 }
