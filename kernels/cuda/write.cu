@@ -86,11 +86,24 @@ struct rows {
 __device__ void stage_rows(const layer_dev &l, const rows &src, uint32_t p0, uint32_t n, uint16_t *xs)
 {
 	const uint32_t vec = l.D / 8, stride = l.D + SEAL_PAD, total = n * l.B * vec;
+	/* piece i is piece c of row t of part p0 + p; stepped, not divided,
+	 * from one of a thread's pieces to the next */
+	const uint32_t dt = blockDim.x / vec, dc = blockDim.x % vec;
+	uint32_t c = threadIdx.x % vec, t = threadIdx.x / vec, p = 0;
 
+	for (; t >= l.B; t -= l.B)
+		p++;
 	for (uint32_t i = threadIdx.x; i < total; i += blockDim.x) {
-		const uint32_t r = i / vec, t = r % l.B, c = i % vec;
-		__pipeline_memcpy_async(xs + r / l.B * l.B * stride + xs_at(t, c * 8, stride),
-					src.get(l, t, (int)(p0 + r / l.B)) + c * 8, 16);
+		__pipeline_memcpy_async(xs + p * l.B * stride + xs_at(t, c * 8, stride),
+					src.get(l, t, (int)(p0 + p)) + c * 8, 16);
+		c += dc;
+		t += dt;
+		if (c >= vec) {
+			c -= vec;
+			t++;
+		}
+		for (; t >= l.B; t -= l.B)
+			p++;
 	}
 	__pipeline_commit();
 }
@@ -275,9 +288,10 @@ template <int F, int IS_V> __device__ void part_finish(const part &p)
 }
 
 /* Codes of eight elements that follow each other in storage order from
- * (t, d): along the head dim for K, along the tokens for V. */
-template <int F, int IS_V> __device__ __forceinline__ void chunk_codes(const part &p, uint32_t t, uint32_t d,
-								       uint32_t code[8])
+ * (t, d): along the head dim for K, along the tokens for V; activations of
+ * dtype DT (p.act). */
+template <int F, int IS_V, int DT>
+__device__ __forceinline__ void chunk_codes(const part &p, uint32_t t, uint32_t d, uint32_t code[8])
 {
 	constexpr int kind = IS_V ? fmt<F>::kind_v : fmt<F>::kind_k;
 	constexpr unsigned G = IS_V ? fmt<F>::group_v : fmt<F>::group_k;
@@ -299,11 +313,11 @@ template <int F, int IS_V> __device__ __forceinline__ void chunk_codes(const par
 	if constexpr (kind == KVQ_PARAM_NONE) {
 #pragma unroll
 		for (unsigned e = 0; e < 8; e++)
-			code[e] = code16<F>(p.act, x[e]);
+			code[e] = code16<F>(DT, x[e]);
 	} else {
 		const float qmax = kvq_fmt_qmax(F);
 		float f[8];
-		if (p.act == KVQ_DT_BF16) {
+		if (DT == KVQ_DT_BF16) {
 #pragma unroll
 			for (unsigned e = 0; e < 8; e++)
 				f[e] = __uint_as_float((uint32_t)x[e] << 16);
@@ -361,19 +375,28 @@ template <int F, int IS_V> __device__ __forceinline__ void chunk_codes(const par
 /* Codes of a part: each thread makes whole words of storage order (K
  * [t][d], V [d][t]; kvq_format.h), E elements in E / 8 chunks of eight:
  * 16 bytes, or 8 of 2-bit codes (32 elements, as many words as 4-bit). */
-template <int F, int IS_V> __device__ void part_codes(const part &p)
+template <int F, int IS_V, int DT> __device__ void part_codes_dt(const part &p)
 {
 	constexpr unsigned bits = fmt<F>::bits, E = 128 / bits < 32 ? 128 / bits : 32, words = E * bits / 32;
 	const uint32_t inner = IS_V ? p.B : p.D, nw = p.B * p.D / E;
+	/* storage rows of `inner` elements (a token's D for K, a dim's B for V):
+	 * word w starts at row a0, element b0; stepped, not divided, from one of
+	 * a thread's words to the next */
+	const uint32_t da = blockDim.x * E / inner, db = blockDim.x * E % inner;
+	uint32_t a0 = threadIdx.x * E / inner, b0 = threadIdx.x * E % inner;
 
 	for (uint32_t w = threadIdx.x; w < nw; w += blockDim.x) {
-		uint32_t word[words] = {};
-		/* storage rows of `inner` elements: a token's D for K, a dim's B for V */
-		uint32_t a = w * E / inner, b = w * E % inner;
+		uint32_t word[words] = {}, a = a0, b = b0;
+		a0 += da;
+		b0 += db;
+		if (b0 >= inner) {
+			b0 -= inner;
+			a0++;
+		}
 #pragma unroll
 		for (unsigned c = 0; c < E / 8; c++) {
 			uint32_t code[8];
-			chunk_codes<F, IS_V>(p, IS_V ? b : a, IS_V ? a : b, code);
+			chunk_codes<F, IS_V, DT>(p, IS_V ? b : a, IS_V ? a : b, code);
 #pragma unroll
 			for (unsigned e = 0; e < 8; e++)
 				word[(c * 8 + e) * bits / 32] |= code[e] << ((c * 8 + e) * bits % 32);
@@ -388,6 +411,15 @@ template <int F, int IS_V> __device__ void part_codes(const part &p)
 		else
 			reinterpret_cast<uint2 *>(p.codes)[w] = make_uint2(word[0], word[1]);
 	}
+}
+
+/* The activation dtype as a template argument: no choice per element. */
+template <int F, int IS_V> __device__ void part_codes(const part &p)
+{
+	if (p.act == KVQ_DT_BF16)
+		part_codes_dt<F, IS_V, KVQ_DT_BF16>(p);
+	else
+		part_codes_dt<F, IS_V, KVQ_DT_F16>(p);
 }
 
 /* Phase 0 (ranges), 1 (parameters) or 2 (codes) of a part, for its format. */
@@ -416,6 +448,8 @@ template <int IS_V> __device__ void part_run(int f, int phase, const part &p)
  * before the first field, and the padding after each up to the next. */
 __device__ void zero_gaps(const layer_dev &l, uint8_t *dst)
 {
+	if (threadIdx.x >= 32)   /* a few bytes: one warp */
+		return;
 #pragma unroll
 	for (int f = -1; f < KVQ_NFIELDS; f++) {
 		const uint32_t from = f < 0 ? 0 : l.off[f] + l.size[f];
@@ -424,7 +458,7 @@ __device__ void zero_gaps(const layer_dev &l, uint8_t *dst)
 		for (int g = 0; g < KVQ_NFIELDS; g++)
 			if (l.size[g] && l.off[g] >= from && l.off[g] < to)
 				to = l.off[g];
-		for (uint32_t i = from + threadIdx.x; i < to; i += blockDim.x)
+		for (uint32_t i = from + threadIdx.x; i < to; i += 32)
 			dst[i] = 0;
 	}
 }
