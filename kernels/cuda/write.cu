@@ -1,23 +1,65 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Append and seal on the GPU.  One CTA per (block, KV head): a block that
- * leaves the open window is read once (its rows from the open slot and from
- * the input alike) into shared memory, its parameters are computed there and
- * its codes written in storage order, whole bytes at a time; the format
- * arithmetic is kvq_format.h's, so the bytes equal the CPU seal's
- * (kernels/cpu/write.c): that header has no expression a compiler could
- * contract into an FMA.
+ * Append and seal on the GPU.  One CTA per (block, KV head).  A block that
+ * leaves the open window is staged in shared memory by asynchronous 16-byte
+ * copies of its rows (from the open slot and from the input alike), K and V
+ * together where both fit.  Its parameters take two steps: teams of lanes,
+ * one per entry (a token, a token's group, a channel), reduce its range with
+ * shuffles, then one thread per entry makes the FP16 parameters.  Its codes
+ * come from threads that each make one word of storage order (16 bytes, 8
+ * of 2-bit codes), eight elements of a row of K or a column of V at a time,
+ * and store it at once.  Each format is one instance of the same templates
+ * (fmt<F>).  The arithmetic is kvq_format.h's, so the bytes equal the CPU
+ * seal's (kernels/cpu/write.c): that header has no expression a compiler
+ * could contract into an FMA, min, max and |x| give the same result in any
+ * order of reduction (but for the sign of a zero minimum or maximum where
+ * +0 and -0 both occur: the CPU's too depends on its order), and a quotient
+ * taken by a reciprocal is used only where it provably rounds as the true
+ * division (rint_by_recip).
  */
+#include <cuda_pipeline_primitives.h>
+
 #include "common.cuh"
 
 namespace kvq {
 
 #define WRITE_THREADS 256
 
-/* Shared memory of the seal: B x D activations of one part, then parameters. */
-static size_t seal_smem(uint32_t B, uint32_t D)
+/* Halves of padding after each staged row: rows stay 16-byte aligned and
+ * eight lanes reading a channel down the rows spread over the banks. */
+#define SEAL_PAD 8u
+
+/* Index of element (t, d) in a staged part of rows of `row` halves: the
+ * 16-byte pieces of row t XORed with (t / 8) % 4, so that lanes reading
+ * columns of V's storage order (eight rows from a multiple of 8, several
+ * such runs per warp) spread over the banks too.  D % 32 == 0 keeps the
+ * XOR inside the row. */
+__device__ __forceinline__ uint32_t xs_at(uint32_t t, uint32_t d, uint32_t row)
 {
-	return (size_t)B * D * 2 + (size_t)B * (D / 32 > 1 ? D / 32 : 1) * 4 + (size_t)D * 4 + 16;
+	return t * row + (d ^ ((t >> 3 & 3u) << 3));
+}
+
+/* Both parts are staged at once while they take at most this much. */
+#define SEAL_BOTH_MAX (64u * 1024u)
+
+/* Parameter entries of one part at most: a group is at least 32 wide. */
+static __host__ __device__ uint32_t seal_max_params(uint32_t B, uint32_t D)
+{
+	uint32_t n = B * D / 32;
+
+	return n > B ? (n > D ? n : D) : (B > D ? B : D);
+}
+
+/* Shared memory of the seal staging `parts` parts (1 or 2): rows, then the
+ * parameters as floats. */
+static __host__ __device__ size_t seal_smem(uint32_t B, uint32_t D, uint32_t parts)
+{
+	return parts * ((size_t)B * (D + SEAL_PAD) * 2 + (size_t)seal_max_params(B, D) * sizeof(float2));
+}
+
+static uint32_t seal_parts(uint32_t B, uint32_t D)
+{
+	return seal_smem(B, D, 2) <= SEAL_BOTH_MAX ? 2 : 1;
 }
 
 /* Rows of a block being sealed: token t comes from the open slot while
@@ -39,111 +81,420 @@ struct rows {
 	}
 };
 
-__device__ __forceinline__ float act_val(int act, uint16_t x)
+/* Stages parts p0 .. p0 + n - 1 (0: K, 1: V) of the block: part p from
+ * xs + (p - p0) * B * (D + SEAL_PAD), in xs_at's order.  Asynchronous
+ * 16-byte copies: all of a thread's are in flight at once, through no
+ * register.  The caller waits (stage_wait) and synchronises. */
+__device__ void stage_rows(const layer_dev &l, const rows &src, uint32_t p0, uint32_t n, uint16_t *xs)
 {
-	return act == KVQ_DT_BF16 ? kvq_bf16_to_f32(x) : kvq_f16_to_f32(x);
+	const uint32_t vec = l.D / 8, stride = l.D + SEAL_PAD, total = n * l.B * vec;
+	/* piece i is piece c of row t of part p0 + p; stepped, not divided,
+	 * from one of a thread's pieces to the next */
+	const uint32_t dt = blockDim.x / vec, dc = blockDim.x % vec;
+	uint32_t c = threadIdx.x % vec, t = threadIdx.x / vec, p = 0;
+
+	for (; t >= l.B; t -= l.B)
+		p++;
+	for (uint32_t i = threadIdx.x; i < total; i += blockDim.x) {
+		__pipeline_memcpy_async(xs + p * l.B * stride + xs_at(t, c * 8, stride),
+					src.get(l, t, (int)(p0 + p)) + c * 8, 16);
+		c += dc;
+		t += dt;
+		if (c >= vec) {
+			c -= vec;
+			t++;
+		}
+		for (; t >= l.B; t -= l.B)
+			p++;
+	}
+	__pipeline_commit();
 }
 
-/* Quantizes one part (K or V) from xs ([t][d] activation words) into codes
- * and params, as seal_part() in kernels/cpu/write.c. */
-__device__ void seal_part(const layer_dev &l, int f, int is_v, const uint16_t *xs, uint16_t *ps,
-			  uint8_t *codes, uint8_t *params, uint32_t code_bytes)
+__device__ __forceinline__ void stage_wait(void)
 {
-	const uint32_t B = l.B, D = l.D;
-	const int kind = kvq_fmt_param_kind(f, is_v);
-	const unsigned bits = kvq_fmt_bits(f), G = kvq_fmt_group(f, is_v);
-	const float qmax = kvq_fmt_qmax(f);
-	const uint32_t np = kvq_param_count(kind, G, B, D);
+	__pipeline_wait_prior(0);
+}
 
-	/* parameters: one thread per entry */
-	for (uint32_t j = threadIdx.x; j < np; j += blockDim.x) {
-		if (kind == KVQ_PARAM_TOKEN) {
-			float amax = 0.0f;
-			for (uint32_t d = 0; d < D; d++)
-				amax = fmaxf(amax, fabsf(act_val(l.act, xs[j * D + d])));
-			ps[j] = kvq_sym_scale(amax, qmax);
-			reinterpret_cast<uint16_t *>(params)[j] = ps[j];
-			continue;
+/* An activation word as a float: exact (a NaN may lose its payload, which
+ * no parameter or code depends on). */
+__device__ __forceinline__ float act_f(int act, uint16_t x)
+{
+	return act == KVQ_DT_BF16 ? __uint_as_float((uint32_t)x << 16) : __half2float(__ushort_as_half(x));
+}
+
+/* The F16 or BF16 code of an activation word: its bits when the types agree
+ * (a NaN quieted as kvq_f16_from_f32 and kvq_bf16_from_f32 do), else the
+ * conversion. */
+template <int F> __device__ __forceinline__ uint32_t code16(int act, uint16_t x)
+{
+	if (F == KVQ_FMT_F16 && act == KVQ_DT_F16)
+		return (x & 0x7fffu) > 0x7c00u ? (x & 0x8000u) | 0x7e00u : x;
+	if (F == KVQ_FMT_BF16 && act == KVQ_DT_BF16)
+		return (x & 0x7fffu) > 0x7f80u ? x | 0x40u : x;
+	const float f = act == KVQ_DT_BF16 ? kvq_bf16_to_f32(x) : kvq_f16_to_f32(x);
+	return F == KVQ_FMT_BF16 ? kvq_bf16_from_f32(f) : kvq_f16_from_f32(f);
+}
+
+/* One part (K or V) of a head being sealed. */
+struct part {
+	const uint16_t *xs;      /* staged rows (xs_at) */
+	float2 *ps;              /* per entry: its range, then {1 / scale (recip) or scale, zero} */
+	uint8_t *codes, *params; /* its fields in the sealed head slice */
+	uint32_t B, D;
+	int act;
+};
+
+/* Lanes that reduce one parameter entry: along the head dim (a token, a
+ * group) each takes pieces of eight elements, up to eight lanes; down a
+ * channel eight take every eighth token. */
+static constexpr __host__ __device__ unsigned team_lanes(int kind, unsigned G)
+{
+	return kind == KVQ_PARAM_GROUP && G < 64 ? (G >= 16 ? G / 8 : 1u) : 8u;
+}
+
+/* Eight activation words (a 16-byte piece) as floats. */
+__device__ __forceinline__ void unpack8(int act, uint4 v, float f[8])
+{
+	const uint32_t w[4] = { v.x, v.y, v.z, v.w };
+
+	if (act == KVQ_DT_BF16) {
+#pragma unroll
+		for (unsigned e = 0; e < 8; e++)
+			f[e] = __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+	} else {
+#pragma unroll
+		for (unsigned e = 0; e < 8; e++)
+			f[e] = __half2float(__ushort_as_half((unsigned short)(w[e / 2] >> (e % 2 * 16))));
+	}
+}
+
+/* Formats whose codes are a quotient rounded to an integer: they take the
+ * reciprocal of the scale (FP8 rounds to its own grid: a true division). */
+template <int F> struct recip {
+	static constexpr bool ok = fmt<F>::bits < 16 && F != KVQ_FMT_FP8 && F != KVQ_FMT_FP8E5M2;
+};
+
+/* rint(y / s) from r, 1 / s rounded: q = y * r is within 2^-12 of y / s
+ * rounded while |q| < 512 (two roundings of 2^-24 each), so both round to
+ * the same integer unless q lies that close to a half-integer.  Then, and
+ * for a NaN or an infinity, false: the caller takes the reference.  Beyond
+ * 512 every code clamps either way.  (r = 0 for a zero scale gives 0, code
+ * 0, as there.) */
+__device__ __forceinline__ bool rint_by_recip(float y, float r, float *ret_q)
+{
+	const float q = y * r, n = rintf(q);
+
+	*ret_q = n;
+	return fabsf(q - n) <= 0.5f - 0x1p-12f;
+}
+
+/* A scale as the codes use it: 1 / s (0 for a scale that is not positive,
+ * which kvq_code_sym/asym turn into code 0) or s itself. */
+template <int F> __device__ __forceinline__ float scale_f(uint16_t h)
+{
+	const float s = kvq_f16_to_f32(h);
+
+	return recip<F>::ok ? (s > 0.0f ? 1.0f / s : 0.0f) : s;
+}
+
+/* Parameters of a part, first step: the range of each entry (min and
+ * max, or 0 and the largest magnitude) into shared memory. */
+template <int F, int IS_V> __device__ void part_reduce(const part &p)
+{
+	constexpr int kind = IS_V ? fmt<F>::kind_v : fmt<F>::kind_k;
+	constexpr unsigned G = IS_V ? fmt<F>::group_v : fmt<F>::group_k, T = team_lanes(kind, G);
+
+	if constexpr (kind != KVQ_PARAM_NONE) {
+		const uint32_t B = p.B, D = p.D, row = D + SEAL_PAD, np = kvq_param_count(kind, G, B, D);
+		const uint32_t lane = threadIdx.x % T;
+
+		/* every thread takes every round: the shuffles need whole warps */
+		for (uint32_t base = 0; base < np * T; base += blockDim.x) {
+			const uint32_t j = (base + threadIdx.x) / T;
+			/* the CPU's amax starts at 0 (an all-NaN row gives scale 0) */
+			float lo = INFINITY, hi = kind == KVQ_PARAM_TOKEN ? 0.0f : -INFINITY;
+			if constexpr (kind == KVQ_PARAM_CHANNEL) {
+				for (uint32_t t = lane; j < np && t < B; t += T) {
+					const float v = act_f(p.act, p.xs[xs_at(t, j, row)]);
+					lo = fminf(lo, v);
+					hi = fmaxf(hi, v);
+				}
+			} else if (j < np) {
+				uint32_t t, d0, len;
+				if constexpr (kind == KVQ_PARAM_TOKEN) {
+					t = j;
+					d0 = 0;
+					len = D;
+				} else if constexpr (IS_V) {   /* GROUP entries [g][t] */
+					t = j % B;
+					d0 = j / B * G;
+					len = G;
+				} else {                       /* GROUP entries [t][g] */
+					t = j / (D / G);
+					d0 = j % (D / G) * G;
+					len = G;
+				}
+				for (uint32_t d = d0 + lane * 8; d < d0 + len; d += T * 8) {
+					float f[8];
+					unpack8(p.act, *reinterpret_cast<const uint4 *>(p.xs + xs_at(t, d, row)), f);
+#pragma unroll
+					for (unsigned e = 0; e < 8; e++) {
+						if (kind == KVQ_PARAM_TOKEN) {
+							hi = fmaxf(hi, fabsf(f[e]));
+						} else {
+							lo = fminf(lo, f[e]);
+							hi = fmaxf(hi, f[e]);
+						}
+					}
+				}
+			}
+#pragma unroll
+			for (unsigned o = T / 2; o; o /= 2) {
+				if (kind != KVQ_PARAM_TOKEN)
+					lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+				hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+			}
+			if (j < np && !lane)
+				p.ps[j] = make_float2(lo, hi);
 		}
-		/* GROUP entries are [t][g] for K and [g][t] for V; CHANNEL: [d] */
-		uint32_t t0, t1, d0, d1;
-		if (kind == KVQ_PARAM_CHANNEL) {
-			t0 = 0; t1 = B; d0 = j; d1 = j + 1;
-		} else if (is_v) {
-			t0 = j % B; t1 = t0 + 1; d0 = (j / B) * G; d1 = d0 + G;
+	}
+}
+
+/* Parameters of a part, second step: one thread per entry turns its range
+ * into FP16 parameters as the CPU's seal_part() does, to the slice and, as
+ * floats for the codes, to shared memory.  V's entries start half a CTA on,
+ * so that K's and V's are made by different warps. */
+template <int F, int IS_V> __device__ void part_finish(const part &p)
+{
+	constexpr int kind = IS_V ? fmt<F>::kind_v : fmt<F>::kind_k;
+	constexpr unsigned G = IS_V ? fmt<F>::group_v : fmt<F>::group_k;
+
+	if constexpr (kind != KVQ_PARAM_NONE) {
+		const uint32_t np = kvq_param_count(kind, G, p.B, p.D);
+		const float qmax = kvq_fmt_qmax(F);
+
+		for (uint32_t j = (threadIdx.x + (IS_V ? blockDim.x / 2 : 0)) % blockDim.x; j < np; j += blockDim.x) {
+			const float2 r = p.ps[j];
+			if (kind == KVQ_PARAM_TOKEN) {
+				const uint16_t s = kvq_sym_scale(r.y, qmax);
+				reinterpret_cast<uint16_t *>(p.params)[j] = s;
+				p.ps[j] = make_float2(scale_f<F>(s), 0.0f);
+			} else {
+				uint16_t s, z;
+				kvq_asym_params(r.x, r.y, qmax, &s, &z);
+				reinterpret_cast<uint32_t *>(p.params)[j] = s | (uint32_t)z << 16;
+				p.ps[j] = make_float2(scale_f<F>(s), kvq_f16_to_f32(z));
+			}
+		}
+	}
+}
+
+/* Codes of eight elements that follow each other in storage order from
+ * (t, d): along the head dim for K, along the tokens for V; activations of
+ * dtype DT (p.act). */
+template <int F, int IS_V, int DT>
+__device__ __forceinline__ void chunk_codes(const part &p, uint32_t t, uint32_t d, uint32_t code[8])
+{
+	constexpr int kind = IS_V ? fmt<F>::kind_v : fmt<F>::kind_k;
+	constexpr unsigned G = IS_V ? fmt<F>::group_v : fmt<F>::group_k;
+	const uint32_t row = p.D + SEAL_PAD;
+	uint16_t x[8];
+
+	if (IS_V) {   /* t % 8 == 0: rows t .. t + 7 share their XOR */
+		const uint16_t *x0 = p.xs + xs_at(t, d, row);
+#pragma unroll
+		for (unsigned e = 0; e < 8; e++)
+			x[e] = x0[e * row];
+	} else {
+		const uint4 v = *reinterpret_cast<const uint4 *>(p.xs + xs_at(t, d, row));
+		const uint32_t w[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+		for (unsigned e = 0; e < 8; e++)
+			x[e] = (uint16_t)(w[e / 2] >> (e % 2 * 16));
+	}
+	if constexpr (kind == KVQ_PARAM_NONE) {
+#pragma unroll
+		for (unsigned e = 0; e < 8; e++)
+			code[e] = code16<F>(DT, x[e]);
+	} else {
+		const float qmax = kvq_fmt_qmax(F);
+		float f[8];
+		if (DT == KVQ_DT_BF16) {
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++)
+				f[e] = __uint_as_float((uint32_t)x[e] << 16);
 		} else {
-			t0 = j / (D / G); t1 = t0 + 1; d0 = (j % (D / G)) * G; d1 = d0 + G;
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++)
+				f[e] = __half2float(__ushort_as_half(x[e]));
 		}
-		float mn = INFINITY, mx = -INFINITY;
-		for (uint32_t t = t0; t < t1; t++)
-			for (uint32_t d = d0; d < d1; d++) {
-				float x = act_val(l.act, xs[t * D + d]);
-				mn = fminf(mn, x);
-				mx = fmaxf(mx, x);
+		/* V (by token) and a channel's K take eight entries in a row, from an
+		 * even one; K by token or group one entry (a group is 32 or more) */
+		const uint32_t i0 = kvq_param_index(kind, G, IS_V, t, d, p.B, p.D);
+		float2 s[8];
+		if (IS_V || kind == KVQ_PARAM_CHANNEL) {
+#pragma unroll
+			for (unsigned e = 0; e < 8; e += 2) {
+				const float4 v = *reinterpret_cast<const float4 *>(p.ps + i0 + e);
+				s[e] = make_float2(v.x, v.y);
+				s[e + 1] = make_float2(v.z, v.w);
 			}
-		uint16_t s, z;
-		kvq_asym_params(mn, mx, qmax, &s, &z);
-		ps[2 * j] = s;
-		ps[2 * j + 1] = z;
-		reinterpret_cast<uint16_t *>(params)[2 * j] = s;
-		reinterpret_cast<uint16_t *>(params)[2 * j + 1] = z;
-	}
-	__syncthreads();
-
-	/* codes: one thread per byte (per 16-bit word for f16/bf16) */
-	const uint32_t per = bits == 16 ? 1 : 8 / bits;
-	const uint32_t units = bits == 16 ? B * D : code_bytes;
-	for (uint32_t u = threadIdx.x; u < units; u += blockDim.x) {
-		uint32_t byte = 0;
-		for (uint32_t e = 0; e < per; e++) {
-			uint32_t i = u * per + e, t, d;
-			if (is_v)
-				kvq_v_elem_td(i, B, D, &t, &d);
-			else
-				kvq_k_elem_td(i, B, D, &t, &d);
-			float x = act_val(l.act, xs[t * D + d]);
-			uint32_t c;
-			if (kind == KVQ_PARAM_NONE) {
-				reinterpret_cast<uint16_t *>(codes)[i] =
-					f == KVQ_FMT_BF16 ? kvq_bf16_from_f32(x) : kvq_f16_from_f32(x);
-				continue;
-			}
-			uint32_t pi = kvq_param_index(kind, G, is_v, t, d, B, D);
-			if (kind == KVQ_PARAM_TOKEN)
-				c = kvq_code_sym(f, x, kvq_f16_to_f32(ps[pi]));
-			else
-				c = kvq_code_asym(x, kvq_f16_to_f32(ps[2 * pi]), kvq_f16_to_f32(ps[2 * pi + 1]), qmax);
-			byte |= c << (e * bits);
+		} else {
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++)
+				s[e] = p.ps[i0];
 		}
-		if (bits != 16)
-			codes[u] = (uint8_t)byte;
+		if constexpr (recip<F>::ok) {
+			bool sure = true;
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++) {
+				/* as kvq_code_sym/asym: x - z, then the quotient */
+				float n;
+				sure &= rint_by_recip(kind == KVQ_PARAM_TOKEN ? f[e] : f[e] - s[e].y, s[e].x, &n);
+				/* kvq_code_sym/asym's clamps, for n not NaN */
+				code[e] = kind == KVQ_PARAM_TOKEN ? (uint32_t)(uint8_t)(int8_t)(int)fminf(fmaxf(n, -127.0f), 127.0f)
+								  : (uint32_t)fminf(fmaxf(n, 0.0f), qmax);
+			}
+			if (!sure) {   /* a quotient near a half-integer: the reference, scales from the slice */
+				const uint16_t *w = reinterpret_cast<const uint16_t *>(p.params);
+#pragma unroll
+				for (unsigned e = 0; e < 8; e++) {
+					const uint32_t i = i0 + (IS_V || kind == KVQ_PARAM_CHANNEL ? e : 0);
+					const float sc = kvq_f16_to_f32(kind == KVQ_PARAM_TOKEN ? w[i] : w[2 * i]);
+					code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], sc)
+									  : kvq_code_asym(f[e], sc, s[e].y, qmax);
+				}
+			}
+		} else {
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++)
+				code[e] = kind == KVQ_PARAM_TOKEN ? kvq_code_sym(F, f[e], s[e].x)
+								  : kvq_code_asym(f[e], s[e].x, s[e].y, qmax);
+		}
 	}
-	__syncthreads();
 }
 
-/* Seals one head of one block into the sealed head slice dst. */
-__device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uint8_t *smem)
+/* Codes of a part: each thread makes whole words of storage order (K
+ * [t][d], V [d][t]; kvq_format.h), E elements in E / 8 chunks of eight:
+ * 16 bytes, or 8 of 2-bit codes (32 elements, as many words as 4-bit). */
+template <int F, int IS_V, int DT> __device__ void part_codes_dt(const part &p)
+{
+	constexpr unsigned bits = fmt<F>::bits, E = 128 / bits < 32 ? 128 / bits : 32, words = E * bits / 32;
+	const uint32_t inner = IS_V ? p.B : p.D, nw = p.B * p.D / E;
+	/* storage rows of `inner` elements (a token's D for K, a dim's B for V):
+	 * word w starts at row a0, element b0; stepped, not divided, from one of
+	 * a thread's words to the next */
+	const uint32_t da = blockDim.x * E / inner, db = blockDim.x * E % inner;
+	uint32_t a0 = threadIdx.x * E / inner, b0 = threadIdx.x * E % inner;
+
+	for (uint32_t w = threadIdx.x; w < nw; w += blockDim.x) {
+		uint32_t word[words] = {}, a = a0, b = b0;
+		a0 += da;
+		b0 += db;
+		if (b0 >= inner) {
+			b0 -= inner;
+			a0++;
+		}
+#pragma unroll
+		for (unsigned c = 0; c < E / 8; c++) {
+			uint32_t code[8];
+			chunk_codes<F, IS_V, DT>(p, IS_V ? b : a, IS_V ? a : b, code);
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++)
+				word[(c * 8 + e) * bits / 32] |= code[e] << ((c * 8 + e) * bits % 32);
+			b += 8;
+			if (b == inner) {
+				b = 0;
+				a++;
+			}
+		}
+		if constexpr (words == 4)
+			reinterpret_cast<uint4 *>(p.codes)[w] = make_uint4(word[0], word[1], word[2], word[3]);
+		else
+			reinterpret_cast<uint2 *>(p.codes)[w] = make_uint2(word[0], word[1]);
+	}
+}
+
+/* The activation dtype as a template argument: no choice per element. */
+template <int F, int IS_V> __device__ void part_codes(const part &p)
+{
+	if (p.act == KVQ_DT_BF16)
+		part_codes_dt<F, IS_V, KVQ_DT_BF16>(p);
+	else
+		part_codes_dt<F, IS_V, KVQ_DT_F16>(p);
+}
+
+/* Phase 0 (ranges), 1 (parameters) or 2 (codes) of a part, for its format. */
+template <int IS_V> __device__ void part_run(int f, int phase, const part &p)
+{
+	switch (f) {
+#define SEAL_FMT(F) \
+	case F: \
+		if (phase == 0) \
+			part_reduce<F, IS_V>(p); \
+		else if (phase == 1) \
+			part_finish<F, IS_V>(p); \
+		else \
+			part_codes<F, IS_V>(p); \
+		break;
+	SEAL_FMT(KVQ_FMT_F16) SEAL_FMT(KVQ_FMT_BF16) SEAL_FMT(KVQ_FMT_INT8) SEAL_FMT(KVQ_FMT_FP8)
+	SEAL_FMT(KVQ_FMT_FP8E5M2) SEAL_FMT(KVQ_FMT_INT4G32) SEAL_FMT(KVQ_FMT_INT4G64) SEAL_FMT(KVQ_FMT_INT4G128)
+	SEAL_FMT(KVQ_FMT_KIVI4) SEAL_FMT(KVQ_FMT_KIVI2)
+#undef SEAL_FMT
+	default:
+		break;
+	}
+}
+
+/* Bytes of the slice that belong to no field are zero, as on the CPU: any
+ * before the first field, and the padding after each up to the next. */
+__device__ void zero_gaps(const layer_dev &l, uint8_t *dst)
+{
+	if (threadIdx.x >= 32)   /* a few bytes: one warp */
+		return;
+#pragma unroll
+	for (int f = -1; f < KVQ_NFIELDS; f++) {
+		const uint32_t from = f < 0 ? 0 : l.off[f] + l.size[f];
+		uint32_t to = l.sealed_head;
+#pragma unroll
+		for (int g = 0; g < KVQ_NFIELDS; g++)
+			if (l.size[g] && l.off[g] >= from && l.off[g] < to)
+				to = l.off[g];
+		for (uint32_t i = from + threadIdx.x; i < to; i += 32)
+			dst[i] = 0;
+	}
+}
+
+/* Seals one head of one block into the sealed head slice dst, staging
+ * `parts` parts (2: K and V together, 1: one after the other). */
+__device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uint8_t *smem, uint32_t parts)
 {
 	const uint32_t B = l.B, D = l.D;
 	uint16_t *xs = reinterpret_cast<uint16_t *>(smem);
-	uint16_t *ps = xs + (size_t)B * D;
+	float2 *ps = reinterpret_cast<float2 *>(smem + (size_t)parts * B * (D + SEAL_PAD) * 2);
 
-	/* bytes of the slice that belong to no field are zero, as on the CPU */
-	for (uint32_t i = threadIdx.x; i < l.sealed_head; i += blockDim.x) {
-		bool in = false;
-		for (int f = 0; f < KVQ_NFIELDS; f++)
-			in |= i >= l.off[f] && i < l.off[f] + l.size[f];
-		if (!in)
-			dst[i] = 0;
-	}
-	for (int is_v = 0; is_v < 2; is_v++) {
-		for (uint32_t i = threadIdx.x; i < B * D; i += blockDim.x)
-			xs[i] = src.get(l, i / D, is_v)[i % D];
+	zero_gaps(l, dst);
+	for (uint32_t p0 = 0; p0 < 2; p0 += parts) {
+		if (p0)
+			__syncthreads();   /* K's codes are made: its rows may go */
+		stage_rows(l, src, p0, parts, xs);
+		stage_wait();
 		__syncthreads();
-		seal_part(l, is_v ? l.vfmt : l.kfmt, is_v, xs, ps,
-			  dst + l.off[is_v ? KVQ_V_CODES : KVQ_K_CODES],
-			  dst + l.off[is_v ? KVQ_V_PARAMS : KVQ_K_PARAMS],
-			  l.size[is_v ? KVQ_V_CODES : KVQ_K_CODES]);
+		for (int phase = 0; phase < 3; phase++) {
+			for (uint32_t i = 0; i < parts; i++) {
+				const uint16_t *x = xs + (size_t)i * B * (D + SEAL_PAD);
+				float2 *p = ps + (size_t)i * seal_max_params(B, D);
+				/* constant field indices: a computed one would copy l to local memory */
+				if (p0 + i)
+					part_run<1>(l.vfmt, phase, { x, p, dst + l.off[KVQ_V_CODES], dst + l.off[KVQ_V_PARAMS],
+								    B, D, l.act });
+				else
+					part_run<0>(l.kfmt, phase, { x, p, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS],
+								    B, D, l.act });
+			}
+			if (phase < 2)
+				__syncthreads();   /* ranges, then parameters, are in shared memory */
+		}
 	}
 }
 
@@ -168,8 +519,10 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 	}
 }
 
-__global__ void write_kernel(layer_dev l, uint8_t *base, const kvq_cuda_write_seq *seqs,
-			     const uint8_t *kin, const uint8_t *vin)
+/* Six CTAs per SM (40 registers, no spill): more blocks staging at once. */
+__global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, uint8_t *base,
+								const kvq_cuda_write_seq *seqs, const uint8_t *kin,
+								const uint8_t *vin, uint32_t parts)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
 	const kvq_cuda_write_seq s = seqs[blockIdx.z];
@@ -199,7 +552,7 @@ __global__ void write_kernel(layer_dev l, uint8_t *base, const kvq_cuda_write_se
 		src.from_open = pos0 < n ? (uint32_t)(n - pos0 < B ? n - pos0 : B) : 0;
 		src.in_row = (uint64_t)s.in_row0 + (pos0 + src.from_open - n);
 		src.in_stride = stride;
-		seal_head(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem);
+		seal_head(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 		return;
 	}
 	uint64_t p0 = pos0 > n ? pos0 : n, p1 = pos0 + B < n2 ? pos0 + B : n2;
@@ -210,7 +563,8 @@ __global__ void write_kernel(layer_dev l, uint8_t *base, const kvq_cuda_write_se
 		    s.in_row0 + (p0 - n), stride);
 }
 
-__global__ void seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs)
+__global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs,
+							       uint32_t parts)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
 	const int32_t o = pairs[2 * blockIdx.x], sid = pairs[2 * blockIdx.x + 1];
@@ -224,12 +578,12 @@ __global__ void seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs)
 	src.from_open = l.B;
 	src.in_row = 0;
 	src.in_stride = 0;
-	seal_head(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem);
+	seal_head(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 }
 
 static int write_args_ok(const struct kvq_layout *L, uint32_t layer)
 {
-	if (!L || layer >= L->layers || L->head_dim % 8 || seal_smem(L->block_tokens, L->head_dim) > 160 * 1024)
+	if (!L || layer >= L->layers || L->head_dim % 8 || seal_smem(L->block_tokens, L->head_dim, 1) > 160 * 1024)
 		return 0;
 	return 1;
 }
@@ -258,12 +612,13 @@ extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t l
 	const uint32_t B = L->block_tokens;
 	/* blocks from S(n)/B to the last one holding a new token */
 	const uint32_t nblk = (L->window + max_m) / B + 2;
-	const size_t smem = seal_smem(B, L->head_dim);
+	const uint32_t parts = seal_parts(B, L->head_dim);
+	const size_t smem = seal_smem(B, L->head_dim, parts);
 	int r = launch_setup((const void *)write_kernel, smem);
 	if (r)
 		return r;
 	write_kernel<<<dim3(nblk, L->kv_heads, nseq), WRITE_THREADS, smem, (cudaStream_t)stream>>>(
-		layer_of(L, layer), (uint8_t *)base, seqs, (const uint8_t *)k, (const uint8_t *)v);
+		layer_of(L, layer), (uint8_t *)base, seqs, (const uint8_t *)k, (const uint8_t *)v, parts);
 	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
 }
 
@@ -274,11 +629,12 @@ extern "C" int kvq_cuda_seal(const struct kvq_layout *L, void *base, uint32_t la
 		return -EINVAL;
 	if (!npairs)
 		return 0;
-	const size_t smem = seal_smem(L->block_tokens, L->head_dim);
+	const uint32_t parts = seal_parts(L->block_tokens, L->head_dim);
+	const size_t smem = seal_smem(L->block_tokens, L->head_dim, parts);
 	int r = launch_setup((const void *)seal_kernel, smem);
 	if (r)
 		return r;
 	seal_kernel<<<dim3(npairs, L->kv_heads), WRITE_THREADS, smem, (cudaStream_t)stream>>>(
-		layer_of(L, layer), (uint8_t *)base, pairs);
+		layer_of(L, layer), (uint8_t *)base, pairs, parts);
 	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
 }
