@@ -324,9 +324,14 @@ KVQ_HD uint16_t kvq_sym_scale(float amax, float qmax)
 }
 
 /* Asymmetric (scale, zero) for [mn, mx]: zero rounded down, then the scale
- * from the rounded zero, rounded up. */
+ * from the rounded zero, rounded up.  A zero bound is taken as +0 (x + 0 is
+ * +0 for both zeros): which zero a min or max over +0 and -0 returns depends
+ * on the order of the reduction, and the CPU's loop and the GPU's lanes
+ * reduce in different orders. */
 KVQ_HD void kvq_asym_params(float mn, float mx, float qmax, uint16_t *ret_s, uint16_t *ret_z)
 {
+	mn += 0.0f;
+	mx += 0.0f;
 	uint16_t z = kvq_f16_zero(mn);
 	*ret_z = z;
 	*ret_s = kvq_f16_scale((mx - kvq_f16_to_f32(z)) / qmax);

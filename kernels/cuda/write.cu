@@ -12,8 +12,8 @@
  * (fmt<F>).  The arithmetic is kvq_format.h's, so the bytes equal the CPU
  * seal's (kernels/cpu/write.c): that header has no expression a compiler
  * could contract into an FMA, min, max and |x| give the same result in any
- * order of reduction (but for the sign of a zero minimum or maximum where
- * +0 and -0 both occur: the CPU's too depends on its order), and a quotient
+ * order of reduction (a zero bound's sign, which does depend on it, is
+ * dropped by kvq_asym_params), and a quotient
  * taken by a reciprocal is used only where it provably rounds as the true
  * division (rint_by_recip).
  */

@@ -302,6 +302,18 @@ static void test_scale_zero(void)
 	   kvq_f16_zero(-1e9f) == 0xfbffu && kvq_f16_zero(-INFINITY) == 0xfbffu &&
 	   kvq_f16_zero(1e9f) == 0x7bffu && kvq_f16_zero(INFINITY) == 0x7bffu && kvq_f16_zero(-1e-30f) == 0x8001u,
 	   "f16_zero: -65504 and below (-inf too) give -65504; +inf gives 65504; tiny negative gives -2^-24");
+	{
+		/* a zero bound is +0 whichever zero the reduction returned (the
+		 * CPU's loop and the GPU's lanes reduce in different orders) */
+		uint16_t s[4], z[4];
+		kvq_asym_params(0.0f, 0.0f, 15.0f, &s[0], &z[0]);
+		kvq_asym_params(-0.0f, -0.0f, 15.0f, &s[1], &z[1]);
+		kvq_asym_params(-0.0f, 1.0f, 15.0f, &s[2], &z[2]);
+		kvq_asym_params(0.0f, 1.0f, 15.0f, &s[3], &z[3]);
+		ok(s[0] == s[1] && z[0] == z[1] && z[1] == 0 && s[2] == s[3] && z[2] == z[3] && z[2] == 0,
+		   "asym params: -0 and +0 bounds give the same bytes (zero 0x%04x/0x%04x, scale 0x%04x/0x%04x)",
+		   z[0], z[1], s[2], s[3]);
+	}
 }
 
 /* ======================================== part 2: seal every format */
