@@ -72,6 +72,7 @@ static float *k_center;       /* --k-center */
 static uint32_t k_center_hash;
 static double *k_sum;         /* calibrate */
 static bool want_k_sum;
+static struct model_cfg cfg;  /* the model file's shape (before the model loads) */
 
 static double now_s(void)
 {
@@ -103,20 +104,17 @@ struct kc_head {
 	uint64_t tokens, model_fp;
 };
 
-static void kc_geometry(uint32_t *layers, uint32_t *kv_heads, uint32_t *head_dim);
-
 /* Reads --k-center for this model (geometry, fingerprint and --rotate must
  * match the calibration). */
 static void read_k_center(void)
 {
 	struct kc_head h;
-	uint32_t L, H, D;
+	uint32_t L = cfg.layers, H = cfg.kv_heads, D = cfg.head_dim;
 	FILE *f = fopen(o.k_center, "rb");
 	size_t n;
 
 	if (!f)
 		die("--k-center %s: %s", o.k_center, strerror(errno));
-	kc_geometry(&L, &H, &D);
 	if (fread(&h, sizeof(h), 1, f) != 1 || memcmp(h.magic, KC_MAGIC, 8))
 		die("--k-center %s: not a kvq-run calibrate file", o.k_center);
 	if (h.layers != L || h.kv_heads != H || h.head_dim != D || h.model_fp != model_fp)
@@ -164,15 +162,12 @@ static void load(void)
 	if (r < 0)
 		die("%s", err);
 	model_fp = fingerprint();
+	if (model_read_cfg(gf, &cfg, err, sizeof(err)) < 0)
+		die("%s: %s", path, err);
 	if (o.k_center)
 		read_k_center();
-	if (want_k_sum) {
-		uint32_t L, H, D;
-
-		kc_geometry(&L, &H, &D);
-		if (!(k_sum = calloc((size_t)L * H * D, sizeof(double))))
-			die("%s", strerror(ENOMEM));
-	}
+	if (want_k_sum && !(k_sum = calloc((size_t)cfg.layers * cfg.kv_heads * cfg.head_dim, sizeof(double))))
+		die("%s", strerror(ENOMEM));
 	struct model_opts mo = { .max_batch = o.batch, .rotate = o.rotate, .k_center = k_center, .k_sum = k_sum,
 		.gpu = o.gpu ? o.device : -1 };
 	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, &mo, &md, err, sizeof(err)) < 0)
@@ -703,23 +698,7 @@ static int cmd_ab(void)
 	return 0;
 }
 
-/* ---------------------------------------------------------------- tokenize */
-
 /* ---------------------------------------------------------------- calibrate */
-
-static void kc_geometry(uint32_t *layers, uint32_t *kv_heads, uint32_t *head_dim)
-{
-	uint64_t L, H, E, Q;
-
-	/* read from the file: the model is not loaded yet */
-	if (gguf_get_uint(gf, "llama.block_count", &L) < 0 || gguf_get_uint(gf, "llama.attention.head_count_kv", &H) < 0 ||
-	    gguf_get_uint(gf, "llama.embedding_length", &E) < 0 || gguf_get_uint(gf, "llama.attention.head_count", &Q) < 0 ||
-	    !Q || L > 4096 || H > 4096 || E > (1u << 20))
-		die("model: no llama geometry");
-	*layers = (uint32_t)L;
-	*kv_heads = (uint32_t)H;
-	*head_dim = (uint32_t)(E / Q);
-}
 
 /* K's mean per layer, head and channel over FILE (FP16 KV, windows of
  * --ctx tokens), written to --out for --k-center. */
@@ -772,6 +751,8 @@ static int cmd_calibrate(void)
 	kv_close(&k);
 	return 0;
 }
+
+/* ---------------------------------------------------------------- tokenize */
 
 static int cmd_tokenize(void)
 {

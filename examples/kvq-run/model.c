@@ -52,46 +52,57 @@ static const struct gguf_tensor *want(const gguf_file *f, const char *name, uint
 	return t;
 }
 
-int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_model, char *err, size_t errlen)
+int model_read_cfg(const gguf_file *f, struct model_cfg *c, char *err, size_t errlen)
 {
-	const uint32_t max_batch = opts->max_batch;
+	const struct gguf_tensor *embd;
 	struct gguf_str arch;
-	struct model_cfg *c;
-	model *m;
-	int bad = 0, r;
-	size_t n;
+	int r;
 
 	if (gguf_get_str(f, "general.architecture", &arch) < 0 || arch.len != 5 || memcmp(arch.p, "llama", 5)) {
 		snprintf(err, errlen, "model: not a llama-architecture file");
 		return -EINVAL;
 	}
-	m = calloc(1, sizeof(*m));
-	if (!m)
-		return -ENOMEM;
-	c = &m->cfg;
 	if ((r = cfg_u32(f, "llama.block_count", &c->layers, err, errlen)) < 0 ||
 	    (r = cfg_u32(f, "llama.embedding_length", &c->dim, err, errlen)) < 0 ||
 	    (r = cfg_u32(f, "llama.attention.head_count", &c->heads, err, errlen)) < 0 ||
 	    (r = cfg_u32(f, "llama.attention.head_count_kv", &c->kv_heads, err, errlen)) < 0 ||
 	    (r = cfg_u32(f, "llama.feed_forward_length", &c->ffn, err, errlen)) < 0 ||
 	    (r = cfg_u32(f, "llama.context_length", &c->ctx, err, errlen)) < 0)
-		goto fail;
+		return r;
 	c->eps = 1e-5f;
 	c->rope_base = 10000.0f;
 	gguf_get_float(f, "llama.attention.layer_norm_rms_epsilon", &c->eps);
 	gguf_get_float(f, "llama.rope.freq_base", &c->rope_base);
-	r = -EINVAL;
 	if (c->dim % c->heads || c->heads % c->kv_heads || (c->dim / c->heads) % 16) {
 		snprintf(err, errlen, "model: unsupported head geometry");
-		goto fail;
+		return -EINVAL;
 	}
 	c->head_dim = c->dim / c->heads;
-	m->embd = gguf_tensor(f, "token_embd.weight");
-	if (!m->embd || m->embd->ne[0] != c->dim) {
+	embd = gguf_tensor(f, "token_embd.weight");
+	if (!embd || embd->ne[0] != c->dim) {
 		snprintf(err, errlen, "model: no token_embd.weight");
-		goto fail;
+		return -EINVAL;
 	}
-	c->vocab = (uint32_t)m->embd->rows;
+	c->vocab = (uint32_t)embd->rows;
+	return 0;
+}
+
+int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_model, char *err, size_t errlen)
+{
+	const uint32_t max_batch = opts->max_batch;
+	struct model_cfg *c;
+	model *m;
+	int bad = 0, r;
+	size_t n;
+
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	c = &m->cfg;
+	if ((r = model_read_cfg(f, c, err, errlen)) < 0)
+		goto fail;
+	r = -EINVAL;
+	m->embd = gguf_tensor(f, "token_embd.weight");
 	m->out_norm = want(f, "output_norm.weight", c->dim, 0, &bad, err, errlen);
 	/* tied embeddings when the file has no output.weight */
 	m->out = gguf_tensor(f, "output.weight") ? want(f, "output.weight", c->dim, c->vocab, &bad, err, errlen)
@@ -257,31 +268,13 @@ static void hadamard(float *x, size_t rows, uint32_t hd)
 	}
 }
 
-int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t n_out, float *logits)
+/* The layers on the CPU for the n tokens whose embeddings are in m->x. */
+static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 {
 	const struct model_cfg *c = &m->cfg;
-	uint32_t D = c->dim, kvd = c->kv_heads * c->head_dim, pos0 = kvq_seq_tokens(s);
+	const uint32_t D = c->dim, kvd = c->kv_heads * c->head_dim;
 	int r;
 
-	if (n == 0 || n > m->opt.max_batch || n_out > n)
-		return -EINVAL;
-	for (uint32_t t = 0; t < n; t++) {
-		if (tokens[t] >= c->vocab)
-			return -EINVAL;
-		mm_dequant_row(m->embd->type, m->embd->data + (size_t)tokens[t] * m->embd->row_bytes, D,
-			       m->x + (size_t)t * D);
-	}
-	r = kvq_seq_begin(s, tokens, n);
-	if (r < 0)
-		return r;
-#ifdef KVQ_WITH_CUDA
-	if (m->gpu) {
-		if ((r = gpu_fwd_layers(m->gpu, s, m->x, n, pos0, m->opt.rotate)) < 0 ||
-		    (r = kvq_seq_commit(s)) < 0)
-			return r;
-		return n_out ? gpu_fwd_logits(m->gpu, n, n_out, logits) : 0;
-	}
-#endif
 	for (uint32_t l = 0; l < c->layers; l++) {
 		const struct layer_w *w = &m->lw[l];
 
@@ -328,14 +321,48 @@ int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint
 		for (size_t i = 0; i < (size_t)n * D; i++)
 			m->x[i] += m->tmp[i];
 	}
-	r = kvq_seq_commit(s);
+	return 0;
+}
+
+/* Next-token logits of the last n_out of the n tokens in m->x. */
+static void cpu_logits(model *m, uint32_t n, uint32_t n_out, float *logits)
+{
+	const struct model_cfg *c = &m->cfg;
+	const float *xl = m->x + (size_t)(n - n_out) * c->dim;
+
+	rmsnorm(xl, (const float *)m->out_norm->data, n_out, c->dim, c->eps, m->xn);
+	mm_matmul(m->out, m->xn, n_out, logits);
+}
+
+int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t n_out, float *logits)
+{
+	const struct model_cfg *c = &m->cfg;
+	uint32_t D = c->dim, pos0 = kvq_seq_tokens(s);
+	int r;
+
+	if (n == 0 || n > m->opt.max_batch || n_out > n)
+		return -EINVAL;
+	for (uint32_t t = 0; t < n; t++) {
+		if (tokens[t] >= c->vocab)
+			return -EINVAL;
+		mm_dequant_row(m->embd->type, m->embd->data + (size_t)tokens[t] * m->embd->row_bytes, D,
+			       m->x + (size_t)t * D);
+	}
+	r = kvq_seq_begin(s, tokens, n);
 	if (r < 0)
 		return r;
-	if (n_out) {
-		const float *xl = m->x + (size_t)(n - n_out) * D;
-
-		rmsnorm(xl, (const float *)m->out_norm->data, n_out, D, c->eps, m->xn);
-		mm_matmul(m->out, m->xn, n_out, logits);
-	}
+#ifdef KVQ_WITH_CUDA
+	if (m->gpu)
+		r = gpu_fwd_layers(m->gpu, s, m->x, n, pos0, m->opt.rotate);
+	else
+#endif
+		r = cpu_layers(m, s, n, pos0);
+	if (r < 0 || (r = kvq_seq_commit(s)) < 0 || !n_out)
+		return r;
+#ifdef KVQ_WITH_CUDA
+	if (m->gpu)
+		return gpu_fwd_logits(m->gpu, n, n_out, logits);
+#endif
+	cpu_logits(m, n, n_out, logits);
 	return 0;
 }

@@ -51,6 +51,10 @@ struct model_opts {
 
 typedef struct model model;
 
+/* The shape of the model in f (general.architecture "llama") without
+ * loading it.  Returns 0, or -EINVAL (err says why). */
+int model_read_cfg(const gguf_file *f, struct model_cfg *c, char *err, size_t errlen);
+
 /* The model in f (general.architecture "llama").  Returns 0 and
  * *ret_model, -EINVAL (missing or misshapen tensors; err says which),
  * -ENOTSUP, -ENODEV/-EIO (the GPU path could not start; err says why) or
