@@ -373,57 +373,63 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 	}
 }
 
+/* y[t] = x[t] * s[t] for t < n (n a multiple of 8) */
+static ALWAYS_INLINE void mul_rows(float *y, const float *x, const float *s, uint32_t n)
+{
+	for (uint32_t t = 0; t < n; t += 8)
+		_mm256_store_ps(y + t, _mm256_mul_ps(_mm256_loadu_ps(x + t), _mm256_loadu_ps(s + t)));
+}
+
 /*
  * V of a sealed block (stored transposed: dimension-major) into the 4 rows'
  * accumulators, two dimensions at a time.  Per-token scales are folded into
  * the probabilities once per block, group scales once per group, and a
- * group's zero adds sum_t p_t z_t to each of its dimensions.
+ * group's zero adds sum_t p_t z_t to each of its dimensions.  B is a
+ * compile-time constant for the default block size (the token loop unrolls).
  */
 static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p, size_t ldp, float *accT,
-					const int F, const int KIND)
+					const int F, const int KIND, const uint32_t B)
 {
-	const uint32_t B = b->B, D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->vgroup : D;
+	const uint32_t D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->vgroup : D;
 	const unsigned bits = kvq_fmt_bits(F);
 	float pp[4 * KVQ_MAX_BLOCK_TOKENS] __attribute__((aligned(32)));
-	float zt[4] __attribute__((aligned(16))) = { 0, 0, 0, 0 };
 	const float *x = p;
 	size_t ld = ldp;
 
 	if (KIND == KVQ_PARAM_TOKEN) {
 		for (uint32_t r = 0; r < 4; r++)
-			for (uint32_t t = 0; t < B; t++)
-				pp[r * B + t] = p[r * ldp + t] * b->vs[t];
+			mul_rows(pp + r * B, p + r * ldp, b->vs, B);
 		x = pp;
 		ld = B;
 	}
 	for (uint32_t g0 = 0; g0 < D; g0 += G) {
-		__m128 z4;
+		__m256 z8 = _mm256_setzero_ps();
 		if (KIND == KVQ_PARAM_GROUP) {
 			uint32_t base = kvq_param_index(KVQ_PARAM_GROUP, G, 1, 0, g0, B, D);
+			__m256 zr[4];
 			for (uint32_t r = 0; r < 4; r++) {
-				float z = 0.0f;
-				for (uint32_t t = 0; t < B; t++) {
-					pp[r * B + t] = p[r * ldp + t] * b->vs[base + t];
-					z += p[r * ldp + t] * b->vz[base + t];
-				}
-				zt[r] = z;
+				__m256 acc = _mm256_setzero_ps();
+				mul_rows(pp + r * B, p + r * ldp, b->vs + base, B);
+				for (uint32_t t = 0; t < B; t += 8)
+					acc = _mm256_fmadd_ps(_mm256_loadu_ps(p + r * ldp + t),
+							      _mm256_loadu_ps(b->vz + base + t), acc);
+				zr[r] = acc;
 			}
+			__m128 z4 = hsum4(zr[0], zr[1], zr[2], zr[3]);
+			z8 = _mm256_set_m128(z4, z4);
 			x = pp;
 			ld = B;
 		}
-		z4 = _mm_load_ps(zt);
 		for (uint32_t d = g0; d < g0 + G; d += 2) {
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
 			__m256 h = dot2x4(F, ra, rb, 0, B, x, ld);
-			_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4), h));
 			if (KIND == KVQ_PARAM_GROUP)
-				_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4),
-									    _mm256_set_m128(z4, z4)));
+				h = _mm256_add_ps(h, z8);
+			_mm256_storeu_ps(accT + d * 4, _mm256_add_ps(_mm256_loadu_ps(accT + d * 4), h));
 		}
 	}
 }
-
 
 /* One place turns (format, parameter kind) into the constants above. */
 #define FORMAT_DISPATCH(fmt, CALL)                                                       \
@@ -449,8 +455,14 @@ static void k_scores4(const struct kvq_blk *b, const float *q, uint32_t tmax, fl
 
 static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *accT)
 {
-#define V_CALL(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1))
-	FORMAT_DISPATCH(b->vfmt, V_CALL)
+#define V_CALL(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), b->B)
+#define V_CALL32(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), 32)
+	if (b->B == 32) {
+		FORMAT_DISPATCH(b->vfmt, V_CALL32)
+	} else {
+		FORMAT_DISPATCH(b->vfmt, V_CALL)
+	}
+#undef V_CALL32
 #undef V_CALL
 }
 
