@@ -27,6 +27,7 @@
 #define MAXB KVQ_MAX_BLOCK_TOKENS
 #define MAXP (MAXB * MAXD / 32u)   /* most parameter entries of one head slice */
 #define SCRATCH_MAX (4u << 20)     /* bytes of per-thread tile states, at most */
+#define PF_AHEAD 2u  /* decode prefetches the head slice this many slices ahead */
 
 /* The running state of one tile: up to TM query rows of one KV head. */
 struct tile {
@@ -188,8 +189,8 @@ static void softmax_row(struct work *w, struct tile *tl, uint32_t i, uint32_t bl
 }
 
 /*
- * Block blk of sequence s for tile t.  next: the head slice the caller reads
- * after this one (prefetched during the K loop), or NULL.
+ * Block blk of sequence s for tile t.  next: a head slice the caller reads
+ * soon (prefetched during the K and V loops), or NULL.
  */
 static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq *s, uint32_t blk,
 		       const uint8_t *next)
@@ -240,6 +241,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 		const float *p = t->sc + qd * 4 * B;
 		float *accT = t->accT + qd * D * 4;
 		if (sealed) {
+			w->blk.next = qd == 0 ? next : NULL;
 			w->ops->v_accum4(&w->blk, p, B, accT);
 			continue;
 		}
@@ -287,7 +289,7 @@ static int seq_heads_inside(struct work *w, const struct kvq_attn_seq *s, uint32
 	for (uint32_t blk = 0; blk < nblk; blk++)
 		for (uint32_t h = 0; h < H; h++)
 			tile_block(w, &tiles[h], s, blk,
-				   h + 1 < H ? sealed_slice(w, s, blk, h + 1) : sealed_slice(w, s, blk + 1, 0));
+				   sealed_slice(w, s, blk + (h + PF_AHEAD) / H, (h + PF_AHEAD) % H));
 	for (uint32_t h = 0; h < H; h++)
 		tile_end(w, &tiles[h], out, qrow0);
 	return 0;

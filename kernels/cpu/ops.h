@@ -16,9 +16,9 @@ struct kvq_blk {
 	uint32_t B, D;
 	const uint8_t *kc, *vc;
 	const float *ks, *kz, *vs, *vz;
-	/* the next head slice the caller will read (NULL if none): the K loop
-	 * prefetches it, spread over its iterations so the misses stay within
-	 * the line-fill buffers */
+	/* a head slice the caller will read soon (NULL if none): the K loop
+	 * prefetches its first half and the V loop its second, spread over
+	 * their iterations so the misses stay within the line-fill buffers */
 	const uint8_t *next;
 	uint32_t next_bytes;
 };

@@ -251,13 +251,23 @@ static ALWAYS_INLINE void dec16(int F, const uint8_t *row, uint32_t e, __m256 *l
 	}
 }
 
-/* Prefetch step i of n over [p, p + bytes): about bytes / 64 / n lines. */
-static inline void prefetch_step(const uint8_t *p, uint32_t bytes, uint32_t i, uint32_t n)
+/*
+ * The next head slice's lines are prefetched in two halves, the first
+ * spread over the K loop's tokens, the second over the V loop's dimension
+ * pairs: lines lo + i0 * per .. lo + i1 * per - 1 of [lo, hi).
+ */
+static inline void prefetch_steps(const uint8_t *p, uint32_t lo, uint32_t hi, uint32_t per, uint32_t i0, uint32_t i1)
 {
-	uint32_t lines = (bytes + 63) / 64, per = (lines + n - 1) / n;
+	uint32_t end = lo + i1 * per < hi ? lo + i1 * per : hi;
 
-	for (uint32_t l = i * per; l < (i + 1) * per && l < lines; l++)
-		_mm_prefetch((const char *)p + l * 64, _MM_HINT_T0);
+	for (uint32_t l = lo + i0 * per; l < end; l++)
+		_mm_prefetch((const char *)p + (size_t)l * 64, _MM_HINT_T0);
+}
+
+/* Lines of the next head slice, or 0 when there is none. */
+static inline uint32_t next_lines(const struct kvq_blk *b)
+{
+	return b->next ? (b->next_bytes + 63) / 64 : 0;
 }
 
 /* Eight horizontal sums at once: lane i of the result is the sum of v[i]. */
@@ -301,6 +311,50 @@ static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t 
 	return hsum8(a0, a1, a2, a3, b0, b1, b2, b3);
 }
 
+/* Elements e .. e+7 of a row of an 8- or 16-bit format. */
+static ALWAYS_INLINE __m256 dec8(int F, const uint8_t *row, uint32_t e)
+{
+	switch (F) {
+	case KVQ_FMT_F16: return dec8_f16(row + 2 * e);
+	case KVQ_FMT_BF16: return dec8_bf16(row + 2 * e);
+	case KVQ_FMT_INT8: return dec8_int8(row + e);
+	case KVQ_FMT_FP8: return dec8_e4m3(row + e);
+	default: return dec8_e5m2(row + e);
+	}
+}
+
+/*
+ * As dot2x4 for three code rows of an 8- or 16-bit format, 8 elements a
+ * step: twelve accumulators, three code vectors and one x vector fill the
+ * sixteen registers, and each x load serves three FMAs.  ret[k] holds
+ * [k.x0 k.x1 k.x2 k.x3].
+ */
+static ALWAYS_INLINE void dot3x4(const int F, const uint8_t *a, const uint8_t *b, const uint8_t *c, uint32_t n,
+				 const float *x, size_t ldx, __m128 ret[3])
+{
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	__m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+	__m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+
+	for (uint32_t e = 0; e < n; e += 8) {
+		__m256 av = dec8(F, a, e), bv = dec8(F, b, e), cv = dec8(F, c, e), xv;
+#define ROW(r, A, B_, C)                                   \
+		xv = _mm256_loadu_ps(x + (r) * ldx + e);  \
+		A = _mm256_fmadd_ps(av, xv, A);          \
+		B_ = _mm256_fmadd_ps(bv, xv, B_);        \
+		C = _mm256_fmadd_ps(cv, xv, C);
+		ROW(0, a0, b0, c0)
+		ROW(1, a1, b1, c1)
+		ROW(2, a2, b2, c2)
+		ROW(3, a3, b3, c3)
+#undef ROW
+	}
+	__m256 ab = hsum8(a0, a1, a2, a3, b0, b1, b2, b3);
+	ret[0] = _mm256_castps256_ps128(ab);
+	ret[1] = _mm256_extractf128_ps(ab, 1);
+	ret[2] = hsum4(c0, c1, c2, c3);
+}
+
 /*
  * Scores of 4 query rows against a sealed block's K, two tokens at a time.
  * Scales stay out of the inner product (KERNELS.md): per-token scales
@@ -337,10 +391,31 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 				qsum[g0 / G * 4 + r] = acc;
 			}
 	}
-	for (uint32_t t = 0; t < tmax; t += 2) {
+	const uint32_t half = next_lines(b) / 2, per_tok = (half + tmax - 1) / tmax;
+	uint32_t t = 0;
+
+	if (bits >= 8 && KIND != KVQ_PARAM_GROUP && KIND != KVQ_PARAM_CHANNEL) {
+		for (; t + 3 <= tmax; t += 3) {
+			const uint8_t *r0 = b->kc + (size_t)kvq_k_elem(t, 0, B, D) * bits / 8;
+			__m128 h[3];
+			if (half)
+				prefetch_steps(b->next, 0, half, per_tok, t, t + 3);
+			dot3x4(F, r0, r0 + (size_t)D * bits / 8, r0 + (size_t)2 * D * bits / 8, D, q, D, h);
+			for (uint32_t k = 0; k < 3; k++) {
+				__m128 v = h[k];
+				if (KIND == KVQ_PARAM_TOKEN)
+					v = _mm_mul_ps(v, _mm_set1_ps(b->ks[t + k]));
+				_mm_store_ss(sc + t + k, v);
+				_mm_store_ss(sc + ldsc + t + k, _mm_shuffle_ps(v, v, 1));
+				_mm_store_ss(sc + 2 * ldsc + t + k, _mm_shuffle_ps(v, v, 2));
+				_mm_store_ss(sc + 3 * ldsc + t + k, _mm_shuffle_ps(v, v, 3));
+			}
+		}
+	}
+	for (; t < tmax; t += 2) {
 		uint32_t u = t + 1 < tmax ? t + 1 : t;   /* an odd tail computes its token twice */
-		if (b->next)
-			prefetch_step(b->next, b->next_bytes, t / 2, (tmax + 1) / 2);
+		if (half)
+			prefetch_steps(b->next, 0, half, per_tok, t, t + 2);
 		const uint8_t *ra = b->kc + (size_t)kvq_k_elem(t, 0, B, D) * bits / 8;
 		const uint8_t *rb = b->kc + (size_t)kvq_k_elem(u, 0, B, D) * bits / 8;
 		__m128 bias4 = _mm_load_ps(bias);
@@ -395,6 +470,7 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 	float pp[4 * KVQ_MAX_BLOCK_TOKENS] __attribute__((aligned(32)));
 	const float *x = p;
 	size_t ld = ldp;
+	const uint32_t all = next_lines(b), half = all / 2, per_pair = (all - half + D / 2 - 1) / (D / 2);
 
 	if (KIND == KVQ_PARAM_TOKEN) {
 		for (uint32_t r = 0; r < 4; r++)
@@ -421,6 +497,8 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 			ld = B;
 		}
 		for (uint32_t d = g0; d < g0 + G; d += 2) {
+			if (all)
+				prefetch_steps(b->next, half, all, per_pair, d / 2, d / 2 + 1);
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
 			__m256 h = dot2x4(F, ra, rb, 0, B, x, ld);
