@@ -204,6 +204,15 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 	uint32_t tmax = t->last - blk * B + 1 < ntok ? t->last - blk * B + 1 : ntok;
 	const uint8_t *kc = NULL, *vc = NULL;
 
+	if (next) {
+		/* the parameters are read first, before any code: their lines go
+		 * ahead of the codes', which the K and V loops prefetch */
+		const struct kvq_layer_layout *ll = &L->layer[a->layer];
+		for (uint32_t o = 0; o < ll->size[KVQ_K_PARAMS]; o += 64)
+			__builtin_prefetch(next + ll->off[KVQ_K_PARAMS] - ll->off[KVQ_K_CODES] + o);
+		for (uint32_t o = 0; o < ll->size[KVQ_V_PARAMS]; o += 64)
+			__builtin_prefetch(next + ll->off[KVQ_V_PARAMS] - ll->off[KVQ_K_CODES] + o);
+	}
 	if (sealed) {
 		load_sealed(w, t->h, (uint32_t)s->sealed[blk]);
 	} else {
