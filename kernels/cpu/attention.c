@@ -46,6 +46,7 @@ struct work {
 	const struct kvq_layout *L;
 	struct kvq_blk blk;
 	int act_fmt;
+	uint32_t split;   /* S(n) of the sequence being worked on */
 	float row[MAXD];
 	float ks[MAXP], kz[MAXP], vs[MAXP], vz[MAXP];
 };
@@ -170,13 +171,12 @@ static void load_sealed(struct work *w, uint32_t h, uint32_t id)
 static void softmax_row(struct work *w, struct tile *tl, uint32_t i, uint32_t blk_start, uint32_t tmax)
 {
 	uint32_t B = w->L->block_tokens;
-	float *sc = tl->sc + i * B, bm = -INFINITY, nm;
+	float *sc = tl->sc + i * B, bm, nm;
 	uint32_t valid = tl->pos[i] < blk_start ? 0 : tl->pos[i] - blk_start + 1;
 
 	if (valid > tmax)
 		valid = tmax;
-	for (uint32_t t = 0; t < valid; t++)
-		bm = sc[t] > bm ? sc[t] : bm;
+	bm = w->ops->max(sc, valid);
 	for (uint32_t t = valid; t < B; t++)
 		sc[t] = 0.0f;
 	tl->alpha[i] = 1.0f;
@@ -198,7 +198,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 	const struct kvq_layout *L = w->L;
 	const struct kvq_attn *a = w->a;
 	uint32_t B = L->block_tokens, D = L->head_dim;
-	uint32_t S = kvq_layout_split(L, s->n);
+	uint32_t S = w->split;
 	int sealed = blk * B < S;
 	uint32_t ntok = sealed ? B : (s->n - blk * B < B ? s->n - blk * B : B);
 	uint32_t tmax = t->last - blk * B + 1 < ntok ? t->last - blk * B + 1 : ntok;
@@ -266,7 +266,7 @@ static const uint8_t *sealed_slice(struct work *w, const struct kvq_attn_seq *s,
 {
 	const struct kvq_layout *L = w->L;
 
-	if (blk * L->block_tokens >= kvq_layout_split(L, s->n))
+	if (blk * L->block_tokens >= w->split)
 		return NULL;
 	return (const uint8_t *)w->a->base +
 	       kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk], w->a->layer, h, KVQ_K_CODES);
@@ -380,6 +380,7 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
 		const struct kvq_attn_seq *s = &seqs[i];
 		uint32_t rows = s->n_q * (a->q_heads / L->kv_heads);
 		size_t need = tile_floats(L->head_dim, L->block_tokens) * L->kv_heads * sizeof(float);
+		w.split = kvq_layout_split(L, s->n);
 		if (rows > TM || need > SCRATCH_MAX || seq_heads_inside(&w, s, rows, q, out, qrow0) < 0)
 			seq_tiles(&w, s, rows, q, out, qrow0);
 		qrow0 += s->n_q;

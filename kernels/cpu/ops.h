@@ -45,6 +45,8 @@ struct kvq_cpu_ops {
 	void (*v_row4)(const float *row, const float *p, size_t ldp, uint32_t n, float *accT);
 	/* accT[d * 4 + r] *= al[r] for d < n (online-softmax rescale) */
 	void (*scale4)(float *accT, const float *al, uint32_t n);
+	/* the largest of x[0 .. n-1], -inf for n = 0 */
+	float (*max)(const float *x, uint32_t n);
 	/* x = exp(x - mx), returns the sum; -inf gives 0 */
 	float (*expsum)(float *x, float mx, uint32_t n);
 };

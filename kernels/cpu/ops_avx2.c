@@ -195,6 +195,23 @@ static inline __m256 exp8(__m256 x)
 	return _mm256_andnot_ps(zero_mask, y);
 }
 
+static float vmax(const float *x, uint32_t n)
+{
+	__m256 m8 = _mm256_set1_ps(-INFINITY);
+	uint32_t i = 0;
+	float m;
+
+	for (; i + 8 <= n; i += 8)
+		m8 = _mm256_max_ps(_mm256_loadu_ps(x + i), m8);   /* a NaN is passed over, as below */
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+	m = _mm_cvtss_f32(m4);
+	for (; i < n; i++)
+		m = x[i] > m ? x[i] : m;
+	return m;
+}
+
 static float expsum(float *x, float mx, uint32_t n)
 {
 	__m256 m = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
@@ -573,5 +590,6 @@ const struct kvq_cpu_ops kvq_cpu_ops_avx2 = {
 	.v_accum4 = v_accum4,
 	.v_row4 = v_row4,
 	.scale4 = scale4,
+	.max = vmax,
 	.expsum = expsum,
 };

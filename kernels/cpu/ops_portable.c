@@ -62,6 +62,15 @@ static void params(const uint8_t *p, int kind, uint32_t count, float *s, float *
 	}
 }
 
+static float vmax(const float *x, uint32_t n)
+{
+	float m = -INFINITY;
+
+	for (uint32_t i = 0; i < n; i++)
+		m = x[i] > m ? x[i] : m;
+	return m;
+}
+
 static float expsum(float *x, float mx, uint32_t n)
 {
 	float sum = 0.0f;
@@ -157,5 +166,6 @@ const struct kvq_cpu_ops kvq_cpu_ops_portable = {
 	.v_accum4 = v_accum4,
 	.v_row4 = v_row4,
 	.scale4 = scale4,
+	.max = vmax,
 	.expsum = expsum,
 };
