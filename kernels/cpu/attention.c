@@ -225,6 +225,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 	for (uint32_t qd = 0; qd < t->nq; qd++) {
 		float *sc = t->sc + qd * 4 * B;
 		const float *qf = t->qf + qd * 4 * D;
+		w->blk.rows = t->mt - qd * 4 < 4 ? t->mt - qd * 4 : 4;
 		if (sealed) {
 			w->blk.next = qd == 0 ? next : NULL;   /* one prefetch per block */
 			w->ops->k_scores4(&w->blk, qf, tmax, sc, B);
@@ -251,6 +252,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 		float *accT = t->accT + qd * D * 4;
 		if (sealed) {
 			w->blk.next = qd == 0 ? next : NULL;
+			w->blk.rows = t->mt - qd * 4 < 4 ? t->mt - qd * 4 : 4;
 			w->ops->v_accum4(&w->blk, p, B, accT);
 			continue;
 		}
@@ -373,6 +375,7 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
 	w.blk.vs = w.vs;
 	w.blk.vz = w.vz;
 	w.blk.next = NULL;
+	w.blk.rows = 4;
 	w.blk.next_bytes = L->layer[a->layer].sealed_head;
 	w.act_fmt = L->act == KVQ_DT_BF16 ? KVQ_FMT_BF16 : KVQ_FMT_F16;
 

@@ -21,6 +21,9 @@ struct kvq_blk {
 	 * their iterations so the misses stay within the line-fill buffers */
 	const uint8_t *next;
 	uint32_t next_bytes;
+	/* query rows of the quad that are real (1-4); the rest are zero padding,
+	 * whose scores and accumulator lanes a kernel may leave at zero */
+	uint32_t rows;
 };
 
 /* Query rows are processed four at a time ("quads"); V accumulates in a

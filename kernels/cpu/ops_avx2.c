@@ -341,13 +341,13 @@ static ALWAYS_INLINE __m256 dec8(int F, const uint8_t *row, uint32_t e)
 }
 
 /*
- * As dot2x4 for three code rows of an 8- or 16-bit format, 8 elements a
- * step: twelve accumulators, three code vectors and one x vector fill the
- * sixteen registers, and each x load serves three FMAs.  ret[k] holds
- * [k.x0 k.x1 k.x2 k.x3].
+ * As dot2x4 for three code rows of an 8- or 16-bit format and R (3 or 4)
+ * float rows, 8 elements a step: up to twelve accumulators, three code
+ * vectors and one x vector fill the sixteen registers, and each x load serves
+ * three FMAs.  ret[k] holds [k.x0 k.x1 k.x2 k.x3] (0 for a row past R).
  */
-static ALWAYS_INLINE void dot3x4(const int F, const uint8_t *a, const uint8_t *b, const uint8_t *c, uint32_t n,
-				 const float *x, size_t ldx, __m128 ret[3])
+static ALWAYS_INLINE void dot3xR(const int F, const int R, const uint8_t *a, const uint8_t *b, const uint8_t *c,
+				 uint32_t n, const float *x, size_t ldx, __m128 ret[3])
 {
 	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 	__m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
@@ -363,7 +363,9 @@ static ALWAYS_INLINE void dot3x4(const int F, const uint8_t *a, const uint8_t *b
 		ROW(0, a0, b0, c0)
 		ROW(1, a1, b1, c1)
 		ROW(2, a2, b2, c2)
-		ROW(3, a3, b3, c3)
+		if (R == 4) {
+			ROW(3, a3, b3, c3)
+		}
 #undef ROW
 	}
 	__m256 ab = hsum8(a0, a1, a2, a3, b0, b1, b2, b3);
@@ -380,7 +382,7 @@ static ALWAYS_INLINE void dot3x4(const int F, const uint8_t *a, const uint8_t *b
  * once per block.
  */
 static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q, uint32_t tmax,
-					 float *sc, size_t ldsc, const int F, const int KIND)
+					 float *sc, size_t ldsc, const int F, const int KIND, const int R)
 {
 	const uint32_t B = b->B, D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->kgroup : D;
 	const unsigned bits = kvq_fmt_bits(F);
@@ -417,7 +419,7 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 			__m128 h[3];
 			if (half)
 				prefetch_steps(b->next, 0, half, per_tok, t, t + 3);
-			dot3x4(F, r0, r0 + (size_t)D * bits / 8, r0 + (size_t)2 * D * bits / 8, D, q, D, h);
+			dot3xR(F, R, r0, r0 + (size_t)D * bits / 8, r0 + (size_t)2 * D * bits / 8, D, q, D, h);
 			for (uint32_t k = 0; k < 3; k++) {
 				__m128 v = h[k];
 				if (KIND == KVQ_PARAM_TOKEN)
@@ -480,7 +482,7 @@ static ALWAYS_INLINE void mul_rows(float *y, const float *x, const float *s, uin
  * compile-time constant for the default block size (the token loop unrolls).
  */
 static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p, size_t ldp, float *accT,
-					const int F, const int KIND, const uint32_t B)
+					const int F, const int KIND, const uint32_t B, const int R)
 {
 	const uint32_t D = b->D, G = KIND == KVQ_PARAM_GROUP ? b->vgroup : D;
 	const unsigned bits = kvq_fmt_bits(F);
@@ -513,7 +515,21 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 			x = pp;
 			ld = B;
 		}
-		for (uint32_t d = g0; d < g0 + G; d += 2) {
+		uint32_t d = g0;
+		if (R == 3 && bits >= 8 && KIND != KVQ_PARAM_GROUP) {
+			/* three dimensions a step, leaving an even rest for the pairs */
+			for (uint32_t tri = G / 3 - (G / 3) % 2; d < g0 + 3 * tri; d += 3) {
+				const uint8_t *r0 = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
+				__m128 h[3];
+				if (all)
+					prefetch_steps(b->next, half, all, per_pair, d / 2, (d + 3) / 2);
+				dot3xR(F, 3, r0, r0 + (size_t)B * bits / 8, r0 + (size_t)2 * B * bits / 8, B, x, ld, h);
+				for (uint32_t k = 0; k < 3; k++)
+					_mm_storeu_ps(accT + (d + k) * 4,
+						      _mm_add_ps(_mm_loadu_ps(accT + (d + k) * 4), h[k]));
+			}
+		}
+		for (; d < g0 + G; d += 2) {
 			if (all)
 				prefetch_steps(b->next, half, all, per_pair, d / 2, d / 2 + 1);
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
@@ -541,24 +557,36 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 	default: break;                                                                  \
 	}
 
+/* Three-row quads (GQA 3, as SmolLM2's 9 query / 3 KV heads) skip the
+ * padding row's FMAs where the kernel has a three-row form. */
 static void k_scores4(const struct kvq_blk *b, const float *q, uint32_t tmax, float *sc, size_t ldsc)
 {
-#define K_CALL(F) k_scores4_impl(b, q, tmax, sc, ldsc, F, kvq_fmt_param_kind(F, 0))
-	FORMAT_DISPATCH(b->kfmt, K_CALL)
+#define K_CALL(F) k_scores4_impl(b, q, tmax, sc, ldsc, F, kvq_fmt_param_kind(F, 0), 4)
+#define K_CALL3(F) k_scores4_impl(b, q, tmax, sc, ldsc, F, kvq_fmt_param_kind(F, 0), 3)
+	if (b->rows == 3) {
+		FORMAT_DISPATCH(b->kfmt, K_CALL3)
+	} else {
+		FORMAT_DISPATCH(b->kfmt, K_CALL)
+	}
 #undef K_CALL
+#undef K_CALL3
 }
 
 static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float *accT)
 {
-#define V_CALL(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), b->B)
-#define V_CALL32(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), 32)
-	if (b->B == 32) {
+#define V_CALL(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), b->B, 4)
+#define V_CALL32(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), 32, 4)
+#define V_CALL32R3(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), 32, 3)
+	if (b->B == 32 && b->rows == 3) {
+		FORMAT_DISPATCH(b->vfmt, V_CALL32R3)
+	} else if (b->B == 32) {
 		FORMAT_DISPATCH(b->vfmt, V_CALL32)
 	} else {
 		FORMAT_DISPATCH(b->vfmt, V_CALL)
 	}
-#undef V_CALL32
 #undef V_CALL
+#undef V_CALL32
+#undef V_CALL32R3
 }
 
 static void v_row4(const float *row, const float *p, size_t ldp, uint32_t n, float *accT)

@@ -751,6 +751,11 @@ int main(void)
 		{ "k=int8,v=int4g32", 1, 2, 8, 128, 32, 1, BF16, F16,  F32,  1, 0 },
 		{ "0:int8;1:kivi2",   2, 1, 4, 64,  16, 4, F16,  F32,  F16,  1, 0 },
 		{ "k=kivi2,v=int8",   1, 2, 1, 128, 32, 4, F16,  F32,  F32,  1, 0 },
+		/* g = 3 with B = 32: the vector path's three-row K and V loops */
+		{ "int8",             1, 3, 3, 64,  32, 1, F16,  F32,  F32,  1, 0 },
+		{ "fp8",              1, 2, 3, 128, 32, 4, BF16, F16,  BF16, 1, 0 },
+		{ "k=bf16,v=fp8e5m2", 1, 1, 3, 64,  32, 1, BF16, BF16, F32,  0, 0 },
+		{ "k=int8,v=f16",     1, 2, 3, 128, 32, 1, F16,  F32,  F16,  1, 0 },
 	};
 	struct timespec t0, t1;
 
