@@ -105,6 +105,7 @@ struct result {
 
 struct membw {
 	double read1, readn, copy1, copyn;   /* GB/s */
+	double fma1, fman;                   /* G vector (8-lane) FMAs per second; 0 without AVX2 */
 	double bytes;
 	double cpu_share;
 };
@@ -483,12 +484,53 @@ static void copy_job(void *arg, unsigned idx, unsigned n)
 	memcpy(j->buf + half + a, j->buf + a, b - a);
 }
 
+#ifdef BENCH_X86
+#define FMA_STEPS (1u << 21)   /* loop turns of one FMA job: 12 FMAs each */
+
+/* Twelve independent FMA chains per thread: the machine's FMA rate, which
+ * bounds decode's floating-point work the way the read pass bounds its
+ * memory traffic. */
+__attribute__((target("avx2,fma"))) static void fma_job(void *arg, unsigned idx, unsigned n)
+{
+	__m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f), s = _mm256_set1_ps(0.01f * (float)idx);
+	/* distinct starting values: equal chains would be merged into one */
+#define START(k) _mm256_add_ps(s, _mm256_set1_ps(0.001f * (k)))
+	__m256 a0 = START(0), a1 = START(1), a2 = START(2), a3 = START(3), a4 = START(4), a5 = START(5);
+	__m256 a6 = START(6), a7 = START(7), a8 = START(8), a9 = START(9), a10 = START(10), a11 = START(11);
+#undef START
+	float lane[8];
+
+	(void)arg;
+	(void)n;
+	for (unsigned i = 0; i < FMA_STEPS; i++) {
+		a0 = _mm256_fmadd_ps(a0, x, y);
+		a1 = _mm256_fmadd_ps(a1, x, y);
+		a2 = _mm256_fmadd_ps(a2, x, y);
+		a3 = _mm256_fmadd_ps(a3, x, y);
+		a4 = _mm256_fmadd_ps(a4, x, y);
+		a5 = _mm256_fmadd_ps(a5, x, y);
+		a6 = _mm256_fmadd_ps(a6, x, y);
+		a7 = _mm256_fmadd_ps(a7, x, y);
+		a8 = _mm256_fmadd_ps(a8, x, y);
+		a9 = _mm256_fmadd_ps(a9, x, y);
+		a10 = _mm256_fmadd_ps(a10, x, y);
+		a11 = _mm256_fmadd_ps(a11, x, y);
+	}
+	a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+			   _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+	a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+	_mm256_storeu_ps(lane, a0);
+	__atomic_fetch_add(&sink, (uint64_t)lane[0], __ATOMIC_RELAXED);
+}
+#endif
+
 static int measure_memory(struct team *t, const struct cfg *c, double bytes, struct membw *m)
 {
 	size_t len = ((size_t)bytes + 2 * PAGE * c->threads - 1) / (2 * PAGE * c->threads) * (2 * PAGE * c->threads);
 	struct memjob j = { .len = len, .avx2 = c->read_avx2 };
 	struct share sh = { 0 };
 
+	m->fma1 = m->fman = 0.0;
 	j.buf = map_anon(len);
 	if (!j.buf) {
 		fprintf(stderr, PROG ": cannot map %zu bytes for the read pass\n", len);
@@ -503,6 +545,13 @@ static int measure_memory(struct team *t, const struct cfg *c, double bytes, str
 	m->readn = c->threads > 1 ? measure(t, c->threads, read_job, &j, (double)len, c, 0, &sh) : m->read1;
 	m->copy1 = measure(t, 1, copy_job, &j, (double)len, c, 0, &sh);
 	m->copyn = c->threads > 1 ? measure(t, c->threads, copy_job, &j, (double)len, c, 0, &sh) : m->copy1;
+#ifdef BENCH_X86
+	if (c->read_avx2) {
+		double per = 12.0 * FMA_STEPS;
+		m->fma1 = measure(t, 1, fma_job, NULL, per, c, 0, &sh);
+		m->fman = c->threads > 1 ? measure(t, c->threads, fma_job, NULL, per * c->threads, c, 0, &sh) : m->fma1;
+	}
+#endif
 	m->cpu_share = share_of(&sh);
 	munmap(j.buf, len);
 	return 0;
@@ -782,6 +831,20 @@ static double size_target(int fmt, uint32_t D)
 
 #define BW_TARGET 0.5   /* int8 decode, all threads, against the read pass */
 
+/*
+ * Decode's floating-point work is g FMAs per KV element (each of the g
+ * query rows of a KV head multiplies every K and every V element once), so
+ * fma vector FMAs per second bound it at fma * 8 / g elements per second;
+ * returned in GB/s of the format's bytes.  0 when the FMA rate is unknown.
+ */
+static double fma_bound(const struct result *r, double fma)
+{
+	double g = (double)r->g->q_heads / r->g->kv_heads;
+	double bytes_per_elem = r->bpt_layer / (2.0 * r->g->kv_heads * r->g->head_dim);
+
+	return fma * 8.0 / g * bytes_per_elem;
+}
+
 static const char *size_check(const struct result *r)
 {
 	double t = size_target(r->fmt, r->g->head_dim);
@@ -809,6 +872,9 @@ static void print_table(const struct cfg *c, const struct membw *m, const struct
 	       "memcpy (read+written) %.2f GB/s 1 thread, %.2f GB/s %u threads; CPU share %.0f%%\n",
 	       m->bytes / (1 << 20), m->read1, m->readn, c->threads, m->copy1, m->copyn, c->threads,
 	       100.0 * m->cpu_share);
+	if (m->fman > 0.0)
+		printf("FMA (AVX2, 12 independent chains): %.2f G vector FMAs/s 1 thread, %.2f %u threads\n", m->fma1,
+		       m->fman, c->threads);
 	for (unsigned gi = 0; gi < NGEOMS; gi++)
 		printf("workload %-13s L=%u, %u query / %u KV heads, D=%u: %u sequences x %u tokens, n_q=1, "
 		       "f32 q/out, layer %u timed\n",
@@ -816,19 +882,22 @@ static void print_table(const struct cfg *c, const struct membw *m, const struct
 		       pl[gi].nseq, pl[gi].n, geoms[gi].layers / 2);
 	printf("\nGB/s = 1e9 bytes of KV read per second.  \"decode\" and \"/read\": all %u threads "
 	       "(JSON cpu_decode_gbps, ratio_to_read_bw);\n\"1t\": one thread.  \"/read\" = decode / "
-	       "read-only pass of the same thread count.\n\"cpu\": CPU time the timed runs got / what their "
+	       "read-only pass of the same thread count.\n\"/fma\" = decode / (FMA rate x 8 / g): decode does g FMAs per KV element (g query heads per KV\nhead), so the FMA rate of the same thread count bounds it as the read pass does (all threads).\n\"cpu\": CPU time the timed runs got / what their "
 	       "threads could use; well under 100%%, other processes\nshared the CPUs and the row's figures are low.\n\n",
 	       c->threads);
-	printf("%-13s %-9s %9s %9s %7s %9s %9s %7s %7s %7s %5s %5s %5s\n", "geometry", "format", "B/token",
-	       "B/tok/lyr", "/f16", "KV MiB", "decode", "/read", "1t", "/read1t", "cpu", "size", "bw");
+	printf("%-13s %-9s %9s %9s %7s %9s %9s %7s %7s %7s %7s %5s %5s %5s\n", "geometry", "format", "B/token",
+	       "B/tok/lyr", "/f16", "KV MiB", "decode", "/read", "/fma", "1t", "/read1t", "cpu", "size", "bw");
 	for (unsigned i = 0; i < nres; i++) {
 		const struct result *r = &res[i];
 		const char *sc = size_check(r), *bc = bw_check(r, m);
+		char fr[16] = "-";
 
-		printf("%-13s %-9s %9.0f %9.2f %7.4f %9.1f %9.2f %7.3f %7.2f %7.3f %4.0f%% %5s %5s\n", r->g->name,
-		       kvq_fmt_name(r->fmt), r->bpt, r->bpt_layer, r->ratio_f16, r->step_bytes / (1 << 20), r->decn,
-		       r->decn / m->readn, r->dec1, r->dec1 / m->read1, 100.0 * r->cpu_share, sc ? sc : "-",
-		       bc ? bc : "-");
+		if (m->fman > 0.0)
+			snprintf(fr, sizeof fr, "%.3f", r->decn / fma_bound(r, m->fman));
+		printf("%-13s %-9s %9.0f %9.2f %7.4f %9.1f %9.2f %7.3f %7s %7.2f %7.3f %4.0f%% %5s %5s\n",
+		       r->g->name, kvq_fmt_name(r->fmt), r->bpt, r->bpt_layer, r->ratio_f16, r->step_bytes / (1 << 20),
+		       r->decn, r->decn / m->readn, fr, r->dec1, r->dec1 / m->read1, 100.0 * r->cpu_share,
+		       sc ? sc : "-", bc ? bc : "-");
 	}
 	for (unsigned i = 0; i < nnotes; i++)
 		printf("note: %s\n", notes[i]);
@@ -852,6 +921,9 @@ static void print_json(const struct cfg *c, const struct membw *m, const struct 
 		       i ? "," : "", kvq_fmt_name(r->fmt), r->g->name, r->bpt, r->ratio_f16, r->decn,
 		       r->decn / m->readn, r->bpt_layer, r->dec1, r->dec1 / m->read1, c->threads, m->readn,
 		       m->read1, m->copyn, m->copy1, r->step_bytes, r->nseq, r->n, kvq_cpu_isa(), r->cpu_share);
+		if (m->fman > 0.0)
+			printf(",\"fma_gvec_per_s\":%.4f,\"fma_bound_gbps\":%.4f,\"ratio_to_fma_bound\":%.4f", m->fman,
+			       fma_bound(r, m->fman), r->decn / fma_bound(r, m->fman));
 		if (sc)
 			printf(",\"size_check\":\"%s\"", sc);
 		if (bc)
