@@ -375,7 +375,9 @@ static ALWAYS_INLINE void dot3xR(const int F, const int R, const uint8_t *a, con
 }
 
 /*
- * Scores of 4 query rows against a sealed block's K, two tokens at a time.
+ * Scores of 4 query rows against a sealed block's K, three tokens at a time
+ * for the 8- and 16-bit formats (R of the rows real: 3 skips the padding
+ * row's FMAs), two at a time for the rest.
  * Scales stay out of the inner product (KERNELS.md): per-token scales
  * multiply the scores, group scales multiply each group's partial dot and add
  * zero * sum(q over the group), per-channel KIVI scales are folded into q
