@@ -492,34 +492,22 @@ static void copy_job(void *arg, unsigned idx, unsigned n)
  * memory traffic. */
 __attribute__((target("avx2,fma"))) static void fma_job(void *arg, unsigned idx, unsigned n)
 {
-	__m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f), s = _mm256_set1_ps(0.01f * (float)idx);
-	/* distinct starting values: equal chains would be merged into one */
-#define START(k) _mm256_add_ps(s, _mm256_set1_ps(0.001f * (k)))
-	__m256 a0 = START(0), a1 = START(1), a2 = START(2), a3 = START(3), a4 = START(4), a5 = START(5);
-	__m256 a6 = START(6), a7 = START(7), a8 = START(8), a9 = START(9), a10 = START(10), a11 = START(11);
-#undef START
+	__m256 a[12], x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f), sum = _mm256_setzero_ps();
 	float lane[8];
 
 	(void)arg;
 	(void)n;
+	/* distinct starting values: equal chains would be merged into one */
+	for (unsigned k = 0; k < 12; k++)
+		a[k] = _mm256_set1_ps(0.01f * (float)idx + 0.001f * (float)k);
 	for (unsigned i = 0; i < FMA_STEPS; i++) {
-		a0 = _mm256_fmadd_ps(a0, x, y);
-		a1 = _mm256_fmadd_ps(a1, x, y);
-		a2 = _mm256_fmadd_ps(a2, x, y);
-		a3 = _mm256_fmadd_ps(a3, x, y);
-		a4 = _mm256_fmadd_ps(a4, x, y);
-		a5 = _mm256_fmadd_ps(a5, x, y);
-		a6 = _mm256_fmadd_ps(a6, x, y);
-		a7 = _mm256_fmadd_ps(a7, x, y);
-		a8 = _mm256_fmadd_ps(a8, x, y);
-		a9 = _mm256_fmadd_ps(a9, x, y);
-		a10 = _mm256_fmadd_ps(a10, x, y);
-		a11 = _mm256_fmadd_ps(a11, x, y);
+#pragma GCC unroll 12
+		for (unsigned k = 0; k < 12; k++)
+			a[k] = _mm256_fmadd_ps(a[k], x, y);
 	}
-	a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-			   _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-	a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-	_mm256_storeu_ps(lane, a0);
+	for (unsigned k = 0; k < 12; k++)
+		sum = _mm256_add_ps(sum, a[k]);
+	_mm256_storeu_ps(lane, sum);
 	__atomic_fetch_add(&sink, (uint64_t)lane[0], __ATOMIC_RELAXED);
 }
 #endif
