@@ -909,9 +909,11 @@ static void print_json(const struct cfg *c, const struct membw *m, const struct 
 		       i ? "," : "", kvq_fmt_name(r->fmt), r->g->name, r->bpt, r->ratio_f16, r->decn,
 		       r->decn / m->readn, r->bpt_layer, r->dec1, r->dec1 / m->read1, c->threads, m->readn,
 		       m->read1, m->copyn, m->copy1, r->step_bytes, r->nseq, r->n, kvq_cpu_isa(), r->cpu_share);
-		if (m->fman > 0.0)
+		if (m->fman > 0.0) {
+			double fb = fma_bound(r, m->fman);
 			printf(",\"fma_gvec_per_s\":%.4f,\"fma_bound_gbps\":%.4f,\"ratio_to_fma_bound\":%.4f", m->fman,
-			       fma_bound(r, m->fman), r->decn / fma_bound(r, m->fman));
+			       fb, r->decn / fb);
+		}
 		if (sc)
 			printf(",\"size_check\":\"%s\"", sc);
 		if (bc)

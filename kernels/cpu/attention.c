@@ -188,6 +188,12 @@ static void softmax_row(struct work *w, struct tile *tl, uint32_t i, uint32_t bl
 	tl->mrow[i] = nm;
 }
 
+/* Real rows of quad qd of tile t (the rest are zero padding). */
+static uint32_t quad_rows(const struct tile *t, uint32_t qd)
+{
+	return t->mt - qd * 4 < 4 ? t->mt - qd * 4 : 4;
+}
+
 /*
  * Block blk of sequence s for tile t.  next: a head slice the caller reads
  * soon (prefetched during the K and V loops), or NULL.
@@ -225,9 +231,9 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 	for (uint32_t qd = 0; qd < t->nq; qd++) {
 		float *sc = t->sc + qd * 4 * B;
 		const float *qf = t->qf + qd * 4 * D;
-		w->blk.rows = t->mt - qd * 4 < 4 ? t->mt - qd * 4 : 4;
+		w->blk.rows = quad_rows(t, qd);
+		w->blk.next = qd == 0 ? next : NULL;   /* one prefetch per block */
 		if (sealed) {
-			w->blk.next = qd == 0 ? next : NULL;   /* one prefetch per block */
 			w->ops->k_scores4(&w->blk, qf, tmax, sc, B);
 		} else {
 			for (uint32_t tok = 0; tok < tmax; tok++) {
@@ -250,9 +256,9 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 	for (uint32_t qd = 0; qd < t->nq; qd++) {
 		const float *p = t->sc + qd * 4 * B;
 		float *accT = t->accT + qd * D * 4;
+		w->blk.rows = quad_rows(t, qd);
+		w->blk.next = qd == 0 ? next : NULL;
 		if (sealed) {
-			w->blk.next = qd == 0 ? next : NULL;
-			w->blk.rows = t->mt - qd * 4 < 4 ? t->mt - qd * 4 : 4;
 			w->ops->v_accum4(&w->blk, p, B, accT);
 			continue;
 		}

@@ -415,7 +415,7 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 	const uint32_t half = next_lines(b) / 2, per_tok = (half + tmax - 1) / tmax;
 	uint32_t t = 0;
 
-	if (bits >= 8 && KIND != KVQ_PARAM_GROUP && KIND != KVQ_PARAM_CHANNEL) {
+	if (bits >= 8) {   /* the 8- and 16-bit formats: per-token scales or none */
 		for (; t + 3 <= tmax; t += 3) {
 			const uint8_t *r0 = b->kc + (size_t)kvq_k_elem(t, 0, B, D) * bits / 8;
 			__m128 h[3];
@@ -518,7 +518,7 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 			ld = B;
 		}
 		uint32_t d = g0;
-		if (R == 3 && bits >= 8 && KIND != KVQ_PARAM_GROUP) {
+		if (R == 3 && bits >= 8) {
 			/* three dimensions a step, leaving an even rest for the pairs */
 			for (uint32_t tri = G / 3 - (G / 3) % 2; d < g0 + 3 * tri; d += 3) {
 				const uint8_t *r0 = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
