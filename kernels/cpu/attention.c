@@ -126,8 +126,13 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_attn_seq
 	for (uint32_t i = 0; i < rows; i++) {
 		t->mrow[i] = -INFINITY;
 		t->lsum[i] = 0.0f;
-		if (i >= t->mt) {   /* padding row: zero query, results dropped */
+		t->alpha[i] = 1.0f;
+		if (i >= t->mt) {
+			/* padding row: zero query, results dropped; no softmax runs
+			 * on it, so its probabilities stay 0 (a kernel may leave
+			 * its scores unwritten) */
 			memset(t->qf + i * D, 0, sizeof(float) * D);
+			memset(t->sc + i * w->L->block_tokens, 0, sizeof(float) * w->L->block_tokens);
 			t->pos[i] = t->pos[t->mt - 1];
 			continue;
 		}
@@ -183,7 +188,10 @@ static void softmax_row(struct work *w, struct tile *tl, uint32_t i, uint32_t bl
 	if (valid == 0)
 		return;
 	nm = tl->mrow[i] > bm ? tl->mrow[i] : bm;
-	tl->alpha[i] = tl->mrow[i] == -INFINITY ? 0.0f : expf(tl->mrow[i] - nm);
+	if (tl->mrow[i] == -INFINITY)
+		tl->alpha[i] = 0.0f;
+	else   /* past the first blocks the maximum seldom moves: exp(0) = 1 */
+		tl->alpha[i] = nm == tl->mrow[i] ? 1.0f : expf(tl->mrow[i] - nm);
 	tl->lsum[i] = tl->lsum[i] * tl->alpha[i] + w->ops->expsum(sc, nm, valid);
 	tl->mrow[i] = nm;
 }
@@ -243,8 +251,8 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 		}
 	}
 
-	/* mask, online softmax, rescale what was accumulated */
-	for (uint32_t i = 0; i < t->nq * 4; i++)
+	/* mask, online softmax (real rows only), rescale what was accumulated */
+	for (uint32_t i = 0; i < t->mt; i++)
 		softmax_row(w, t, i, blk * B, tmax);
 	for (uint32_t qd = 0; qd < t->nq; qd++) {
 		const float *al = t->alpha + qd * 4;

@@ -278,7 +278,7 @@ static inline void prefetch_steps(const uint8_t *p, uint32_t lo, uint32_t hi, ui
 	uint32_t end = lo + i1 * per < hi ? lo + i1 * per : hi;
 
 	for (uint32_t l = lo + i0 * per; l < end; l++)
-		_mm_prefetch((const char *)p + (size_t)l * 64, _MM_HINT_T0);
+		__builtin_prefetch(p + (size_t)l * 64);
 }
 
 /* Lines of the next head slice, or 0 when there is none. */
