@@ -271,20 +271,31 @@ static ALWAYS_INLINE void dec16(int F, const uint8_t *row, uint32_t e, __m256 *l
 /*
  * The next head slice's lines are prefetched in two halves, the first
  * spread over the K loop's tokens, the second over the V loop's dimension
- * pairs: lines lo + i0 * per .. lo + i1 * per - 1 of [lo, hi).
+ * pairs: a cursor over one half that each step advances by its share.
  */
-static inline void prefetch_steps(const uint8_t *p, uint32_t lo, uint32_t hi, uint32_t per, uint32_t i0, uint32_t i1)
-{
-	uint32_t end = lo + i1 * per < hi ? lo + i1 * per : hi;
+struct pf {
+	const uint8_t *p;
+	uint32_t left;   /* lines not yet prefetched */
+};
 
-	for (uint32_t l = lo + i0 * per; l < end; l++)
-		__builtin_prefetch(p + (size_t)l * 64);
+static inline struct pf pf_half(const struct kvq_blk *b, int second)
+{
+	uint32_t all = b->next ? (b->next_bytes + 63) / 64 : 0, half = all / 2;
+	struct pf c = { b->next, second ? all - half : half };
+
+	if (second)
+		c.p += (size_t)half * 64;
+	return c;
 }
 
-/* Lines of the next head slice, or 0 when there is none. */
-static inline uint32_t next_lines(const struct kvq_blk *b)
+static inline void pf_step(struct pf *c, uint32_t lines)
 {
-	return b->next ? (b->next_bytes + 63) / 64 : 0;
+	uint32_t n = lines < c->left ? lines : c->left;
+
+	for (uint32_t k = 0; k < n; k++)
+		__builtin_prefetch(c->p + (size_t)k * 64);
+	c->p += (size_t)n * 64;
+	c->left -= n;
 }
 
 /* Eight horizontal sums at once: lane i of the result is the sum of v[i]. */
@@ -412,15 +423,15 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 				qsum[g0 / G * 4 + r] = acc;
 			}
 	}
-	const uint32_t half = next_lines(b) / 2, per_tok = (half + tmax - 1) / tmax;
+	struct pf pf = pf_half(b, 0);
+	const uint32_t per_tok = (pf.left + tmax - 1) / tmax;
 	uint32_t t = 0;
 
 	if (bits >= 8) {   /* the 8- and 16-bit formats: per-token scales or none */
 		for (; t + 3 <= tmax; t += 3) {
 			const uint8_t *r0 = b->kc + (size_t)kvq_k_elem(t, 0, B, D) * bits / 8;
 			__m128 h[3];
-			if (half)
-				prefetch_steps(b->next, 0, half, per_tok, t, t + 3);
+			pf_step(&pf, 3 * per_tok);
 			dot3xR(F, R, r0, r0 + (size_t)D * bits / 8, r0 + (size_t)2 * D * bits / 8, D, q, D, h);
 			for (uint32_t k = 0; k < 3; k++) {
 				__m128 v = h[k];
@@ -435,8 +446,7 @@ static ALWAYS_INLINE void k_scores4_impl(const struct kvq_blk *b, const float *q
 	}
 	for (; t < tmax; t += 2) {
 		uint32_t u = t + 1 < tmax ? t + 1 : t;   /* an odd tail computes its token twice */
-		if (half)
-			prefetch_steps(b->next, 0, half, per_tok, t, t + 2);
+		pf_step(&pf, 2 * per_tok);
 		const uint8_t *ra = b->kc + (size_t)kvq_k_elem(t, 0, B, D) * bits / 8;
 		const uint8_t *rb = b->kc + (size_t)kvq_k_elem(u, 0, B, D) * bits / 8;
 		__m128 bias4 = _mm_load_ps(bias);
@@ -491,7 +501,8 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 	float pp[4 * KVQ_MAX_BLOCK_TOKENS] __attribute__((aligned(32)));
 	const float *x = p;
 	size_t ld = ldp;
-	const uint32_t all = next_lines(b), half = all / 2, per_pair = (all - half + D / 2 - 1) / (D / 2);
+	struct pf pf = pf_half(b, 1);
+	const uint32_t per_pair = (pf.left + D / 2 - 1) / (D / 2);
 
 	if (KIND == KVQ_PARAM_TOKEN) {
 		for (uint32_t r = 0; r < 4; r++)
@@ -523,8 +534,7 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 			for (uint32_t tri = G / 3 - (G / 3) % 2; d < g0 + 3 * tri; d += 3) {
 				const uint8_t *r0 = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 				__m128 h[3];
-				if (all)
-					prefetch_steps(b->next, half, all, per_pair, d / 2, (d + 3) / 2);
+				pf_step(&pf, (3 * per_pair + 1) / 2);
 				dot3xR(F, 3, r0, r0 + (size_t)B * bits / 8, r0 + (size_t)2 * B * bits / 8, B, x, ld, h);
 				for (uint32_t k = 0; k < 3; k++)
 					_mm_storeu_ps(accT + (d + k) * 4,
@@ -532,8 +542,7 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 			}
 		}
 		for (; d < g0 + G; d += 2) {
-			if (all)
-				prefetch_steps(b->next, half, all, per_pair, d / 2, d / 2 + 1);
+			pf_step(&pf, per_pair);
 			const uint8_t *ra = b->vc + (size_t)kvq_v_elem(0, d, B, D) * bits / 8;
 			const uint8_t *rb = b->vc + (size_t)kvq_v_elem(0, d + 1, B, D) * bits / 8;
 			__m256 h = dot2x4(F, ra, rb, 0, B, x, ld);
