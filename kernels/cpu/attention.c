@@ -128,9 +128,9 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_attn_seq
 		t->lsum[i] = 0.0f;
 		t->alpha[i] = 1.0f;
 		if (i >= t->mt) {
-			/* padding row: zero query, results dropped; no softmax runs
-			 * on it, so its probabilities stay 0 (a kernel may leave
-			 * its scores unwritten) */
+			/* padding row: zero query, its lanes dropped.  No softmax
+			 * runs on it: its probabilities are its scores, 0 from the
+			 * zero query or left unwritten (as here) by a three-row loop */
 			memset(t->qf + i * D, 0, sizeof(float) * D);
 			memset(t->sc + i * w->L->block_tokens, 0, sizeof(float) * w->L->block_tokens);
 			t->pos[i] = t->pos[t->mt - 1];

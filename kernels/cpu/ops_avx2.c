@@ -280,11 +280,13 @@ struct pf {
 
 static inline struct pf pf_half(const struct kvq_blk *b, int second)
 {
-	uint32_t all = b->next ? (b->next_bytes + 63) / 64 : 0, half = all / 2;
-	struct pf c = { b->next, second ? all - half : half };
+	struct pf c = { NULL, 0 };
 
-	if (second)
-		c.p += (size_t)half * 64;
+	if (b->next) {
+		uint32_t all = (b->next_bytes + 63) / 64, half = all / 2;
+		c.p = b->next + (second ? (size_t)half * 64 : 0);
+		c.left = second ? all - half : half;
+	}
 	return c;
 }
 
