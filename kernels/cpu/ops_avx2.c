@@ -234,36 +234,32 @@ static float expsum(float *x, float mx, uint32_t n)
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
+/* Elements e .. e+7 of a row of an 8- or 16-bit format. */
+static ALWAYS_INLINE __m256 dec8(int F, const uint8_t *row, uint32_t e)
+{
+	switch (F) {
+	case KVQ_FMT_F16: return dec8_f16(row + 2 * e);
+	case KVQ_FMT_BF16: return dec8_bf16(row + 2 * e);
+	case KVQ_FMT_INT8: return dec8_int8(row + e);
+	case KVQ_FMT_FP8: return dec8_e4m3(row + e);
+	default: return dec8_e5m2(row + e);
+	}
+}
+
 /* Elements e .. e+15 of a packed row -> two vectors of unscaled code values.
  * F is a compile-time constant in every caller. */
 static ALWAYS_INLINE void dec16(int F, const uint8_t *row, uint32_t e, __m256 *lo, __m256 *hi)
 {
 	switch (F) {
-	case KVQ_FMT_F16:
-		*lo = dec8_f16(row + 2 * e);
-		*hi = dec8_f16(row + 2 * e + 16);
-		break;
-	case KVQ_FMT_BF16:
-		*lo = dec8_bf16(row + 2 * e);
-		*hi = dec8_bf16(row + 2 * e + 16);
-		break;
-	case KVQ_FMT_INT8:
-		*lo = dec8_int8(row + e);
-		*hi = dec8_int8(row + e + 8);
-		break;
-	case KVQ_FMT_FP8:
-		*lo = dec8_e4m3(row + e);
-		*hi = dec8_e4m3(row + e + 8);
-		break;
-	case KVQ_FMT_FP8E5M2:
-		*lo = dec8_e5m2(row + e);
-		*hi = dec8_e5m2(row + e + 8);
-		break;
 	case KVQ_FMT_KIVI2:
 		dec16_u2(row + e / 4, lo, hi);
 		break;
-	default:   /* the 4-bit formats */
+	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128: case KVQ_FMT_KIVI4:
 		dec16_u4(row + e / 2, lo, hi);
+		break;
+	default:   /* the 8- and 16-bit formats */
+		*lo = dec8(F, row, e);
+		*hi = dec8(F, row, e + 8);
 		break;
 	}
 }
@@ -339,18 +335,6 @@ static ALWAYS_INLINE __m256 dot2x4(const int F, const uint8_t *a, const uint8_t 
 #undef ROW
 	}
 	return hsum8(a0, a1, a2, a3, b0, b1, b2, b3);
-}
-
-/* Elements e .. e+7 of a row of an 8- or 16-bit format. */
-static ALWAYS_INLINE __m256 dec8(int F, const uint8_t *row, uint32_t e)
-{
-	switch (F) {
-	case KVQ_FMT_F16: return dec8_f16(row + 2 * e);
-	case KVQ_FMT_BF16: return dec8_bf16(row + 2 * e);
-	case KVQ_FMT_INT8: return dec8_int8(row + e);
-	case KVQ_FMT_FP8: return dec8_e4m3(row + e);
-	default: return dec8_e5m2(row + e);
-	}
 }
 
 /*
