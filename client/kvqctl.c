@@ -10,6 +10,7 @@
  */
 #include <config.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
@@ -419,17 +420,123 @@ static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	}
 }
 
+/* ---------------------------------------------------------------- command line */
+
+/*
+ * The options every command takes, before the command or anywhere after it
+ * (kvqctl --json stats, kvqctl stats --json); a command's own options come
+ * after the command (pool create NAME --model ID ...).  "--" ends the
+ * options: every word after it is an argument.
+ */
+#define GLOBAL_SHORT "s:jhV"
+static const struct option global_opts[] = {
+	{ "socket", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
+	{ "help", no_argument, NULL, 'h' },         { "version", no_argument, NULL, 'V' },
+};
+#define N_GLOBAL (sizeof(global_opts) / sizeof(global_opts[0]))
+#define MAX_OPTS 32
+
+struct cmdline;
+
+struct command {
+	const char *name, *sub;        /* "pool", "create"; sub NULL: a one-word command */
+	const char *args;              /* the synopsis after the command's words */
+	const char *summary;           /* one line */
+	const char *details;           /* its options and more, for COMMAND --help (or NULL) */
+	const struct option *opts;     /* its own options, NULL-terminated (or NULL) */
+	int (*run)(struct cmdline *);
+};
+
+/* A command line being read: cmd_next() returns the command's options one
+ * at a time; at the end argc/argv hold the command's arguments. */
+struct cmdline {
+	const struct command *cmd;     /* NULL: before the command */
+	int argc, status;              /* status: the exit status after CL_EXIT */
+	char **argv;
+	struct option lo[MAX_OPTS + 1];
+};
+
+enum { CL_END = -1, CL_EXIT = -2 };
+
+static void usage(FILE *f);
+static void command_help(FILE *f, const struct command *c);
+
+/* The next option of the command (its val), CL_END when the options end
+ * (cl->argc/argv: the arguments), CL_EXIT when kvqctl should exit with
+ * cl->status (--help or --version printed, or a usage error). */
+static int cmd_next(struct cmdline *cl)
+{
+	for (;;) {
+		int ch = getopt_long(cl->argc, cl->argv, cl->cmd ? GLOBAL_SHORT : "+" GLOBAL_SHORT, cl->lo, NULL);
+
+		switch (ch) {
+		case -1:
+			cl->argc -= optind;
+			cl->argv += optind;
+			return CL_END;
+		case 's':
+			opt_socket = optarg;
+			continue;
+		case 'j':
+			opt_json = true;
+			continue;
+		case 'h':
+			if (cl->cmd)
+				command_help(stdout, cl->cmd);
+			else
+				usage(stdout);
+			cl->status = 0;
+			return CL_EXIT;
+		case 'V':
+			printf("kvqctl %s (protocol %u)\n", PACKAGE_VERSION, KVQ_PROTOCOL_VERSION);
+			cl->status = 0;
+			return CL_EXIT;
+		case '?':   /* getopt said which option */
+			if (cl->cmd)
+				fprintf(stderr, "Try 'kvqctl %s%s%s --help'.\n", cl->cmd->name, cl->cmd->sub ? " " : "",
+					cl->cmd->sub ? cl->cmd->sub : "");
+			else
+				fprintf(stderr, "Try 'kvqctl --help'.\n");
+			cl->status = 2;
+			return CL_EXIT;
+		default:
+			return ch;
+		}
+	}
+}
+
+/* A wrong number of arguments: the command's synopsis, exit status 2. */
+static int cmd_usage(const struct cmdline *cl)
+{
+	const struct command *c = cl->cmd;
+
+	return die("usage: kvqctl %s%s%s %s (kvqctl %s%s%s --help)", c->name, c->sub ? " " : "", c->sub ? c->sub : "",
+		   c->args, c->name, c->sub ? " " : "", c->sub ? c->sub : ""), 2;
+}
+
+/* For a command without options of its own: reads the global ones, then
+ * checks that min..max arguments follow.  -1 to go on, else the exit
+ * status. */
+static int cmd_args(struct cmdline *cl, int min, int max)
+{
+	if (cmd_next(cl) == CL_EXIT)
+		return cl->status;
+	if (cl->argc < min || cl->argc > max)
+		return cmd_usage(cl);
+	return -1;
+}
+
 /* ---------------------------------------------------------------- commands */
 
-static int cmd_stats(int argc, char **argv)
+static int cmd_stats(struct cmdline *cl)
 {
 	Kvq__Envelope *rep = NULL;
 	const Kvq__StatsReply *sr;
-	int r;
+	int r = cmd_args(cl, 0, 1);
 
-	if (argc > 2)
-		return die("stats takes at most one pool name"), 2;
-	r = get_stats(argc == 2 ? argv[1] : NULL, &rep);
+	if (r >= 0)
+		return r;
+	r = get_stats(cl->argc ? cl->argv[0] : NULL, &rep);
 	if (r)
 		return r;
 	sr = rep->stats_reply;
@@ -452,15 +559,15 @@ static int cmd_stats(int argc, char **argv)
 	return 0;
 }
 
-static int cmd_pools(int argc, char **argv)
+static int cmd_pools(struct cmdline *cl)
 {
 	Kvq__Envelope *rep = NULL;
 	const Kvq__StatsReply *sr;
 	char a[32], b[32], d[16];
-	int r;
+	int r = cmd_args(cl, 0, 0);
 
-	if (argc != 1)
-		return die("pools takes no arguments"), 2;
+	if (r >= 0)
+		return r;
 	r = get_stats(NULL, &rep);
 	if (r)
 		return r;
@@ -491,16 +598,16 @@ static int cmd_pools(int argc, char **argv)
 	return 0;
 }
 
-static int cmd_clients(int argc, char **argv)
+static int cmd_clients(struct cmdline *cl)
 {
 	Kvq__Envelope *rep = NULL;
 	const Kvq__StatsReply *sr;
 	char a[32];
-	int r;
+	int r = cmd_args(cl, 0, 1);
 
-	if (argc > 2)
-		return die("clients takes at most one pool name"), 2;
-	r = get_stats(argc == 2 ? argv[1] : NULL, &rep);
+	if (r >= 0)
+		return r;
+	r = get_stats(cl->argc ? cl->argv[0] : NULL, &rep);
 	if (r)
 		return r;
 	sr = rep->stats_reply;
@@ -556,18 +663,19 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *ret)
 	return 0;
 }
 
-/* evict POOL [N] and flush POOL (all that can go). */
-static int cmd_evict(int argc, char **argv, bool flush)
+/* evict POOL [N], and flush POOL (all that can go: no N). */
+static int cmd_evict(struct cmdline *cl)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Evict ev = KVQ__EVICT__INIT;
-	int r;
+	bool flush = !strcmp(cl->cmd->name, "flush");
+	int r = cmd_args(cl, 1, flush ? 1 : 2);
 
-	if (argc != 2 && !(argc == 3 && !flush))
-		return die(flush ? "usage: flush POOL" : "usage: evict POOL [BLOCKS]"), 2;
-	ev.pool = argv[1];
-	if (argc == 3 && parse_u32(argv[2], 1, UINT32_MAX, &ev.blocks) < 0)
-		return die("evict: '%s' is not a block count (1 or more)", argv[2]), 2;
+	if (r >= 0)
+		return r;
+	ev.pool = cl->argv[0];
+	if (cl->argc == 2 && parse_u32(cl->argv[1], 1, UINT32_MAX, &ev.blocks) < 0)
+		return die("evict: '%s' is not a block count (1 or more)", cl->argv[1]), 2;
 	e.body_case = KVQ__ENVELOPE__BODY_EVICT;
 	e.evict = &ev;
 	r = request(&e, KVQ__ENVELOPE__BODY_EVICT_REPLY, &rep);
@@ -652,18 +760,20 @@ static int parse_id_list(const char *s, bool group, uint32_t *ids, size_t *n)
 	return 0;
 }
 
-static int cmd_pool_create(int argc, char **argv)
+static const struct option pool_create_opts[] = {
+	{ "model", required_argument, NULL, 'm' },       { "layers", required_argument, NULL, 'L' },
+	{ "kv-heads", required_argument, NULL, 'H' },    { "head-dim", required_argument, NULL, 'D' },
+	{ "block-tokens", required_argument, NULL, 'B' }, { "policy", required_argument, NULL, 'p' },
+	{ "window", required_argument, NULL, 'w' },      { "window-dtype", required_argument, NULL, 't' },
+	{ "capacity", required_argument, NULL, 'c' },    { "sealed", required_argument, NULL, 'S' },
+	{ "open", required_argument, NULL, 'O' },        { "backend", required_argument, NULL, 'b' },
+	{ "device", required_argument, NULL, 'd' },      { "acl-uids", required_argument, NULL, 'u' },
+	{ "acl-gids", required_argument, NULL, 'g' },    { NULL, 0, NULL, 0 },
+};
+
+static int cmd_pool_create(struct cmdline *cl)
 {
-	static const struct option lo[] = {
-		{ "model", required_argument, NULL, 'm' },       { "layers", required_argument, NULL, 'L' },
-		{ "kv-heads", required_argument, NULL, 'H' },    { "head-dim", required_argument, NULL, 'D' },
-		{ "block-tokens", required_argument, NULL, 'B' }, { "policy", required_argument, NULL, 'p' },
-		{ "window", required_argument, NULL, 'w' },      { "window-dtype", required_argument, NULL, 't' },
-		{ "capacity", required_argument, NULL, 'c' },    { "sealed", required_argument, NULL, 'S' },
-		{ "open", required_argument, NULL, 'O' },        { "backend", required_argument, NULL, 'b' },
-		{ "device", required_argument, NULL, 'd' },      { "acl-uids", required_argument, NULL, 'u' },
-		{ "acl-gids", required_argument, NULL, 'g' },    { NULL, 0, NULL, 0 },
-	};
+	const struct option *lo = pool_create_opts;
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__PoolAdd add = KVQ__POOL_ADD__INIT;
 	Kvq__Attach a = KVQ__ATTACH__INIT;
@@ -676,8 +786,7 @@ static int cmd_pool_create(int argc, char **argv)
 	a.layout_version = KVQ_LAYOUT_VERSION;
 	a.create = &pc;
 	pc.device = -1;
-	optind = 0;   /* 0: GNU getopt starts over (main scanned with "+") */
-	while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+	while ((ch = cmd_next(cl)) >= 0) {
 		double size;
 
 		r = 0;
@@ -723,16 +832,15 @@ static int cmd_pool_create(int argc, char **argv)
 			if (r == -ENOENT)
 				return 1;
 			break;
-		default:
-			return 2;
 		}
 		if (r < 0)
 			return die("pool create: bad value '%s' for --%s", optarg, opt_name(lo, ch)), 2;
 	}
-	if (optind != argc - 1)
-		return die("usage: pool create NAME --model ID --layers L --kv-heads H --head-dim D --policy P "
-			   "[OPTION]..."), 2;
-	a.pool = argv[optind];
+	if (ch == CL_EXIT)
+		return cl->status;
+	if (cl->argc != 1)
+		return cmd_usage(cl);
+	a.pool = cl->argv[0];
 	if (!a.model_id || !a.layers || !a.kv_heads || !a.head_dim || !a.policy)
 		return die("pool create needs --model, --layers, --kv-heads, --head-dim and --policy"), 2;
 	if (!pc.n_sealed != !pc.n_open)
@@ -764,17 +872,15 @@ static int cmd_pool_create(int argc, char **argv)
 	return 0;
 }
 
-static int cmd_pool(int argc, char **argv)
+static int cmd_pool_drop(struct cmdline *cl)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__PoolDrop d = KVQ__POOL_DROP__INIT;
-	int r;
+	int r = cmd_args(cl, 1, 1);
 
-	if (argc >= 2 && !strcmp(argv[1], "create"))
-		return cmd_pool_create(argc - 1, argv + 1);
-	if (argc != 3 || strcmp(argv[1], "drop"))
-		return die("usage: pool create NAME OPTION... | pool drop NAME"), 2;
-	d.pool = argv[2];
+	if (r >= 0)
+		return r;
+	d.pool = cl->argv[0];
 	e.body_case = KVQ__ENVELOPE__BODY_POOL_DROP;
 	e.pool_drop = &d;
 	r = request(&e, KVQ__ENVELOPE__BODY_POOL_DROP_REPLY, &rep);
@@ -852,17 +958,19 @@ static int plan_policy(const struct model *m, uint32_t B, const char *policy, ui
 	return 0;
 }
 
-static int cmd_plan(int argc, char **argv)
+static const struct option plan_opts[] = {
+	{ "model", required_argument, NULL, 'm' },       { "layers", required_argument, NULL, 'L' },
+	{ "kv-heads", required_argument, NULL, 'H' },    { "head-dim", required_argument, NULL, 'D' },
+	{ "params", required_argument, NULL, 'P' },      { "weight-bits", required_argument, NULL, 'w' },
+	{ "gpu-memory", required_argument, NULL, 'g' },  { "gpus", required_argument, NULL, 'n' },
+	{ "utilization", required_argument, NULL, 'u' }, { "context", required_argument, NULL, 'c' },
+	{ "block-tokens", required_argument, NULL, 'B' }, { "policy", required_argument, NULL, 'p' },
+	{ NULL, 0, NULL, 0 },
+};
+
+static int cmd_plan(struct cmdline *cl)
 {
-	static const struct option lo[] = {
-		{ "model", required_argument, NULL, 'm' },       { "layers", required_argument, NULL, 'L' },
-		{ "kv-heads", required_argument, NULL, 'H' },    { "head-dim", required_argument, NULL, 'D' },
-		{ "params", required_argument, NULL, 'P' },      { "weight-bits", required_argument, NULL, 'w' },
-		{ "gpu-memory", required_argument, NULL, 'g' },  { "gpus", required_argument, NULL, 'n' },
-		{ "utilization", required_argument, NULL, 'u' }, { "context", required_argument, NULL, 'c' },
-		{ "block-tokens", required_argument, NULL, 'B' }, { "policy", required_argument, NULL, 'p' },
-		{ NULL, 0, NULL, 0 },
-	};
+	const struct option *lo = plan_opts;
 	static const char *const uniform[] = { "f16", "bf16", "int8", "fp8", "fp8e5m2", "int4g32", "int4g64",
 					       "int4g128", "kivi4", "kivi2" };
 	struct model m = { .name = "custom" };
@@ -875,8 +983,7 @@ static int cmd_plan(int argc, char **argv)
 	bool preset = false;
 	int ch, r;
 
-	optind = 0;   /* 0: GNU getopt starts over (main scanned with "+") */
-	while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+	while ((ch = cmd_next(cl)) >= 0) {
 		char *end;
 
 		r = 0;
@@ -940,14 +1047,14 @@ static int cmd_plan(int argc, char **argv)
 				return die("plan: at most %d --policy options", MAX_POLICIES), 2;
 			extra[n_extra++] = optarg;
 			break;
-		default:
-			return 2;
 		}
 		if (r < 0)
 			return die("plan: bad value '%s' for --%s", optarg, opt_name(lo, ch)), 2;
 	}
-	if (optind != argc)
-		return die("plan: unexpected argument %s", argv[optind]), 2;
+	if (ch == CL_EXIT)
+		return cl->status;
+	if (cl->argc)
+		return die("plan: unexpected argument %s", cl->argv[0]), 2;
 	if (L)
 		m.layers = L;
 	if (H)
@@ -1044,84 +1151,131 @@ static int cmd_plan(int argc, char **argv)
 
 /* ---------------------------------------------------------------- main */
 
+static const struct command commands[] = {
+	{ "stats", NULL, "[POOL]", "daemon and pools: blocks, bytes per token, hits, evictions, clients", NULL, NULL,
+	  cmd_stats },
+	{ "pools", NULL, "", "one line per pool", NULL, NULL, cmd_pools },
+	{ "clients", NULL, "[POOL]", "connections and the blocks they hold", NULL, NULL, cmd_clients },
+	{ "evict", NULL, "POOL [N]", "evict up to N unreferenced cached blocks (admin)", NULL, NULL, cmd_evict },
+	{ "flush", NULL, "POOL", "evict every unreferenced cached block (admin)", NULL, NULL, cmd_evict },
+	{ "pool", "create", "NAME --model ID --layers L --kv-heads H --head-dim D --policy P\n"
+	  "       [--block-tokens B] [--window R] [--window-dtype f16|bf16] [--capacity SIZE]\n"
+	  "       [--sealed N --open N] [--backend host|cuda] [--device N]\n"
+	  "       [--acl-uids LIST] [--acl-gids LIST]",
+	  "create a pool (admin)",
+	  "  --block-tokens B     tokens per block (default 32)\n"
+	  "  --window R           the open window in tokens (default: the policy's)\n"
+	  "  --window-dtype T     f16 or bf16: the open window's values\n"
+	  "  --capacity SIZE      bytes (K, M, G, T: powers of 1024; default create_capacity)\n"
+	  "  --sealed N --open N  slot counts instead of --capacity (both or neither)\n"
+	  "  --backend B          host or cuda;  --device N  the GPU\n"
+	  "  --acl-uids LIST      users who may attach (names or numbers, comma-separated)\n"
+	  "  --acl-gids LIST      groups who may attach (default: the caller, root and kvqd)\n",
+	  pool_create_opts, cmd_pool_create },
+	{ "pool", "drop", "NAME", "free a pool nobody is attached to (admin)", NULL, NULL, cmd_pool_drop },
+	{ "plan", NULL, "[--model Llama-3-8B|Llama-3-70B|SmolLM2-135M] [--layers L] [--kv-heads H]\n"
+	  "       [--head-dim D] [--params N] [--weight-bits BITS] [--gpu-memory SIZE]\n"
+	  "       [--gpus N] [--utilization U] [--context TOKENS] [--block-tokens B]\n"
+	  "       [--policy P]...",
+	  "memory for weights and KV; sequences per KV policy (no daemon needed)",
+	  "  --model M            a preset, or --layers, --kv-heads, --head-dim and --params\n"
+	  "                       (these also override a preset's values; --params 8e9, 8B, 135M)\n"
+	  "  --weight-bits BITS   bits per weight (default 16)\n"
+	  "  --gpu-memory SIZE    per GPU (KB, MB, GB: powers of 1000; default 80GB)\n"
+	  "  --gpus N             GPUs (default 1)\n"
+	  "  --utilization U      share of GPU memory to plan with: 0.9 or 90% (default)\n"
+	  "  --context TOKENS     tokens per sequence (default 8192)\n"
+	  "  --block-tokens B     tokens per block (default 32)\n"
+	  "  --policy P           a KV policy as in kvqd.conf(5), beside every format (repeatable)\n",
+	  plan_opts, cmd_plan },
+};
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+/* room for the global options, a command's own and the terminating row */
+_Static_assert(N_GLOBAL + sizeof(pool_create_opts) / sizeof(pool_create_opts[0]) <= MAX_OPTS + 1 &&
+	       N_GLOBAL + sizeof(plan_opts) / sizeof(plan_opts[0]) <= MAX_OPTS + 1, "MAX_OPTS is too small");
+
+static const char global_help[] =
+	"  -s, --socket PATH   kvqd's socket (default $KVQ_SOCKET, " ROOT_SOCKET " for root,\n"
+	"                      $XDG_RUNTIME_DIR/kvqd.sock otherwise)\n"
+	"  -j, --json          one JSON document on standard output\n"
+	"  -h, --help          this text\n"
+	"  -V, --version       the version\n"
+	"  --                  the end of the options: the words after it are arguments\n";
+
+static void synopsis(FILE *f, const struct command *c)
+{
+	fprintf(f, "%s%s%s%s%s", c->name, c->sub ? " " : "", c->sub ? c->sub : "", *c->args ? " " : "", c->args);
+}
+
 static void usage(FILE *f)
 {
-	fprintf(f, "Usage: kvqctl [OPTION]... COMMAND [ARG]...\n"
+	fprintf(f, "Usage: kvqctl [OPTION]... COMMAND [ARG]... [OPTION]...\n"
 		   "Report on and manage the KV-cache pools of kvqd.\n\n"
-		   "Options:\n"
-		   "  -s, --socket PATH   kvqd's socket (default $KVQ_SOCKET, " ROOT_SOCKET " for root,\n"
-		   "                      $XDG_RUNTIME_DIR/kvqd.sock otherwise)\n"
-		   "  -j, --json          one JSON document on standard output\n"
-		   "  -h, --help          this text\n"
-		   "  -V, --version       the version\n\n"
-		   "Commands:\n"
-		   "  stats [POOL]        daemon and pools: blocks, bytes per token, hits, evictions, clients\n"
-		   "  pools               one line per pool\n"
-		   "  clients [POOL]      connections and the blocks they hold\n"
-		   "  evict POOL [N]      evict up to N unreferenced cached blocks (admin)\n"
-		   "  flush POOL          evict every unreferenced cached block (admin)\n"
-		   "  pool create NAME --model ID --layers L --kv-heads H --head-dim D --policy P\n"
-		   "       [--block-tokens B] [--window R] [--window-dtype f16|bf16] [--capacity SIZE]\n"
-		   "       [--sealed N --open N] [--backend host|cuda] [--device N]\n"
-		   "       [--acl-uids LIST] [--acl-gids LIST]          create a pool (admin)\n"
-		   "  pool drop NAME      free a pool nobody is attached to (admin)\n"
-		   "  plan [--model Llama-3-8B|Llama-3-70B|SmolLM2-135M] [--layers L] [--kv-heads H]\n"
-		   "       [--head-dim D] [--params N] [--weight-bits BITS] [--gpu-memory SIZE]\n"
-		   "       [--gpus N] [--utilization U] [--context TOKENS] [--block-tokens B]\n"
-		   "       [--policy P]...   memory for weights and KV; sequences per KV policy\n");
+		   "Options (before the command or after it):\n%s\n"
+		   "Commands (kvqctl COMMAND --help: one command and its options):\n", global_help);
+	for (size_t i = 0; i < N_COMMANDS; i++) {
+		fputs("  ", f);
+		synopsis(f, &commands[i]);
+		fprintf(f, "\n        %s\n", commands[i].summary);
+	}
+}
+
+static void command_help(FILE *f, const struct command *c)
+{
+	fputs("Usage: kvqctl [OPTION]... ", f);
+	synopsis(f, c);
+	fprintf(f, "\n%c%s.\n", toupper((unsigned char)c->summary[0]), c->summary + 1);
+	if (c->details)
+		fprintf(f, "\n%s", c->details);
+	fprintf(f, "\nOptions of every command, here or before the command:\n%s", global_help);
 }
 
 int main(int argc, char **argv)
 {
-	static const struct option lo[] = {
-		{ "socket", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },         { "version", no_argument, NULL, 'V' },
-		{ NULL, 0, NULL, 0 },
-	};
-	const char *cmd;
-	int ch;
+	struct cmdline cl = { .argc = argc, .argv = argv };
+	const struct command *c = NULL;
+	bool has_sub = false;
+	size_t n = 0;
+	int words;
 
-	/* '+': options after the command belong to the command */
-	while ((ch = getopt_long(argc, argv, "+s:jhV", lo, NULL)) != -1) {
-		switch (ch) {
-		case 's':
-			opt_socket = optarg;
-			break;
-		case 'j':
-			opt_json = true;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case 'V':
-			printf("kvqctl %s (protocol %u)\n", PACKAGE_VERSION, KVQ_PROTOCOL_VERSION);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (optind >= argc) {
+	memcpy(cl.lo, global_opts, sizeof(global_opts));
+
+	/* the options before the command ("+": stop at the command) */
+	if (cmd_next(&cl) == CL_EXIT)
+		return cl.status;
+	if (cl.argc < 1) {
 		usage(stderr);
 		return 2;
 	}
-	argc -= optind;
-	argv += optind;
-	cmd = argv[0];
-	if (!strcmp(cmd, "stats"))
-		return cmd_stats(argc, argv);
-	if (!strcmp(cmd, "pools"))
-		return cmd_pools(argc, argv);
-	if (!strcmp(cmd, "clients"))
-		return cmd_clients(argc, argv);
-	if (!strcmp(cmd, "evict"))
-		return cmd_evict(argc, argv, false);
-	if (!strcmp(cmd, "flush"))
-		return cmd_evict(argc, argv, true);
-	if (!strcmp(cmd, "pool"))
-		return cmd_pool(argc, argv);
-	if (!strcmp(cmd, "plan"))
-		return cmd_plan(argc, argv);
-	die("unknown command '%s' (kvqctl --help lists them)", cmd);
-	return 2;
+	for (size_t i = 0; i < N_COMMANDS && !c; i++) {
+		if (strcmp(cl.argv[0], commands[i].name))
+			continue;
+		has_sub |= commands[i].sub != NULL;
+		if (!commands[i].sub || (cl.argc > 1 && !strcmp(cl.argv[1], commands[i].sub)))
+			c = &commands[i];
+	}
+	if (!c && has_sub && cl.argc > 1 && (!strcmp(cl.argv[1], "--help") || !strcmp(cl.argv[1], "-h"))) {
+		/* kvqctl pool --help: each of its commands */
+		for (size_t i = 0; i < N_COMMANDS; i++)
+			if (!strcmp(cl.argv[0], commands[i].name))
+				command_help(stdout, &commands[i]);
+		return 0;
+	}
+	if (!c) {
+		die("unknown command '%s%s%s' (kvqctl --help lists them)", cl.argv[0], has_sub && cl.argc > 1 ? " " : "",
+		    has_sub && cl.argc > 1 ? cl.argv[1] : "");
+		return 2;
+	}
+	/* the command's own options beside the global ones; getopt_long
+	 * reads from argv[1], so the slot of the command's last word holds
+	 * the program's name (getopt's messages start with it) */
+	words = c->sub ? 2 : 1;
+	for (; c->opts && c->opts[n].name; n++)
+		cl.lo[N_GLOBAL + n] = c->opts[n];
+	cl.cmd = c;
+	cl.argc -= words - 1;
+	cl.argv += words - 1;
+	cl.argv[0] = (char *)PROG;
+	optind = 0;   /* 0: GNU getopt starts over */
+	return c->run(&cl);
 }

@@ -58,7 +58,7 @@ if [ -f "$unit" ]; then
 	else
 		skip "systemd-analyze verify" "systemd-analyze not installed (Debian: systemd)"
 	fi
-	for key in Type=notify WatchdogSec= "ExecReload=/bin/kill -HUP \$MAINPID" RuntimeDirectoryPreserve=yes \
+	for key in Type=notify WatchdogSec= "ExecReload=/bin/sh -c 'kill -HUP \$\$MAINPID'" RuntimeDirectoryPreserve=yes \
 		"Documentation=man:kvqd(8)" ProtectSystem=strict ProtectHome=yes DevicePolicy=closed \
 		"DeviceAllow=char-nvidia\* rw" NoNewPrivileges=yes; do
 		grep -q "^$key" "$unit"
@@ -66,6 +66,28 @@ if [ -f "$unit" ]; then
 	done
 	! grep -q "^PrivateDevices" "$unit"
 	t $? "kvqd.service: no PrivateDevices (it would hide the GPU)"
+	# ExecReload run as systemd runs it ("$$" a literal "$", MAINPID in the
+	# environment) reaches the installed kvqd as SIGHUP, which it handles
+	reload=$(sed -n 's/^ExecReload=//p' "$unit" | sed 's/\$\$/$/g')
+	"$dest$kvq_sbindir/kvqd" --foreground --backend host --socket "$dest/reload.sock" --log-level notice \
+		2>"$dest/reload.log" &
+	kvqd_pid=$!
+	for _ in $(seq 500); do
+		[ -S "$dest/reload.sock" ] && break
+		sleep 0.01
+	done
+	eval "set -- $reload"
+	MAINPID=$kvqd_pid "$@"
+	st=$?
+	for _ in $(seq 200); do
+		grep -q SIGHUP "$dest/reload.log" && break
+		sleep 0.01
+	done
+	grep -q SIGHUP "$dest/reload.log" && kill -0 "$kvqd_pid" 2>/dev/null
+	t $? "kvqd.service's ExecReload ($reload: exit $st) sends kvqd SIGHUP: $(grep -m 1 SIGHUP "$dest/reload.log")"
+	kill -TERM "$kvqd_pid" 2>/dev/null
+	wait "$kvqd_pid" 2>/dev/null
+	rm -f "$dest/reload.log"
 else
 	skip "systemd-analyze verify" "units not installed"
 fi
@@ -94,8 +116,13 @@ int main(void)
 	kvq_client *c = NULL;
 	int r = kvq_client_connect("/nonexistent/kvqd.sock", "use", &c);
 
-	printf("%s %s\n", kvq_version(), kvq_strerror(r));
-	return r == -ENOENT && !c && strlen(kvq_version()) ? 0 : 1;
+	if (r == -ENOENT && !c && strlen(kvq_version())) {
+		printf("version %s; connecting to a missing socket gives ENOENT, as expected\n", kvq_version());
+		return 0;
+	}
+	printf("version '%s'; connecting to a missing socket gave '%s', not ENOENT\n", kvq_version(),
+	       kvq_strerror(r));
+	return 1;
 }
 EOC
 flags=$(PKG_CONFIG_PATH="$dest$kvq_pkgconfigdir" PKG_CONFIG_SYSROOT_DIR="$dest" pkg-config --cflags --libs kvq)

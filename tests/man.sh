@@ -42,6 +42,28 @@ for pair in daemon/kvqd:kvqd.8 client/kvqctl:kvqctl.1; do
 	done
 done
 
+# each command's own --help (taken from the commands kvqctl --help lists):
+# its usage, and every option it prints is in kvqctl(1)
+ctl=$top_builddir/client/kvqctl
+cmds=$("$ctl" --help | sed -n '/^Commands/,$ s/^  \([a-z][a-z]*\( [a-z][a-z]*\)*\).*$/\1/p')
+[ -n "$cmds" ]
+t $? "kvqctl --help lists commands: $(echo $cmds | tr '\n' ' ')"
+while read -r c; do
+	# shellcheck disable=SC2086
+	help=$("$ctl" $c --help)
+	t $? "kvqctl $c --help exits 0"
+	printf '%s\n' "$help" | grep -q "^Usage: kvqctl \[OPTION\]\.\.\. $c"
+	t $? "kvqctl $c --help prints its usage"
+	grep -q "^\.B $c\( \|\$\)" "$man/kvqctl.1"
+	t $? "kvqctl.1 documents the command $c"
+	for o in $(printf '%s\n' "$help" | grep -o -- '--[a-z][a-z-]*' | sort -u); do
+		grep -qF -- "$(escape "$o")" "$man/kvqctl.1"
+		t $? "kvqctl.1 documents $o of $c"
+	done
+done <<EOF
+$cmds
+EOF
+
 keys=$(sed -n 's/^.*\[K_[A-Z_]*\] = { "\([a-z_]*\)".*$/\1/p' "$top_srcdir/daemon/config.c" | sort -u)
 [ -n "$keys" ]
 t $? "the parser's keys are found in daemon/config.c"

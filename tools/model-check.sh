@@ -14,7 +14,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 n=${1:-256}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/kvqd
 venv=$cache/model-check-venv
-export KVQ_MODEL=${KVQ_MODEL:-$(bash "$top/tools/fetch-model.sh" | tail -n 1)}
+. "$top/tools/model-env.sh"
+kvq_model_env "$top" model-check || exit 1
 
 if [ ! -x "$venv/bin/python" ]; then
 	python3 -m venv "$venv" || {

@@ -20,7 +20,8 @@ system=/usr/share/common-licenses/Artistic
 [ -n "${KVQ_TEXTS:-}" ] && system=$KVQ_TEXTS/Artistic
 run=${KVQ_RUN:-$top/build/examples/kvq-run/kvq-run}
 read -r -a run_args <<<"${KVQ_RUN_ARGS:-}"
-export KVQ_MODEL=${KVQ_MODEL:-$(bash "$top/tools/fetch-model.sh" | tail -n 1)}
+. "$top/tools/model-env.sh"
+kvq_model_env "$top" model-demo || exit 1
 
 . "$top/tools/kvqd-temp.sh"
 kvqd_temp_start "$top" model-demo

@@ -21,7 +21,8 @@ out=${1:-$top/bench/quality}
 threads=${KVQ_THREADS:-2}
 run_bin=${KVQ_RUN:-$top/build/examples/kvq-run/kvq-run}
 read -r -a run_args <<<"${KVQ_RUN_ARGS:-}"
-export KVQ_MODEL=${KVQ_MODEL:-$(bash "$top/tools/fetch-model.sh" | tail -n 1)}
+. "$top/tools/model-env.sh"
+kvq_model_env "$top" quality || exit 1
 
 # every format (int4g128 needs head dim 128; SmolLM2 has 64), a mixed K/V policy, layer-wise policies, open windows 32 and 128
 all=(bf16 int8 fp8 fp8e5m2 int4g64 int4g32 kivi4 kivi2 k=int8,v=int4g32

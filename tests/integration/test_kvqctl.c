@@ -12,6 +12,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <grp.h>
 #include <math.h>
@@ -42,6 +43,9 @@
 #define OUT_MAX (1 << 20)
 
 static char sock_path[108], tmpdir[64], daemon_bin[512], ctl_bin[512];
+/* kvqctl and libkvq copied where any uid may run them, for the runs as
+ * another user: the build tree may sit in a home only its owner enters */
+static char other_dir[64], other_bin[128], other_env[160];
 
 struct run {
 	int status;                  /* exit code, or -1 */
@@ -75,7 +79,11 @@ static int kvqctl_as(int uid, const char *const *args)
 		close(pe[0]);
 		if (uid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid((uid_t)uid) < 0))
 			_exit(120);
-		execv(ctl_bin, (char *const *)argv);
+		if (uid >= 0) {
+			argv[0] = other_bin;
+			putenv(other_env);
+		}
+		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
 	close(po[1]);
@@ -114,6 +122,84 @@ static int kvqctl_as(int uid, const char *const *args)
 	waitpid(pid, &st, 0);
 	R.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 	return R.status;
+}
+
+/* Copies from to to (mode 0755).  0 or -1. */
+static int copy_file(const char *from, const char *to)
+{
+	char buf[65536];
+	FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+	size_t k;
+	int r = in && out ? 0 : -1;
+
+	while (r == 0 && (k = fread(buf, 1, sizeof(buf), in)) > 0)
+		if (fwrite(buf, 1, k, out) != k)
+			r = -1;
+	if (in && ferror(in))
+		r = -1;
+	if (out && fclose(out) != 0)
+		r = -1;
+	if (in)
+		fclose(in);
+	return r == 0 ? chmod(to, 0755) : -1;
+}
+
+/*
+ * The kvqctl binary and the libkvq it loads, copied into a new directory
+ * of mode 0755 (other_dir; other_bin, other_env: LD_LIBRARY_PATH).  In a
+ * libtool build client/kvqctl is a script that runs client/.libs/kvqctl
+ * with the build's .libs on the library path; without shared libraries it
+ * is the program itself.  0 or -1.
+ */
+static int other_copy(const char *top)
+{
+	char dir[512], from[1024], to[512];
+	const char *slash = strrchr(ctl_bin, '/');
+	struct dirent *e = NULL;
+	DIR *libs;
+
+	snprintf(other_dir, sizeof(other_dir), "/tmp/kvqctl-other.XXXXXX");
+	if (!mkdtemp(other_dir) || chmod(other_dir, 0755) < 0)
+		return -1;
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - ctl_bin) : 1, slash ? ctl_bin : ".");
+	snprintf(from, sizeof(from), "%s/.libs/kvqctl", dir);
+	if (access(from, X_OK) < 0)
+		snprintf(from, sizeof(from), "%s", ctl_bin);
+	snprintf(other_bin, sizeof(other_bin), "%s/kvqctl", other_dir);
+	if (copy_file(from, other_bin) < 0)
+		return -1;
+	snprintf(dir, sizeof(dir), "%s/.libs", top);
+	libs = opendir(dir);
+	while (libs && (e = readdir(libs)))
+		if (!strncmp(e->d_name, "libkvq.so", 9)) {
+			snprintf(from, sizeof(from), "%s/%s", dir, e->d_name);
+			snprintf(to, sizeof(to), "%s/%s", other_dir, e->d_name);
+			if (copy_file(from, to) < 0)
+				break;
+		}
+	if (libs)
+		closedir(libs);
+	if (e)
+		return -1;
+	snprintf(other_env, sizeof(other_env), "LD_LIBRARY_PATH=%s", other_dir);
+	return 0;
+}
+
+static void other_remove(void)
+{
+	DIR *d = other_dir[0] ? opendir(other_dir) : NULL;
+	struct dirent *e;
+	char path[512];
+
+	while (d && (e = readdir(d)))
+		if (e->d_name[0] != '.') {
+			snprintf(path, sizeof(path), "%s/%s", other_dir, e->d_name);
+			unlink(path);
+		}
+	if (d) {
+		closedir(d);
+		rmdir(other_dir);
+	}
 }
 
 #define KVQCTL(...) kvqctl_as(-1, (const char *const[]){ "--socket", sock_path, __VA_ARGS__, NULL })
@@ -466,6 +552,26 @@ int main(void)
 	/* errors a new user meets first */
 	ok(kvqctl_as(-1, (const char *const[]){ "--socket", "/nonexistent/kvqd.sock", "stats", NULL }) == 1 &&
 	   strstr(R.err, "not running") && !R.out[0], "no daemon: exit 1, 'kvqd is not running' on stderr");
+	/* the global options anywhere, each command its own --help, "--" */
+	ok(kvqctl_as(-1, (const char *const[]){ "stats", "--socket", "/nonexistent/kvqd.sock", "--help", NULL }) == 0 &&
+	   strstr(R.out, "Usage: kvqctl [OPTION]... stats [POOL]") && strstr(R.out, "--json") && !R.err[0],
+	   "stats --help: the command's usage, exit 0, no daemon asked");
+	ok(kvqctl_as(-1, (const char *const[]){ "pool", "create", "-h", NULL }) == 0 &&
+	   strstr(R.out, "pool create NAME --model ID") && strstr(R.out, "--acl-gids"),
+	   "pool create -h: its options");
+	ok(kvqctl_as(-1, (const char *const[]){ "pool", "--help", NULL }) == 0 && strstr(R.out, "pool create") &&
+	   strstr(R.out, "pool drop NAME"), "pool --help: both pool commands");
+	ok(kvqctl_as(-1, (const char *const[]){ "plan", "--model", "SmolLM2-135M", "--json", NULL }) == 0 &&
+	   json_shape(R.out), "plan --model M --json: JSON (a global option after a command's own)");
+	ok(kvqctl_as(-1, (const char *const[]){ "stats", "--frob", NULL }) == 2 && strstr(R.err, "--frob") &&
+	   strstr(R.err, "kvqctl stats --help"), "stats --frob: exit 2, the option named, the command's help pointed to");
+	ok(kvqctl_as(-1, (const char *const[]){ "pools", "extra", NULL }) == 2 && strstr(R.err, "usage: kvqctl pools"),
+	   "pools with an argument: exit 2, its usage");
+	ok(kvqctl_as(-1, (const char *const[]){ "pool", "frob", NULL }) == 2 && strstr(R.err, "unknown command 'pool frob'"),
+	   "pool frob: unknown command, exit 2");
+	KVQCTL("stats", "--", "--json");
+	ok(R.status == 1 && strstr(R.err, "unknown pool") && strstr(R.err, "--json"),
+	   "stats -- --json: after --, --json is a pool name (exit %d)", R.status);
 	KVQCTL("stats", "nope");
 	ok(R.status == 1 && strstr(R.err, "unknown pool"), "unknown pool: exit 1, '%.*s'", (int)strcspn(R.err, "\n"),
 	   R.err);
@@ -487,7 +593,10 @@ int main(void)
 	tokens[0]--;
 	bpt = (uint32_t)(kvq_client_layout(a)->sealed_block_bytes / B_);
 
-	ok(KVQCTL("--json", "stats", POOL) == 0 && json_shape(R.out), "stats --json: one JSON document");
+	ok(KVQCTL("--json", "stats", POOL) == 0 && json_shape(R.out), "--json stats: one JSON document");
+	ok(kvqctl_as(-1, (const char *const[]){ "stats", "--json", POOL, "--socket", sock_path, NULL }) == 0 &&
+	   json_shape(R.out) && jnum(R.out, NULL, "bytes_per_token") > 0,
+	   "stats --json POOL --socket PATH: the same document");
 	ok(jnum(R.out, NULL, "lookup_tokens") == NB * B_ + 2 * B_ && jnum(R.out, NULL, "hit_tokens") == NB * B_,
 	   "stats: %d of %d tokens looked up hit", NB * B_, NB * B_ + 2 * B_);
 	ok(jnum(R.out, NULL, "hit_rate") == (double)(NB * B_) / (NB * B_ + 2 * B_), "stats: hit rate %g",
@@ -523,6 +632,9 @@ int main(void)
 	ok(kvq_client_release(b, hit, ids, 0, NULL) == 0 && wait_unreferenced(b), "A leaves, B releases its hits");
 
 	if (geteuid() == 0 && chmod(tmpdir, 0755) == 0 && chmod(sock_path, 0666) == 0) {
+		ok(other_copy(top ? top : ".") == 0, "kvqctl and libkvq copied to %s for uid 65534", other_dir);
+		ok(KVQCTL_NOBODY("--version") == 0 && strstr(R.out, "kvqctl "),
+		   "kvqctl runs as uid 65534 (--version: exit %d)", R.status);
 		KVQCTL_NOBODY("flush", POOL);
 		ok(R.status == 1 && strstr(R.err, "permission denied"), "flush as uid 65534: exit 1, '%.*s'",
 		   (int)strcspn(R.err, "\n"), R.err);
@@ -531,6 +643,7 @@ int main(void)
 		ok(kvq_client_stats(b, POOL, &st) == 0 && st.cached == NB, "nothing was evicted by the refused calls");
 		chmod(sock_path, 0660);
 		chmod(tmpdir, 0700);
+		other_remove();
 	} else {
 		ok(1, "admin operations refused for other users # SKIP not running as root");
 	}
