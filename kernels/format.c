@@ -9,16 +9,18 @@
 #include "format.h"
 
 static const char *const fmt_names[KVQ_FMT_COUNT] = {
-	[KVQ_FMT_F16] = "f16",
-	[KVQ_FMT_BF16] = "bf16",
-	[KVQ_FMT_INT8] = "int8",
-	[KVQ_FMT_FP8] = "fp8",
-	[KVQ_FMT_FP8E5M2] = "fp8e5m2",
-	[KVQ_FMT_INT4G32] = "int4g32",
-	[KVQ_FMT_INT4G64] = "int4g64",
-	[KVQ_FMT_INT4G128] = "int4g128",
-	[KVQ_FMT_KIVI4] = "kivi4",
-	[KVQ_FMT_KIVI2] = "kivi2",
+#define KVQ_X(ID, NAME, ...) [KVQ_FMT_##ID] = NAME,
+	KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
+};
+
+static const struct {
+	const char *name;
+	int fmt;
+} fmt_aliases[] = {
+#define KVQ_X(NAME, ID) { NAME, KVQ_FMT_##ID },
+	KVQ_FORMAT_ALIASES(KVQ_X)
+#undef KVQ_X
 };
 
 const char *kvq_fmt_name(int fmt)
@@ -31,9 +33,20 @@ int kvq_fmt_from_name(const char *s, size_t len)
 	for (int f = 0; f < KVQ_FMT_COUNT; f++)
 		if (strlen(fmt_names[f]) == len && memcmp(fmt_names[f], s, len) == 0)
 			return f;
-	if (len == 7 && memcmp(s, "fp8e4m3", 7) == 0)
-		return KVQ_FMT_FP8;
+	for (size_t i = 0; i < sizeof(fmt_aliases) / sizeof(fmt_aliases[0]); i++)
+		if (strlen(fmt_aliases[i].name) == len && memcmp(fmt_aliases[i].name, s, len) == 0)
+			return fmt_aliases[i].fmt;
 	return -EINVAL;
+}
+
+char *kvq_fmt_names(char *buf, size_t len)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (int f = 0; f < KVQ_FMT_COUNT && n < len; f++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", f ? " " : "", fmt_names[f]);
+	return buf;
 }
 
 static uint32_t align16(uint32_t x)
@@ -79,6 +92,7 @@ static const char *trim_end(const char *p, const char *end)
 /* One format name in [p, end), blanks trimmed. */
 static int parse_fmt(const char *p, const char *end, int clause, char *err, size_t errlen)
 {
+	char names[KVQ_FMT_NAMES_LEN];
 	int f;
 
 	p = skip_blanks(p, end);
@@ -89,8 +103,8 @@ static int parse_fmt(const char *p, const char *end, int clause, char *err, size
 	}
 	f = kvq_fmt_from_name(p, (size_t)(end - p));
 	if (f < 0)
-		kvq_seterr(err, errlen, "clause %d: unknown format '%.*s' (known: f16 bf16 int8 fp8 fp8e5m2 "
-		       "int4g32 int4g64 int4g128 kivi4 kivi2)", clause, (int)(end - p), p);
+		kvq_seterr(err, errlen, "clause %d: unknown format '%.*s' (known: %s)", clause, (int)(end - p), p,
+			   kvq_fmt_names(names, sizeof(names)));
 	return f;
 }
 
@@ -329,8 +343,8 @@ int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len)
 int kvq_policy_uses_kivi(const struct kvq_policy *p)
 {
 	for (uint32_t l = 0; l < p->n_layers; l++)
-		if (p->k[l] == KVQ_FMT_KIVI4 || p->k[l] == KVQ_FMT_KIVI2 ||
-		    p->v[l] == KVQ_FMT_KIVI4 || p->v[l] == KVQ_FMT_KIVI2)
+		if (kvq_fmt_param_kind(p->k[l], 0) == KVQ_PARAM_CHANNEL ||
+		    kvq_fmt_param_kind(p->v[l], 0) == KVQ_PARAM_CHANNEL)
 			return 1;
 	return 0;
 }

@@ -24,9 +24,14 @@ void kvq_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((f
 /* Canonical name of a format ("int8"), or NULL for an unknown value. */
 const char *kvq_fmt_name(int fmt);
 
-/* Format named by s[0..len) (canonical names, plus "fp8e4m3" for fp8);
- * returns the enum value or -EINVAL. */
+/* Format named by s[0..len) (canonical names, plus KVQ_FORMAT_ALIASES:
+ * "fp8e4m3" for fp8); returns the enum value or -EINVAL. */
 int kvq_fmt_from_name(const char *s, size_t len);
+
+/* Every canonical name, blank-separated, into buf (truncated to len);
+ * returns buf.  KVQ_FMT_NAMES_LEN holds them all. */
+#define KVQ_FMT_NAMES_LEN (KVQ_FMT_COUNT * 16)
+char *kvq_fmt_names(char *buf, size_t len);
 
 /* Bytes per element of a format, scales and zeros included, for a block of
  * B tokens and head dim D, as stored by the layout (K or V). */
@@ -55,7 +60,8 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
  * with an unknown format or layer count. */
 int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len);
 
-/* 1 if any layer stores K or V in a KIVI format. */
+/* 1 if any layer stores K or V in a KIVI format: one whose K takes its
+ * parameters per channel (KVQ_PARAM_CHANNEL in the format table). */
 int kvq_policy_uses_kivi(const struct kvq_policy *p);
 
 #ifdef __cplusplus

@@ -6,7 +6,7 @@
  * is integer or IEEE single-precision arithmetic without fused operations,
  * so host and device produce identical bytes.
  *
- * Rules (DESIGN.md, "Formats"):
+ * Rules (docs/DESIGN.md, "Formats"):
  *  - codes are round-to-nearest-even of (x - z) / s, with a true division;
  *  - scales are rounded up and zeros rounded down to FP16, so no code clamps
  *    for inputs within the FP16 range;
@@ -24,24 +24,85 @@
 
 #ifdef __CUDACC__
 #define KVQ_HD static __host__ __device__ __forceinline__
+/* the format table's traits: constant expressions in kernels' templates */
+#define KVQ_HD_CONST static __host__ __device__ constexpr
 #else
 #define KVQ_HD static inline
+#define KVQ_HD_CONST static inline
 #endif
 
-/* Storage formats of sealed K or V.  The numbering is part of the layout
- * version: do not reorder. */
+/* Group of KIVI's V quantization (per token, along the head dimension). */
+#define KVQ_KIVI_V_GROUP 32u
+
+/*
+ * The format table: one row per storage format of sealed K or V.  Every
+ * list of formats (the enum, the names, the traits below, the kernels'
+ * dispatch on CPU and GPU) is made from it.  The row order is the
+ * numbering, part of the layout version: append, never reorder.
+ *
+ *   X(ID, NAME, BITS, CODE, K_PARAMS, V_PARAMS, K_GROUP, V_GROUP, SUBDIM)
+ *
+ *   ID        the format is KVQ_FMT_<ID>
+ *   NAME      in policies, kvqctl, kvq-bench and the metrics
+ *   BITS      per stored code (16, 8, 4 or 2)
+ *   CODE      what a code is before its parameters: KVQ_CODE_<CODE>
+ *   K_PARAMS, V_PARAMS   how K and V keep their parameters: KVQ_PARAM_<...>
+ *   K_GROUP, V_GROUP     the group along the head dim (KVQ_PARAM_GROUP), else 0
+ *   SUBDIM    head-dim elements one code stands for (a codebook format's
+ *             subspace dimension, KVQ_PARAM_CODEBOOK), else 1
+ *
+ * KVQ_FORMATS_EXTRA, when a build defines it, appends rows (the test of
+ * the table adds a throwaway format that way).
+ */
+#ifndef KVQ_FORMATS_EXTRA
+#define KVQ_FORMATS_EXTRA(X)
+#endif
+#define KVQ_FORMATS(X)                                                                 \
+	X(F16, "f16", 16, F16, NONE, NONE, 0, 0, 1)                                    \
+	X(BF16, "bf16", 16, BF16, NONE, NONE, 0, 0, 1)                                 \
+	X(INT8, "int8", 8, SINT, TOKEN, TOKEN, 0, 0, 1)                                \
+	X(FP8, "fp8", 8, E4M3, TOKEN, TOKEN, 0, 0, 1)                                  \
+	X(FP8E5M2, "fp8e5m2", 8, E5M2, TOKEN, TOKEN, 0, 0, 1)                          \
+	X(INT4G32, "int4g32", 4, UINT, GROUP, GROUP, 32, 32, 1)                        \
+	X(INT4G64, "int4g64", 4, UINT, GROUP, GROUP, 64, 64, 1)                        \
+	X(INT4G128, "int4g128", 4, UINT, GROUP, GROUP, 128, 128, 1)                    \
+	X(KIVI4, "kivi4", 4, UINT, CHANNEL, GROUP, 0, KVQ_KIVI_V_GROUP, 1)             \
+	X(KIVI2, "kivi2", 2, UINT, CHANNEL, GROUP, 0, KVQ_KIVI_V_GROUP, 1)             \
+	KVQ_FORMATS_EXTRA(X)
+
+/* Other names a policy may use: X(NAME, ID). */
+#define KVQ_FORMAT_ALIASES(X) X("fp8e4m3", FP8)
+
+/* Storage formats of sealed K or V. */
 enum kvq_fmt {
-	KVQ_FMT_F16 = 0,
-	KVQ_FMT_BF16,
-	KVQ_FMT_INT8,
-	KVQ_FMT_FP8,      /* E4M3, OCP "FN" */
-	KVQ_FMT_FP8E5M2,
-	KVQ_FMT_INT4G32,
-	KVQ_FMT_INT4G64,
-	KVQ_FMT_INT4G128,
-	KVQ_FMT_KIVI4,
-	KVQ_FMT_KIVI2,
+#define KVQ_X(ID, ...) KVQ_FMT_##ID,
+	KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
 	KVQ_FMT_COUNT
+};
+
+/* Each row's codes pack into whole bytes, and its groups fit whole codes. */
+#ifdef __cplusplus
+#define KVQ_STATIC_ASSERT static_assert
+#else
+#define KVQ_STATIC_ASSERT _Static_assert
+#endif
+#define KVQ_X(ID, NAME, BITS, CODE, KP, VP, KG, VG, SUBDIM)                                      \
+	KVQ_STATIC_ASSERT((BITS) == 16 || (BITS) == 8 || (BITS) == 4 || (BITS) == 2,             \
+			  "format " NAME ": codes of 16, 8, 4 or 2 bits");                       \
+	KVQ_STATIC_ASSERT((KG) % 16 == 0 && (VG) % 16 == 0 && (SUBDIM) >= 1, "format " NAME ": groups");
+KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
+
+/* What a stored code is, before its scale and zero. */
+enum kvq_code {
+	KVQ_CODE_F16 = 0,   /* IEEE binary16: the value itself */
+	KVQ_CODE_BF16,      /* bfloat16: the value itself */
+	KVQ_CODE_SINT,      /* signed integer in [-(2^(bits-1) - 1), 2^(bits-1) - 1], symmetric scale */
+	KVQ_CODE_E4M3,      /* FP8 E4M3 (OCP "FN"), symmetric scale */
+	KVQ_CODE_E5M2,      /* FP8 E5M2, symmetric scale */
+	KVQ_CODE_UINT,      /* unsigned integer in [0, 2^bits - 1], scale and zero */
+	KVQ_CODE_INDEX,     /* an index into a codebook (product quantization) */
 };
 
 /* Activation dtypes (open window, kernel inputs and outputs). */
@@ -57,50 +118,69 @@ enum kvq_param_kind {
 	KVQ_PARAM_TOKEN,      /* one FP16 scale per token (per head) */
 	KVQ_PARAM_GROUP,      /* (scale, zero) per token per group of the head dim */
 	KVQ_PARAM_CHANNEL,    /* (scale, zero) per channel over the block's tokens */
+	KVQ_PARAM_CODEBOOK,   /* none in the slice: the pool's codebooks, one per subspace */
 };
 
-/* Group of KIVI's V quantization (per token, along the head dimension). */
-#define KVQ_KIVI_V_GROUP 32u
+/* ---------------------------------------------------------------- traits
+ * Each a switch made from the table; f is a constant in the kernels, where
+ * the switch folds away. */
 
-/* ---------------------------------------------------------------- traits */
-
-KVQ_HD unsigned kvq_fmt_bits(int f)
+/* Bits per stored code (0 for a number that is no format). */
+KVQ_HD_CONST unsigned kvq_fmt_bits(int f)
 {
 	switch (f) {
-	case KVQ_FMT_F16: case KVQ_FMT_BF16: return 16;
-	case KVQ_FMT_INT8: case KVQ_FMT_FP8: case KVQ_FMT_FP8E5M2: return 8;
-	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128:
-	case KVQ_FMT_KIVI4: return 4;
-	case KVQ_FMT_KIVI2: return 2;
+#define KVQ_X(ID, NAME, BITS, ...) case KVQ_FMT_##ID: return BITS;
+	KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
 	default: return 0;
+	}
+}
+
+/* What a code is (enum kvq_code). */
+KVQ_HD_CONST int kvq_fmt_code(int f)
+{
+	switch (f) {
+#define KVQ_X(ID, NAME, BITS, CODE, ...) case KVQ_FMT_##ID: return KVQ_CODE_##CODE;
+	KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
+	default: return KVQ_CODE_F16;
 	}
 }
 
 /* Parameter organisation of a format used for K (is_v = 0) or V (is_v = 1):
  * KIVI quantizes K per channel and V per token in groups. */
-KVQ_HD int kvq_fmt_param_kind(int f, int is_v)
+KVQ_HD_CONST int kvq_fmt_param_kind(int f, int is_v)
 {
 	switch (f) {
-	case KVQ_FMT_INT8: case KVQ_FMT_FP8: case KVQ_FMT_FP8E5M2:
-		return KVQ_PARAM_TOKEN;
-	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128:
-		return KVQ_PARAM_GROUP;
-	case KVQ_FMT_KIVI4: case KVQ_FMT_KIVI2:
-		return is_v ? KVQ_PARAM_GROUP : KVQ_PARAM_CHANNEL;
-	default:
-		return KVQ_PARAM_NONE;
+#define KVQ_X(ID, NAME, BITS, CODE, KP, VP, ...) \
+	case KVQ_FMT_##ID: return is_v ? KVQ_PARAM_##VP : KVQ_PARAM_##KP;
+	KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
+	default: return KVQ_PARAM_NONE;
 	}
 }
 
 /* Group size along the head dimension for KVQ_PARAM_GROUP, else 0. */
-KVQ_HD unsigned kvq_fmt_group(int f, int is_v)
+KVQ_HD_CONST unsigned kvq_fmt_group(int f, int is_v)
 {
 	switch (f) {
-	case KVQ_FMT_INT4G32: return 32;
-	case KVQ_FMT_INT4G64: return 64;
-	case KVQ_FMT_INT4G128: return 128;
-	case KVQ_FMT_KIVI4: case KVQ_FMT_KIVI2: return is_v ? KVQ_KIVI_V_GROUP : 0;
+#define KVQ_X(ID, NAME, BITS, CODE, KP, VP, KG, VG, ...) \
+	case KVQ_FMT_##ID: return is_v ? (VG) : (KG);
+	KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
 	default: return 0;
+	}
+}
+
+/* Head-dim elements one code stands for: 1, or a codebook format's
+ * subspace dimension. */
+KVQ_HD_CONST unsigned kvq_fmt_subdim(int f)
+{
+	switch (f) {
+#define KVQ_X(ID, NAME, BITS, CODE, KP, VP, KG, VG, SUBDIM) case KVQ_FMT_##ID: return SUBDIM;
+	KVQ_FORMATS(KVQ_X)
+#undef KVQ_X
+	default: return 1;
 	}
 }
 
@@ -302,17 +382,16 @@ KVQ_HD float kvq_fp8_e5m2_dec(uint8_t c)
 
 /* ------------------------------------------------------- scales and codes */
 
-#define KVQ_INT8_QMAX 127.0f
 #define KVQ_FP8_E4M3_MAX 448.0f
 #define KVQ_FP8_E5M2_MAX 57344.0f
 
 /* Largest magnitude a format's codes represent before scaling. */
 KVQ_HD float kvq_fmt_qmax(int f)
 {
-	switch (f) {
-	case KVQ_FMT_INT8: return KVQ_INT8_QMAX;
-	case KVQ_FMT_FP8: return KVQ_FP8_E4M3_MAX;
-	case KVQ_FMT_FP8E5M2: return KVQ_FP8_E5M2_MAX;
+	switch (kvq_fmt_code(f)) {
+	case KVQ_CODE_SINT: return (float)((1u << (kvq_fmt_bits(f) - 1u)) - 1u);   /* int8: 127 */
+	case KVQ_CODE_E4M3: return KVQ_FP8_E4M3_MAX;
+	case KVQ_CODE_E5M2: return KVQ_FP8_E5M2_MAX;
 	default: return (float)((1u << kvq_fmt_bits(f)) - 1u);
 	}
 }
@@ -345,10 +424,10 @@ KVQ_HD uint32_t kvq_code_sym(int f, float x, float s)
 	if (!(s > 0.0f))
 		return 0;
 	q = x / s;
-	switch (f) {
-	case KVQ_FMT_FP8: return kvq_fp8_e4m3_enc(q);
-	case KVQ_FMT_FP8E5M2: return kvq_fp8_e5m2_enc(q);
-	default:
+	switch (kvq_fmt_code(f)) {
+	case KVQ_CODE_E4M3: return kvq_fp8_e4m3_enc(q);
+	case KVQ_CODE_E5M2: return kvq_fp8_e5m2_enc(q);
+	default:   /* KVQ_CODE_SINT of 8 bits, the only one in the table */
 		q = kvq_rint(q);
 		q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : (q == q ? q : 0.0f));   /* NaN -> 0 */
 		return (uint32_t)(uint8_t)(int8_t)(int)q;
@@ -370,9 +449,9 @@ KVQ_HD uint32_t kvq_code_asym(float x, float s, float z, float qmax)
 /* Value of a symmetric code (scale not applied). */
 KVQ_HD float kvq_decode_sym(int f, uint32_t c)
 {
-	switch (f) {
-	case KVQ_FMT_FP8: return kvq_fp8_e4m3_dec((uint8_t)c);
-	case KVQ_FMT_FP8E5M2: return kvq_fp8_e5m2_dec((uint8_t)c);
+	switch (kvq_fmt_code(f)) {
+	case KVQ_CODE_E4M3: return kvq_fp8_e4m3_dec((uint8_t)c);
+	case KVQ_CODE_E5M2: return kvq_fp8_e5m2_dec((uint8_t)c);
 	default: return (float)(int8_t)(uint8_t)c;
 	}
 }
@@ -452,7 +531,7 @@ KVQ_HD uint32_t kvq_param_count(int kind, unsigned group, uint32_t B, uint32_t D
 /* Bytes of one parameter entry. */
 KVQ_HD uint32_t kvq_param_entry_bytes(int kind)
 {
-	return kind == KVQ_PARAM_TOKEN ? 2u : (kind == KVQ_PARAM_NONE ? 0u : 4u);
+	return kind == KVQ_PARAM_TOKEN ? 2u : (kind == KVQ_PARAM_GROUP || kind == KVQ_PARAM_CHANNEL ? 4u : 0u);
 }
 
 /* Read element i of a packed code array. */
@@ -499,7 +578,7 @@ KVQ_HD float kvq_dequant(int f, int kind, uint32_t c, uint16_t s, uint16_t z)
 {
 	switch (kind) {
 	case KVQ_PARAM_NONE:
-		return f == KVQ_FMT_BF16 ? kvq_bf16_to_f32((uint16_t)c) : kvq_f16_to_f32((uint16_t)c);
+		return kvq_fmt_code(f) == KVQ_CODE_BF16 ? kvq_bf16_to_f32((uint16_t)c) : kvq_f16_to_f32((uint16_t)c);
 	case KVQ_PARAM_TOKEN:
 		return kvq_decode_sym(f, c) * kvq_f16_to_f32(s);
 	default:

@@ -120,10 +120,17 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 		ll->sealed_slice = (uint64_t)H * ll->sealed_head;
 		ll->open_slice = (uint64_t)H * ll->open_head;
 		ll->region = pos;
+		ll->B = B;
+		ll->D = D;
+		ll->H = H;
+		ll->window = L->window;
+		ll->n_sealed = p->n_sealed;
+		ll->n_open = p->n_open;
+		ll->act = p->act;
 		if (__builtin_mul_overflow((uint64_t)p->n_sealed, ll->sealed_slice, &sealed_bytes) ||
 		    __builtin_mul_overflow((uint64_t)p->n_open, ll->open_slice, &open_bytes) ||
-		    __builtin_add_overflow(pos, sealed_bytes, &pos) ||
-		    __builtin_add_overflow(pos, open_bytes, &pos) || pos > UINT64_MAX - 255) {
+		    __builtin_add_overflow(pos, sealed_bytes, &ll->open_base) ||
+		    __builtin_add_overflow(ll->open_base, open_bytes, &pos) || pos > UINT64_MAX - 255) {
 			kvq_seterr(err, errlen, "pool of %u layers x (%u sealed + %u open slots) exceeds 2^64 bytes",
 			       p->layers, p->n_sealed, p->n_open);
 			free(L);

@@ -43,15 +43,20 @@ struct kvq_layout_params {
 	const struct kvq_policy *policy;
 };
 
+/* One layer: all a kernel needs, host and device alike (the CUDA kernels
+ * take it by value). */
 struct kvq_layer_layout {
-	uint8_t kfmt, vfmt;
 	uint64_t region;               /* byte offset of the layer's region */
 	uint64_t sealed_slice;         /* bytes of one sealed slice (all heads) */
 	uint64_t open_slice;           /* bytes of one open slice */
+	uint64_t open_base;            /* byte offset of its open slices: region + n_sealed * sealed_slice */
 	uint32_t sealed_head;          /* bytes of one sealed head slice */
 	uint32_t open_head;            /* bytes of one open head slice */
 	uint32_t off[KVQ_NFIELDS];     /* field offsets inside a sealed head slice */
 	uint32_t size[KVQ_NFIELDS];    /* field sizes (unpadded) */
+	/* the pool's geometry (struct kvq_layout), repeated here */
+	uint32_t B, D, H, window, n_sealed, n_open;
+	int kfmt, vfmt, act;
 };
 
 struct kvq_layout {
@@ -74,6 +79,24 @@ void kvq_layout_free(struct kvq_layout *L);
 /* Default open window: 4B when any layer uses KIVI, else B. */
 uint32_t kvq_layout_default_window(const struct kvq_policy *p, uint32_t block_tokens);
 
+/* The layout's arithmetic, for the host and the CUDA kernels alike (which
+ * pass a layer's fields as the arguments).  Byte offset of head h of slot
+ * id, for slots of `slice` bytes from `first` with heads of `head` bytes
+ * (sealed: region, sealed_slice, sealed_head; open: open_base, open_slice,
+ * open_head). */
+KVQ_HD uint64_t kvq_head_off(uint64_t first, uint64_t slice, uint32_t head, uint32_t id, uint32_t h)
+{
+	return first + (uint64_t)id * slice + (uint64_t)h * head;
+}
+
+/* Tokens of a sequence of n tokens that are sealed, with open window R and
+ * blocks of B tokens: S(n) = B * max(0, ceil((n - R) / B)).  The one split
+ * rule: append, prefill, attention and the prefix lookup all take it. */
+KVQ_HD uint32_t kvq_split(uint32_t n, uint32_t R, uint32_t B)
+{
+	return n <= R ? 0 : B * ((n - R + B - 1) / B);
+}
+
 /* Byte offset of a field of (class, slot id, layer, head).  Arguments are not
  * checked: callers validate ids against n_sealed / n_open first. */
 static inline uint64_t kvq_layout_off(const struct kvq_layout *L, int cls, uint32_t id,
@@ -82,19 +105,15 @@ static inline uint64_t kvq_layout_off(const struct kvq_layout *L, int cls, uint3
 	const struct kvq_layer_layout *ll = &L->layer[layer];
 
 	if (cls == KVQ_SEALED)
-		return ll->region + (uint64_t)id * ll->sealed_slice + (uint64_t)head * ll->sealed_head +
-		       ll->off[field];
-	return ll->region + (uint64_t)L->n_sealed * ll->sealed_slice + (uint64_t)id * ll->open_slice +
-	       (uint64_t)head * ll->open_head +
+		return kvq_head_off(ll->region, ll->sealed_slice, ll->sealed_head, id, head) + ll->off[field];
+	return kvq_head_off(ll->open_base, ll->open_slice, ll->open_head, id, head) +
 	       (field == KVQ_V_CODES ? (uint64_t)L->block_tokens * L->head_dim * kvq_dtype_bytes(L->act) : 0);
 }
 
-/* Tokens of a sequence of n tokens that are sealed: S(n) = B * max(0, ceil((n - R) / B)). */
+/* S(n) of the layout (kvq_split). */
 static inline uint32_t kvq_layout_split(const struct kvq_layout *L, uint32_t n)
 {
-	uint32_t B = L->block_tokens;
-
-	return n <= L->window ? 0 : B * ((n - L->window + B - 1) / B);
+	return kvq_split(n, L->window, L->block_tokens);
 }
 
 #ifdef __cplusplus

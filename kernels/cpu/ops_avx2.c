@@ -71,24 +71,24 @@ static void decode(int fmt, const uint8_t *codes, uint32_t first, uint32_t n, fl
 	const uint8_t *p = codes + (size_t)first * bits / 8;
 	__m256 a, b;
 
-	switch (fmt) {
-	case KVQ_FMT_F16:
+	switch (kvq_fmt_code(fmt)) {
+	case KVQ_CODE_F16:
 		for (uint32_t i = 0; i < n; i += 8)
 			_mm256_storeu_ps(out + i, dec8_f16(p + 2 * i));
 		break;
-	case KVQ_FMT_BF16:
+	case KVQ_CODE_BF16:
 		for (uint32_t i = 0; i < n; i += 8)
 			_mm256_storeu_ps(out + i, dec8_bf16(p + 2 * i));
 		break;
-	case KVQ_FMT_INT8:
+	case KVQ_CODE_SINT:   /* of 8 bits, the only one in the table */
 		for (uint32_t i = 0; i < n; i += 8)
 			_mm256_storeu_ps(out + i, dec8_int8(p + i));
 		break;
-	case KVQ_FMT_FP8:
+	case KVQ_CODE_E4M3:
 		for (uint32_t i = 0; i < n; i += 8)
 			_mm256_storeu_ps(out + i, dec8_e4m3(p + i));
 		break;
-	case KVQ_FMT_FP8E5M2:
+	case KVQ_CODE_E5M2:
 		for (uint32_t i = 0; i < n; i += 8)
 			_mm256_storeu_ps(out + i, dec8_e5m2(p + i));
 		break;
@@ -237,11 +237,11 @@ static float expsum(float *x, float mx, uint32_t n)
 /* Elements e .. e+7 of a row of an 8- or 16-bit format. */
 static ALWAYS_INLINE __m256 dec8(int F, const uint8_t *row, uint32_t e)
 {
-	switch (F) {
-	case KVQ_FMT_F16: return dec8_f16(row + 2 * e);
-	case KVQ_FMT_BF16: return dec8_bf16(row + 2 * e);
-	case KVQ_FMT_INT8: return dec8_int8(row + e);
-	case KVQ_FMT_FP8: return dec8_e4m3(row + e);
+	switch (kvq_fmt_code(F)) {
+	case KVQ_CODE_F16: return dec8_f16(row + 2 * e);
+	case KVQ_CODE_BF16: return dec8_bf16(row + 2 * e);
+	case KVQ_CODE_SINT: return dec8_int8(row + e);
+	case KVQ_CODE_E4M3: return dec8_e4m3(row + e);
 	default: return dec8_e5m2(row + e);
 	}
 }
@@ -250,11 +250,11 @@ static ALWAYS_INLINE __m256 dec8(int F, const uint8_t *row, uint32_t e)
  * F is a compile-time constant in every caller. */
 static ALWAYS_INLINE void dec16(int F, const uint8_t *row, uint32_t e, __m256 *lo, __m256 *hi)
 {
-	switch (F) {
-	case KVQ_FMT_KIVI2:
+	switch (kvq_fmt_bits(F)) {
+	case 2:
 		dec16_u2(row + e / 4, lo, hi);
 		break;
-	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128: case KVQ_FMT_KIVI4:
+	case 4:
 		dec16_u4(row + e / 2, lo, hi);
 		break;
 	default:   /* the 8- and 16-bit formats */
@@ -539,18 +539,13 @@ static ALWAYS_INLINE void v_accum4_impl(const struct kvq_blk *b, const float *p,
 	}
 }
 
-/* One place turns (format, parameter kind) into the constants above. */
-#define FORMAT_DISPATCH(fmt, CALL)                                                       \
+/* One place turns a format into the constants above: FORMAT_CALL(F), a
+ * macro the caller defines, in a case per row of the format table (groups
+ * are read from the block, so the int4 rows' instances are alike). */
+#define FORMAT_CASE(ID, ...) case KVQ_FMT_##ID: FORMAT_CALL(KVQ_FMT_##ID); break;
+#define FORMAT_DISPATCH(fmt)                                                             \
 	switch (fmt) {                                                                   \
-	case KVQ_FMT_F16: CALL(KVQ_FMT_F16); break;                                      \
-	case KVQ_FMT_BF16: CALL(KVQ_FMT_BF16); break;                                    \
-	case KVQ_FMT_INT8: CALL(KVQ_FMT_INT8); break;                                    \
-	case KVQ_FMT_FP8: CALL(KVQ_FMT_FP8); break;                                      \
-	case KVQ_FMT_FP8E5M2: CALL(KVQ_FMT_FP8E5M2); break;                              \
-	case KVQ_FMT_INT4G32: case KVQ_FMT_INT4G64: case KVQ_FMT_INT4G128:               \
-		CALL(KVQ_FMT_INT4G32); break;                                            \
-	case KVQ_FMT_KIVI4: CALL(KVQ_FMT_KIVI4); break;                                  \
-	case KVQ_FMT_KIVI2: CALL(KVQ_FMT_KIVI2); break;                                  \
+	KVQ_FORMATS(FORMAT_CASE)                                                         \
 	default: break;                                                                  \
 	}
 
@@ -561,9 +556,13 @@ static void k_scores4(const struct kvq_blk *b, const float *q, uint32_t tmax, fl
 #define K_CALL(F) k_scores4_impl(b, q, tmax, sc, ldsc, F, kvq_fmt_param_kind(F, 0), 4)
 #define K_CALL3(F) k_scores4_impl(b, q, tmax, sc, ldsc, F, kvq_fmt_param_kind(F, 0), 3)
 	if (b->rows == 3) {
-		FORMAT_DISPATCH(b->kfmt, K_CALL3)
+#define FORMAT_CALL K_CALL3
+		FORMAT_DISPATCH(b->kfmt)
+#undef FORMAT_CALL
 	} else {
-		FORMAT_DISPATCH(b->kfmt, K_CALL)
+#define FORMAT_CALL K_CALL
+		FORMAT_DISPATCH(b->kfmt)
+#undef FORMAT_CALL
 	}
 #undef K_CALL
 #undef K_CALL3
@@ -575,11 +574,17 @@ static void v_accum4(const struct kvq_blk *b, const float *p, size_t ldp, float 
 #define V_CALL32(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), 32, 4)
 #define V_CALL32R3(F) v_accum4_impl(b, p, ldp, accT, F, kvq_fmt_param_kind(F, 1), 32, 3)
 	if (b->B == 32 && b->rows == 3) {
-		FORMAT_DISPATCH(b->vfmt, V_CALL32R3)
+#define FORMAT_CALL V_CALL32R3
+		FORMAT_DISPATCH(b->vfmt)
+#undef FORMAT_CALL
 	} else if (b->B == 32) {
-		FORMAT_DISPATCH(b->vfmt, V_CALL32)
+#define FORMAT_CALL V_CALL32
+		FORMAT_DISPATCH(b->vfmt)
+#undef FORMAT_CALL
 	} else {
-		FORMAT_DISPATCH(b->vfmt, V_CALL)
+#define FORMAT_CALL V_CALL
+		FORMAT_DISPATCH(b->vfmt)
+#undef FORMAT_CALL
 	}
 #undef V_CALL
 #undef V_CALL32

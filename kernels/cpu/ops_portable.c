@@ -11,10 +11,10 @@ static void decode(int fmt, const uint8_t *codes, uint32_t first, uint32_t n, fl
 
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t c = kvq_code_get(codes, first + i, bits);
-		switch (fmt) {
-		case KVQ_FMT_F16: out[i] = kvq_f16_to_f32((uint16_t)c); break;
-		case KVQ_FMT_BF16: out[i] = kvq_bf16_to_f32((uint16_t)c); break;
-		case KVQ_FMT_INT8: case KVQ_FMT_FP8: case KVQ_FMT_FP8E5M2:
+		switch (kvq_fmt_code(fmt)) {
+		case KVQ_CODE_F16: out[i] = kvq_f16_to_f32((uint16_t)c); break;
+		case KVQ_CODE_BF16: out[i] = kvq_bf16_to_f32((uint16_t)c); break;
+		case KVQ_CODE_SINT: case KVQ_CODE_E4M3: case KVQ_CODE_E5M2:
 			out[i] = kvq_decode_sym(fmt, c);
 			break;
 		default: out[i] = (float)c; break;

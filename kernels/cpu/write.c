@@ -33,7 +33,8 @@ static void seal_part(int f, int is_v, uint32_t B, uint32_t D, int act, const vo
 		for (uint32_t t = 0; t < B; t++)
 			for (uint32_t d = 0; d < D; d++) {
 				float x = kvq_act_to_f32(act, rows[t], d);
-				uint16_t c = f == KVQ_FMT_BF16 ? kvq_bf16_from_f32(x) : kvq_f16_from_f32(x);
+				uint16_t c = kvq_fmt_code(f) == KVQ_CODE_BF16 ? kvq_bf16_from_f32(x)
+										 : kvq_f16_from_f32(x);
 				kvq_code_put(codes, elem(is_v, t, d, B, D), 16, c);
 			}
 		break;

@@ -15,57 +15,29 @@
 
 namespace kvq {
 
-/* One layer of the layout, passed by value. */
-struct layer_dev {
-	uint64_t region, sealed_slice, open_slice, open_base;
-	uint32_t sealed_head, open_head;
-	uint32_t off[KVQ_NFIELDS], size[KVQ_NFIELDS];
-	uint32_t B, D, H, window, n_sealed, n_open;
-	int kfmt, vfmt, act;
-};
+/* One layer of the layout, passed by value (kernels/layout.h). */
+typedef struct kvq_layer_layout layer_dev;
 
 static inline layer_dev layer_of(const struct kvq_layout *L, uint32_t layer)
 {
-	const struct kvq_layer_layout *ll = &L->layer[layer];
-	layer_dev d;
-
-	d.region = ll->region;
-	d.sealed_slice = ll->sealed_slice;
-	d.open_slice = ll->open_slice;
-	d.open_base = ll->region + (uint64_t)L->n_sealed * ll->sealed_slice;
-	d.sealed_head = ll->sealed_head;
-	d.open_head = ll->open_head;
-	for (int f = 0; f < KVQ_NFIELDS; f++) {
-		d.off[f] = ll->off[f];
-		d.size[f] = ll->size[f];
-	}
-	d.B = L->block_tokens;
-	d.D = L->head_dim;
-	d.H = L->kv_heads;
-	d.window = L->window;
-	d.n_sealed = L->n_sealed;
-	d.n_open = L->n_open;
-	d.kfmt = ll->kfmt;
-	d.vfmt = ll->vfmt;
-	d.act = L->act;
-	return d;
+	return L->layer[layer];
 }
 
 /* Head slice of a sealed or open block (ids already checked). */
 __device__ __forceinline__ const uint8_t *sealed_head(const layer_dev &l, const uint8_t *base, uint32_t id, uint32_t h)
 {
-	return base + l.region + (uint64_t)id * l.sealed_slice + (uint64_t)h * l.sealed_head;
+	return base + kvq_head_off(l.region, l.sealed_slice, l.sealed_head, id, h);
 }
 
 __device__ __forceinline__ const uint8_t *open_head(const layer_dev &l, const uint8_t *base, uint32_t id, uint32_t h)
 {
-	return base + l.open_base + (uint64_t)id * l.open_slice + (uint64_t)h * l.open_head;
+	return base + kvq_head_off(l.open_base, l.open_slice, l.open_head, id, h);
 }
 
-/* S(n): tokens of a sequence of n that are sealed (kvq_layout_split). */
+/* S(n): tokens of a sequence of n that are sealed (kvq_split). */
 __device__ __forceinline__ uint32_t split_of(const layer_dev &l, uint32_t n)
 {
-	return n <= l.window ? 0 : l.B * ((n - l.window + l.B - 1) / l.B);
+	return kvq_split(n, l.window, l.B);
 }
 
 /* ------------------------------------------------------------ activations */
@@ -93,29 +65,24 @@ template <> struct act<KVQ_DT_BF16> {
 };
 
 /* ------------------------------------------------------------- format traits
- * One block per format: bits per code, how K and V keep their parameters
- * (kvq_format.h), the group along the head dim, and raw(): the value of a code
- * before its scale and zero, exact in FP16 and BF16. */
-template <int F> struct fmt;
-
-template <> struct fmt<KVQ_FMT_F16> {
-	static constexpr unsigned bits = 16, group_v = 0, group_k = 0;
-	static constexpr int kind_k = KVQ_PARAM_NONE, kind_v = KVQ_PARAM_NONE;
+ * A format's traits, from the format table (kvq_format.h): bits per code,
+ * how K and V keep their parameters, the group along the head dim, and
+ * raw(): the value of a code before its scale and zero, exact in FP16 and
+ * BF16, by what the code is (code_raw, one per enum kvq_code). */
+template <int C> struct code_raw;   /* KVQ_CODE_INDEX has none: a codebook's kernel reads its own */
+template <> struct code_raw<KVQ_CODE_UINT> {
+	static __device__ __forceinline__ float raw(uint32_t c) { return (float)c; }
+};
+template <> struct code_raw<KVQ_CODE_F16> {
 	static __device__ __forceinline__ float raw(uint32_t c) { return __half2float(__ushort_as_half((unsigned short)c)); }
 };
-template <> struct fmt<KVQ_FMT_BF16> {
-	static constexpr unsigned bits = 16, group_v = 0, group_k = 0;
-	static constexpr int kind_k = KVQ_PARAM_NONE, kind_v = KVQ_PARAM_NONE;
+template <> struct code_raw<KVQ_CODE_BF16> {
 	static __device__ __forceinline__ float raw(uint32_t c) { return kvq_bf16_to_f32((uint16_t)c); }
 };
-template <> struct fmt<KVQ_FMT_INT8> {
-	static constexpr unsigned bits = 8, group_v = 0, group_k = 0;
-	static constexpr int kind_k = KVQ_PARAM_TOKEN, kind_v = KVQ_PARAM_TOKEN;
+template <> struct code_raw<KVQ_CODE_SINT> {   /* of 8 bits, the only one in the table */
 	static __device__ __forceinline__ float raw(uint32_t c) { return (float)(int8_t)(uint8_t)c; }
 };
-template <> struct fmt<KVQ_FMT_FP8> {
-	static constexpr unsigned bits = 8, group_v = 0, group_k = 0;
-	static constexpr int kind_k = KVQ_PARAM_TOKEN, kind_v = KVQ_PARAM_TOKEN;
+template <> struct code_raw<KVQ_CODE_E4M3> {
 	static __device__ __forceinline__ float raw(uint32_t c)
 	{
 #if __CUDA_ARCH__ >= 890
@@ -126,26 +93,14 @@ template <> struct fmt<KVQ_FMT_FP8> {
 #endif
 	}
 };
-template <> struct fmt<KVQ_FMT_FP8E5M2> {
-	static constexpr unsigned bits = 8, group_v = 0, group_k = 0;
-	static constexpr int kind_k = KVQ_PARAM_TOKEN, kind_v = KVQ_PARAM_TOKEN;
+template <> struct code_raw<KVQ_CODE_E5M2> {
 	static __device__ __forceinline__ float raw(uint32_t c) { return kvq_fp8_e5m2_dec((uint8_t)c); }
 };
-template <unsigned G> struct fmt_int4 {
-	static constexpr unsigned bits = 4, group_v = G, group_k = G;
-	static constexpr int kind_k = KVQ_PARAM_GROUP, kind_v = KVQ_PARAM_GROUP;
-	static __device__ __forceinline__ float raw(uint32_t c) { return (float)c; }
+
+template <int F> struct fmt : code_raw<kvq_fmt_code(F)> {
+	static constexpr unsigned bits = kvq_fmt_bits(F), group_k = kvq_fmt_group(F, 0), group_v = kvq_fmt_group(F, 1);
+	static constexpr int code = kvq_fmt_code(F), kind_k = kvq_fmt_param_kind(F, 0), kind_v = kvq_fmt_param_kind(F, 1);
 };
-template <> struct fmt<KVQ_FMT_INT4G32> : fmt_int4<32> {};
-template <> struct fmt<KVQ_FMT_INT4G64> : fmt_int4<64> {};
-template <> struct fmt<KVQ_FMT_INT4G128> : fmt_int4<128> {};
-template <unsigned BITS> struct fmt_kivi {
-	static constexpr unsigned bits = BITS, group_v = KVQ_KIVI_V_GROUP, group_k = 0;
-	static constexpr int kind_k = KVQ_PARAM_CHANNEL, kind_v = KVQ_PARAM_GROUP;
-	static __device__ __forceinline__ float raw(uint32_t c) { return (float)c; }
-};
-template <> struct fmt<KVQ_FMT_KIVI4> : fmt_kivi<4> {};
-template <> struct fmt<KVQ_FMT_KIVI2> : fmt_kivi<2> {};
 
 /* Code i of a packed array of BITS-bit codes. */
 template <unsigned BITS> __device__ __forceinline__ uint32_t code_at(const uint8_t *p, uint32_t i)

@@ -72,31 +72,33 @@ template <int N> __device__ __forceinline__ void dec_ld(uint32_t (&r)[N / 4], co
 	}
 }
 
-/* Codes to exact activation-type pairs: four() turns a word of four 8-bit
- * codes into pairs (c0, c1) and (c2, c3); two() a word of two 16-bit codes
- * into one pair.  The generic form goes through fp32; the common ones are
- * specialised to a few logic ops. */
-template <int F, int ACT> struct dec_cvt {
+/* Codes to exact activation-type pairs, by what the codes are (enum
+ * kvq_code): four() turns a word of four 8-bit codes into pairs (c0, c1)
+ * and (c2, c3); two() a word of two 16-bit codes into one pair.  The
+ * generic form goes through fp32; the common ones are specialised to a few
+ * logic ops.  dec_cvt<F, ACT> is the one of format F. */
+template <int C, int ACT> struct dec_cvt_code {
 	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
 	{
-		lo = act<ACT>::pack(fmt<F>::raw(w & 0xffu), fmt<F>::raw((w >> 8) & 0xffu));
-		hi = act<ACT>::pack(fmt<F>::raw((w >> 16) & 0xffu), fmt<F>::raw(w >> 24));
+		lo = act<ACT>::pack(code_raw<C>::raw(w & 0xffu), code_raw<C>::raw((w >> 8) & 0xffu));
+		hi = act<ACT>::pack(code_raw<C>::raw((w >> 16) & 0xffu), code_raw<C>::raw(w >> 24));
 	}
 	static __device__ __forceinline__ uint32_t two(uint32_t w)
 	{
-		return act<ACT>::pack(fmt<F>::raw(w & 0xffffu), fmt<F>::raw(w >> 16));
+		return act<ACT>::pack(code_raw<C>::raw(w & 0xffffu), code_raw<C>::raw(w >> 16));
 	}
 };
+template <int F, int ACT> using dec_cvt = dec_cvt_code<kvq_fmt_code(F), ACT>;
 
-template <> struct dec_cvt<KVQ_FMT_F16, KVQ_DT_F16> {
+template <> struct dec_cvt_code<KVQ_CODE_F16, KVQ_DT_F16> {
 	static __device__ __forceinline__ uint32_t two(uint32_t w) { return w; }
 };
-template <> struct dec_cvt<KVQ_FMT_BF16, KVQ_DT_BF16> {
+template <> struct dec_cvt_code<KVQ_CODE_BF16, KVQ_DT_BF16> {
 	static __device__ __forceinline__ uint32_t two(uint32_t w) { return w; }
 };
 
 /* int8 -> f16: 0x6400 | (c ^ 0x80) is 1024 + c + 128, exact; one subtraction per pair */
-template <> struct dec_cvt<KVQ_FMT_INT8, KVQ_DT_F16> {
+template <> struct dec_cvt_code<KVQ_CODE_SINT, KVQ_DT_F16> {
 	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
 	{
 		const uint32_t x = w ^ 0x80808080u, bias = 0x64806480u;   /* 1152 in each half */
@@ -107,7 +109,7 @@ template <> struct dec_cvt<KVQ_FMT_INT8, KVQ_DT_F16> {
 };
 
 /* int8 -> bf16: 2^23 + 128 + c as fp32 (exact), less 2^23 + 128, packed */
-template <> struct dec_cvt<KVQ_FMT_INT8, KVQ_DT_BF16> {
+template <> struct dec_cvt_code<KVQ_CODE_SINT, KVQ_DT_BF16> {
 	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
 	{
 		const uint32_t x = w ^ 0x80808080u;
@@ -122,7 +124,7 @@ template <> struct dec_cvt<KVQ_FMT_INT8, KVQ_DT_BF16> {
 
 #if __CUDA_ARCH__ >= 890
 /* e4m3 -> f16: the hardware conversion, two codes per instruction */
-template <> struct dec_cvt<KVQ_FMT_FP8, KVQ_DT_F16> {
+template <> struct dec_cvt_code<KVQ_CODE_E4M3, KVQ_DT_F16> {
 	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
 	{
 		const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
@@ -134,7 +136,7 @@ template <> struct dec_cvt<KVQ_FMT_FP8, KVQ_DT_F16> {
 #endif
 
 /* e5m2 is the top byte of an f16 */
-template <> struct dec_cvt<KVQ_FMT_FP8E5M2, KVQ_DT_F16> {
+template <> struct dec_cvt_code<KVQ_CODE_E5M2, KVQ_DT_F16> {
 	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
 	{
 		lo = __byte_perm(w, 0u, 0x1404);
@@ -232,7 +234,8 @@ __device__ __forceinline__ void dec_kfrag(uint32_t fa[4], const uint32_t (&r0)[N
 	if constexpr (fmt<F>::bits == 16) {
 		dec_perm16<P>(r0, k, fa[0], fa[2]);
 		dec_perm16<P>(r1, k, fa[1], fa[3]);
-		if constexpr (!((F == KVQ_FMT_F16 && ACT == KVQ_DT_F16) || (F == KVQ_FMT_BF16 && ACT == KVQ_DT_BF16))) {
+		if constexpr (!((fmt<F>::code == KVQ_CODE_F16 && ACT == KVQ_DT_F16) ||
+				(fmt<F>::code == KVQ_CODE_BF16 && ACT == KVQ_DT_BF16))) {
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 				fa[i] = dec_cvt<F, ACT>::two(fa[i]);

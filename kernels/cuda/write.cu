@@ -127,12 +127,12 @@ __device__ __forceinline__ float act_f(int act, uint16_t x)
  * conversion. */
 template <int F> __device__ __forceinline__ uint32_t code16(int act, uint16_t x)
 {
-	if (F == KVQ_FMT_F16 && act == KVQ_DT_F16)
+	if (fmt<F>::code == KVQ_CODE_F16 && act == KVQ_DT_F16)
 		return (x & 0x7fffu) > 0x7c00u ? (x & 0x8000u) | 0x7e00u : x;
-	if (F == KVQ_FMT_BF16 && act == KVQ_DT_BF16)
+	if (fmt<F>::code == KVQ_CODE_BF16 && act == KVQ_DT_BF16)
 		return (x & 0x7fffu) > 0x7f80u ? x | 0x40u : x;
 	const float f = act == KVQ_DT_BF16 ? kvq_bf16_to_f32(x) : kvq_f16_to_f32(x);
-	return F == KVQ_FMT_BF16 ? kvq_bf16_from_f32(f) : kvq_f16_from_f32(f);
+	return fmt<F>::code == KVQ_CODE_BF16 ? kvq_bf16_from_f32(f) : kvq_f16_from_f32(f);
 }
 
 /* One part (K or V) of a head being sealed. */
@@ -171,7 +171,7 @@ __device__ __forceinline__ void unpack8(int act, uint4 v, float f[8])
 /* Formats whose codes are a quotient rounded to an integer: they take the
  * reciprocal of the scale (FP8 rounds to its own grid: a true division). */
 template <int F> struct recip {
-	static constexpr bool ok = fmt<F>::bits < 16 && F != KVQ_FMT_FP8 && F != KVQ_FMT_FP8E5M2;
+	static constexpr bool ok = fmt<F>::code == KVQ_CODE_SINT || fmt<F>::code == KVQ_CODE_UINT;
 };
 
 /* rint(y / s) from r, 1 / s rounded: q = y * r is within 2^-12 of y / s
@@ -428,18 +428,16 @@ template <int F, int IS_V> __device__ void part_codes(const part &p)
 template <int IS_V> __device__ void part_run(int f, int phase, const part &p)
 {
 	switch (f) {
-#define SEAL_FMT(F) \
-	case F: \
+#define SEAL_FMT(ID, ...) \
+	case KVQ_FMT_##ID: \
 		if (phase == 0) \
-			part_reduce<F, IS_V>(p); \
+			part_reduce<KVQ_FMT_##ID, IS_V>(p); \
 		else if (phase == 1) \
-			part_finish<F, IS_V>(p); \
+			part_finish<KVQ_FMT_##ID, IS_V>(p); \
 		else \
-			part_codes<F, IS_V>(p); \
+			part_codes<KVQ_FMT_##ID, IS_V>(p); \
 		break;
-	SEAL_FMT(KVQ_FMT_F16) SEAL_FMT(KVQ_FMT_BF16) SEAL_FMT(KVQ_FMT_INT8) SEAL_FMT(KVQ_FMT_FP8)
-	SEAL_FMT(KVQ_FMT_FP8E5M2) SEAL_FMT(KVQ_FMT_INT4G32) SEAL_FMT(KVQ_FMT_INT4G64) SEAL_FMT(KVQ_FMT_INT4G128)
-	SEAL_FMT(KVQ_FMT_KIVI4) SEAL_FMT(KVQ_FMT_KIVI2)
+	KVQ_FORMATS(SEAL_FMT)
 #undef SEAL_FMT
 	default:
 		break;
