@@ -23,7 +23,7 @@
 #include "pool.h"
 #include "prefix.h"
 #include "server.h"
-#include "session.h"
+#include "lease.h"
 
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59    /* Linux 4.13; older C libraries lack the name */
@@ -90,7 +90,7 @@ struct srv_conn {
 	struct event *pev;                           /* dying peer: waits for its exit */
 	bool hello;
 	struct srv_pool *pool;
-	kvq_session *lease;
+	kvq_lease *lease;
 };
 
 struct kvq_server {
@@ -303,10 +303,10 @@ static int pool_from_config(kvq_server *s, const struct kvq_config_pool *c, stru
 
 /* ---------------------------------------------------------------- leases and quotas */
 
-static uint64_t lease_bytes(const struct srv_pool *p, const kvq_session *l)
+static uint64_t lease_bytes(const struct srv_pool *p, const kvq_lease *l)
 {
-	return (uint64_t)kvq_session_n_sealed(l) * p->L->sealed_block_bytes +
-	       (uint64_t)kvq_session_n_open(l) * (p->L->open_block_bytes + p->L->sealed_block_bytes);
+	return (uint64_t)kvq_lease_n_sealed(l) * p->L->sealed_block_bytes +
+	       (uint64_t)kvq_lease_n_open(l) * (p->L->open_block_bytes + p->L->sealed_block_bytes);
 }
 
 /* Bytes of pool p that uid holds over all its connections, dying ones too:
@@ -342,14 +342,14 @@ static void lease_drop(struct srv_conn *c)
 
 	if (!p || !c->lease)
 		return;
-	while (kvq_session_next_open(c->lease, &pos, &id)) {
+	while (kvq_lease_next_open(c->lease, &pos, &id)) {
 		if (kvq_pool_release_open(p->pool, id) < 0)
 			kvq_log(LOG_ERR, "client %llu: open slot %u of its lease is not in use",
 				(unsigned long long)c->id, id);
 		open++;
 	}
 	pos = 0;
-	while (kvq_session_next_sealed(c->lease, &pos, &id, &n)) {
+	while (kvq_lease_next_sealed(c->lease, &pos, &id, &n)) {
 		for (uint32_t k = 0; k < n; k++)
 			if (kvq_pool_unref(p->pool, id) < 0) {
 				kvq_log(LOG_ERR, "client %llu: sealed block %u of its lease has no reference",
@@ -358,7 +358,7 @@ static void lease_drop(struct srv_conn *c)
 			}
 		sealed++;
 	}
-	kvq_session_free(c->lease);
+	kvq_lease_free(c->lease);
 	c->lease = NULL;
 	if (open || sealed)
 		kvq_log(LOG_DEBUG, "client %llu: lease dropped (%u open slots, %u sealed blocks)",
@@ -458,7 +458,7 @@ static void conn_close(struct srv_conn *c, const char *why)
 		c->out_head = o->next;
 		out_free(o);
 	}
-	if (c->lease && c->pidfd >= 0 && (kvq_session_n_sealed(c->lease) || kvq_session_n_open(c->lease)) &&
+	if (c->lease && c->pidfd >= 0 && (kvq_lease_n_sealed(c->lease) || kvq_lease_n_open(c->lease)) &&
 	    peer_dying(c)) {
 		c->pev = event_new(s->base, c->pidfd, EV_READ, conn_on_pidfd, c);
 		if (c->pev && event_add(c->pev, NULL) == 0) {
@@ -748,7 +748,7 @@ static int do_attach(struct srv_conn *c, const Kvq__Attach *a, struct reply *r, 
 			return ret;
 		}
 	}
-	ret = kvq_session_new(&c->lease);
+	ret = kvq_lease_new(&c->lease);
 	if (ret < 0) {
 		if (created)
 			pool_free(p);
@@ -808,7 +808,7 @@ static int do_alloc(struct srv_conn *c, const Kvq__Alloc *a, struct reply *r, ch
 	open = calloc(a->n_open + 1, sizeof(*open));
 	resv = calloc(a->n_open + 1, sizeof(*resv));
 	sealed = calloc(a->n_sealed + 1, sizeof(*sealed));
-	if (!open || !resv || !sealed || kvq_session_reserve(c->lease, a->n_sealed, a->n_open) < 0) {
+	if (!open || !resv || !sealed || kvq_lease_reserve(c->lease, a->n_sealed, a->n_open) < 0) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -822,9 +822,9 @@ static int do_alloc(struct srv_conn *c, const Kvq__Alloc *a, struct reply *r, ch
 		goto fail;
 	}
 	for (uint32_t i = 0; i < a->n_open; i++)
-		kvq_session_open_add(c->lease, open[i]);
+		kvq_lease_open_add(c->lease, open[i]);
 	for (uint32_t i = 0; i < a->n_sealed; i++)
-		kvq_session_sealed_add(c->lease, sealed[i], 1);
+		kvq_lease_sealed_add(c->lease, sealed[i], 1);
 	kvq__alloc_reply__init(&r->u.alloc);
 	r->u.alloc.n_open_ids = r->u.alloc.n_reserved_ids = a->n_open;
 	r->u.alloc.open_ids = open;
@@ -849,16 +849,16 @@ fail:
 static int do_seal(struct srv_conn *c, const Kvq__Seal *q, struct reply *r, char *err, size_t errlen)
 {
 	struct srv_pool *p = c->pool;
-	kvq_session *seen = NULL;
+	kvq_lease *seen = NULL;
 	int ret = 0;
 
-	ret = kvq_session_new(&seen);
+	ret = kvq_lease_new(&seen);
 	if (ret < 0)
 		return ret;
 	for (size_t i = 0; i < q->n_open_ids; i++) {
 		uint32_t o = q->open_ids[i], resv;
 
-		if (!kvq_session_open_has(c->lease, o) || kvq_session_open_add(seen, o) < 0) {
+		if (!kvq_lease_open_has(c->lease, o) || kvq_lease_open_add(seen, o) < 0) {
 			ret = (kvq_seterr(err, errlen, "seal.open_ids[%zu] = %u: not held (or named twice)", i, o),
 			-EINVAL);
 			goto out;
@@ -869,7 +869,7 @@ static int do_seal(struct srv_conn *c, const Kvq__Seal *q, struct reply *r, char
 			goto out;
 		}
 	}
-	if (kvq_session_reserve(c->lease, (uint32_t)q->n_open_ids, 0) < 0) {
+	if (kvq_lease_reserve(c->lease, (uint32_t)q->n_open_ids, 0) < 0) {
 		ret = -ENOMEM;
 		goto out;
 	}
@@ -877,14 +877,14 @@ static int do_seal(struct srv_conn *c, const Kvq__Seal *q, struct reply *r, char
 		uint32_t id;
 
 		kvq_pool_seal(p->pool, q->open_ids[i], &id);
-		kvq_session_open_del(c->lease, q->open_ids[i]);
-		kvq_session_sealed_add(c->lease, id, 1);
+		kvq_lease_open_del(c->lease, q->open_ids[i]);
+		kvq_lease_sealed_add(c->lease, id, 1);
 	}
 	kvq__seal_reply__init(&r->u.seal);
 	r->e.body_case = KVQ__ENVELOPE__BODY_SEAL_REPLY;
 	r->e.seal_reply = &r->u.seal;
 out:
-	kvq_session_free(seen);
+	kvq_lease_free(seen);
 	return ret;
 }
 
@@ -892,10 +892,10 @@ static int do_publish(struct srv_conn *c, const Kvq__Publish *q, struct reply *r
 {
 	struct srv_pool *p = c->pool;
 	uint32_t B = p->L->block_tokens, *ids = NULL;
-	kvq_session *seen = NULL;
+	kvq_lease *seen = NULL;
 	int ret;
 
-	ret = kvq_session_new(&seen);
+	ret = kvq_lease_new(&seen);
 	if (ret < 0)
 		return ret;
 	ids = calloc(q->n_blocks + 1, sizeof(*ids));
@@ -911,17 +911,17 @@ static int do_publish(struct srv_conn *c, const Kvq__Publish *q, struct reply *r
 					 b->n_tokens, B), -EINVAL);
 			goto out;
 		}
-		if (!kvq_session_sealed(c->lease, b->sealed_id) ||
+		if (!kvq_lease_sealed(c->lease, b->sealed_id) ||
 		    kvq_pool_check_sealed(p->pool, b->sealed_id, KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
-		    kvq_session_sealed_add(seen, b->sealed_id, 1) != 1) {
+		    kvq_lease_sealed_add(seen, b->sealed_id, 1) != 1) {
 			ret = (kvq_seterr(err, errlen,
 					 "publish.blocks[%zu].sealed_id %u: not an unpublished block held by the caller "
 					 "(or named twice)", i, b->sealed_id), -EINVAL);
 			goto out;
 		}
 		if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID &&
-		    !kvq_session_sealed(seen, b->parent_id) &&
-		    (!kvq_session_sealed(c->lease, b->parent_id) ||
+		    !kvq_lease_sealed(seen, b->parent_id) &&
+		    (!kvq_lease_sealed(c->lease, b->parent_id) ||
 		     kvq_pool_check_sealed(p->pool, b->parent_id, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0)) {
 			ret = (kvq_seterr(err, errlen,
 					 "publish.blocks[%zu].parent_id %u: neither a cached block the caller holds "
@@ -933,7 +933,7 @@ static int do_publish(struct srv_conn *c, const Kvq__Publish *q, struct reply *r
 			goto out;
 		}
 	}
-	if (kvq_session_reserve(c->lease, (uint32_t)q->n_blocks, 0) < 0) {
+	if (kvq_lease_reserve(c->lease, (uint32_t)q->n_blocks, 0) < 0) {
 		ret = -ENOMEM;
 		goto out;
 	}
@@ -959,14 +959,14 @@ static int do_publish(struct srv_conn *c, const Kvq__Publish *q, struct reply *r
 		}
 		if (got != b->sealed_id) {
 			/* the caller's holds move to the cached copy; the duplicate goes */
-			uint32_t n = kvq_session_sealed(c->lease, b->sealed_id);
+			uint32_t n = kvq_lease_sealed(c->lease, b->sealed_id);
 
 			for (uint32_t k = 0; k < n; k++)
 				kvq_pool_ref(p->pool, got);
 			for (uint32_t k = 0; k < n; k++)
 				kvq_pool_unref(p->pool, b->sealed_id);
-			kvq_session_sealed_sub(c->lease, b->sealed_id, n);
-			kvq_session_sealed_add(c->lease, got, n);
+			kvq_lease_sealed_sub(c->lease, b->sealed_id, n);
+			kvq_lease_sealed_add(c->lease, got, n);
 		}
 		ids[i] = got;
 	}
@@ -979,7 +979,7 @@ static int do_publish(struct srv_conn *c, const Kvq__Publish *q, struct reply *r
 	r->e.publish_reply = &r->u.publish;
 out:
 	free(ids);
-	kvq_session_free(seen);
+	kvq_lease_free(seen);
 	return ret;
 }
 
@@ -993,7 +993,7 @@ static int do_lookup(struct srv_conn *c, const Kvq__Lookup *q, struct reply *r, 
 	if (max_ids > KVQ_PROTO_MAX_IDS)
 		max_ids = KVQ_PROTO_MAX_IDS;
 	ids = calloc(max_ids + 1, sizeof(*ids));
-	if (!ids || kvq_session_reserve(c->lease, max_ids, 0) < 0) {
+	if (!ids || kvq_lease_reserve(c->lease, max_ids, 0) < 0) {
 		free(ids);
 		return -ENOMEM;
 	}
@@ -1004,7 +1004,7 @@ static int do_lookup(struct srv_conn *c, const Kvq__Lookup *q, struct reply *r, 
 		return kvq_seterr(err, errlen, "lookup failed: %s", strerror(-ret)), ret;
 	}
 	for (uint32_t i = 0; i < n; i++)
-		if (!kvq_session_sealed(c->lease, ids[i]))
+		if (!kvq_lease_sealed(c->lease, ids[i]))
 			fresh++;
 	if (!quota_allows(c->srv, p, c->uid, (uint64_t)fresh * p->L->sealed_block_bytes)) {
 		for (uint32_t i = 0; i < n; i++)
@@ -1014,7 +1014,7 @@ static int do_lookup(struct srv_conn *c, const Kvq__Lookup *q, struct reply *r, 
 				  p->name), -EDQUOT;
 	}
 	for (uint32_t i = 0; i < n; i++)
-		kvq_session_sealed_add(c->lease, ids[i], 1);
+		kvq_lease_sealed_add(c->lease, ids[i], 1);
 	p->lookup_tokens += q->max_tokens;
 	p->hit_tokens += (uint64_t)n * p->L->block_tokens;
 	kvq__lookup_reply__init(&r->u.lookup);
@@ -1028,21 +1028,21 @@ static int do_lookup(struct srv_conn *c, const Kvq__Lookup *q, struct reply *r, 
 
 /* Checks that the caller holds every sealed id with its multiplicity in
  * ids[n]; counts are left in *ret_want (free it). */
-static int check_held(struct srv_conn *c, const uint32_t *ids, size_t n, const char *what, kvq_session **ret_want,
+static int check_held(struct srv_conn *c, const uint32_t *ids, size_t n, const char *what, kvq_lease **ret_want,
 		      char *err, size_t errlen)
 {
-	kvq_session *want = NULL;
-	int ret = kvq_session_new(&want);
+	kvq_lease *want = NULL;
+	int ret = kvq_lease_new(&want);
 
 	if (ret < 0)
 		return ret;
 	for (size_t i = 0; i < n; i++) {
-		if (kvq_session_sealed_add(want, ids[i], 1) < 0) {
-			kvq_session_free(want);
+		if (kvq_lease_sealed_add(want, ids[i], 1) < 0) {
+			kvq_lease_free(want);
 			return -ENOMEM;
 		}
-		if (kvq_session_sealed(want, ids[i]) > kvq_session_sealed(c->lease, ids[i])) {
-			kvq_session_free(want);
+		if (kvq_lease_sealed(want, ids[i]) > kvq_lease_sealed(c->lease, ids[i])) {
+			kvq_lease_free(want);
 			return kvq_seterr(err, errlen, "%s[%zu] = %u: not held by the caller (that many times)", what,
 					  i, ids[i]), -EINVAL;
 		}
@@ -1054,27 +1054,27 @@ static int check_held(struct srv_conn *c, const uint32_t *ids, size_t n, const c
 static int do_release(struct srv_conn *c, const Kvq__Release *q, struct reply *r, char *err, size_t errlen)
 {
 	struct srv_pool *p = c->pool;
-	kvq_session *want = NULL;
+	kvq_lease *want = NULL;
 	int ret;
 
 	ret = check_held(c, q->sealed_ids, q->n_sealed_ids, "release.sealed_ids", &want, err, errlen);
 	if (ret < 0)
 		return ret;
 	for (size_t i = 0; i < q->n_open_ids; i++)
-		if (!kvq_session_open_has(c->lease, q->open_ids[i]) || kvq_session_open_add(want, q->open_ids[i]) < 0) {
-			kvq_session_free(want);
+		if (!kvq_lease_open_has(c->lease, q->open_ids[i]) || kvq_lease_open_add(want, q->open_ids[i]) < 0) {
+			kvq_lease_free(want);
 			return kvq_seterr(err, errlen, "release.open_ids[%zu] = %u: not held (or named twice)", i,
 					  q->open_ids[i]), -EINVAL;
 		}
 	for (size_t i = 0; i < q->n_sealed_ids; i++) {
 		kvq_pool_unref(p->pool, q->sealed_ids[i]);
-		kvq_session_sealed_sub(c->lease, q->sealed_ids[i], 1);
+		kvq_lease_sealed_sub(c->lease, q->sealed_ids[i], 1);
 	}
 	for (size_t i = 0; i < q->n_open_ids; i++) {
 		kvq_pool_release_open(p->pool, q->open_ids[i]);
-		kvq_session_open_del(c->lease, q->open_ids[i]);
+		kvq_lease_open_del(c->lease, q->open_ids[i]);
 	}
-	kvq_session_free(want);
+	kvq_lease_free(want);
 	kvq__release_reply__init(&r->u.release);
 	r->e.body_case = KVQ__ENVELOPE__BODY_RELEASE_REPLY;
 	r->e.release_reply = &r->u.release;
@@ -1088,18 +1088,18 @@ static int do_fork(struct srv_conn *c, const Kvq__Fork *q, struct reply *r, char
 	for (size_t i = 0; i < q->n_sealed_ids; i++) {
 		uint32_t id = q->sealed_ids[i];
 
-		if (!kvq_session_sealed(c->lease, id))
+		if (!kvq_lease_sealed(c->lease, id))
 			return kvq_seterr(err, errlen, "fork.sealed_ids[%zu] = %u: not held by the caller", i, id),
 			       -EINVAL;
 		/* a batch naming one id n times must fit below the limits n times over */
 		if (kvq_pool_refs(p->pool, id) >= KVQ_POOL_MAX_REFS - q->n_sealed_ids ||
-		    kvq_session_sealed(c->lease, id) >= UINT32_MAX - q->n_sealed_ids)
+		    kvq_lease_sealed(c->lease, id) >= UINT32_MAX - q->n_sealed_ids)
 			return kvq_seterr(err, errlen, "fork.sealed_ids[%zu] = %u: too many references", i, id),
 			       -EOVERFLOW;
 	}
 	for (size_t i = 0; i < q->n_sealed_ids; i++) {
 		kvq_pool_ref(p->pool, q->sealed_ids[i]);
-		kvq_session_sealed_add(c->lease, q->sealed_ids[i], 1);
+		kvq_lease_sealed_add(c->lease, q->sealed_ids[i], 1);
 	}
 	kvq__fork_reply__init(&r->u.fork);
 	r->e.body_case = KVQ__ENVELOPE__BODY_FORK_REPLY;
@@ -1178,8 +1178,8 @@ static void fill_client_stats(const struct srv_conn *c, bool exiting, Kvq__Clien
 	o->pool = (char *)(c->pool ? c->pool->name : "");
 	o->exiting = exiting;
 	if (c->pool && c->lease) {
-		o->sealed_blocks = kvq_session_n_sealed(c->lease);
-		o->open_blocks = kvq_session_n_open(c->lease);
+		o->sealed_blocks = kvq_lease_n_sealed(c->lease);
+		o->open_blocks = kvq_lease_n_open(c->lease);
 		o->bytes = lease_bytes(c->pool, c->lease);
 	}
 }

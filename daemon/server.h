@@ -6,7 +6,7 @@
  * Each connection gets the peer's SO_PEERCRED identity and a pidfd at
  * accept.  Every request is checked (kvq_frame_check, then against the
  * connection's state and lease) before anything changes; an error reply
- * changes nothing.  When a connection closes its lease (daemon/session.h) is
+ * changes nothing.  When a connection closes its lease (daemon/lease.h) is
  * dropped at once if the peer process lives on, or, if it is dying, only when
  * its pidfd reports the exit: a dying process's socket closes before its GPU
  * work has stopped.

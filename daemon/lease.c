@@ -2,7 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "session.h"
+#include "lease.h"
 
 /* Linear probing, backward-shift deletion (no tombstones, so a long-lived
  * lease with churn never degrades).  A count of 0 marks an empty cell. */
@@ -13,7 +13,7 @@ struct idmap {
 	uint32_t n;
 };
 
-struct kvq_session {
+struct kvq_lease {
 	struct idmap sealed, open;
 };
 
@@ -122,42 +122,42 @@ static int idmap_next(const struct idmap *m, uint32_t *pos, uint32_t *ret_key, u
 	return 0;
 }
 
-int kvq_session_new(kvq_session **ret)
+int kvq_lease_new(kvq_lease **ret)
 {
-	kvq_session *s = calloc(1, sizeof(*s));
+	kvq_lease *l = calloc(1, sizeof(*l));
 
-	if (!s)
+	if (!l)
 		return -ENOMEM;
-	*ret = s;
+	*ret = l;
 	return 0;
 }
 
-void kvq_session_free(kvq_session *s)
+void kvq_lease_free(kvq_lease *l)
 {
-	if (!s)
+	if (!l)
 		return;
-	idmap_fini(&s->sealed);
-	idmap_fini(&s->open);
-	free(s);
+	idmap_fini(&l->sealed);
+	idmap_fini(&l->open);
+	free(l);
 }
 
-int kvq_session_reserve(kvq_session *s, uint32_t n_sealed, uint32_t n_open)
+int kvq_lease_reserve(kvq_lease *l, uint32_t n_sealed, uint32_t n_open)
 {
-	int r = idmap_reserve(&s->sealed, n_sealed);
+	int r = idmap_reserve(&l->sealed, n_sealed);
 
-	return r < 0 ? r : idmap_reserve(&s->open, n_open);
+	return r < 0 ? r : idmap_reserve(&l->open, n_open);
 }
 
-uint32_t kvq_session_sealed(const kvq_session *s, uint32_t id)
+uint32_t kvq_lease_sealed(const kvq_lease *l, uint32_t id)
 {
-	const uint32_t *c = idmap_find(&s->sealed, id);
+	const uint32_t *c = idmap_find(&l->sealed, id);
 
 	return c ? *c : 0;
 }
 
-int kvq_session_sealed_add(kvq_session *s, uint32_t id, uint32_t n)
+int kvq_lease_sealed_add(kvq_lease *l, uint32_t id, uint32_t n)
 {
-	uint32_t *c = idmap_find(&s->sealed, id);
+	uint32_t *c = idmap_find(&l->sealed, id);
 	int r;
 
 	if (c) {
@@ -168,16 +168,16 @@ int kvq_session_sealed_add(kvq_session *s, uint32_t id, uint32_t n)
 	}
 	if (!n)
 		return 0;
-	r = idmap_reserve(&s->sealed, 1);
+	r = idmap_reserve(&l->sealed, 1);
 	if (r < 0)
 		return r;
-	idmap_put_raw(&s->sealed, id, n);
+	idmap_put_raw(&l->sealed, id, n);
 	return 1;
 }
 
-int kvq_session_sealed_sub(kvq_session *s, uint32_t id, uint32_t n)
+int kvq_lease_sealed_sub(kvq_lease *l, uint32_t id, uint32_t n)
 {
-	uint32_t *c = idmap_find(&s->sealed, id);
+	uint32_t *c = idmap_find(&l->sealed, id);
 
 	if (!n)
 		return 0;
@@ -187,56 +187,56 @@ int kvq_session_sealed_sub(kvq_session *s, uint32_t id, uint32_t n)
 		*c -= n;
 		return 0;
 	}
-	idmap_remove(&s->sealed, c);
+	idmap_remove(&l->sealed, c);
 	return 1;
 }
 
-int kvq_session_open_has(const kvq_session *s, uint32_t id)
+int kvq_lease_open_has(const kvq_lease *l, uint32_t id)
 {
-	return idmap_find(&s->open, id) != NULL;
+	return idmap_find(&l->open, id) != NULL;
 }
 
-int kvq_session_open_add(kvq_session *s, uint32_t id)
+int kvq_lease_open_add(kvq_lease *l, uint32_t id)
 {
 	int r;
 
-	if (idmap_find(&s->open, id))
+	if (idmap_find(&l->open, id))
 		return -EEXIST;
-	r = idmap_reserve(&s->open, 1);
+	r = idmap_reserve(&l->open, 1);
 	if (r < 0)
 		return r;
-	idmap_put_raw(&s->open, id, 1);
+	idmap_put_raw(&l->open, id, 1);
 	return 0;
 }
 
-int kvq_session_open_del(kvq_session *s, uint32_t id)
+int kvq_lease_open_del(kvq_lease *l, uint32_t id)
 {
-	uint32_t *c = idmap_find(&s->open, id);
+	uint32_t *c = idmap_find(&l->open, id);
 
 	if (!c)
 		return -ENOENT;
-	idmap_remove(&s->open, c);
+	idmap_remove(&l->open, c);
 	return 0;
 }
 
-uint32_t kvq_session_n_sealed(const kvq_session *s)
+uint32_t kvq_lease_n_sealed(const kvq_lease *l)
 {
-	return s->sealed.n;
+	return l->sealed.n;
 }
 
-uint32_t kvq_session_n_open(const kvq_session *s)
+uint32_t kvq_lease_n_open(const kvq_lease *l)
 {
-	return s->open.n;
+	return l->open.n;
 }
 
-int kvq_session_next_sealed(const kvq_session *s, uint32_t *pos, uint32_t *ret_id, uint32_t *ret_count)
+int kvq_lease_next_sealed(const kvq_lease *l, uint32_t *pos, uint32_t *ret_id, uint32_t *ret_count)
 {
-	return idmap_next(&s->sealed, pos, ret_id, ret_count);
+	return idmap_next(&l->sealed, pos, ret_id, ret_count);
 }
 
-int kvq_session_next_open(const kvq_session *s, uint32_t *pos, uint32_t *ret_id)
+int kvq_lease_next_open(const kvq_lease *l, uint32_t *pos, uint32_t *ret_id)
 {
 	uint32_t c;
 
-	return idmap_next(&s->open, pos, ret_id, &c);
+	return idmap_next(&l->open, pos, ret_id, &c);
 }
