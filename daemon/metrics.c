@@ -11,7 +11,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "config.h"
+#include "conf.h"
 #include "log.h"
 #include "metrics.h"
 #include "server.h"

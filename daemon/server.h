@@ -16,7 +16,7 @@
 
 #include <event2/event.h>
 
-#include "config.h"
+#include "conf.h"
 #include "metrics.h"
 #include "pool.h"
 
