@@ -108,7 +108,7 @@ struct kvq_server {
 	uint32_t n_conns;
 	uint64_t next_id;
 	struct timespec started;
-	struct kvq_metrics_hist latency[KVQ_REQ_COUNT];
+	struct kvq_hist latency[KVQ_REQ_COUNT];
 };
 
 static void conn_on_read(evutil_socket_t fd, short what, void *arg);
@@ -1535,7 +1535,7 @@ reply:
 	if (r.close_after)
 		c->close_after_flush = true;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	kvq_metrics_observe(&c->srv->latency[req_type(req->body_case)],
+	kvq_hist_observe(&c->srv->latency[req_type(req->body_case)],
 			    (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
 	reply_free(&r);
 	kvq_frame_envelope_free(req);
@@ -1819,7 +1819,7 @@ void kvq_server_connections(const kvq_server *s, uint32_t *ret_live, uint32_t *r
 	*ret_exiting = dying;
 }
 
-const struct kvq_metrics_hist *kvq_server_latency(const kvq_server *s, int req)
+const struct kvq_hist *kvq_server_latency(const kvq_server *s, int req)
 {
 	return req >= 0 && req < KVQ_REQ_COUNT ? &s->latency[req] : NULL;
 }

@@ -17,7 +17,7 @@
 #include <event2/event.h>
 
 #include "conf.h"
-#include "metrics.h"
+#include "hist.h"
 #include "pool.h"
 
 typedef struct kvq_server kvq_server;
@@ -84,7 +84,7 @@ int kvq_server_pool_info(const kvq_server *s, uint32_t i, struct kvq_server_pool
 void kvq_server_connections(const kvq_server *s, uint32_t *ret_live, uint32_t *ret_exiting);
 
 /* Latency histogram of requests of type req (enum kvq_server_req), or NULL. */
-const struct kvq_metrics_hist *kvq_server_latency(const kvq_server *s, int req);
+const struct kvq_hist *kvq_server_latency(const kvq_server *s, int req);
 
 /* Closes every connection, frees the pools, unlinks a socket it created.
  * NULL is fine. */
