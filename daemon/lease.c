@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "lease.h"
@@ -239,4 +240,95 @@ int kvq_lease_next_open(const kvq_lease *l, uint32_t *pos, uint32_t *ret_id)
 	uint32_t c;
 
 	return idmap_next(&l->open, pos, ret_id, &c);
+}
+
+/* The pool's side of taking a hold. */
+static int pool_take(kvq_pool *p, enum kvq_lease_hold how, uint32_t id, uint32_t n)
+{
+	int r;
+
+	if (how != KVQ_LEASE_REF)
+		return 0;   /* the pool counted it when it granted the slot */
+	for (uint32_t k = 0; k < n; k++) {
+		r = kvq_pool_ref(p, id);
+		if (r < 0) {
+			while (k--)
+				kvq_pool_unref(p, id);
+			return r;
+		}
+	}
+	return 0;
+}
+
+/* The pool's side of giving a hold back; stops at the pool's first refusal. */
+static int pool_give(kvq_pool *p, enum kvq_lease_hold how, uint32_t id, uint32_t n)
+{
+	uint32_t sealed;
+	int r;
+
+	switch (how) {
+	case KVQ_LEASE_OPEN:
+		return kvq_pool_release_open(p, id);
+	case KVQ_LEASE_SEALING:
+		return kvq_pool_seal(p, id, &sealed);
+	default:
+		for (uint32_t k = 0; k < n; k++) {
+			r = kvq_pool_unref(p, id);
+			if (r < 0)
+				return r;
+		}
+		return 0;
+	}
+}
+
+static bool is_open(enum kvq_lease_hold how)
+{
+	return how == KVQ_LEASE_OPEN || how == KVQ_LEASE_SEALING;
+}
+
+int kvq_lease_take(kvq_lease *l, kvq_pool *p, enum kvq_lease_hold how, uint32_t id, uint32_t n)
+{
+	int r;
+
+	if (how == KVQ_LEASE_SEALING)
+		return -EINVAL;
+	r = pool_take(p, how, id, n);
+	if (r < 0)
+		return r;
+	r = is_open(how) ? kvq_lease_open_add(l, id) : kvq_lease_sealed_add(l, id, n);
+	if (r < 0) {
+		if (how == KVQ_LEASE_REF)
+			pool_give(p, how, id, n);
+		return r;
+	}
+	return 0;
+}
+
+int kvq_lease_give(kvq_lease *l, kvq_pool *p, enum kvq_lease_hold how, uint32_t id, uint32_t n)
+{
+	int r = is_open(how) ? kvq_lease_open_del(l, id) : kvq_lease_sealed_sub(l, id, n);
+
+	if (r < 0)
+		return r;
+	return pool_give(p, how, id, n);
+}
+
+void kvq_lease_drop(kvq_lease *l, kvq_pool *p, struct kvq_lease_dropped *ret)
+{
+	struct kvq_lease_dropped d = { 0 };
+
+	/* the maps are walked, not changed, and freed whole afterwards */
+	for (uint32_t i = 0; l && i < l->open.cap; i++)
+		if (l->open.cnt[i]) {
+			d.open++;
+			d.open_refused += pool_give(p, KVQ_LEASE_OPEN, l->open.key[i], 1) < 0;
+		}
+	for (uint32_t i = 0; l && i < l->sealed.cap; i++)
+		if (l->sealed.cnt[i]) {
+			d.sealed++;
+			d.sealed_refused += pool_give(p, KVQ_LEASE_REF, l->sealed.key[i], l->sealed.cnt[i]) < 0;
+		}
+	kvq_lease_free(l);
+	if (ret)
+		*ret = d;
 }

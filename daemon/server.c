@@ -337,32 +337,21 @@ static bool quota_allows(const kvq_server *s, const struct srv_pool *p, uid_t ui
 /* Gives every hold of the lease back to the pool and empties it. */
 static void lease_drop(struct srv_conn *c)
 {
-	struct srv_pool *p = c->pool;
-	uint32_t pos = 0, id, n, open = 0, sealed = 0;
+	struct kvq_lease_dropped d;
 
-	if (!p || !c->lease)
+	if (!c->pool || !c->lease)
 		return;
-	while (kvq_lease_next_open(c->lease, &pos, &id)) {
-		if (kvq_pool_release_open(p->pool, id) < 0)
-			kvq_log(LOG_ERR, "client %llu: open slot %u of its lease is not in use",
-				(unsigned long long)c->id, id);
-		open++;
-	}
-	pos = 0;
-	while (kvq_lease_next_sealed(c->lease, &pos, &id, &n)) {
-		for (uint32_t k = 0; k < n; k++)
-			if (kvq_pool_unref(p->pool, id) < 0) {
-				kvq_log(LOG_ERR, "client %llu: sealed block %u of its lease has no reference",
-					(unsigned long long)c->id, id);
-				break;
-			}
-		sealed++;
-	}
-	kvq_lease_free(c->lease);
+	kvq_lease_drop(c->lease, c->pool->pool, &d);
 	c->lease = NULL;
-	if (open || sealed)
+	if (d.open_refused)
+		kvq_log(LOG_ERR, "client %llu: %u open slots of its lease were not in use", (unsigned long long)c->id,
+			d.open_refused);
+	if (d.sealed_refused)
+		kvq_log(LOG_ERR, "client %llu: %u sealed blocks of its lease had no reference",
+			(unsigned long long)c->id, d.sealed_refused);
+	if (d.open || d.sealed)
 		kvq_log(LOG_DEBUG, "client %llu: lease dropped (%u open slots, %u sealed blocks)",
-			(unsigned long long)c->id, open, sealed);
+			(unsigned long long)c->id, d.open, d.sealed);
 }
 
 /* ---------------------------------------------------------------- connections */
@@ -822,9 +811,9 @@ static int do_alloc(struct srv_conn *c, const Kvq__Alloc *a, struct reply *r, ch
 		goto fail;
 	}
 	for (uint32_t i = 0; i < a->n_open; i++)
-		kvq_lease_open_add(c->lease, open[i]);
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_OPEN, open[i], 1);
 	for (uint32_t i = 0; i < a->n_sealed; i++)
-		kvq_lease_sealed_add(c->lease, sealed[i], 1);
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, sealed[i], 1);
 	kvq__alloc_reply__init(&r->u.alloc);
 	r->u.alloc.n_open_ids = r->u.alloc.n_reserved_ids = a->n_open;
 	r->u.alloc.open_ids = open;
@@ -873,12 +862,10 @@ static int do_seal(struct srv_conn *c, const Kvq__Seal *q, struct reply *r, char
 		ret = -ENOMEM;
 		goto out;
 	}
+	/* each open slot's block is its reservation, checked above */
 	for (size_t i = 0; i < q->n_open_ids; i++) {
-		uint32_t id;
-
-		kvq_pool_seal(p->pool, q->open_ids[i], &id);
-		kvq_lease_open_del(c->lease, q->open_ids[i]);
-		kvq_lease_sealed_add(c->lease, id, 1);
+		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_SEALING, q->open_ids[i], 1);
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, q->sealed_ids[i], 1);
 	}
 	kvq__seal_reply__init(&r->u.seal);
 	r->e.body_case = KVQ__ENVELOPE__BODY_SEAL_REPLY;
@@ -958,15 +945,14 @@ static int do_publish(struct srv_conn *c, const Kvq__Publish *q, struct reply *r
 			goto out;
 		}
 		if (got != b->sealed_id) {
-			/* the caller's holds move to the cached copy; the duplicate goes */
+			/* the caller's holds move to the cached copy and the duplicate
+			 * goes, unless the copy is at its reference limit */
 			uint32_t n = kvq_lease_sealed(c->lease, b->sealed_id);
 
-			for (uint32_t k = 0; k < n; k++)
-				kvq_pool_ref(p->pool, got);
-			for (uint32_t k = 0; k < n; k++)
-				kvq_pool_unref(p->pool, b->sealed_id);
-			kvq_lease_sealed_sub(c->lease, b->sealed_id, n);
-			kvq_lease_sealed_add(c->lease, got, n);
+			if (kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, got, n) == 0)
+				kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, b->sealed_id, n);
+			else
+				got = b->sealed_id;
 		}
 		ids[i] = got;
 	}
@@ -1014,7 +1000,7 @@ static int do_lookup(struct srv_conn *c, const Kvq__Lookup *q, struct reply *r, 
 				  p->name), -EDQUOT;
 	}
 	for (uint32_t i = 0; i < n; i++)
-		kvq_lease_sealed_add(c->lease, ids[i], 1);
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, ids[i], 1);
 	p->lookup_tokens += q->max_tokens;
 	p->hit_tokens += (uint64_t)n * p->L->block_tokens;
 	kvq__lookup_reply__init(&r->u.lookup);
@@ -1066,14 +1052,10 @@ static int do_release(struct srv_conn *c, const Kvq__Release *q, struct reply *r
 			return kvq_seterr(err, errlen, "release.open_ids[%zu] = %u: not held (or named twice)", i,
 					  q->open_ids[i]), -EINVAL;
 		}
-	for (size_t i = 0; i < q->n_sealed_ids; i++) {
-		kvq_pool_unref(p->pool, q->sealed_ids[i]);
-		kvq_lease_sealed_sub(c->lease, q->sealed_ids[i], 1);
-	}
-	for (size_t i = 0; i < q->n_open_ids; i++) {
-		kvq_pool_release_open(p->pool, q->open_ids[i]);
-		kvq_lease_open_del(c->lease, q->open_ids[i]);
-	}
+	for (size_t i = 0; i < q->n_sealed_ids; i++)
+		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, q->sealed_ids[i], 1);
+	for (size_t i = 0; i < q->n_open_ids; i++)
+		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_OPEN, q->open_ids[i], 1);
 	kvq_lease_free(want);
 	kvq__release_reply__init(&r->u.release);
 	r->e.body_case = KVQ__ENVELOPE__BODY_RELEASE_REPLY;
@@ -1097,10 +1079,8 @@ static int do_fork(struct srv_conn *c, const Kvq__Fork *q, struct reply *r, char
 			return kvq_seterr(err, errlen, "fork.sealed_ids[%zu] = %u: too many references", i, id),
 			       -EOVERFLOW;
 	}
-	for (size_t i = 0; i < q->n_sealed_ids; i++) {
-		kvq_pool_ref(p->pool, q->sealed_ids[i]);
-		kvq_lease_sealed_add(c->lease, q->sealed_ids[i], 1);
-	}
+	for (size_t i = 0; i < q->n_sealed_ids; i++)
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, q->sealed_ids[i], 1);
 	kvq__fork_reply__init(&r->u.fork);
 	r->e.body_case = KVQ__ENVELOPE__BODY_FORK_REPLY;
 	r->e.fork_reply = &r->u.fork;

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/lease.c: the lease maps against a plain array, under random churn
- * (insertions, removals with backward shifts, growth). */
+ * (insertions, removals with backward shifts, growth); holds taken and given
+ * back in a pool and a lease together, and a dropped lease leaving the pool
+ * as it found it. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,60 @@
 #include "lease.h"
 
 #define IDS 4096u
+
+/* Pool and lease agree: every reference and used open slot is the lease's. */
+static int balanced(const kvq_pool *p, const kvq_lease *l)
+{
+	struct kvq_pool_stats st;
+	uint32_t pos = 0, id, n;
+	uint64_t refs = 0;
+
+	kvq_pool_stats(p, &st);
+	while (kvq_lease_next_sealed(l, &pos, &id, &n)) {
+		if (kvq_pool_refs(p, id) != n)
+			return 0;
+		refs += n;
+	}
+	return st.refs == refs && st.open_used == kvq_lease_n_open(l);
+}
+
+static void holds(void)
+{
+	struct kvq_lease_dropped d;
+	struct kvq_pool_stats st;
+	uint32_t open[2], resv[2], sealed[2];
+	kvq_pool *p = NULL;
+	kvq_lease *l = NULL;
+
+	ok(kvq_pool_new(8, 4, &p) == 0 && kvq_lease_new(&l) == 0, "a pool of 8 + 4 slots and a lease");
+	kvq_pool_alloc_open(p, 2, open, resv);
+	kvq_pool_alloc_sealed(p, 2, sealed);
+	ok(kvq_lease_take(l, p, KVQ_LEASE_OPEN, open[0], 1) == 0 &&
+	   kvq_lease_take(l, p, KVQ_LEASE_OPEN, open[1], 1) == 0 &&
+	   kvq_lease_take(l, p, KVQ_LEASE_GRANTED, sealed[0], 1) == 0 &&
+	   kvq_lease_take(l, p, KVQ_LEASE_GRANTED, sealed[1], 1) == 0 && balanced(p, l),
+	   "granted slots taken: the pool is not asked twice, pool and lease agree");
+	ok(kvq_lease_take(l, p, KVQ_LEASE_REF, sealed[0], 3) == 0 && kvq_pool_refs(p, sealed[0]) == 4 &&
+	   kvq_lease_sealed(l, sealed[0]) == 4 && balanced(p, l), "three more references, in both");
+	ok(kvq_lease_take(l, p, KVQ_LEASE_REF, 7, 1) == -EINVAL && !kvq_lease_sealed(l, 7) && balanced(p, l),
+	   "a reference on a free slot: the pool's -EINVAL, nothing taken");
+	ok(kvq_lease_give(l, p, KVQ_LEASE_REF, sealed[1], 2) == -EINVAL && kvq_pool_refs(p, sealed[1]) == 1 &&
+	   balanced(p, l), "giving back more than held: -EINVAL, nothing changed");
+	ok(kvq_lease_give(l, p, KVQ_LEASE_SEALING, open[0], 1) == 0 &&
+	   kvq_lease_take(l, p, KVQ_LEASE_GRANTED, resv[0], 1) == 0 &&
+	   kvq_pool_state(p, resv[0]) == KVQ_POOL_PRIVATE && !kvq_lease_open_has(l, open[0]) && balanced(p, l),
+	   "sealing: the open slot leaves, its reservation comes back as a held block");
+	ok(kvq_lease_take(l, p, KVQ_LEASE_SEALING, open[1], 1) == -EINVAL && kvq_lease_open_has(l, open[1]),
+	   "sealing is a give only");
+	ok(kvq_lease_give(l, p, KVQ_LEASE_REF, sealed[0], 1) == 0 && kvq_pool_refs(p, sealed[0]) == 3 &&
+	   balanced(p, l), "one reference given back, in both");
+	kvq_lease_drop(l, p, &d);
+	kvq_pool_stats(p, &st);
+	ok(d.open == 1 && d.sealed == 3 && !d.open_refused && !d.sealed_refused && st.refs == 0 &&
+	   st.sealed_free == 8 && st.open_free == 4, "drop: 1 open slot, 3 sealed blocks back, the pool is empty");
+	kvq_lease_drop(NULL, p, NULL);
+	kvq_pool_free(p);
+}
 
 int main(void)
 {
@@ -86,5 +142,6 @@ int main(void)
 	   kvq_lease_sealed(s, 999999) == 1, "a count that would wrap: -EOVERFLOW, unchanged");
 	kvq_lease_free(s);
 	kvq_lease_free(NULL);
+	holds();
 	return done_testing();
 }
