@@ -53,11 +53,11 @@ static void sample(struct evbuffer *b, const char *name, const char *pool, const
 
 struct pool_metric {
 	const char *name, *type, *help;
-	uint64_t (*get)(const struct kvq_server_pool_info *i);
+	uint64_t (*get)(const struct kvq_pools_info *i);
 };
 
 #define GET(fn, expr) \
-	static uint64_t fn(const struct kvq_server_pool_info *i) { return (expr); }
+	static uint64_t fn(const struct kvq_pools_info *i) { return (expr); }
 GET(get_capacity, i->total_bytes)
 GET(get_device_memory, i->device_memory)
 GET(get_bytes_per_token, i->sealed_block_bytes / i->block_tokens)
@@ -87,7 +87,9 @@ static const struct pool_metric pool_metrics[] = {
 
 static void write_metrics(kvq_server *s, struct evbuffer *b)
 {
-	struct kvq_server_pool_info i;
+	const struct kvq_hist *h;
+	const char *name;
+	struct kvq_pools_info i;
 	uint32_t live, exiting;
 	char extra[64];
 
@@ -131,9 +133,7 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 
 	family(b, "kvq_request_duration_seconds", "histogram",
 	       "Time from a request's arrival to its reply being queued, by request type.");
-	for (int r = 0; r < KVQ_REQ_COUNT; r++) {
-		const struct kvq_hist *h = kvq_server_latency(s, r);
-		const char *name = kvq_server_req_name(r);
+	for (size_t r = 0; (h = kvq_server_latency(s, r, &name)); r++) {
 		uint64_t cum = 0;
 
 		for (int j = 0; j < KVQ_HIST_BUCKETS; j++) {
