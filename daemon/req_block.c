@@ -46,6 +46,7 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 		goto fail;
 	ret = kvq_pool_alloc_sealed(p->pool, a->n_sealed, sealed);
 	if (ret < 0) {
+		/* the open slots just granted, not yet the lease's */
 		for (uint32_t i = 0; i < a->n_open; i++)
 			kvq_pool_release_open(p->pool, open[i]);
 		goto fail;
@@ -229,6 +230,7 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		if (!kvq_lease_sealed(c->lease, ids[i]))
 			fresh++;
 	if (!kvq_state_quota_allows(c->st, p, c->uid, (uint64_t)fresh * p->L->sealed_block_bytes)) {
+		/* the references the lookup granted, not yet any lease's */
 		for (uint32_t i = 0; i < n; i++)
 			kvq_pool_unref(p->pool, ids[i]);
 		free(ids);
