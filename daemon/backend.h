@@ -20,8 +20,7 @@
  *  - host: mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); close
  *    the fd once mapped if it wants.  ftruncate fails with EPERM (sealed), so
  *    no client can shrink the pool under the others (they would SIGBUS).
- *  - cuda (with a context current, e.g. the device's primary context; this
- *    sequence was run across processes on an H200):
+ *  - cuda (with a context current, e.g. the device's primary context):
  *    cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
  *    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR); cuMemAddressReserve(&va,
  *    size, granularity, 0, 0) with the device's granularity (size is already
@@ -32,15 +31,11 @@
  *    import.  The importer's process needs no ptrace rights on the daemon
  *    (unlike pidfd_getfd); the device must not be in exclusive-process mode.
  *
- * Cost of the CUDA backend in the daemon, measured 2026-11-29 on an H200
- * (driver 580, CUDA 13.0): the first probe initialises the driver once per
- * process (cuInit through cudart, 0.18 s) and device memory in use grows by
- * 4 MiB; the daemon creates no CUDA context (cuMemCreate needs none) and
- * runs no kernels, so nvidia-smi lists no compute process for it and its
- * device footprint is its pools plus those 4 MiB.  Creating a pool took
- * 1.3 ms for 256 MiB and 1.2 ms for 96 GiB.  A worker's import + map of the
- * descriptor took 0.2 ms (its own cuInit + primary context: 0.13 s), and a
- * second process read back what the first wrote.
+ * The CUDA backend in the daemon: the first probe initialises the driver
+ * once per process (cuInit through cudart); the daemon creates no CUDA
+ * context (cuMemCreate needs none) and runs no kernels, so its device
+ * footprint is its pools plus what the driver keeps for an initialised
+ * process.  Figures: bench/RESULTS.md, "CUDA backend in the daemon".
  *
  * Functions return 0 or a negative errno-style code; messages go into a
  * caller's buffer (library code never prints).

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The daemon's log: one line per message on stderr with a "<N>" syslog level
- * prefix, which journald reads as the priority.  Only the daemon (server,
- * main) logs; the library modules it calls return codes and messages.
+ * prefix, which journald reads as the priority.  Only the daemon's own
+ * parts log (main, server, peer, dispatch, the request handlers, state,
+ * pools); the modules they call (pool, prefix, lease, backend, conf) return
+ * codes and messages.
  */
 #ifndef KVQD_LOG_H
 #define KVQD_LOG_H

@@ -14,7 +14,7 @@
 
 #include <event2/event.h>
 
-#include "config.h"
+#include "conf.h"
 #include "frame.h"
 #include "log.h"
 #include "metrics.h"

@@ -11,7 +11,8 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "config.h"
+#include "conf.h"
+#include "hist.h"
 #include "log.h"
 #include "metrics.h"
 #include "server.h"
@@ -20,26 +21,10 @@
 #define METRICS_MAX_HEADERS 8192
 #define METRICS_TIMEOUT_S 10
 
-const double kvq_metrics_bucket_le[KVQ_METRICS_BUCKETS] = {
-	0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0,
-};
-
 struct kvq_metrics {
 	struct evhttp *http;
 	kvq_server *server;
 };
-
-void kvq_metrics_observe(struct kvq_metrics_hist *h, double seconds)
-{
-	int i = 0;
-
-	while (i < KVQ_METRICS_BUCKETS && seconds > kvq_metrics_bucket_le[i])
-		i++;
-	if (i < KVQ_METRICS_BUCKETS)
-		h->bucket[i]++;
-	h->count++;
-	h->sum += seconds;
-}
 
 /* One family's HELP and TYPE lines. */
 static void family(struct evbuffer *b, const char *name, const char *type, const char *help)
@@ -68,11 +53,11 @@ static void sample(struct evbuffer *b, const char *name, const char *pool, const
 
 struct pool_metric {
 	const char *name, *type, *help;
-	uint64_t (*get)(const struct kvq_server_pool_info *i);
+	uint64_t (*get)(const struct kvq_pools_info *i);
 };
 
 #define GET(fn, expr) \
-	static uint64_t fn(const struct kvq_server_pool_info *i) { return (expr); }
+	static uint64_t fn(const struct kvq_pools_info *i) { return (expr); }
 GET(get_capacity, i->total_bytes)
 GET(get_device_memory, i->device_memory)
 GET(get_bytes_per_token, i->sealed_block_bytes / i->block_tokens)
@@ -102,7 +87,9 @@ static const struct pool_metric pool_metrics[] = {
 
 static void write_metrics(kvq_server *s, struct evbuffer *b)
 {
-	struct kvq_server_pool_info i;
+	const struct kvq_hist *h;
+	const char *name;
+	struct kvq_pools_info i;
 	uint32_t live, exiting;
 	char extra[64];
 
@@ -146,15 +133,13 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 
 	family(b, "kvq_request_duration_seconds", "histogram",
 	       "Time from a request's arrival to its reply being queued, by request type.");
-	for (int r = 0; r < KVQ_REQ_COUNT; r++) {
-		const struct kvq_metrics_hist *h = kvq_server_latency(s, r);
-		const char *name = kvq_server_req_name(r);
+	for (size_t r = 0; (h = kvq_server_latency(s, r, &name)); r++) {
 		uint64_t cum = 0;
 
-		for (int j = 0; j < KVQ_METRICS_BUCKETS; j++) {
+		for (int j = 0; j < KVQ_HIST_BUCKETS; j++) {
 			cum += h->bucket[j];
 			evbuffer_add_printf(b, "kvq_request_duration_seconds_bucket{request=\"%s\",le=\"%g\"} %llu\n",
-					    name, kvq_metrics_bucket_le[j], (unsigned long long)cum);
+					    name, kvq_hist_bucket_le[j], (unsigned long long)cum);
 		}
 		evbuffer_add_printf(b, "kvq_request_duration_seconds_bucket{request=\"%s\",le=\"+Inf\"} %llu\n"
 				    "kvq_request_duration_seconds_sum{request=\"%s\"} %.9f\n"

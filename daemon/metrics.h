@@ -6,31 +6,13 @@
  * metrics_listen nothing listens.  Loopback only, because the metrics name
  * pools and models and the endpoint has no authentication; a scraper on
  * another host goes through a local agent or a proxy that adds it.
- *
- * Also the request latency histogram the server fills (one per request
- * type), so both ends agree on the buckets.
  */
 #ifndef KVQD_METRICS_H
 #define KVQD_METRICS_H
 
 #include <stddef.h>
-#include <stdint.h>
 
 #include <event2/event.h>
-
-/* Upper bounds of the latency buckets in seconds (+Inf is implied): control
- * requests take microseconds, a pool allocation on attach milliseconds. */
-#define KVQ_METRICS_BUCKETS 12
-extern const double kvq_metrics_bucket_le[KVQ_METRICS_BUCKETS];
-
-struct kvq_metrics_hist {
-	uint64_t bucket[KVQ_METRICS_BUCKETS];   /* not cumulative; the exposition sums */
-	uint64_t count;
-	double sum;                             /* seconds */
-};
-
-/* Counts one observation of seconds. */
-void kvq_metrics_observe(struct kvq_metrics_hist *h, double seconds);
 
 typedef struct kvq_metrics kvq_metrics;
 struct kvq_server;

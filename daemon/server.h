@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The kvqd server: the listening socket, client connections, the pools and
- * the request handlers of proto/kvq.proto, on one libevent loop.
+ * The kvqd server: the listening socket and client connections on one
+ * libevent loop, each request answered through the table of
+ * daemon/request.h against the daemon's state (daemon/state.h: pools,
+ * connections, leases).
  *
  * Each connection gets the peer's SO_PEERCRED identity and a pidfd at
  * accept.  Every request is checked (kvq_frame_check, then against the
  * connection's state and lease) before anything changes; an error reply
- * changes nothing.  When a connection closes its lease (daemon/session.h) is
+ * changes nothing.  When a connection closes its lease (daemon/lease.h) is
  * dropped at once if the peer process lives on, or, if it is dying, only when
  * its pidfd reports the exit: a dying process's socket closes before its GPU
  * work has stopped.
@@ -16,16 +18,15 @@
 
 #include <event2/event.h>
 
-#include "config.h"
-#include "metrics.h"
-#include "pool.h"
+#include "conf.h"
+#include "hist.h"
+#include "pools.h"
 
 typedef struct kvq_server kvq_server;
 
-/* Most connections at once (live and dying ones); beyond, accept closes. */
+/* Most connections at once (live and dying ones); beyond, accept closes.
+ * (Reply bytes queued per client: KVQ_PEER_OUT_HIGH, daemon/peer.h.) */
 #define KVQ_SERVER_MAX_CONNS 1024u
-/* Reply bytes queued for one client before the server stops reading it. */
-#define KVQ_SERVER_OUT_HIGH (8u << 20)
 
 /*
  * A server on base with config (borrowed: it must outlive the server, or be
@@ -45,46 +46,24 @@ int kvq_server_listen_path(kvq_server *s, const char *path, char *err, size_t er
 int kvq_server_listen_fd(kvq_server *s, int fd, char *err, size_t errlen);
 
 /* Takes ACLs and quotas of existing pools from config (SIGHUP); config
- * replaces the borrowed one.  Geometry changes of a live pool are ignored
- * with a log line. */
+ * replaces the borrowed one.  Geometry changes of a pool are ignored; a new
+ * pool waits for the next start, with a log line. */
 void kvq_server_set_config(kvq_server *s, const struct kvq_config *config);
 
 /* One-line status for logs and sd_notify STATUS. */
 void kvq_server_status(const kvq_server *s, char *buf, size_t len);
 
-/* Request types as the latency histograms count them. */
-enum kvq_server_req {
-	KVQ_REQ_HELLO = 0, KVQ_REQ_ATTACH, KVQ_REQ_ALLOC, KVQ_REQ_SEAL, KVQ_REQ_PUBLISH, KVQ_REQ_LOOKUP,
-	KVQ_REQ_RELEASE, KVQ_REQ_FORK, KVQ_REQ_STATS, KVQ_REQ_EVICT, KVQ_REQ_POOL_ADD, KVQ_REQ_POOL_DROP,
-	KVQ_REQ_OTHER, KVQ_REQ_COUNT
-};
-
-/* Lower-case name of a request type ("alloc"). */
-const char *kvq_server_req_name(int req);
-
-/* One pool as the server has it, for Stats and the metrics. */
-struct kvq_server_pool_info {
-	const char *name, *model, *policy, *backend;
-	int device;                      /* -1 for host */
-	uint32_t layers, kv_heads, head_dim, block_tokens, window;
-	int act;
-	uint64_t total_bytes, sealed_block_bytes, open_block_bytes;
-	uint64_t device_memory;          /* of the pool's device (host: physical memory) */
-	struct kvq_pool_stats st;
-	uint64_t lookup_tokens, hit_tokens, alloc_failures;   /* alloc_failures: all refusals */
-	uint32_t clients;
-};
-
 /* The i-th allocated pool (0, 1, ... in the server's order).  Returns 0 and
  * *ret (strings valid until the pool is dropped), or -ENOENT past the end. */
-int kvq_server_pool_info(const kvq_server *s, uint32_t i, struct kvq_server_pool_info *ret);
+int kvq_server_pool_info(const kvq_server *s, uint32_t i, struct kvq_pools_info *ret);
 
 /* Live connections, and connections closed whose exiting peer still holds
  * a lease. */
 void kvq_server_connections(const kvq_server *s, uint32_t *ret_live, uint32_t *ret_exiting);
 
-/* Latency histogram of requests of type req (enum kvq_server_req), or NULL. */
-const struct kvq_metrics_hist *kvq_server_latency(const kvq_server *s, int req);
+/* Latency histogram of the requests of row i of the request table, with
+ * the row's name in *ret_name; NULL past the last row. */
+const struct kvq_hist *kvq_server_latency(const kvq_server *s, size_t i, const char **ret_name);
 
 /* Closes every connection, frees the pools, unlinks a socket it created.
  * NULL is fine. */

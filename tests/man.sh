@@ -3,7 +3,7 @@
 # TAP: the man pages lint clean (mandoc -T lint), each long option that
 # kvqd --help and kvqctl --help print is in its man page and each option a
 # man page documents is one the program prints, and every kvqd.conf key the
-# parser knows (daemon/config.c) is in kvqd.conf(5) and the example config.
+# parser knows (daemon/conf_parse.c) is in kvqd.conf(5) and the example config.
 set -u
 . "${top_srcdir:?}/tests/tap.sh"
 : "${top_srcdir:?}" "${top_builddir:?}"
@@ -64,9 +64,9 @@ done <<EOF
 $cmds
 EOF
 
-keys=$(sed -n 's/^.*\[K_[A-Z_]*\] = { "\([a-z_]*\)".*$/\1/p' "$top_srcdir/daemon/config.c" | sort -u)
+keys=$(sed -n 's/^.*\[K_[A-Z_]*\] = { "\([a-z_]*\)".*$/\1/p' "$top_srcdir/daemon/conf_parse.c" | sort -u)
 [ -n "$keys" ]
-t $? "the parser's keys are found in daemon/config.c"
+t $? "the parser's keys are found in daemon/conf_parse.c"
 for k in $keys; do
 	grep -qE "(^\.B |\\\\fB)$k(\\\\| |,|\$)" "$man/kvqd.conf.5"
 	t $? "kvqd.conf(5) documents $k"

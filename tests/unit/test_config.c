@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvqd.conf parser (daemon/config.h): a full config with every value
+ * kvqd.conf parser (daemon/conf.h): a full config with every value
  * checked; each kind of error with its exact FILE:LINE and nothing returned;
  * the built-in defaults; files (missing, too large, not regular); and
  * systemd/kvqd.conf.example, which must parse.
@@ -13,8 +13,7 @@
 #include <syslog.h>
 #include <unistd.h>
 
-/* by path: "config.h" alone would find autoconf's header in the build root */
-#include "../../daemon/config.h"
+#include "conf.h"
 #include "../tap.h"
 
 #define GiB (1ull << 30)

@@ -21,9 +21,12 @@
  * decimals): of the device's memory with the cuda backend, of physical
  * memory with host.  A pool's memory_share is a percent of the budget of
  * its device.
+ *
+ * The reader is conf_parse.c, the checks that need more than one value
+ * conf_check.c, the defaults conf_defaults.c.
  */
-#ifndef KVQD_CONFIG_H
-#define KVQD_CONFIG_H
+#ifndef KVQD_CONF_H
+#define KVQD_CONF_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,0 +1,352 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvq.h"
+#include "log.h"
+#include "pools.h"
+
+int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, char *err, size_t errlen)
+{
+	int r;
+
+	memset(ps, 0, sizeof(*ps));
+	ps->device = device;
+	r = kvq_backend_pick(backend, device, &ps->backend, ps->backend_reason, sizeof(ps->backend_reason));
+	if (r < 0)
+		kvq_seterr(err, errlen, "backend %s: %s", backend, ps->backend_reason);
+	return r;
+}
+
+void kvq_pools_fini(struct kvq_pools *ps)
+{
+	struct kvq_pools_rec *p;
+
+	while ((p = ps->head)) {
+		ps->head = p->next;
+		kvq_pools_rec_free(p);
+	}
+}
+
+struct kvq_pools_rec *kvq_pools_find(const struct kvq_pools *ps, const char *name)
+{
+	for (struct kvq_pools_rec *p = ps->head; p; p = p->next)
+		if (!strcmp(p->name, name))
+			return p;
+	return NULL;
+}
+
+void kvq_pools_add(struct kvq_pools *ps, struct kvq_pools_rec *p)
+{
+	p->next = ps->head;
+	ps->head = p;
+}
+
+void kvq_pools_remove(struct kvq_pools *ps, struct kvq_pools_rec *p)
+{
+	for (struct kvq_pools_rec **pp = &ps->head; *pp; pp = &(*pp)->next)
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	kvq_pools_rec_free(p);
+}
+
+/*
+ * The one place a pool's backend is chosen: the daemon's own for its device
+ * (or for any device when that is host) unless the pool names a backend;
+ * otherwise the named one, or the daemon's by name, picked for the pool's
+ * device.  A host pool's device is 0.
+ */
+static int pick_backend(const struct kvq_pools *ps, struct kvq_pools_rec *p, const char *name, char *err,
+			size_t errlen)
+{
+	int r;
+
+	if (!name[0] && (p->device == ps->device || ps->backend == &kvq_backend_host)) {
+		p->backend = ps->backend;
+	} else {
+		r = kvq_backend_pick(name[0] ? name : ps->backend->name, p->device, &p->backend, err, errlen);
+		if (r < 0)
+			return r;
+	}
+	if (p->backend == &kvq_backend_host)
+		p->device = 0;
+	return 0;
+}
+
+/* A record with identity, policy (canonical form too), geometry, device and
+ * backend (backend "": the daemon's); the caller sets the rest. */
+static int rec_new(const struct kvq_pools *ps, const char *name, const char *model, const struct kvq_policy *policy,
+		   const struct kvq_layout_params *params, const char *backend, int device,
+		   struct kvq_pools_rec **ret, char *err, size_t errlen)
+{
+	struct kvq_pools_rec *p = calloc(1, sizeof(*p));
+	int r;
+
+	if (!p)
+		return -ENOMEM;
+	p->mem.fd = -1;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	snprintf(p->model, sizeof(p->model), "%s", model);
+	p->policy = *policy;
+	r = kvq_policy_format(&p->policy, p->policy_str, sizeof(p->policy_str));
+	if (r < 0) {
+		kvq_seterr(err, errlen, "policy cannot be formatted");
+		goto fail;
+	}
+	p->params = *params;
+	p->device = device;
+	r = pick_backend(ps, p, backend, err, errlen);
+	if (r < 0)
+		goto fail;
+	*ret = p;
+	return 0;
+fail:
+	free(p);
+	return r;
+}
+
+int kvq_pools_from_config(const struct kvq_pools *ps, const struct kvq_config_pool *c, struct kvq_pools_rec **ret,
+			  char *err, size_t errlen)
+{
+	const struct kvq_layout_params params = { .layers = c->layers, .kv_heads = c->kv_heads,
+		.head_dim = c->head_dim, .block_tokens = c->block_tokens, .window = c->window, .act = c->act };
+	char why[KVQ_BACKEND_MSG_MAX] = "";
+	struct kvq_pools_rec *p;
+	int r;
+
+	r = rec_new(ps, c->name, c->model, &c->policy, &params, "", c->device, &p, why, sizeof(why));
+	if (r < 0)
+		return kvq_seterr(err, errlen, "pool %s: %s", c->name, why), r;
+	p->acl = c->acl;
+	p->quota = c->quota_per_uid;
+	p->capacity = c->capacity;
+	*ret = p;
+	return 0;
+}
+
+int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *cfg, const Kvq__Attach *a,
+			  uid_t creator, struct kvq_pools_rec **ret, char *err, size_t errlen)
+{
+	const Kvq__PoolCreate *pc = a->create;
+	const struct kvq_layout_params params = { .layers = a->layers, .kv_heads = a->kv_heads,
+		.head_dim = a->head_dim, .block_tokens = a->block_tokens, .window = a->window, .act = (int)a->act };
+	struct kvq_policy policy;
+	struct kvq_pools_rec *p;
+	int r;
+
+	if (a->layers == 0 || a->layers > KVQ_MAX_LAYERS)
+		return kvq_seterr(err, errlen, "attach.layers %u out of 1..%u", a->layers, KVQ_MAX_LAYERS), -EINVAL;
+	if (kvq_policy_parse(a->policy, a->layers, &policy, err, errlen) < 0)
+		return KVQ_EPOLICY;
+	r = rec_new(ps, a->pool, a->model_id, &policy, &params, pc->backend, pc->device < 0 ? ps->device : pc->device,
+		    &p, err, errlen);
+	if (r < 0)
+		return r;
+	p->acl.any = false;
+	p->acl.uids[p->acl.n_uids++] = creator;
+	if (creator != 0)
+		p->acl.uids[p->acl.n_uids++] = 0;
+	if (geteuid() != 0 && geteuid() != creator)
+		p->acl.uids[p->acl.n_uids++] = geteuid();
+	p->quota = cfg->quota_per_uid;
+	p->capacity = cfg->create_capacity;
+	*ret = p;
+	return 0;
+}
+
+static uint64_t budget_used(const struct kvq_pools *ps, const struct kvq_backend *b, int device)
+{
+	uint64_t used = 0;
+
+	for (const struct kvq_pools_rec *p = ps->head; p; p = p->next)
+		if (p->allocated && p->backend == b && p->device == device)
+			used += p->mem.size;
+	return used;
+}
+/* Slot counts for a pool of at most capacity bytes.  Given counts are taken
+ * as they are; otherwise both come from the capacity. */
+static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t want_open, uint64_t capacity,
+		     char *err, size_t errlen)
+{
+	struct kvq_layout_params q = p->params;
+	struct kvq_layout *L = NULL;
+	uint64_t per;
+	int r;
+
+	if (want_sealed && want_open) {
+		q.n_sealed = want_sealed;
+		q.n_open = want_open;
+		r = kvq_layout_new(&q, &L, err, errlen);
+		if (r < 0)
+			return r;
+		if (L->total_bytes > capacity) {
+			kvq_seterr(err, errlen, "%u sealed + %u open slots need %llu bytes, capacity is %llu",
+				   want_sealed, want_open, (unsigned long long)L->total_bytes,
+				   (unsigned long long)capacity);
+			kvq_layout_free(L);
+			return -ENOSPC;
+		}
+		kvq_layout_free(L);
+		p->params = q;
+		return 0;
+	}
+	q.n_sealed = q.n_open = 1;
+	r = kvq_layout_new(&q, &L, err, errlen);
+	if (r < 0)
+		return r;
+	per = L->sealed_block_bytes * KVQ_POOLS_SEALED_PER_OPEN + L->open_block_bytes;
+	kvq_layout_free(L);
+	q.n_open = capacity / per > KVQ_MAX_SLOTS / KVQ_POOLS_SEALED_PER_OPEN
+			   ? KVQ_MAX_SLOTS / KVQ_POOLS_SEALED_PER_OPEN
+			   : (uint32_t)(capacity / per);
+	q.n_sealed = q.n_open * KVQ_POOLS_SEALED_PER_OPEN;
+	/* region alignment can push the total just over: step down until it fits */
+	while (q.n_open > 0) {
+		r = kvq_layout_new(&q, &L, err, errlen);
+		if (r < 0)
+			return r;
+		if (L->total_bytes <= capacity) {
+			kvq_layout_free(L);
+			p->params = q;
+			return 0;
+		}
+		kvq_layout_free(L);
+		q.n_open -= q.n_open / 64 + 1;
+		q.n_sealed = q.n_open * KVQ_POOLS_SEALED_PER_OPEN;
+	}
+	kvq_seterr(err, errlen, "capacity %llu bytes holds no block", (unsigned long long)capacity);
+	return -ENOSPC;
+}
+
+void kvq_pools_release(struct kvq_pools_rec *p)
+{
+	kvq_prefix_free(p->prefix);
+	p->prefix = NULL;
+	kvq_pool_free(p->pool);
+	p->pool = NULL;
+	kvq_backend_mem_destroy(&p->mem);
+	kvq_layout_free(p->L);
+	p->L = NULL;
+	p->allocated = false;
+}
+
+int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
+		       uint32_t want_sealed, uint32_t want_open, char *err, size_t errlen)
+{
+	uint64_t total = 0, budget, used, capacity;
+	int r;
+
+	r = p->backend->total_memory(p->device, &total, err, errlen);
+	if (r < 0)
+		return r;
+	budget = kvq_config_amount_bytes(&cfg->memory_budget, total);
+	used = budget_used(ps, p->backend, p->device);
+	capacity = kvq_config_amount_bytes(&p->capacity, budget);
+	if (used >= budget || capacity > budget - used) {
+		kvq_seterr(err, errlen, "pool of %llu bytes over the memory budget (%llu of %llu used)",
+			   (unsigned long long)capacity, (unsigned long long)used, (unsigned long long)budget);
+		return -ENOSPC;
+	}
+	p->params.policy = &p->policy;
+	r = pool_size(p, want_sealed, want_open, capacity, err, errlen);
+	if (r < 0)
+		return r;
+	r = kvq_layout_new(&p->params, &p->L, err, errlen);
+	if (r < 0)
+		return r;
+	r = kvq_backend_mem_create(p->backend, p->L->total_bytes, p->device, p->name, &p->mem, err, errlen);
+	if (r < 0)
+		goto fail;
+	r = kvq_pool_new(p->L->n_sealed, p->L->n_open, &p->pool);
+	if (r < 0)
+		goto fail;
+	r = kvq_prefix_new(p->pool, p->L->block_tokens, p->name, p->model, &p->prefix);
+	if (r < 0)
+		goto fail;
+	p->allocated = true;
+	p->device_memory = total;
+	kvq_log(LOG_INFO, "pool %s: %s on %s, %u layers, %u kv heads, head dim %u, %u tokens/block, window %u, "
+		"%u sealed + %u open slots, %llu bytes", p->name, p->policy_str, p->backend->name, p->L->layers,
+		p->L->kv_heads, p->L->head_dim, p->L->block_tokens, p->L->window, p->L->n_sealed, p->L->n_open,
+		(unsigned long long)p->mem.size);
+	return 0;
+fail:
+	if (r != -ENOSPC && !(err && *err))
+		kvq_seterr(err, errlen, "%s", strerror(-r));
+	kvq_pools_release(p);
+	return r;
+}
+
+void kvq_pools_rec_free(struct kvq_pools_rec *p)
+{
+	if (!p)
+		return;
+	kvq_pools_release(p);
+	free(p);
+}
+
+void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
+{
+	memset(o, 0, sizeof(*o));
+	kvq_pool_stats(p->pool, &o->st);
+	o->name = p->name;
+	o->model = p->model;
+	o->policy = p->policy_str;
+	o->backend = p->backend->name;
+	o->device = p->backend == &kvq_backend_host ? -1 : p->device;
+	o->layers = p->L->layers;
+	o->kv_heads = p->L->kv_heads;
+	o->head_dim = p->L->head_dim;
+	o->block_tokens = p->L->block_tokens;
+	o->window = p->L->window;
+	o->act = p->L->act;
+	o->total_bytes = p->L->total_bytes;
+	o->sealed_block_bytes = p->L->sealed_block_bytes;
+	o->open_block_bytes = p->L->open_block_bytes;
+	o->device_memory = p->device_memory;
+	o->lookup_tokens = p->lookup_tokens;
+	o->hit_tokens = p->hit_tokens;
+	o->alloc_failures = o->st.alloc_failures + p->alloc_failures;
+	o->clients = p->clients;
+}
+
+void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *o)
+{
+	struct kvq_pools_info i;
+
+	kvq_pools_info(p, &i);
+	kvq__pool_stats__init(o);
+	o->name = (char *)i.name;
+	o->model_id = (char *)i.model;
+	o->policy = (char *)i.policy;
+	o->backend = (char *)i.backend;
+	o->device = i.device;
+	o->layers = i.layers;
+	o->kv_heads = i.kv_heads;
+	o->head_dim = i.head_dim;
+	o->block_tokens = i.block_tokens;
+	o->window = i.window;
+	o->act = (Kvq__DType)i.act;
+	o->total_bytes = i.total_bytes;
+	o->sealed_block_bytes = i.sealed_block_bytes;
+	o->open_block_bytes = i.open_block_bytes;
+	o->device_memory = i.device_memory;
+	o->n_sealed = i.st.n_sealed;
+	o->n_open = i.st.n_open;
+	o->sealed_free = i.st.sealed_free;
+	o->sealed_reserved = i.st.sealed_reserved;
+	o->sealed_held = i.st.sealed_private;
+	o->cached = i.st.sealed_cached;
+	o->referenced = i.st.cached_referenced;
+	o->open_used = i.st.open_used;
+	o->lookup_tokens = i.lookup_tokens;
+	o->hit_tokens = i.hit_tokens;
+	o->evictions = i.st.evictions;
+	o->alloc_failures = i.alloc_failures;
+	o->clients = i.clients;
+}

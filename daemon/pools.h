@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The daemon's pool records: each pool's identity (name, model id), policy,
+ * geometry, ACL, quota, capacity and backend, from a [pool NAME] section, an
+ * Attach with create, or a PoolAdd; and, once allocated, its memory
+ * (daemon/backend.h), layout, slot books (daemon/pool.h) and prefix index
+ * (daemon/prefix.h).  A pool's backend is chosen in one place here: the
+ * daemon's own unless the pool names another backend or device.
+ *
+ * Sizing: each (backend, device) has a budget, kvqd.conf's memory_budget of
+ * the device's memory; a pool's capacity is bytes or a share of it.  Slot
+ * counts are given (Attach create, PoolAdd) or come from the capacity.
+ */
+#ifndef KVQD_POOLS_H
+#define KVQD_POOLS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "backend.h"
+#include "conf.h"
+#include "frame.h"
+#include "layout.h"
+#include "pool.h"
+#include "prefix.h"
+
+/* A pool created on attach without slot counts gets one open slot per this
+ * many sealed ones: the window is a few blocks per sequence, the prefix
+ * cache wants the rest. */
+#define KVQ_POOLS_SEALED_PER_OPEN 8u
+
+struct kvq_pools_rec {
+	struct kvq_pools_rec *next;
+	char name[KVQ_PROTO_MAX_NAME + 1];
+	char model[KVQ_PROTO_MAX_MODEL_ID + 1];
+	char policy_str[KVQ_POLICY_MAX_LEN + 1];     /* canonical */
+	struct kvq_policy policy;
+	struct kvq_layout_params params;             /* n_sealed/n_open 0 until allocated */
+	struct kvq_config_acl acl;
+	uint64_t quota;                              /* per uid, bytes */
+	struct kvq_config_amount capacity;
+	const struct kvq_backend *backend;
+	int device;                                  /* 0 for host */
+	bool allocated;                              /* memory, layout and books exist */
+	struct kvq_layout *L;
+	struct kvq_backend_mem mem;
+	kvq_pool *pool;
+	kvq_prefix *prefix;
+	uint64_t lookup_tokens, hit_tokens;
+	uint64_t alloc_failures;                     /* refused before the pool was asked */
+	uint64_t device_memory;                      /* of its device, when allocated */
+	uint32_t clients;                            /* attached, exiting ones included */
+};
+
+/* The records, newest first, and the daemon's backend. */
+struct kvq_pools {
+	struct kvq_pools_rec *head;
+	const struct kvq_backend *backend;           /* --backend, else kvqd.conf's */
+	int device;                                  /* its device */
+	char backend_reason[KVQ_BACKEND_MSG_MAX];    /* why that backend, for the log */
+};
+
+/* One allocated pool, for Stats and the metrics. */
+struct kvq_pools_info {
+	const char *name, *model, *policy, *backend;
+	int device;                      /* -1 for host */
+	uint32_t layers, kv_heads, head_dim, block_tokens, window;
+	int act;
+	uint64_t total_bytes, sealed_block_bytes, open_block_bytes;
+	uint64_t device_memory;          /* of the pool's device (host: physical memory) */
+	struct kvq_pool_stats st;
+	uint64_t lookup_tokens, hit_tokens, alloc_failures;   /* alloc_failures: all refusals */
+	uint32_t clients;
+};
+
+/* No records; the daemon's backend from its name ("auto", "host", "cuda")
+ * and device.  Returns 0, or a negative code with err set. */
+int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, char *err, size_t errlen);
+
+/* Frees every record. */
+void kvq_pools_fini(struct kvq_pools *ps);
+
+/* The record called name, or NULL. */
+struct kvq_pools_rec *kvq_pools_find(const struct kvq_pools *ps, const char *name);
+
+/* Adds p (first); takes it out and frees it. */
+void kvq_pools_add(struct kvq_pools *ps, struct kvq_pools_rec *p);
+void kvq_pools_remove(struct kvq_pools *ps, struct kvq_pools_rec *p);
+
+/* A record (not allocated, not added) from a [pool NAME] section.  Returns
+ * 0 and *ret, or a negative code with err set. */
+int kvq_pools_from_config(const struct kvq_pools *ps, const struct kvq_config_pool *c, struct kvq_pools_rec **ret,
+			  char *err, size_t errlen);
+
+/* A record (not allocated, not added) from an Attach with create (its
+ * geometry, policy, backend and device): attachable by creator's uid, root
+ * and the daemon's uid (a pool is a trust boundary: whoever maps it can read
+ * and write all of it), with cfg's quota and create_capacity.  Returns 0 and
+ * *ret, or a negative code (KVQ_EPOLICY for the policy) with err set. */
+int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *cfg, const Kvq__Attach *a,
+			  uid_t creator, struct kvq_pools_rec **ret, char *err, size_t errlen);
+
+/* Allocates memory and books of p within its device's budget (cfg's
+ * memory_budget less the pools there): want_sealed and want_open slots when
+ * both are given, else as many as its capacity holds.  Returns 0, or a
+ * negative code with err set and p not allocated. */
+int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
+		       uint32_t want_sealed, uint32_t want_open, char *err, size_t errlen);
+
+/* Gives back the memory and books of p; the record stays (not allocated). */
+void kvq_pools_release(struct kvq_pools_rec *p);
+
+/* Releases and frees a record that is not in the list; NULL is fine. */
+void kvq_pools_rec_free(struct kvq_pools_rec *p);
+
+/* What an allocated p is and holds (strings valid while p lives). */
+void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *ret);
+
+/* The same as the protocol's PoolStats (strings point into p). */
+void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *ret);
+
+#endif

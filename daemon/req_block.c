@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Block requests of an attached connection: Alloc, Seal, Publish, Lookup,
+ * Release, Fork.  Each checks the whole batch against the pool and the
+ * lease, makes room in the lease, then applies it (kvq_lease_take and
+ * kvq_lease_give move every hold in both). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "request.h"
+
+int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+{
+	const Kvq__Alloc *a = req->alloc;
+	Kvq__AllocReply *rep = r->e.alloc_reply;
+	struct kvq_pools_rec *p = c->pool;
+	struct kvq_pool_stats st;
+	uint32_t *open = NULL, *resv = NULL, *sealed = NULL;
+	uint64_t bytes;
+	int ret;
+
+	bytes = (uint64_t)a->n_open * (p->L->open_block_bytes + p->L->sealed_block_bytes) +
+		(uint64_t)a->n_sealed * p->L->sealed_block_bytes;
+	if (!kvq_state_quota_allows(c->st, p, c->uid, bytes))
+		return kvq_seterr(err, errlen, "uid %u would exceed its quota of %llu bytes in pool %s",
+				  (unsigned)c->uid, (unsigned long long)p->quota, p->name), -EDQUOT;
+	/* both classes are checked before either is taken: all or nothing */
+	kvq_pool_stats(p->pool, &st);
+	if (a->n_open > st.open_free ||
+	    (uint64_t)a->n_open + a->n_sealed > (uint64_t)st.sealed_free + kvq_prefix_evictable(p->prefix)) {
+		p->alloc_failures++;
+		return kvq_seterr(err, errlen, "pool %s cannot hold %u open + %u sealed slots", p->name, a->n_open,
+				  a->n_sealed), -ENOSPC;
+	}
+	open = calloc(a->n_open + 1, sizeof(*open));
+	resv = calloc(a->n_open + 1, sizeof(*resv));
+	sealed = calloc(a->n_sealed + 1, sizeof(*sealed));
+	if (!open || !resv || !sealed || kvq_lease_reserve(c->lease, a->n_sealed, a->n_open) < 0) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	ret = kvq_pool_alloc_open(p->pool, a->n_open, open, resv);
+	if (ret < 0)
+		goto fail;
+	ret = kvq_pool_alloc_sealed(p->pool, a->n_sealed, sealed);
+	if (ret < 0) {
+		/* the open slots just granted, not yet the lease's */
+		for (uint32_t i = 0; i < a->n_open; i++)
+			kvq_pool_release_open(p->pool, open[i]);
+		goto fail;
+	}
+	for (uint32_t i = 0; i < a->n_open; i++)
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_OPEN, open[i], 1);
+	for (uint32_t i = 0; i < a->n_sealed; i++)
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, sealed[i], 1);
+	rep->n_open_ids = rep->n_reserved_ids = a->n_open;
+	rep->open_ids = open;
+	rep->reserved_ids = resv;
+	rep->n_sealed_ids = a->n_sealed;
+	rep->sealed_ids = sealed;
+	r->mem[0] = open;
+	r->mem[1] = resv;
+	r->mem[2] = sealed;
+	return 0;
+fail:
+	free(open);
+	free(resv);
+	free(sealed);
+	if (ret == -ENOSPC)
+		kvq_seterr(err, errlen, "pool %s is full", p->name);
+	return ret;
+}
+
+int kvq_req_seal(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+{
+	const Kvq__Seal *q = req->seal;
+	struct kvq_pools_rec *p = c->pool;
+	kvq_lease *seen = NULL;
+	int ret = 0;
+
+	ret = kvq_lease_new(&seen);
+	if (ret < 0)
+		return ret;
+	for (size_t i = 0; i < q->n_open_ids; i++) {
+		uint32_t o = q->open_ids[i], resv;
+
+		if (!kvq_lease_open_has(c->lease, o) || kvq_lease_open_add(seen, o) < 0) {
+			ret = (kvq_seterr(err, errlen, "seal.open_ids[%zu] = %u: not held (or named twice)", i, o),
+			-EINVAL);
+			goto out;
+		}
+		if (kvq_pool_open_reserved(p->pool, o, &resv) < 0 || resv != q->sealed_ids[i]) {
+			ret = (kvq_seterr(err, errlen, "seal.sealed_ids[%zu] = %u: open slot %u reserves another",
+					 i, q->sealed_ids[i], o), -EINVAL);
+			goto out;
+		}
+	}
+	if (kvq_lease_reserve(c->lease, (uint32_t)q->n_open_ids, 0) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* each open slot's block is its reservation, checked above */
+	for (size_t i = 0; i < q->n_open_ids; i++) {
+		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_SEALING, q->open_ids[i], 1);
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, q->sealed_ids[i], 1);
+	}
+out:
+	kvq_lease_free(seen);
+	return ret;
+}
+
+int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+{
+	const Kvq__Publish *q = req->publish;
+	Kvq__PublishReply *rep = r->e.publish_reply;
+	struct kvq_pools_rec *p = c->pool;
+	uint32_t B = p->L->block_tokens, *ids = NULL;
+	kvq_lease *seen = NULL;
+	int ret;
+
+	ret = kvq_lease_new(&seen);
+	if (ret < 0)
+		return ret;
+	ids = calloc(q->n_blocks + 1, sizeof(*ids));
+	if (!ids) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < q->n_blocks; i++) {
+		const Kvq__PublishBlock *b = q->blocks[i];
+
+		if (b->n_tokens != B) {
+			ret = (kvq_seterr(err, errlen, "publish.blocks[%zu]: %zu tokens, a block has %u", i,
+					 b->n_tokens, B), -EINVAL);
+			goto out;
+		}
+		if (!kvq_lease_sealed(c->lease, b->sealed_id) ||
+		    kvq_pool_check_sealed(p->pool, b->sealed_id, KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
+		    kvq_lease_sealed_add(seen, b->sealed_id, 1) != 1) {
+			ret = (kvq_seterr(err, errlen,
+					 "publish.blocks[%zu].sealed_id %u: not an unpublished block held by the "
+					 "caller (or named twice)", i, b->sealed_id), -EINVAL);
+			goto out;
+		}
+		if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID &&
+		    !kvq_lease_sealed(seen, b->parent_id) &&
+		    (!kvq_lease_sealed(c->lease, b->parent_id) ||
+		     kvq_pool_check_sealed(p->pool, b->parent_id, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0)) {
+			ret = (kvq_seterr(err, errlen,
+					 "publish.blocks[%zu].parent_id %u: neither a cached block the caller holds "
+					 "nor an earlier block of this request", i, b->parent_id), -EINVAL);
+			goto out;
+		}
+		if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID && b->parent_id == b->sealed_id) {
+			ret = (kvq_seterr(err, errlen, "publish.blocks[%zu]: its own parent", i), -EINVAL);
+			goto out;
+		}
+	}
+	if (kvq_lease_reserve(c->lease, (uint32_t)q->n_blocks, 0) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < q->n_blocks; i++) {
+		const Kvq__PublishBlock *b = q->blocks[i];
+		int32_t parent = -1;
+		uint32_t got;
+
+		if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID) {
+			parent = (int32_t)b->parent_id;
+			/* an earlier block of this request may have become a cached duplicate */
+			for (size_t j = 0; j < i; j++)
+				if (q->blocks[j]->sealed_id == b->parent_id)
+					parent = (int32_t)ids[j];
+		}
+		ret = kvq_prefix_publish(p->prefix, b->sealed_id, parent, b->tokens, b->salt.data, b->salt.len, &got);
+		if (ret < 0) {
+			/* validated above: only libcrypto can fail here */
+			kvq_log(LOG_ERR, "pool %s: publish of block %u failed: %s", p->name, b->sealed_id,
+				strerror(-ret));
+			kvq_seterr(err, errlen, "publish.blocks[%zu] failed; blocks before it are published", i);
+			goto out;
+		}
+		if (got != b->sealed_id) {
+			/* the caller's holds move to the cached copy and the duplicate
+			 * goes, unless the copy is at its reference limit */
+			uint32_t n = kvq_lease_sealed(c->lease, b->sealed_id);
+
+			if (kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, got, n) == 0)
+				kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, b->sealed_id, n);
+			else
+				got = b->sealed_id;
+		}
+		ids[i] = got;
+	}
+	rep->n_ids = q->n_blocks;
+	rep->ids = ids;
+	r->mem[0] = ids;
+	ids = NULL;
+out:
+	free(ids);
+	kvq_lease_free(seen);
+	return ret;
+}
+
+int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+{
+	const Kvq__Lookup *q = req->lookup;
+	Kvq__LookupReply *rep = r->e.lookup_reply;
+	struct kvq_pools_rec *p = c->pool;
+	uint32_t max_ids = (uint32_t)(q->n_tokens / p->L->block_tokens), n = 0, fresh = 0;
+	uint32_t *ids;
+	int ret;
+
+	if (max_ids > KVQ_PROTO_MAX_IDS)
+		max_ids = KVQ_PROTO_MAX_IDS;
+	ids = calloc(max_ids + 1, sizeof(*ids));
+	if (!ids || kvq_lease_reserve(c->lease, max_ids, 0) < 0) {
+		free(ids);
+		return -ENOMEM;
+	}
+	ret = kvq_prefix_lookup(p->prefix, q->tokens, (uint32_t)q->n_tokens, q->max_tokens, q->salt.data,
+				q->salt.len, ids, max_ids, &n);
+	if (ret < 0) {
+		free(ids);
+		return kvq_seterr(err, errlen, "lookup failed: %s", strerror(-ret)), ret;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if (!kvq_lease_sealed(c->lease, ids[i]))
+			fresh++;
+	if (!kvq_state_quota_allows(c->st, p, c->uid, (uint64_t)fresh * p->L->sealed_block_bytes)) {
+		/* the references the lookup granted, not yet any lease's */
+		for (uint32_t i = 0; i < n; i++)
+			kvq_pool_unref(p->pool, ids[i]);
+		free(ids);
+		return kvq_seterr(err, errlen, "uid %u would exceed its quota in pool %s", (unsigned)c->uid,
+				  p->name), -EDQUOT;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, ids[i], 1);
+	p->lookup_tokens += q->max_tokens;
+	p->hit_tokens += (uint64_t)n * p->L->block_tokens;
+	rep->n_sealed_ids = n;
+	rep->sealed_ids = ids;
+	r->mem[0] = ids;
+	return 0;
+}
+
+/* Checks that the caller holds every sealed id with its multiplicity in
+ * ids[n]; counts are left in *ret_want (free it). */
+static int check_held(struct kvq_conn *c, const uint32_t *ids, size_t n, const char *what, kvq_lease **ret_want,
+		      char *err, size_t errlen)
+{
+	kvq_lease *want = NULL;
+	int ret = kvq_lease_new(&want);
+
+	if (ret < 0)
+		return ret;
+	for (size_t i = 0; i < n; i++) {
+		if (kvq_lease_sealed_add(want, ids[i], 1) < 0) {
+			kvq_lease_free(want);
+			return -ENOMEM;
+		}
+		if (kvq_lease_sealed(want, ids[i]) > kvq_lease_sealed(c->lease, ids[i])) {
+			kvq_lease_free(want);
+			return kvq_seterr(err, errlen, "%s[%zu] = %u: not held by the caller (that many times)", what,
+					  i, ids[i]), -EINVAL;
+		}
+	}
+	*ret_want = want;
+	return 0;
+}
+
+int kvq_req_release(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+{
+	const Kvq__Release *q = req->release;
+	struct kvq_pools_rec *p = c->pool;
+	kvq_lease *want = NULL;
+	int ret;
+
+	ret = check_held(c, q->sealed_ids, q->n_sealed_ids, "release.sealed_ids", &want, err, errlen);
+	if (ret < 0)
+		return ret;
+	for (size_t i = 0; i < q->n_open_ids; i++)
+		if (!kvq_lease_open_has(c->lease, q->open_ids[i]) || kvq_lease_open_add(want, q->open_ids[i]) < 0) {
+			kvq_lease_free(want);
+			return kvq_seterr(err, errlen, "release.open_ids[%zu] = %u: not held (or named twice)", i,
+					  q->open_ids[i]), -EINVAL;
+		}
+	for (size_t i = 0; i < q->n_sealed_ids; i++)
+		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, q->sealed_ids[i], 1);
+	for (size_t i = 0; i < q->n_open_ids; i++)
+		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_OPEN, q->open_ids[i], 1);
+	kvq_lease_free(want);
+	return 0;
+}
+
+int kvq_req_fork(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+{
+	const Kvq__Fork *q = req->fork;
+	struct kvq_pools_rec *p = c->pool;
+
+	for (size_t i = 0; i < q->n_sealed_ids; i++) {
+		uint32_t id = q->sealed_ids[i];
+
+		if (!kvq_lease_sealed(c->lease, id))
+			return kvq_seterr(err, errlen, "fork.sealed_ids[%zu] = %u: not held by the caller", i, id),
+			       -EINVAL;
+		/* a batch naming one id n times must fit below the limits n times over */
+		if (kvq_pool_refs(p->pool, id) >= KVQ_POOL_MAX_REFS - q->n_sealed_ids ||
+		    kvq_lease_sealed(c->lease, id) >= UINT32_MAX - q->n_sealed_ids)
+			return kvq_seterr(err, errlen, "fork.sealed_ids[%zu] = %u: too many references", i, id),
+			       -EOVERFLOW;
+	}
+	for (size_t i = 0; i < q->n_sealed_ids; i++)
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, q->sealed_ids[i], 1);
+	return 0;
+}

@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvqd's request handlers in process, for unit tests: a daemon state from a
+ * config string (host backend, a small budget, one configured pool "shared"
+ * that admits anyone, created pools as root and kvqd's user), connections
+ * with any uid and no socket, and requests built as envelopes and answered
+ * through a request table (daemon/request.h).
+ */
+#ifndef KVQ_TEST_INPROC_H
+#define KVQ_TEST_INPROC_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "request.h"
+
+#define INPROC_POOL "shared"
+#define INPROC_MODEL "test/model@1"
+#define INPROC_L 2
+#define INPROC_H 2
+#define INPROC_D 32
+#define INPROC_B 16
+
+static const char inproc_conf[] =
+	"[kvqd]\nbackend = host\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
+	"[pool " INPROC_POOL "]\nmodel = " INPROC_MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\n"
+	"block_tokens = 16\npolicy = int8\ncapacity = 4M\n";
+
+struct inproc {
+	struct kvq_config *cfg;
+	struct kvq_state st;
+	const struct kvq_request *rows;   /* the table requests go through */
+	size_t n_rows;
+	uint64_t next_req;
+	size_t last_row;                  /* the row that took the last request */
+};
+
+/* A uid that is neither root nor kvqd's: no admin, no pool creation. */
+__attribute__((unused))
+static uid_t inproc_other_uid(void)
+{
+	return geteuid() == 4242 ? 4243 : 4242;
+}
+
+/* The state, with the daemon's table unless rows is given; 0 or a negative
+ * code (printed). */
+__attribute__((unused))
+static int inproc_start(struct inproc *t, const struct kvq_request *rows, size_t n_rows)
+{
+	char err[512] = "";
+	int r;
+
+	memset(t, 0, sizeof(*t));
+	t->rows = rows ? rows : kvq_requests;
+	t->n_rows = rows ? n_rows : kvq_requests_n;
+	kvq_log_set_level(getenv("KVQ_TEST_VERBOSE") ? LOG_DEBUG : LOG_WARNING);
+	r = kvq_config_parse_string(inproc_conf, strlen(inproc_conf), "inproc.conf", &t->cfg, err, sizeof(err));
+	if (r == 0)
+		r = kvq_state_init(&t->st, t->cfg, "host", 0, err, sizeof(err));
+	if (r < 0)
+		printf("# in-process state: %s\n", err);
+	return r;
+}
+
+/* A connection of uid (its only group: gid 0 for root, else 4242), as accept
+ * would make it, without a socket. */
+__attribute__((unused))
+static struct kvq_conn *inproc_conn(struct inproc *t, uid_t uid)
+{
+	struct kvq_conn *c = NULL;
+
+	if (kvq_state_conn_new(&t->st, &c) < 0)
+		return NULL;
+	c->uid = uid;
+	c->groups[0] = uid ? 4242 : 0;
+	c->n_groups = 1;
+	c->pid = getpid();
+	return c;
+}
+
+/* Closes every connection (leases given back) and frees the state. */
+__attribute__((unused))
+static void inproc_stop(struct inproc *t)
+{
+	while (t->st.conns)
+		kvq_state_conn_free(t->st.conns);
+	while (t->st.dying)
+		kvq_state_conn_free(t->st.dying);
+	kvq_state_fini(&t->st);
+	kvq_config_free(t->cfg);
+}
+
+/* Sends e (its id set here) from c through the table: returns the reply's
+ * status; *r holds the reply (kvq_reply_fini it). */
+__attribute__((unused))
+static int inproc_call(struct inproc *t, struct kvq_conn *c, Kvq__Envelope *e, struct kvq_reply *r)
+{
+	e->id = ++t->next_req;
+	t->last_row = kvq_dispatch(t->rows, t->n_rows, c, e, r);
+	return r->e.status;
+}
+
+/* inproc_call when the reply itself is not wanted. */
+__attribute__((unused))
+static int inproc_status(struct inproc *t, struct kvq_conn *c, Kvq__Envelope *e)
+{
+	struct kvq_reply r;
+	int st = inproc_call(t, c, e, &r);
+
+	kvq_reply_fini(&r);
+	return st;
+}
+
+__attribute__((unused))
+static int inproc_hello(struct inproc *t, struct kvq_conn *c)
+{
+	Kvq__Hello h = { PROTOBUF_C_MESSAGE_INIT(&kvq__hello__descriptor),
+			 .protocol_version = KVQ_PROTOCOL_VERSION, .client_name = "inproc" };
+	Kvq__Envelope e = { PROTOBUF_C_MESSAGE_INIT(&kvq__envelope__descriptor),
+			    .body_case = KVQ__ENVELOPE__BODY_HELLO, .hello = &h };
+
+	return inproc_status(t, c, &e);
+}
+
+/* Attaches to pool (the test geometry, policy int8); with create, creating
+ * it with 16 sealed + 4 open slots. */
+__attribute__((unused))
+static int inproc_attach(struct inproc *t, struct kvq_conn *c, const char *pool, bool create)
+{
+	Kvq__PoolCreate pc = { PROTOBUF_C_MESSAGE_INIT(&kvq__pool_create__descriptor),
+			       .n_sealed = 16, .n_open = 4, .backend = "", .device = -1 };
+	Kvq__Attach a = { PROTOBUF_C_MESSAGE_INIT(&kvq__attach__descriptor),
+			  .pool = (char *)pool, .model_id = INPROC_MODEL, .policy = "int8",
+			  .layers = INPROC_L, .kv_heads = INPROC_H, .head_dim = INPROC_D, .block_tokens = INPROC_B,
+			  .act = KVQ__DTYPE__DTYPE_F16, .layout_version = KVQ_LAYOUT_VERSION,
+			  .create = create ? &pc : NULL };
+	Kvq__Envelope e = { PROTOBUF_C_MESSAGE_INIT(&kvq__envelope__descriptor),
+			    .body_case = KVQ__ENVELOPE__BODY_ATTACH, .attach = &a };
+
+	return inproc_status(t, c, &e);
+}
+
+/* A Stats request (of every pool the caller sees). */
+__attribute__((unused))
+static void inproc_stats_req(Kvq__Envelope *e, Kvq__Stats *s)
+{
+	kvq__envelope__init(e);
+	kvq__stats__init(s);
+	e->body_case = KVQ__ENVELOPE__BODY_STATS;
+	e->stats = s;
+}
+
+#endif
