@@ -3,7 +3,7 @@
  * CUDA backend: a pool is one cuMemCreate allocation with POSIX
  * file-descriptor handles, exported once; workers import the descriptor.
  *
- * libcuda is never linked (DESIGN.md, "One build runs with or without a GPU
+ * libcuda is never linked (docs/DESIGN.md, "One build runs with or without a GPU
  * driver"): a program that needs libcuda.so.1 does not even start where
  * there is no driver.  The driver's entry points come at run time from
  * cudaGetDriverEntryPointByVersion of the statically linked cudart (the

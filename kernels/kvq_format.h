@@ -486,23 +486,6 @@ KVQ_HD uint32_t kvq_v_elem(uint32_t t, uint32_t d, uint32_t B, uint32_t D)
 	return d * B + t;
 }
 
-/* Inverses of kvq_k_elem and kvq_v_elem: (t, d) of element i (the CUDA
- * seal writes whole bytes of packed codes, so it walks elements in storage
- * order). */
-KVQ_HD void kvq_k_elem_td(uint32_t i, uint32_t B, uint32_t D, uint32_t *ret_t, uint32_t *ret_d)
-{
-	(void)B;
-	*ret_t = i / D;
-	*ret_d = i % D;
-}
-
-KVQ_HD void kvq_v_elem_td(uint32_t i, uint32_t B, uint32_t D, uint32_t *ret_t, uint32_t *ret_d)
-{
-	(void)D;
-	*ret_d = i / B;
-	*ret_t = i % B;
-}
-
 /* Index (in parameter entries: fp16 words for PARAM_TOKEN, {s, z} pairs
  * otherwise) of the parameters that apply to element (t, d). */
 KVQ_HD uint32_t kvq_param_index(int kind, unsigned group, int is_v, uint32_t t, uint32_t d,

@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# No binary of the project may need libcuda (DESIGN.md): machines without a GPU
+# No binary of the project may need libcuda (docs/DESIGN.md): machines without a GPU
 # driver must be able to start every program.  TAP output.
 set -u
 b=${top_builddir:-.}

@@ -22,7 +22,8 @@ rm -f "$dest.log"
 
 for f in "$kvq_sbindir/kvqd" "$kvq_bindir/kvqctl" "$kvq_libdir/libkvq.so" "$kvq_includedir/kvq.h" \
 	"$kvq_pkgconfigdir/kvq.pc" "$kvq_mandir/man8/kvqd.8" "$kvq_mandir/man1/kvqctl.1" \
-	"$kvq_mandir/man5/kvqd.conf.5" "$kvq_mandir/man3/libkvq.3" "$kvq_docdir/kvqd.conf.example"; do
+	"$kvq_mandir/man5/kvqd.conf.5" "$kvq_mandir/man3/libkvq.3" "$kvq_docdir/kvqd.conf.example" \
+	"$kvq_docdir/DESIGN.md"; do
 	[ -e "$dest$f" ]
 	t $? "installed $f"
 done
@@ -72,14 +73,16 @@ if [ -f "$unit" ]; then
 	"$dest$kvq_sbindir/kvqd" --foreground --backend host --socket "$dest/reload.sock" --log-level notice \
 		2>"$dest/reload.log" &
 	kvqd_pid=$!
-	for _ in $(seq 500); do
-		[ -S "$dest/reload.sock" ] && break
+	# "listening" is logged once the signal handlers are in place (as
+	# READY=1, before which systemd sends no reload)
+	for _ in $(seq 1000); do
+		grep -q listening "$dest/reload.log" && break
 		sleep 0.01
 	done
 	eval "set -- $reload"
 	MAINPID=$kvqd_pid "$@"
 	st=$?
-	for _ in $(seq 200); do
+	for _ in $(seq 1000); do
 		grep -q SIGHUP "$dest/reload.log" && break
 		sleep 0.01
 	done

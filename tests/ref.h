@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The tests' own decoding of stored values, in double precision: written from
- * the format definitions (DESIGN.md, kvq_format.h's description of the slice),
+ * the format definitions (docs/DESIGN.md, kvq_format.h's description of the slice),
  * not with the library's conversion code, so a bug there cannot hide here.
  * Only the element and parameter positions come from the layout module.
  */

@@ -669,9 +669,9 @@ __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::
 }
 
 /* Per pair: whether sealed chunks are double-buffered (8-bit: twice the
- * bytes in flight; single-buffered at 3 CTAs/SM was slower, 0.389 against
- * 0.330 ms), and the CTAs per multiprocessor the registers are held to (4/2-bit
- * codes: three, single-buffered; bench/RESULTS.md). */
+ * bytes in flight; single-buffered at 3 CTAs/SM was slower), and the CTAs
+ * per multiprocessor the registers are held to (4/2-bit codes: three,
+ * single-buffered).  The measurements: bench/RESULTS.md, 2026-11-29. */
 template <int KF, int VF> struct dec_tune {
 	static constexpr bool sub8 = fmt<KF>::bits < 8 || fmt<VF>::bits < 8;
 	static constexpr bool dbuf = fmt<KF>::bits == 8 && fmt<VF>::bits == 8;

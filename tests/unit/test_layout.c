@@ -816,25 +816,6 @@ static void test_overflow(void)
 		kvq_layout_free(L);
 }
 
-/* kvq_k_elem_td / kvq_v_elem_td (the CUDA seal's storage-order walk) invert
- * kvq_k_elem / kvq_v_elem for every element of a slice. */
-static void test_elem_inverse(void)
-{
-	const uint32_t dims[][2] = { { 16, 64 }, { 32, 128 }, { 48, 64 }, { 256, 256 } };
-
-	for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
-		uint32_t B = dims[i][0], D = dims[i][1], bad = 0;
-		for (uint32_t t = 0; t < B; t++)
-			for (uint32_t d = 0; d < D; d++) {
-				uint32_t t2 = ~0u, d2 = ~0u, t3 = ~0u, d3 = ~0u;
-				kvq_k_elem_td(kvq_k_elem(t, d, B, D), B, D, &t2, &d2);
-				kvq_v_elem_td(kvq_v_elem(t, d, B, D), B, D, &t3, &d3);
-				bad += t2 != t || d2 != d || t3 != t || d3 != d;
-			}
-		ok(!bad, "element order inverses, B=%u D=%u: %u mismatches", B, D, bad);
-	}
-}
-
 int main(void)
 {
 	tap_seed();
@@ -848,6 +829,5 @@ int main(void)
 	test_reject();
 	test_large();
 	test_overflow();
-	test_elem_inverse();
 	return done_testing();
 }

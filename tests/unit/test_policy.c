@@ -258,7 +258,7 @@ static void test_names(void)
 	   strcmp(kvq_fmt_name(KVQ_FMT_FP8), "fp8") == 0 &&
 	   strcmp(kvq_fmt_name(KVQ_FMT_INT4G64), "int4g64") == 0 &&
 	   strcmp(kvq_fmt_name(KVQ_FMT_KIVI2), "kivi2") == 0,
-	   "names of f16, int8, fp8, int4g64, kivi2 as DESIGN.md spells them");
+	   "names of f16, int8, fp8, int4g64, kivi2 as docs/DESIGN.md spells them");
 	ok(kvq_fmt_from_name("fp8e4m3", 7) == KVQ_FMT_FP8, "fp8e4m3 is an alias of fp8");
 	ok(kvq_fmt_from_name("fp8e5m2", 7) == KVQ_FMT_FP8E5M2, "fp8e5m2 is its own format");
 	/* the name is s[0..len): neither a prefix nor a longer string matches */

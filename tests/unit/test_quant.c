@@ -322,7 +322,7 @@ static void test_scale_zero(void)
 #define BT 32      /* tokens per block */
 #define HK 2       /* KV heads */
 
-/* The test's own code ranges (DESIGN.md, "Formats"). */
+/* The test's own code ranges (docs/DESIGN.md, "Formats"). */
 static double fmt_qmax(int f)
 {
 	switch (f) {

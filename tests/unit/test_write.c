@@ -3,7 +3,7 @@
  * kvq_cpu_write and kvq_cpu_seal against the layout: the same tokens written
  * as one prefill (route A), one token at a time (B), in random chunks (C) and
  * through the open window then kvq_cpu_seal (D) must give byte-identical
- * sealed slices (DESIGN.md: "one function decides the split ... used by
+ * sealed slices (docs/DESIGN.md: "one function decides the split ... used by
  * append, prefill and prefix lookup alike", and a prefix reused from the
  * cache must equal what its writer computed).  The open window must hold the
  * input rows unchanged, padding must be zero, nothing outside the written
