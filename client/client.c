@@ -36,7 +36,6 @@
 
 /* A daemon that stops answering must not hang a worker forever. */
 #define CLIENT_TIMEOUT_MS 30000
-#define ROOT_SOCKET "/run/kvqd/kvqd.sock"
 
 struct kvq_client {
 	int fd;
@@ -272,22 +271,6 @@ static int cu_attach(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, con
 	return 0;
 }
 #endif
-
-int kvq_default_socket(char *buf, size_t len)
-{
-	const char *env = getenv("KVQ_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-	int n;
-
-	if (env && *env)
-		n = snprintf(buf, len, "%s", env);
-	else if (geteuid() == 0)
-		n = snprintf(buf, len, "%s", ROOT_SOCKET);
-	else if (xdg && *xdg)
-		n = snprintf(buf, len, "%s/kvqd.sock", xdg);
-	else
-		return -ENOENT;
-	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
-}
 
 /* Sends req and reads its reply: returns the reply's status with *ret (the
  * caller frees it; NULL: freed here), or a transport error, after which

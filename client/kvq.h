@@ -3,7 +3,8 @@
  * libkvq: the client library of kvqd.
  *
  * Functions return 0 (or a non-negative value) on success and a negative
- * errno-style code on failure; kvq_strerror() names it.
+ * errno-style code on failure (kvq_wire.h: the project's codes);
+ * kvq_strerror() names it.
  */
 #ifndef KVQ_H
 #define KVQ_H
@@ -11,23 +12,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The project's error codes (KVQ_E*), kvq_strerror() and
+ * kvq_default_socket(). */
+#include "kvq_wire.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Project error codes, beyond errno's. */
-#define KVQ_EBASE 1000
-enum {
-	KVQ_ELAYOUT = -(KVQ_EBASE + 1),   /* layout version or geometry mismatch */
-	KVQ_EPOLICY = -(KVQ_EBASE + 2),   /* bad KV policy string */
-	KVQ_EPROTOCOL = -(KVQ_EBASE + 3), /* the daemon's reply broke the protocol */
-};
-
 /* Version string of the library ("0.1.0"). */
 const char *kvq_version(void);
-
-/* Static description of an error code (never NULL). */
-const char *kvq_strerror(int err);
 
 /*
  * FP8 conversions, bit-exact with the kernels (and with the GPU's
@@ -87,12 +81,6 @@ struct kvq_stats {
 	uint64_t lookup_tokens, hit_tokens, evictions, alloc_failures;
 	uint32_t clients;
 };
-
-/* The socket libkvq uses when given none: $KVQ_SOCKET, else
- * /run/kvqd/kvqd.sock for root, else $XDG_RUNTIME_DIR/kvqd.sock.  Returns
- * 0 with the path in buf, -ENOENT when none applies (a user without
- * XDG_RUNTIME_DIR) or -ENAMETOOLONG. */
-int kvq_default_socket(char *buf, size_t len);
 
 /* Connects to path (NULL: kvq_default_socket) and says Hello with name
  * (printable ASCII without blanks, at most 64 bytes; NULL: "libkvq").

@@ -33,7 +33,6 @@
 
 #define PROG "kvqctl"
 #define TIMEOUT_MS 10000
-#define ROOT_SOCKET "/run/kvqd/kvqd.sock"
 #define MAX_POLICIES 16
 
 static const char *opt_socket;
@@ -1195,7 +1194,7 @@ _Static_assert(N_GLOBAL + sizeof(pool_create_opts) / sizeof(pool_create_opts[0])
 	       N_GLOBAL + sizeof(plan_opts) / sizeof(plan_opts[0]) <= MAX_OPTS + 1, "MAX_OPTS is too small");
 
 static const char global_help[] =
-	"  -s, --socket PATH   kvqd's socket (default $KVQ_SOCKET, " ROOT_SOCKET " for root,\n"
+	"  -s, --socket PATH   kvqd's socket (default $KVQ_SOCKET, " KVQ_ROOT_SOCKET " for root,\n"
 	"                      $XDG_RUNTIME_DIR/kvqd.sock otherwise)\n"
 	"  -j, --json          one JSON document on standard output\n"
 	"  -h, --help          this text\n"

@@ -17,7 +17,7 @@
 
 #include "backend.h"
 #include "frame.h"
-#include "kvq.h"
+#include "kvq_wire.h"
 #include "layout.h"
 #include "log.h"
 #include "pool.h"
