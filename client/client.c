@@ -12,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -30,7 +28,7 @@
 
 #include "cuda/kvq_cuda.h"
 #endif
-#include "frame.h"
+#include "conn.h"
 #include "kvq.h"
 #include "layout.h"
 
@@ -38,12 +36,7 @@
 #define CLIENT_TIMEOUT_MS 30000
 
 struct kvq_client {
-	int fd;
-	int pool_fd;                    /* the attach reply's descriptor until mapped */
-	bool broken;                    /* transport fault: the stream is out of step */
-	struct kvq_frame_decoder dec;
-	uint64_t next_id, client_id;
-	char msg[KVQ_PROTO_MAX_MESSAGE + 1];
+	struct kvq_conn conn;           /* its msg: kvq_client_error; its pool_fd: the attach reply's until mapped */
 	struct kvq_policy pol;
 	struct kvq_layout *L;
 	void *base;                     /* host: mmap address; cuda: device address */
@@ -65,7 +58,7 @@ static int fail(kvq_client *c, int r, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+	vsnprintf(c->conn.msg, sizeof(c->conn.msg), fmt, ap);
 	va_end(ap);
 	return r;
 }
@@ -272,112 +265,24 @@ static int cu_attach(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, con
 }
 #endif
 
-/* Sends req and reads its reply: returns the reply's status with *ret (the
- * caller frees it; NULL: freed here), or a transport error, after which
- * the connection is unusable (a reply may be left in flight). */
-static int rpc(kvq_client *c, Kvq__Envelope *req, Kvq__Envelope **ret)
-{
-	Kvq__Envelope *rep = NULL;
-	int r, st;
-
-	c->msg[0] = 0;
-	if (c->broken)
-		return fail(c, -ENOTCONN, "connection to kvqd lost earlier");
-	req->id = ++c->next_id;
-	r = kvq_frame_send_envelope(c->fd, req, -1, CLIENT_TIMEOUT_MS);
-	if (r < 0) {
-		c->broken = true;
-		return fail(c, r, "sending to kvqd: %s", kvq_strerror(r));
-	}
-	r = kvq_frame_recv_envelope(c->fd, &c->dec, &c->pool_fd, CLIENT_TIMEOUT_MS, &rep);
-	if (r < 0) {
-		c->broken = true;
-		return fail(c, r, "reading from kvqd: %s", kvq_strerror(r));
-	}
-	if (rep->id != req->id || (rep->status == 0 && kvq_frame_check(rep, 0, NULL, 0) < 0)) {
-		kvq_frame_envelope_free(rep);
-		c->broken = true;
-		return fail(c, KVQ_EPROTOCOL, "kvqd sent a reply that does not match the request");
-	}
-	st = rep->status;
-	if (st > 0)
-		st = KVQ_EPROTOCOL;
-	if (st < 0)
-		snprintf(c->msg, sizeof(c->msg), "%s", rep->message && *rep->message ? rep->message : kvq_strerror(st));
-	if (ret && st == 0)
-		*ret = rep;
-	else
-		kvq_frame_envelope_free(rep);
-	return st;
-}
-
-/* rpc() and a reply body of the expected type. */
-static int call(kvq_client *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
-{
-	Kvq__Envelope *rep = NULL;
-	int r = rpc(c, req, &rep);
-
-	if (r < 0)
-		return r;
-	if (rep->body_case != want) {
-		kvq_frame_envelope_free(rep);
-		return fail(c, KVQ_EPROTOCOL, "kvqd answered with another reply type");
-	}
-	if (ret)
-		*ret = rep;
-	else
-		kvq_frame_envelope_free(rep);
-	return 0;
-}
-
 int kvq_client_connect(const char *path, const char *name, kvq_client **ret_client)
 {
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
-	Kvq__Hello h = KVQ__HELLO__INIT;
-	char def[sizeof(a.sun_path)];
 	kvq_client *c;
 	int r;
 
 	if (!ret_client)
 		return -EINVAL;
-	if (!path) {
-		r = kvq_default_socket(def, sizeof(def));
-		if (r < 0)
-			return r;
-		path = def;
-	}
-	if (strlen(path) >= sizeof(a.sun_path))
-		return -ENAMETOOLONG;
-	memcpy(a.sun_path, path, strlen(path));
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	c->pool_fd = -1;
-	kvq_frame_decoder_init(&c->dec);
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->fd < 0) {
-		r = -errno;
-		goto err;
+	kvq_conn_init(&c->conn, CLIENT_TIMEOUT_MS);
+	r = kvq_conn_open(&c->conn, path, name ? name : "libkvq");
+	if (r < 0) {
+		kvq_client_free(c);
+		return r;
 	}
-	if (connect(c->fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-		r = -errno;
-		goto err;
-	}
-	h.protocol_version = KVQ_PROTOCOL_VERSION;
-	h.client_name = (char *)(name ? name : "libkvq");
-	e.body_case = KVQ__ENVELOPE__BODY_HELLO;
-	e.hello = &h;
-	r = call(c, &e, KVQ__ENVELOPE__BODY_HELLO_REPLY, &rep);
-	if (r < 0)
-		goto err;
-	c->client_id = rep->hello_reply->client_id;
-	kvq_frame_envelope_free(rep);
 	*ret_client = c;
 	return 0;
-err:
-	kvq_client_free(c);
-	return r;
 }
 
 void kvq_client_free(kvq_client *c)
@@ -395,23 +300,19 @@ void kvq_client_free(kvq_client *c)
 #endif
 	if (c->base)
 		munmap(c->base, c->map_bytes);
-	if (c->pool_fd >= 0)
-		close(c->pool_fd);
-	if (c->fd >= 0)
-		close(c->fd);
+	kvq_conn_close(&c->conn);
 	kvq_layout_free(c->L);
-	kvq_frame_decoder_fini(&c->dec);
 	free(c);
 }
 
 const char *kvq_client_error(const kvq_client *c)
 {
-	return c ? c->msg : "";
+	return c ? c->conn.msg : "";
 }
 
 uint64_t kvq_client_id(const kvq_client *c)
 {
-	return c ? c->client_id : 0;
+	return c ? c->conn.client_id : 0;
 }
 
 const struct kvq_layout *kvq_client_layout(const kvq_client *c)
@@ -485,7 +386,7 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	}
 	e.body_case = KVQ__ENVELOPE__BODY_ATTACH;
 	e.attach = &a;
-	r = call(c, &e, KVQ__ENVELOPE__BODY_ATTACH_REPLY, &rep);
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_ATTACH_REPLY, &rep);
 	if (r < 0)
 		goto out;
 	ar = rep->attach_reply;
@@ -500,7 +401,7 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 		goto out;
 	}
 #endif
-	if (c->pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
+	if (c->conn.pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
 		r = fail(c, KVQ_EPROTOCOL, "attach reply without a descriptor or with a bad size");
 		goto out;
 	}
@@ -527,23 +428,23 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	}
 #ifdef KVQ_WITH_CUDA
 	if (!strcmp(ar->backend, "cuda")) {
-		r = cu_attach(c, c->pool_fd, ar->map_bytes, ar->device, ar->device_uuid.data, ar->device_uuid.len);
+		r = cu_attach(c, c->conn.pool_fd, ar->map_bytes, ar->device, ar->device_uuid.data, ar->device_uuid.len);
 		if (r < 0)
 			goto out;
 		/* the mapping keeps the memory; the descriptor is not needed again */
-		close(c->pool_fd);
-		c->pool_fd = -1;
+		close(c->conn.pool_fd);
+		c->conn.pool_fd = -1;
 	} else
 #endif
 	{
-		base = mmap(NULL, (size_t)ar->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->pool_fd, 0);
+		base = mmap(NULL, (size_t)ar->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->conn.pool_fd, 0);
 		if (base == MAP_FAILED) {
 			r = fail(c, -errno, "mapping the pool: %s", strerror(errno));
 			goto out;
 		}
 		/* the mapping keeps the memory; the descriptor is not needed again */
-		close(c->pool_fd);
-		c->pool_fd = -1;
+		close(c->conn.pool_fd);
+		c->conn.pool_fd = -1;
 		c->base = base;
 		c->map_bytes = (size_t)ar->map_bytes;
 	}
@@ -552,9 +453,9 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	snprintf(c->backend, sizeof(c->backend), "%s", ar->backend);
 	snprintf(c->pool, sizeof(c->pool), "%s", p->pool);
 out:
-	if (c->pool_fd >= 0) {
-		close(c->pool_fd);
-		c->pool_fd = -1;
+	if (c->conn.pool_fd >= 0) {
+		close(c->conn.pool_fd);
+		c->conn.pool_fd = -1;
 	}
 	kvq_layout_free(L);
 	kvq_frame_envelope_free(rep);
@@ -575,13 +476,13 @@ int kvq_client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t
 	a.n_sealed = n_sealed;
 	e.body_case = KVQ__ENVELOPE__BODY_ALLOC;
 	e.alloc = &a;
-	r = call(c, &e, KVQ__ENVELOPE__BODY_ALLOC_REPLY, &rep);
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_ALLOC_REPLY, &rep);
 	if (r < 0)
 		return r;
 	ar = rep->alloc_reply;
 	if (ar->n_open_ids != n_open || ar->n_reserved_ids != n_open || ar->n_sealed_ids != n_sealed) {
 		kvq_frame_envelope_free(rep);
-		c->broken = true;   /* the daemon holds slots we cannot name: drop them all */
+		c->conn.broken = true;   /* the daemon holds slots we cannot name: drop them all */
 		return fail(c, KVQ_EPROTOCOL, "alloc reply with the wrong counts");
 	}
 	if (n_open) {
@@ -606,7 +507,7 @@ int kvq_client_seal(kvq_client *c, uint32_t n, const uint32_t *open_ids, const u
 	s.sealed_ids = (uint32_t *)sealed_ids;
 	e.body_case = KVQ__ENVELOPE__BODY_SEAL;
 	e.seal = &s;
-	return call(c, &e, KVQ__ENVELOPE__BODY_SEAL_REPLY, NULL);
+	return kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_SEAL_REPLY, NULL);
 }
 
 int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, int64_t parent, const uint32_t *tokens,
@@ -645,11 +546,11 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 	p.blocks = bp;
 	e.body_case = KVQ__ENVELOPE__BODY_PUBLISH;
 	e.publish = &p;
-	r = call(c, &e, KVQ__ENVELOPE__BODY_PUBLISH_REPLY, &rep);
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_PUBLISH_REPLY, &rep);
 	if (r < 0)
 		goto out;
 	if (rep->publish_reply->n_ids != n) {
-		c->broken = true;
+		c->conn.broken = true;
 		r = fail(c, KVQ_EPROTOCOL, "publish reply with the wrong count");
 		goto out;
 	}
@@ -679,13 +580,13 @@ int kvq_client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, 
 	l.salt.len = salt ? salt_len : 0;
 	e.body_case = KVQ__ENVELOPE__BODY_LOOKUP;
 	e.lookup = &l;
-	r = call(c, &e, KVQ__ENVELOPE__BODY_LOOKUP_REPLY, &rep);
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_LOOKUP_REPLY, &rep);
 	if (r < 0)
 		return r;
 	n = rep->lookup_reply->n_sealed_ids;
 	if (n > max_tokens / c->L->block_tokens) {
 		kvq_frame_envelope_free(rep);
-		c->broken = true;   /* references we cannot name: drop them all */
+		c->conn.broken = true;   /* references we cannot name: drop them all */
 		return fail(c, KVQ_EPROTOCOL, "lookup reply longer than asked for");
 	}
 	if (n)
@@ -709,7 +610,7 @@ int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_
 	rl.open_ids = (uint32_t *)open_ids;
 	e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
 	e.release = &rl;
-	return call(c, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
+	return kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
 }
 
 int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
@@ -723,7 +624,7 @@ int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
 	f.sealed_ids = (uint32_t *)sealed_ids;
 	e.body_case = KVQ__ENVELOPE__BODY_FORK;
 	e.fork = &f;
-	return call(c, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
+	return kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
 }
 
 int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats)
@@ -742,7 +643,7 @@ int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stat
 	s.pool = (char *)pool;
 	e.body_case = KVQ__ENVELOPE__BODY_STATS;
 	e.stats = &s;
-	r = call(c, &e, KVQ__ENVELOPE__BODY_STATS_REPLY, &rep);
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_STATS_REPLY, &rep);
 	if (r < 0)
 		return r;
 	sr = rep->stats_reply;
@@ -777,7 +678,7 @@ int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stat
 		st.alloc_failures = p->alloc_failures;
 		st.clients = p->clients;
 		*ret_stats = st;
-		c->msg[0] = 0;
+		c->conn.msg[0] = 0;
 		r = 0;
 		break;
 	}

@@ -22,12 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "format.h"
-#include "frame.h"
+#include "conn.h"
 #include "kvq.h"
 #include "layout.h"
 
@@ -147,104 +145,49 @@ static double ratio(uint64_t a, uint64_t b)
 
 /* ---------------------------------------------------------------- daemon connection */
 
-struct conn {
-	int fd;
-	struct kvq_frame_decoder dec;
-	uint64_t next_id;
-	char path[108];
-};
-
-static void conn_close(struct conn *c)
+/* Says why a request on c failed, in kvqctl's words; returns 1. */
+static int conn_fault(const struct kvq_conn *c, int r)
 {
-	if (c->fd >= 0)
-		close(c->fd);
-	kvq_frame_decoder_fini(&c->dec);
-}
-
-/* Sends req and reads its reply of type want.  Returns 0 with *ret, or 1
- * after printing why (the daemon's message, or what the transport saw). */
-static int conn_call(struct conn *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
-{
-	Kvq__Envelope *rep = NULL;
-	int r;
-
-	req->id = ++c->next_id;
-	r = kvq_frame_send_envelope(c->fd, req, -1, TIMEOUT_MS);
-	if (r == 0)
-		r = kvq_frame_recv_envelope(c->fd, &c->dec, NULL, TIMEOUT_MS, &rep);
-	if (r < 0)
-		return die("talking to kvqd at %s: %s", c->path, kvq_strerror(r));
-	if (rep->id != req->id || kvq_frame_check(rep, 0, NULL, 0) < 0 ||
-	    (rep->status == 0 && rep->body_case != want)) {
-		kvq_frame_envelope_free(rep);
-		return die("kvqd at %s sent a reply that does not match the request", c->path);
-	}
-	if (rep->status < 0) {
-		const char *m = rep->message && *rep->message ? rep->message : kvq_strerror(rep->status);
-
-		r = rep->status;
-		if (r == -EPERM || r == -EACCES)
-			die("permission denied: %s", m);
-		else if (r == -ENOENT)
-			die("unknown pool: %s", m);
-		else
-			die("%s", m);
-		kvq_frame_envelope_free(rep);
-		return 1;
-	}
-	*ret = rep;
-	return 0;
-}
-
-static int conn_open(struct conn *c)
-{
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
-	Kvq__Hello h = KVQ__HELLO__INIT;
-	int r;
-
-	memset(c, 0, sizeof(*c));
-	c->fd = -1;
-	kvq_frame_decoder_init(&c->dec);
-	if (opt_socket)
-		r = snprintf(c->path, sizeof(c->path), "%s", opt_socket) < (int)sizeof(c->path) ? 0 : -ENAMETOOLONG;
-	else
-		r = kvq_default_socket(c->path, sizeof(c->path));
-	if (r == -ENOENT)
-		return die("no socket: give --socket or set KVQ_SOCKET (XDG_RUNTIME_DIR is not set)");
-	if (r < 0)
+	switch (c->fault) {
+	case KVQ_CONN_PATH:
+		if (r == -ENOENT)
+			return die("no socket: give --socket or set KVQ_SOCKET (XDG_RUNTIME_DIR is not set)");
 		return die("socket path: %s", kvq_strerror(r));
-	memcpy(a.sun_path, c->path, strlen(c->path));
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->fd < 0)
-		return die("socket: %s", strerror(errno));
-	if (connect(c->fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-		if (errno == ENOENT || errno == ECONNREFUSED)
+	case KVQ_CONN_SOCKET:
+		return die("socket: %s", strerror(-r));
+	case KVQ_CONN_CONNECT:
+		if (r == -ENOENT || r == -ECONNREFUSED)
 			return die("kvqd is not running (nothing listens on %s)", c->path);
-		if (errno == EACCES || errno == EPERM)
+		if (r == -EACCES || r == -EPERM)
 			return die("permission denied: %s (members of the socket's group may connect)", c->path);
-		return die("%s: %s", c->path, strerror(errno));
+		return die("%s: %s", c->path, strerror(-r));
+	case KVQ_CONN_STATUS:
+		if (r == -EPERM || r == -EACCES)
+			return die("permission denied: %s", c->msg);
+		if (r == -ENOENT)
+			return die("unknown pool: %s", c->msg);
+		return die("%s", c->msg);
+	case KVQ_CONN_PROTOCOL:
+		return die("kvqd at %s sent a reply that does not match the request", c->path);
+	default:
+		return die("talking to kvqd at %s: %s", c->path, kvq_strerror(r));
 	}
-	h.protocol_version = KVQ_PROTOCOL_VERSION;
-	h.client_name = PROG;
-	e.body_case = KVQ__ENVELOPE__BODY_HELLO;
-	e.hello = &h;
-	r = conn_call(c, &e, KVQ__ENVELOPE__BODY_HELLO_REPLY, &rep);
-	if (r)
-		return r;
-	kvq_frame_envelope_free(rep);
-	return 0;
 }
 
-/* One request on a new connection. */
+/* One request on a new connection: 0 with *ret (the reply of type want),
+ * or 1 after printing why. */
 static int request(Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
 {
-	struct conn c;
-	int r = conn_open(&c);
+	struct kvq_conn c;
+	int r;
 
+	kvq_conn_init(&c, TIMEOUT_MS);
+	r = kvq_conn_open(&c, opt_socket, PROG);
 	if (r == 0)
-		r = conn_call(&c, req, want, ret);
-	conn_close(&c);
+		r = kvq_conn_call(&c, req, want, ret);
+	if (r < 0)
+		r = conn_fault(&c, r);
+	kvq_conn_close(&c);
 	return r;
 }
 
