@@ -93,7 +93,8 @@ int kvq_client_connect(const char *path, const char *name, kvq_client **ret_clie
 /* Unmaps the pool and closes the connection; the daemon then drops the
  * lease (every slot and reference this connection held).  On the host
  * backend no kernel work is outstanding when a call returns, so nothing is
- * waited for.  NULL is fine. */
+ * waited for; on a cuda pool the client's stream is drained first.  NULL
+ * is fine. */
 void kvq_client_free(kvq_client *c);
 
 /* Reason for the last failure on c (the daemon's message or a local one);
@@ -115,8 +116,8 @@ uint64_t kvq_client_id(const kvq_client *c);
  * from the import (cuMemImportFromShareableHandle, cuMemAddressReserve,
  * cuMemMap, cuMemSetAccess); or an mmap error (host).  A cuda pool is mapped
  * through the device's primary context, which this call makes current on
- * the calling thread; the CPU kernels (write, attention, fork copies) still
- * return -ENOTSUP on cuda pools.
+ * the calling thread; kvq_seq runs the CUDA kernels (kernels/cuda) on it,
+ * the CPU kernels on a host pool.
  */
 int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
 

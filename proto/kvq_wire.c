@@ -14,7 +14,9 @@ const char *kvq_strerror(int err)
 	case KVQ_ELAYOUT: return "pool layout version or geometry mismatch";
 	case KVQ_EPOLICY: return "bad KV policy";
 	case KVQ_EPROTOCOL: return "kvqd's reply broke the protocol";
-	case -ENOTSUP: return "operation not supported (by kvqd, or by libkvq: it maps host pools only, not CUDA pools yet)";
+	case -ENOTSUP:
+		return "operation not supported (by kvqd, or by this libkvq: built without CUDA, or no kernel for the pool's "
+		       "formats)";
 	default:
 		if (err < 0 && err > -KVQ_EBASE)
 			return strerror(-err);
