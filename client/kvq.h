@@ -23,18 +23,6 @@ extern "C" {
 /* Version string of the library ("0.1.0"). */
 const char *kvq_version(void);
 
-/*
- * FP8 conversions, bit-exact with the kernels (and with the GPU's
- * cvt.rn.satfinite): round to nearest even; finite values beyond the largest
- * finite value and infinities saturate to +-max (448 for E4M3, 57344 for
- * E5M2); NaN becomes 0x7f.  E4M3 is the OCP "FN" format (bias 7, no
- * infinities, NaN only 0x7f/0xff).
- */
-uint8_t kvq_fp8_e4m3_encode(float x);
-float kvq_fp8_e4m3_decode(uint8_t code);   /* 0x7f/0xff -> NaN */
-uint8_t kvq_fp8_e5m2_encode(float x);
-float kvq_fp8_e5m2_decode(uint8_t code);   /* IEEE-like: 0x7c inf, above NaN */
-
 /* ---------------------------------------------------------------- client */
 
 /*
