@@ -3,7 +3,8 @@
  * libkvq: the client library of kvqd.
  *
  * Functions return 0 (or a non-negative value) on success and a negative
- * errno-style code on failure; kvq_strerror() names it.
+ * errno-style code on failure (kvq_wire.h: the project's codes);
+ * kvq_strerror() names it.
  */
 #ifndef KVQ_H
 #define KVQ_H
@@ -11,35 +12,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The project's error codes (KVQ_E*), kvq_strerror() and
+ * kvq_default_socket(). */
+#include "kvq_wire.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Project error codes, beyond errno's. */
-#define KVQ_EBASE 1000
-enum {
-	KVQ_ELAYOUT = -(KVQ_EBASE + 1),   /* layout version or geometry mismatch */
-	KVQ_EPOLICY = -(KVQ_EBASE + 2),   /* bad KV policy string */
-	KVQ_EPROTOCOL = -(KVQ_EBASE + 3), /* the daemon's reply broke the protocol */
-};
-
 /* Version string of the library ("0.1.0"). */
 const char *kvq_version(void);
-
-/* Static description of an error code (never NULL). */
-const char *kvq_strerror(int err);
-
-/*
- * FP8 conversions, bit-exact with the kernels (and with the GPU's
- * cvt.rn.satfinite): round to nearest even; finite values beyond the largest
- * finite value and infinities saturate to +-max (448 for E4M3, 57344 for
- * E5M2); NaN becomes 0x7f.  E4M3 is the OCP "FN" format (bias 7, no
- * infinities, NaN only 0x7f/0xff).
- */
-uint8_t kvq_fp8_e4m3_encode(float x);
-float kvq_fp8_e4m3_decode(uint8_t code);   /* 0x7f/0xff -> NaN */
-uint8_t kvq_fp8_e5m2_encode(float x);
-float kvq_fp8_e5m2_decode(uint8_t code);   /* IEEE-like: 0x7c inf, above NaN */
 
 /* ---------------------------------------------------------------- client */
 
@@ -88,12 +70,6 @@ struct kvq_stats {
 	uint32_t clients;
 };
 
-/* The socket libkvq uses when given none: $KVQ_SOCKET, else
- * /run/kvqd/kvqd.sock for root, else $XDG_RUNTIME_DIR/kvqd.sock.  Returns
- * 0 with the path in buf, -ENOENT when none applies (a user without
- * XDG_RUNTIME_DIR) or -ENAMETOOLONG. */
-int kvq_default_socket(char *buf, size_t len);
-
 /* Connects to path (NULL: kvq_default_socket) and says Hello with name
  * (printable ASCII without blanks, at most 64 bytes; NULL: "libkvq").
  * Returns 0 and *ret_client, or -EINVAL, -ENOMEM, a connect error
@@ -105,7 +81,8 @@ int kvq_client_connect(const char *path, const char *name, kvq_client **ret_clie
 /* Unmaps the pool and closes the connection; the daemon then drops the
  * lease (every slot and reference this connection held).  On the host
  * backend no kernel work is outstanding when a call returns, so nothing is
- * waited for.  NULL is fine. */
+ * waited for; on a cuda pool the client's stream is drained first.  NULL
+ * is fine. */
 void kvq_client_free(kvq_client *c);
 
 /* Reason for the last failure on c (the daemon's message or a local one);
@@ -127,8 +104,8 @@ uint64_t kvq_client_id(const kvq_client *c);
  * from the import (cuMemImportFromShareableHandle, cuMemAddressReserve,
  * cuMemMap, cuMemSetAccess); or an mmap error (host).  A cuda pool is mapped
  * through the device's primary context, which this call makes current on
- * the calling thread; the CPU kernels (write, attention, fork copies) still
- * return -ENOTSUP on cuda pools.
+ * the calling thread; kvq_seq runs the CUDA kernels (kernels/cuda) on it,
+ * the CPU kernels on a host pool.
  */
 int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
 

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kvq.h"
+#include "kvq_wire.h"
 #include "log.h"
 #include "pools.h"
 

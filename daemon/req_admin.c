@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvq.h"
+#include "kvq_wire.h"
 #include "log.h"
 #include "request.h"
 

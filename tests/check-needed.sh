@@ -6,7 +6,7 @@ set -u
 b=${top_builddir:-.}
 n=0; fail=0
 for f in "$b"/.libs/libkvq.so "$b"/bench/.libs/kvq-bench "$b"/bench/kvq-bench \
-         "$b"/daemon/kvqd "$b"/daemon/.libs/kvqd "$b"/client/kvqctl "$b"/client/.libs/kvqctl \
+         "$b"/daemon/kvqd "$b"/daemon/.libs/kvqd "$b"/kvqctl/kvqctl \
          "$b"/tests/unit/test_backend "$b"/tests/unit/.libs/test_backend "$b"/tests/gpu/*.bin \
          "$b"/tests/gpu/test_cuda_pool "$b"/tests/gpu/.libs/test_cuda_pool; do
 	[ -f "$f" ] || continue

@@ -25,7 +25,7 @@ done
 # "--kv-heads" is written "\-\-kv\-heads" in a man page
 escape() { printf '%s' "$1" | sed 's/-/\\-/g'; }
 
-for pair in daemon/kvqd:kvqd.8 client/kvqctl:kvqctl.1; do
+for pair in daemon/kvqd:kvqd.8 kvqctl/kvqctl:kvqctl.1; do
 	bin=$top_builddir/${pair%%:*}
 	page=$man/${pair#*:}
 	help=$("$bin" --help)
@@ -44,7 +44,7 @@ done
 
 # each command's own --help (taken from the commands kvqctl --help lists):
 # its usage, and every option it prints is in kvqctl(1)
-ctl=$top_builddir/client/kvqctl
+ctl=$top_builddir/kvqctl/kvqctl
 cmds=$("$ctl" --help | sed -n '/^Commands/,$ s/^  \([a-z][a-z]*\( [a-z][a-z]*\)*\).*$/\1/p')
 [ -n "$cmds" ]
 t $? "kvqctl --help lists commands: $(echo $cmds | tr '\n' ' ')"

@@ -6,7 +6,7 @@
  * metrics report is compared with what the clients did.
  *
  * KVQ_TEST_KVQD names the kvqd binary, KVQ_TEST_KVQCTL the kvqctl binary
- * (defaults: $top_builddir/daemon/kvqd, $top_builddir/client/kvqctl).
+ * (defaults: $top_builddir/daemon/kvqd, $top_builddir/kvqctl/kvqctl).
  */
 #include <config.h>
 
@@ -43,9 +43,9 @@
 #define OUT_MAX (1 << 20)
 
 static char sock_path[108], tmpdir[64], daemon_bin[512], ctl_bin[512];
-/* kvqctl and libkvq copied where any uid may run them, for the runs as
- * another user: the build tree may sit in a home only its owner enters */
-static char other_dir[64], other_bin[128], other_env[160];
+/* kvqctl copied where any uid may run it, for the runs as another user:
+ * the build tree may sit in a home only its owner enters */
+static char other_dir[64], other_bin[128];
 
 struct run {
 	int status;                  /* exit code, or -1 */
@@ -79,10 +79,8 @@ static int kvqctl_as(int uid, const char *const *args)
 		close(pe[0]);
 		if (uid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid((uid_t)uid) < 0))
 			_exit(120);
-		if (uid >= 0) {
+		if (uid >= 0)
 			argv[0] = other_bin;
-			putenv(other_env);
-		}
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
@@ -145,44 +143,17 @@ static int copy_file(const char *from, const char *to)
 }
 
 /*
- * The kvqctl binary and the libkvq it loads, copied into a new directory
- * of mode 0755 (other_dir; other_bin, other_env: LD_LIBRARY_PATH).  In a
- * libtool build client/kvqctl is a script that runs client/.libs/kvqctl
- * with the build's .libs on the library path; without shared libraries it
- * is the program itself.  0 or -1.
+ * The kvqctl binary copied into a new directory of mode 0755 (other_dir,
+ * other_bin).  kvqctl links no library of the tree (the protocol and
+ * layout code are built into it), so the copy runs on its own.  0 or -1.
  */
-static int other_copy(const char *top)
+static int other_copy(void)
 {
-	char dir[512], from[1024], to[512];
-	const char *slash = strrchr(ctl_bin, '/');
-	struct dirent *e = NULL;
-	DIR *libs;
-
 	snprintf(other_dir, sizeof(other_dir), "/tmp/kvqctl-other.XXXXXX");
 	if (!mkdtemp(other_dir) || chmod(other_dir, 0755) < 0)
 		return -1;
-	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - ctl_bin) : 1, slash ? ctl_bin : ".");
-	snprintf(from, sizeof(from), "%s/.libs/kvqctl", dir);
-	if (access(from, X_OK) < 0)
-		snprintf(from, sizeof(from), "%s", ctl_bin);
 	snprintf(other_bin, sizeof(other_bin), "%s/kvqctl", other_dir);
-	if (copy_file(from, other_bin) < 0)
-		return -1;
-	snprintf(dir, sizeof(dir), "%s/.libs", top);
-	libs = opendir(dir);
-	while (libs && (e = readdir(libs)))
-		if (!strncmp(e->d_name, "libkvq.so", 9)) {
-			snprintf(from, sizeof(from), "%s/%s", dir, e->d_name);
-			snprintf(to, sizeof(to), "%s/%s", other_dir, e->d_name);
-			if (copy_file(from, to) < 0)
-				break;
-		}
-	if (libs)
-		closedir(libs);
-	if (e)
-		return -1;
-	snprintf(other_env, sizeof(other_env), "LD_LIBRARY_PATH=%s", other_dir);
-	return 0;
+	return copy_file(ctl_bin, other_bin);
 }
 
 static void other_remove(void)
@@ -537,7 +508,7 @@ int main(void)
 	if (env_ctl)
 		snprintf(ctl_bin, sizeof(ctl_bin), "%s", env_ctl);
 	else
-		snprintf(ctl_bin, sizeof(ctl_bin), "%s/client/kvqctl", top ? top : ".");
+		snprintf(ctl_bin, sizeof(ctl_bin), "%s/kvqctl/kvqctl", top ? top : ".");
 	for (uint32_t i = 0; i < NB * B_ + 1; i++)
 		tokens[i] = 500 + i * 3;
 	port = free_port();
@@ -632,7 +603,7 @@ int main(void)
 	ok(kvq_client_release(b, hit, ids, 0, NULL) == 0 && wait_unreferenced(b), "A leaves, B releases its hits");
 
 	if (geteuid() == 0 && chmod(tmpdir, 0755) == 0 && chmod(sock_path, 0666) == 0) {
-		ok(other_copy(top ? top : ".") == 0, "kvqctl and libkvq copied to %s for uid 65534", other_dir);
+		ok(other_copy() == 0, "kvqctl copied to %s for uid 65534", other_dir);
 		ok(KVQCTL_NOBODY("--version") == 0 && strstr(R.out, "kvqctl "),
 		   "kvqctl runs as uid 65534 (--version: exit %d)", R.status);
 		KVQCTL_NOBODY("flush", POOL);

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Inside libkvq: a client's and a sequence's state, shared by the library's
+ * files, and the table of operations a pool's backend gives the sequence
+ * (as kernels/cpu/ops.h gives one per instruction set):
+ *
+ *   client.c       the connection, attach and the block requests (RPC)
+ *   seq.c          kvq_seq: the backend-neutral block table
+ *   host.c         the host backend: mmap, the CPU kernels
+ *   seq_cuda.c     the cuda backend: the CUDA half of the sequence
+ *   cuda_import.c  the CUDA driver (through cudart) and a cuda pool's import
+ *   cuda_none.c    the cuda backend of a build without CUDA
+ *
+ * Only seq_cuda.c and cuda_import.c see CUDA's headers; they are built
+ * when CUDA is configured, cuda_none.c when it is not.
+ */
+#ifndef KVQ_CLIENT_H
+#define KVQ_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conn.h"
+#include "cpu/cpu.h"
+#include "kvq.h"
+#include "layout.h"
+
+struct client_backend;
+struct client_cuda;        /* a cuda pool's import (cuda_import.c) */
+struct seq_cuda;           /* a sequence's device buffers (seq_cuda.c) */
+
+struct kvq_client {
+	struct kvq_conn conn;           /* its msg: kvq_client_error; its pool_fd: the attach reply's until mapped */
+	struct kvq_policy pol;
+	struct kvq_layout *L;
+	const struct client_backend *be;  /* the attached pool's backend; NULL before attach */
+	void *base;                     /* host: mmap address; cuda: device address */
+	size_t map_bytes;
+	void *stream;                   /* a cudaStream_t: where libkvq's CUDA work runs (NULL: legacy default) */
+	struct client_cuda *cuda;       /* a cuda pool's import, or NULL */
+	char backend[8];
+	char pool[KVQ_PROTO_MAX_NAME + 1];
+};
+
+/*
+ * State: n tokens; sealed[0..n_sealed) hold the first n_sealed*B tokens,
+ * open[0..n_open) (with resv[]) the rest.  Normally n_sealed*B = S(n);
+ * right after from_prompt it is n (all sealed).  Writes are given to
+ * kvq_cpu_write shifted by n_sealed blocks (its n is n - n_sealed*B), which
+ * covers both: the kernel's split of the shifted sequence equals the real
+ * one whenever the sealed prefix stays sealed.
+ */
+struct kvq_seq {
+	kvq_client *c;
+	uint8_t salt[KVQ_PROTO_MAX_SALT];
+	size_t salt_len;
+	uint32_t *tokens;
+	uint32_t n, cap;
+	int32_t *sealed;
+	uint32_t n_sealed, n_pub;       /* sealed[0..n_pub) are published */
+	int32_t *open, *resv;
+	uint32_t n_open;
+	/* write in progress (begin .. commit) */
+	bool busy;
+	uint32_t m;
+	int32_t *p_sealed, *p_open, *p_resv;
+	uint32_t p_n_sealed, p_n_open;
+	uint8_t *written;               /* per layer */
+	struct seq_cuda *cuda;          /* cuda pools: made by the first kernel call, or NULL */
+};
+
+/*
+ * What a pool's backend does for libkvq.  Every operation of a compiled
+ * backend is set; each returns 0 or a negative code with the reason in
+ * kvq_client_error.  ns and no count the sealed and open ids of the table
+ * a write or an attention reads.
+ */
+struct client_backend {
+	const char *name;               /* as the attach reply names it */
+	bool compiled;                  /* false: this libkvq was built without it (no operations) */
+	/* maps the pool from the attach reply's descriptor (kept by the caller)
+	 * and sets c->base and c->map_bytes; nothing is left mapped on failure */
+	int (*map)(kvq_client *c, int fd, uint64_t map_bytes, int device, const uint8_t *uuid, size_t uuid_len);
+	/* waits for the work queued on the pool, then unmaps it */
+	void (*unmap)(kvq_client *c);
+	/* one layer of kvq_seq_write */
+	int (*write)(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, uint32_t ns, uint32_t no,
+		     const void *k, const void *v);
+	/* kvq_seq_attention: q and out float host arrays; out written on return */
+	int (*attention)(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+			 uint32_t q_heads, float scale, const float *q, float *out);
+	/* kvq_seq_attention_device; NULL: the backend has no device memory */
+	int (*attention_device)(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+				uint32_t q_heads, float scale, const void *q, void *out, bool out_f32);
+	/* copies n bytes inside the pool, before any work queued later */
+	int (*copy)(kvq_client *c, void *to, const void *from, size_t n);
+	/* returns once the work queued on the pool is done: before kvqd is
+	 * told a block is sealed or published */
+	int (*drain)(kvq_client *c);
+	/* before a sequence's slots are released: waits for the work that may
+	 * read them and frees s->cuda */
+	void (*seq_free)(kvq_seq *s);
+};
+
+extern const struct client_backend client_host;
+extern const struct client_backend client_cuda;
+
+/* Leaves the reason in kvq_client_error; returns r. */
+__attribute__((format(printf, 3, 4)))
+int client_fail(kvq_client *c, int r, const char *fmt, ...);
+
+#endif

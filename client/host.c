@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host backend: a host pool is a memfd mapped into this process, the
+ * CPU kernels (kernels/cpu) work on it and have finished when they return,
+ * so there is never anything to wait for.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "client.h"
+
+static int host_map(kvq_client *c, int fd, uint64_t map_bytes, int device, const uint8_t *uuid, size_t uuid_len)
+{
+	void *base = mmap(NULL, (size_t)map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	(void)device, (void)uuid, (void)uuid_len;
+	if (base == MAP_FAILED)
+		return client_fail(c, -errno, "mapping the pool: %s", strerror(errno));
+	c->base = base;
+	c->map_bytes = (size_t)map_bytes;
+	return 0;
+}
+
+static void host_unmap(kvq_client *c)
+{
+	munmap(c->base, c->map_bytes);
+	c->base = NULL;
+}
+
+static int host_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, uint32_t ns, uint32_t no,
+		      const void *k, const void *v)
+{
+	int r = kvq_cpu_write(s->c->L, s->c->base, layer, w, k, v);
+
+	(void)ns, (void)no;
+	return r < 0 ? client_fail(s->c, r, "kvq_cpu_write refused the block table") : 0;
+}
+
+static int host_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+			  uint32_t q_heads, float scale, const float *q, float *out)
+{
+	const struct kvq_attn a = { .L = s->c->L, .base = s->c->base, .layer = layer, .q_heads = q_heads,
+		.scale = scale, .q_dtype = KVQ_DT_F32, .out_dtype = KVQ_DT_F32 };
+	int r = kvq_cpu_attention(&a, as, 1, q, out);
+
+	(void)ns, (void)no;
+	return r < 0 ? client_fail(s->c, r, "attention: bad query counts") : 0;
+}
+
+static int host_copy(kvq_client *c, void *to, const void *from, size_t n)
+{
+	(void)c;
+	memcpy(to, from, n);
+	return 0;
+}
+
+static int host_drain(kvq_client *c)
+{
+	(void)c;
+	return 0;
+}
+
+static void host_seq_free(kvq_seq *s)
+{
+	(void)s;
+}
+
+const struct client_backend client_host = {
+	.name = "host",
+	.compiled = true,
+	.map = host_map,
+	.unmap = host_unmap,
+	.write = host_write,
+	.attention = host_attention,
+	.copy = host_copy,
+	.drain = host_drain,
+	.seq_free = host_seq_free,
+};

@@ -1,0 +1,543 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvq_seq: a sequence's block table on an attached client (kvq.h), the
+ * same for every backend; the kernels and the waits are the backend's
+ * (c->be, client.h).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+
+static int seq_reserve_tokens(kvq_seq *s, uint32_t need)
+{
+	uint32_t *t;
+	uint32_t cap = s->cap ? s->cap : 256;
+
+	if (need <= s->cap)
+		return 0;
+	while (cap < need)
+		cap = cap > UINT32_MAX / 2 ? need : cap * 2;
+	t = realloc(s->tokens, (size_t)cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	s->tokens = t;
+	s->cap = cap;
+	return 0;
+}
+
+int kvq_seq_new(kvq_client *c, const void *salt, size_t salt_len, kvq_seq **ret_seq)
+{
+	kvq_seq *s;
+
+	if (!c || !c->base || !ret_seq || salt_len > KVQ_PROTO_MAX_SALT || (salt_len && !salt))
+		return -EINVAL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->written = calloc(c->L->layers, 1);
+	if (!s->written) {
+		free(s);
+		return -ENOMEM;
+	}
+	s->c = c;
+	if (salt_len)
+		memcpy(s->salt, salt, salt_len);
+	s->salt_len = salt_len;
+	*ret_seq = s;
+	return 0;
+}
+
+static void seq_drop_pending(kvq_seq *s)
+{
+	free(s->p_sealed);
+	free(s->p_open);
+	free(s->p_resv);
+	s->p_sealed = s->p_open = s->p_resv = NULL;
+	s->p_n_sealed = s->p_n_open = 0;
+	s->busy = false;
+}
+
+/* Ids a pending write allocated beyond the committed table: released on
+ * free or when begin fails half-way. */
+static void seq_pending_new(const kvq_seq *s, uint32_t *sealed, uint32_t *ns, uint32_t *open, uint32_t *no)
+{
+	uint32_t nb_old = s->n_sealed + s->n_open;
+
+	*ns = *no = 0;
+	for (uint32_t b = nb_old; b < s->p_n_sealed; b++)
+		sealed[(*ns)++] = (uint32_t)s->p_sealed[b];
+	for (uint32_t j = 0; j < s->p_n_open; j++) {
+		uint32_t b = s->n_sealed + j;
+		if (b >= nb_old && s->p_open[j] >= 0)
+			open[(*no)++] = (uint32_t)s->p_open[j];
+	}
+}
+
+void kvq_seq_free(kvq_seq *s)
+{
+	uint32_t *sealed = NULL, *open = NULL, ns = 0, no = 0;
+	size_t cap;
+
+	if (!s)
+		return;
+	s->c->be->seq_free(s);
+	cap = (size_t)s->n_sealed + s->n_open + s->p_n_sealed + s->p_n_open + 1;
+	sealed = malloc(cap * sizeof(*sealed));
+	open = malloc(cap * sizeof(*open));
+	if (sealed && open) {
+		if (s->busy)
+			seq_pending_new(s, sealed, &ns, open, &no);
+		for (uint32_t i = 0; i < s->n_sealed; i++)
+			sealed[ns++] = (uint32_t)s->sealed[i];
+		for (uint32_t i = 0; i < s->n_open; i++)
+			open[no++] = (uint32_t)s->open[i];
+		/* a failed release leaves the holds to the connection's close */
+		for (uint32_t i = 0; i < ns || i < no; i += KVQ_PROTO_MAX_IDS / 2) {
+			uint32_t a = ns > i ? ns - i : 0, b = no > i ? no - i : 0;
+			a = a > KVQ_PROTO_MAX_IDS / 2 ? KVQ_PROTO_MAX_IDS / 2 : a;
+			b = b > KVQ_PROTO_MAX_IDS / 2 ? KVQ_PROTO_MAX_IDS / 2 : b;
+			if (kvq_client_release(s->c, a, sealed + i, b, open + i) < 0)
+				break;
+		}
+	}
+	free(sealed);
+	free(open);
+	seq_drop_pending(s);
+	free(s->tokens);
+	free(s->sealed);
+	free(s->open);
+	free(s->resv);
+	free(s->written);
+	free(s);
+}
+
+kvq_client *kvq_seq_client(const kvq_seq *s)
+{
+	return s ? s->c : NULL;
+}
+
+uint32_t kvq_seq_tokens(const kvq_seq *s)
+{
+	return s ? s->n : 0;
+}
+
+int kvq_seq_blocks(const kvq_seq *s, const int32_t **ret_sealed, uint32_t *ret_n_sealed, const int32_t **ret_open,
+		   uint32_t *ret_n_open)
+{
+	if (!s)
+		return -EINVAL;
+	if (ret_sealed)
+		*ret_sealed = s->sealed;
+	if (ret_n_sealed)
+		*ret_n_sealed = s->n_sealed;
+	if (ret_open)
+		*ret_open = s->open;
+	if (ret_n_open)
+		*ret_n_open = s->n_open;
+	return 0;
+}
+
+int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t *ret_hit)
+{
+	const struct kvq_layout *L;
+	uint32_t max, got = 0, *ids;
+	int r;
+
+	if (!s || (n && !tokens) || !ret_hit)
+		return -EINVAL;
+	if (n > KVQ_PROTO_MAX_TOKENS)
+		return client_fail(s->c, -E2BIG, "a prompt of %u tokens is over the lookup limit", n);
+	if (s->n || s->busy)
+		return client_fail(s->c, -EBUSY, "from_prompt on a sequence that is not empty");
+	L = s->c->L;
+	max = kvq_layout_split(L, n);
+	if (max / L->block_tokens > KVQ_PROTO_MAX_IDS)
+		max = KVQ_PROTO_MAX_IDS * L->block_tokens;
+	if (max == 0) {
+		*ret_hit = 0;
+		return 0;
+	}
+	ids = malloc((size_t)(max / L->block_tokens) * sizeof(*ids));
+	if (!ids)
+		return -ENOMEM;
+	r = kvq_client_lookup(s->c, tokens, n, max, s->salt,
+			      s->salt_len, ids, &got);
+	if (r == 0 && got) {
+		uint32_t hit = got * L->block_tokens;
+
+		r = seq_reserve_tokens(s, hit);
+		if (r == 0) {
+			int32_t *sl = realloc(s->sealed, got * sizeof(*sl));
+			if (!sl)
+				r = -ENOMEM;
+			else
+				s->sealed = sl;
+		}
+		if (r < 0) {
+			kvq_client_release(s->c, got, ids, 0, NULL);
+		} else {
+			for (uint32_t i = 0; i < got; i++)
+				s->sealed[i] = (int32_t)ids[i];
+			s->n_sealed = s->n_pub = got;
+			memcpy(s->tokens, tokens, hit * sizeof(*tokens));
+			s->n = hit;
+		}
+	}
+	free(ids);
+	if (r == 0)
+		*ret_hit = got * L->block_tokens;
+	return r;
+}
+
+int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
+{
+	const struct kvq_layout *L;
+	uint32_t B, N, s1, nb_old, nb_new, n_new_open = 0, n_new_sealed = 0, *ao = NULL, *ar = NULL, *as = NULL;
+	int r;
+
+	if (!s || !tokens || !m)
+		return -EINVAL;
+	if (s->busy)
+		return client_fail(s->c, -EBUSY, "a write is in progress (commit first)");
+	L = s->c->L;
+	B = L->block_tokens;
+	if (s->n > UINT32_MAX - B - m)
+		return -EINVAL;
+	N = s->n + m;
+	s1 = kvq_layout_split(L, N) / B;
+	if (s1 < s->n_sealed)
+		return client_fail(s->c, -EINVAL,
+				   "appending %u tokens would unseal the cached prefix: append the whole prompt", m);
+	nb_old = s->n_sealed + s->n_open;
+	nb_new = (N + B - 1) / B;
+	for (uint32_t b = nb_old; b < nb_new; b++) {
+		if (b < s1)
+			n_new_sealed++;
+		else
+			n_new_open++;
+	}
+	if (n_new_open + n_new_sealed > KVQ_PROTO_MAX_IDS)
+		return client_fail(s->c, -E2BIG, "%u tokens need more than %u blocks in one request", m,
+				   KVQ_PROTO_MAX_IDS);
+	r = seq_reserve_tokens(s, N);
+	if (r < 0)
+		return r;
+	s->p_sealed = calloc(s1 + 1, sizeof(int32_t));
+	s->p_open = calloc(nb_new - s->n_sealed + 1, sizeof(int32_t));
+	s->p_resv = calloc(nb_new - s->n_sealed + 1, sizeof(int32_t));
+	ao = calloc(n_new_open + 1, sizeof(*ao));
+	ar = calloc(n_new_open + 1, sizeof(*ar));
+	as = calloc(n_new_sealed + 1, sizeof(*as));
+	if (!s->p_sealed || !s->p_open || !s->p_resv || !ao || !ar || !as) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = kvq_client_alloc(s->c, n_new_open, n_new_sealed, ao, ar, as);
+	if (r < 0)
+		goto out;
+	/* the table after the write: blocks < s1 sealed, the rest open */
+	for (uint32_t b = 0; b < s->n_sealed; b++)
+		s->p_sealed[b] = s->sealed[b];
+	for (uint32_t b = s->n_sealed, io = 0, is = 0; b < nb_new; b++) {
+		uint32_t j = b - s->n_sealed;
+
+		if (b < nb_old) {
+			s->p_open[j] = s->open[j];
+			s->p_resv[j] = s->resv[j];
+			if (b < s1)
+				s->p_sealed[b] = s->resv[j];   /* sealed into its reservation */
+		} else if (b < s1) {
+			s->p_open[j] = -1;                  /* straight from the input */
+			s->p_resv[j] = -1;
+			s->p_sealed[b] = (int32_t)as[is++];
+		} else {
+			s->p_open[j] = (int32_t)ao[io];
+			s->p_resv[j] = (int32_t)ar[io++];
+		}
+	}
+	s->p_n_sealed = s1;
+	s->p_n_open = nb_new - s->n_sealed;
+	memcpy(s->tokens + s->n, tokens, (size_t)m * sizeof(*tokens));
+	s->m = m;
+	memset(s->written, 0, L->layers);
+	s->busy = true;
+out:
+	if (r < 0)
+		seq_drop_pending(s);
+	free(ao);
+	free(ar);
+	free(as);
+	return r;
+}
+
+int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
+{
+	struct kvq_seq_write w;
+	uint32_t B;
+	int r;
+
+	if (!s || !k || !v)
+		return -EINVAL;
+	if (!s->busy || layer >= s->c->L->layers)
+		return client_fail(s->c, -EINVAL, "write without begin, or layer %u out of range", layer);
+	B = s->c->L->block_tokens;
+	/* shifted past the committed sealed prefix (see struct kvq_seq) */
+	w.n = s->n - s->n_sealed * B;
+	w.m = s->m;
+	w.sealed = s->p_sealed + s->n_sealed;
+	w.open = s->p_open;
+	r = s->c->be->write(s, layer, &w, s->p_n_sealed - s->n_sealed, s->p_n_open, k, v);
+	if (r < 0)
+		return r;
+	s->written[layer] = 1;
+	return 0;
+}
+
+int kvq_seq_commit(kvq_seq *s)
+{
+	const struct kvq_layout *L;
+	uint32_t B, s1, nb_old, n_seal = 0, *so = NULL, *ss = NULL, *ids = NULL, *pub = NULL, np;
+	int32_t *nopen = NULL, *nresv = NULL;
+	int r;
+
+	if (!s)
+		return -EINVAL;
+	L = s->c->L;
+	B = L->block_tokens;
+	if (!s->busy)
+		return client_fail(s->c, -EINVAL, "commit without begin");
+	for (uint32_t l = 0; l < L->layers; l++)
+		if (!s->written[l])
+			return client_fail(s->c, -EINVAL, "commit before layer %u was written", l);
+	s1 = s->p_n_sealed;
+	nb_old = s->n_sealed + s->n_open;
+	so = calloc(s->n_open + 1, sizeof(*so));
+	ss = calloc(s->n_open + 1, sizeof(*ss));
+	nopen = calloc(s->p_n_open + 1, sizeof(*nopen));
+	nresv = calloc(s->p_n_open + 1, sizeof(*nresv));
+	if (!so || !ss || !nopen || !nresv) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t b = s->n_sealed; b < nb_old && b < s1; b++) {
+		so[n_seal] = (uint32_t)s->open[b - s->n_sealed];
+		ss[n_seal++] = (uint32_t)s->resv[b - s->n_sealed];
+	}
+	/* the write sealed them already; on the GPU, once the stream drains */
+	if ((n_seal || s->p_n_sealed > s->n_pub) && (r = s->c->be->drain(s->c)) < 0)
+		goto out;
+	if (n_seal) {
+		r = kvq_client_seal(s->c, n_seal, so, ss);
+		if (r < 0)
+			goto out;
+	}
+	{
+		/* adopt the new table: s->sealed grows to s1, open is what is left */
+		int32_t *sl = realloc(s->sealed, (s1 + 1) * sizeof(*sl));
+		uint32_t no = 0;
+
+		if (!sl) {
+			r = -ENOMEM;   /* holds stay valid; free releases them */
+			goto out;
+		}
+		s->sealed = sl;
+		memcpy(s->sealed, s->p_sealed, s1 * sizeof(*sl));
+		for (uint32_t b = s1; b < s->n_sealed + s->p_n_open; b++) {
+			nopen[no] = s->p_open[b - s->n_sealed];
+			nresv[no++] = s->p_resv[b - s->n_sealed];
+		}
+		free(s->open);
+		free(s->resv);
+		s->open = nopen;
+		s->resv = nresv;
+		nopen = nresv = NULL;
+		s->n_open = no;
+		s->n_sealed = s1;
+		s->n += s->m;
+		seq_drop_pending(s);
+	}
+	np = s->n_sealed - s->n_pub;
+	if (np) {
+		pub = malloc(np * sizeof(*pub));
+		ids = malloc(np * sizeof(*ids));
+		if (!pub || !ids) {
+			r = -ENOMEM;
+			goto out;
+		}
+		for (uint32_t i = 0; i < np; i++)
+			pub[i] = (uint32_t)s->sealed[s->n_pub + i];
+		r = kvq_client_publish(s->c, np, pub, s->n_pub ? s->sealed[s->n_pub - 1] : -1,
+				       s->tokens + (size_t)s->n_pub * B, s->salt_len ? s->salt : NULL, s->salt_len,
+				       ids);
+		if (r < 0)
+			goto out;
+		/* a duplicate of a cached block: use the cached one from now on */
+		for (uint32_t i = 0; i < np; i++)
+			s->sealed[s->n_pub + i] = (int32_t)ids[i];
+		s->n_pub = s->n_sealed;
+	}
+	r = 0;
+out:
+	free(so);
+	free(ss);
+	free(nopen);
+	free(nresv);
+	free(pub);
+	free(ids);
+	return r;
+}
+
+/* The table attention of n_q query rows reads now, checked; *ns and *no
+ * are its sealed and open counts. */
+static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, struct kvq_attn_seq *as,
+			  uint32_t *ns, uint32_t *no)
+{
+	const struct kvq_layout *L = s->c->L;
+
+	if (layer >= L->layers)
+		return -EINVAL;
+	if (s->busy) {
+		if (!s->written[layer])
+			return client_fail(s->c, -EINVAL, "attention on layer %u before its write", layer);
+		as->n = s->n + s->m;
+		as->sealed = s->p_sealed;
+		as->open = s->p_open + (s->p_n_sealed - s->n_sealed);
+		*ns = s->p_n_sealed;
+		*no = s->p_n_open - (s->p_n_sealed - s->n_sealed);
+	} else {
+		/* right after from_prompt the table has no open window: the
+		 * kernel's split would not match it */
+		if (s->n_sealed * L->block_tokens != kvq_layout_split(L, s->n))
+			return client_fail(s->c, -EINVAL, "attention needs the rest of the prompt appended first");
+		as->n = s->n;
+		as->sealed = s->sealed;
+		as->open = s->open;
+		*ns = s->n_sealed;
+		*no = s->n_open;
+	}
+	as->n_q = n_q;
+	if (!n_q || n_q > as->n || !q_heads || q_heads % L->kv_heads)
+		return client_fail(s->c, -EINVAL, "attention: bad query counts");
+	return 0;
+}
+
+/* The softmax scale attention uses: scale, or 1/sqrt(head_dim) for 0. */
+static float seq_scale(const kvq_seq *s, float scale)
+{
+	return scale > 0 ? scale : 1.0f / sqrtf((float)s->c->L->head_dim);
+}
+
+int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale, const float *q,
+		      float *out)
+{
+	struct kvq_attn_seq as;
+	uint32_t ns, no;
+	int r;
+
+	if (!s || !q || !out)
+		return -EINVAL;
+	if ((r = seq_attn_table(s, layer, q_heads, n_q, &as, &ns, &no)) < 0)
+		return r;
+	return s->c->be->attention(s, layer, &as, ns, no, q_heads, seq_scale(s, scale), q, out);
+}
+
+int kvq_seq_attention_device(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
+			     const void *q, void *out, int out_f32)
+{
+	struct kvq_attn_seq as;
+	uint32_t ns, no;
+	int r;
+
+	if (!s || !q || !out)
+		return -EINVAL;
+	if (!s->c->be->attention_device)
+		return client_fail(s->c, -ENOTSUP, "attention on device memory needs a cuda pool%s",
+				   client_cuda.compiled ? "" : " (libkvq built without CUDA)");
+	if ((r = seq_attn_table(s, layer, q_heads, n_q, &as, &ns, &no)) < 0)
+		return r;
+	return s->c->be->attention_device(s, layer, &as, ns, no, q_heads, seq_scale(s, scale), q, out, out_f32 != 0);
+}
+
+int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
+{
+	const struct kvq_layout *L;
+	kvq_seq *f = NULL;
+	uint32_t *ids = NULL, *ao = NULL, *ar = NULL;
+	bool forked = false, opened = false;
+	int r;
+
+	if (!s || !ret_seq)
+		return -EINVAL;
+	if (s->busy)
+		return client_fail(s->c, -EBUSY, "fork during a write");
+	L = s->c->L;
+	r = kvq_seq_new(s->c, s->salt, s->salt_len, &f);
+	if (r < 0)
+		return r;
+	ids = calloc(s->n_sealed + 1, sizeof(*ids));
+	ao = calloc(s->n_open + 1, sizeof(*ao));
+	ar = calloc(s->n_open + 1, sizeof(*ar));
+	f->sealed = calloc(s->n_sealed + 1, sizeof(int32_t));
+	f->open = calloc(s->n_open + 1, sizeof(int32_t));
+	f->resv = calloc(s->n_open + 1, sizeof(int32_t));
+	if (!ids || !ao || !ar || !f->sealed || !f->open || !f->resv || seq_reserve_tokens(f, s->n ? s->n : 1) < 0) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < s->n_sealed; i++)
+		ids[i] = (uint32_t)s->sealed[i];
+	if (s->n_sealed) {
+		r = kvq_client_fork(s->c, s->n_sealed, ids);
+		if (r < 0)
+			goto out;
+		forked = true;
+	}
+	if (s->n_open) {
+		r = kvq_client_alloc(s->c, s->n_open, 0, ao, ar, NULL);
+		if (r < 0)
+			goto out;
+		opened = true;
+	}
+	for (uint32_t i = 0; i < s->n_open; i++) {
+		for (uint32_t l = 0; l < L->layers; l++) {
+			uint8_t *b = s->c->base;
+			/* an open slice is contiguous over all heads */
+			uint8_t *to = b + kvq_layout_off(L, KVQ_OPEN, ao[i], l, 0, KVQ_K_CODES);
+			const uint8_t *from = b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)s->open[i], l, 0, KVQ_K_CODES);
+
+			if ((r = s->c->be->copy(s->c, to, from, L->layer[l].open_slice)) < 0)
+				goto out;
+		}
+		f->open[i] = (int32_t)ao[i];
+		f->resv[i] = (int32_t)ar[i];
+	}
+	memcpy(f->sealed, s->sealed, s->n_sealed * sizeof(int32_t));
+	f->n_sealed = s->n_sealed;
+	f->n_pub = s->n_pub;
+	f->n_open = s->n_open;
+	if (s->n)
+		memcpy(f->tokens, s->tokens, (size_t)s->n * sizeof(*f->tokens));
+	f->n = s->n;
+	*ret_seq = f;
+	f = NULL;
+	r = 0;
+out:
+	if (f) {
+		/* undo what the daemon granted; kvq_seq_free releases f's table */
+		if (opened)
+			s->c->be->drain(s->c);   /* copies into ao may be in flight */
+		if (forked)
+			kvq_client_release(s->c, s->n_sealed, ids, 0, NULL);
+		if (opened)
+			kvq_client_release(s->c, 0, NULL, s->n_open, ao);
+		kvq_seq_free(f);
+	}
+	free(ids);
+	free(ao);
+	free(ar);
+	return r;
+}

@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "conn.h"
+
+__attribute__((format(printf, 4, 5)))
+static int conn_fail(struct kvq_conn *c, enum kvq_conn_fault fault, int r, const char *fmt, ...)
+{
+	va_list ap;
+
+	c->fault = fault;
+	va_start(ap, fmt);
+	vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+void kvq_conn_init(struct kvq_conn *c, int timeout_ms)
+{
+	memset(c, 0, sizeof(*c));
+	c->fd = c->pool_fd = -1;
+	c->timeout_ms = timeout_ms;
+	kvq_frame_decoder_init(&c->dec);
+}
+
+int kvq_conn_open(struct kvq_conn *c, const char *path, const char *name)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Hello h = KVQ__HELLO__INIT;
+	int r;
+
+	_Static_assert(sizeof(c->path) == sizeof(a.sun_path), "a path the socket address holds");
+	if (!path)
+		r = kvq_default_socket(c->path, sizeof(c->path));
+	else
+		r = snprintf(c->path, sizeof(c->path), "%s", path) < (int)sizeof(c->path) ? 0 : -ENAMETOOLONG;
+	if (r < 0)
+		return conn_fail(c, KVQ_CONN_PATH, r, "socket path: %s", kvq_strerror(r));
+	memcpy(a.sun_path, c->path, strlen(c->path));
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0)
+		return conn_fail(c, KVQ_CONN_SOCKET, -errno, "socket: %s", strerror(errno));
+	if (connect(c->fd, (struct sockaddr *)&a, sizeof(a)) < 0)
+		return conn_fail(c, KVQ_CONN_CONNECT, -errno, "%s: %s", c->path, strerror(errno));
+	h.protocol_version = KVQ_PROTOCOL_VERSION;
+	h.client_name = (char *)name;
+	e.body_case = KVQ__ENVELOPE__BODY_HELLO;
+	e.hello = &h;
+	r = kvq_conn_call(c, &e, KVQ__ENVELOPE__BODY_HELLO_REPLY, &rep);
+	if (r < 0)
+		return r;
+	c->client_id = rep->hello_reply->client_id;
+	kvq_frame_envelope_free(rep);
+	return 0;
+}
+
+int kvq_conn_call(struct kvq_conn *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
+{
+	int r;
+
+	if (c->broken)
+		return conn_fail(c, KVQ_CONN_TRANSPORT, -ENOTCONN, "connection to kvqd lost earlier");
+	req->id = ++c->next_id;
+	r = kvq_frame_send_envelope(c->fd, req, -1, c->timeout_ms);
+	if (r < 0) {
+		c->broken = true;
+		return conn_fail(c, KVQ_CONN_TRANSPORT, r, "sending to kvqd: %s", kvq_strerror(r));
+	}
+	return kvq_conn_reply(c, req->id, want, ret);
+}
+
+int kvq_conn_reply(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
+{
+	Kvq__Envelope *rep = NULL;
+	int r;
+
+	c->msg[0] = 0;
+	c->fault = KVQ_CONN_OK;
+	if (c->broken)
+		return conn_fail(c, KVQ_CONN_TRANSPORT, -ENOTCONN, "connection to kvqd lost earlier");
+	r = kvq_frame_recv_envelope(c->fd, &c->dec, &c->pool_fd, c->timeout_ms, &rep);
+	if (r < 0) {
+		c->broken = true;   /* a reply may be left in flight */
+		return conn_fail(c, KVQ_CONN_TRANSPORT, r, "reading from kvqd: %s", kvq_strerror(r));
+	}
+	if (rep->id != id || kvq_frame_check(rep, 0, NULL, 0) < 0) {
+		c->broken = true;
+		r = conn_fail(c, KVQ_CONN_PROTOCOL, KVQ_EPROTOCOL, "kvqd sent a reply that does not match the request");
+	} else if (rep->status < 0) {
+		r = conn_fail(c, KVQ_CONN_STATUS, rep->status, "%s",
+			      rep->message && *rep->message ? rep->message : kvq_strerror(rep->status));
+	} else if (rep->body_case != want) {
+		r = conn_fail(c, KVQ_CONN_PROTOCOL, KVQ_EPROTOCOL, "kvqd answered with another reply type");
+	}
+	if (r == 0 && ret)
+		*ret = rep;
+	else
+		kvq_frame_envelope_free(rep);
+	return r;
+}
+
+void kvq_conn_close(struct kvq_conn *c)
+{
+	if (c->pool_fd >= 0)
+		close(c->pool_fd);
+	if (c->fd >= 0)
+		close(c->fd);
+	kvq_frame_decoder_fini(&c->dec);
+	kvq_conn_init(c, c->timeout_ms);
+}
