@@ -19,6 +19,9 @@
  * and q per head through a Hadamard transform, model.h), --gpu [--device N]
  * (the layers on a GPU with the KV in cuda pools, model_gpu.h), --k-center
  * PATH (K centered by calibrate's means, model.h).
+ *
+ * The model is loaded in load.c, a policy's pool and sequence is kv.c, text
+ * and tokens are text.c.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -28,61 +31,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "format.h"
-#include "gguf.h"
-#include "kvq.h"
-#include "layout.h"
 #include "mm.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "run.h"
 
-#define RUN_MAX_KV 24
 #define RUN_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
-struct opts {
-	const char *model, *socket, *prompt, *file, *dump, *system, *system_file, *salt, *out, *k_center;
-	const char *kv[RUN_MAX_KV];
-	unsigned n_kv;
-	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block;
-	unsigned threads;
-	int device;
-	bool json, raw, special, decode, no_cache, stats, rotate, gpu;
-};
+struct opts o = { .block = 16, .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4 };
 
-/* One policy's pool and sequence. */
-struct kv {
-	const char *policy;
-	char canon[256];
-	kvq_client *c;
-	kvq_seq *s;
-	double bits;         /* stored bits per value of a sealed block, scales included */
-	uint32_t window;
-};
-
-static struct opts o = { .block = 16, .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4 };
-static gguf_file *gf;
-static tok *tk;
-static model *md;
-static uint64_t model_fp;
-static char model_name[96];   /* general.name, blanks as '-' (the pool's model id) */
-static float *k_center;       /* --k-center */
-static uint32_t k_center_hash;
-static double *k_sum;         /* calibrate */
-static bool want_k_sum;
-static struct model_cfg cfg;  /* the model file's shape (before the model loads) */
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-__attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...)
+__attribute__((format(printf, 1, 2), noreturn)) void die(const char *fmt, ...)
 {
 	va_list ap;
 
@@ -92,273 +50,6 @@ __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt,
 	va_end(ap);
 	fputc('\n', stderr);
 	exit(1);
-}
-
-/* K centers (kvq-run calibrate, --k-center): "KVQKC001", then u32 layers,
- * kv_heads, head_dim, rotate; u64 tokens averaged, model fingerprint; then
- * float means [layers][kv_heads][head_dim]; all little-endian. */
-#define KC_MAGIC "KVQKC001"
-struct kc_head {
-	char magic[8];
-	uint32_t layers, kv_heads, head_dim, rotate;
-	uint64_t tokens, model_fp;
-};
-
-/* Reads --k-center for this model (geometry, fingerprint and --rotate must
- * match the calibration). */
-static void read_k_center(void)
-{
-	struct kc_head h;
-	uint32_t L = cfg.layers, H = cfg.kv_heads, D = cfg.head_dim;
-	FILE *f = fopen(o.k_center, "rb");
-	size_t n;
-
-	if (!f)
-		die("--k-center %s: %s", o.k_center, strerror(errno));
-	if (fread(&h, sizeof(h), 1, f) != 1 || memcmp(h.magic, KC_MAGIC, 8))
-		die("--k-center %s: not a kvq-run calibrate file", o.k_center);
-	if (h.layers != L || h.kv_heads != H || h.head_dim != D || h.model_fp != model_fp)
-		die("--k-center %s: calibrated for another model", o.k_center);
-	if (h.rotate != (o.rotate ? 1u : 0u))
-		die("--k-center %s: calibrated %s --rotate; give the same here", o.k_center, h.rotate ? "with" : "without");
-	n = (size_t)L * H * D;
-	k_center = malloc(n * sizeof(float));
-	if (!k_center)
-		die("%s", strerror(ENOMEM));
-	if (fread(k_center, sizeof(float), n, f) != n || fgetc(f) != EOF)
-		die("--k-center %s: truncated or too long", o.k_center);
-	fclose(f);
-	k_center_hash = 2166136261u;
-	for (size_t i = 0; i < n * sizeof(float); i++)
-		k_center_hash = (k_center_hash ^ ((const uint8_t *)k_center)[i]) * 16777619u;
-	for (size_t i = 0; i < n; i++)
-		if (!isfinite(k_center[i]))
-			die("--k-center %s: not finite", o.k_center);
-}
-
-/* A fingerprint of the weights for the pool's model id: size and a sample
- * of the tensor bytes. */
-static uint64_t fingerprint(void)
-{
-	const struct gguf_tensor *t = gguf_tensor(gf, "token_embd.weight");
-	uint64_t h = 0xcbf29ce484222325ull;
-	size_t n = t->row_bytes * t->rows;
-
-	for (size_t i = 0; i < n; i += 4099)
-		h = (h ^ t->data[i]) * 0x100000001b3ull;
-	return h ^ n;
-}
-
-static void load(void)
-{
-	const char *path = o.model ? o.model : getenv("KVQ_MODEL");
-	struct gguf_str name;
-	char err[256] = "";
-	int r;
-
-	if (!path)
-		die("no model: --model PATH or KVQ_MODEL (tools/fetch-model.sh fetches it)");
-	r = gguf_open(path, &gf, err, sizeof(err));
-	if (r < 0)
-		die("%s", err);
-	model_fp = fingerprint();
-	if (model_read_cfg(gf, &cfg, err, sizeof(err)) < 0)
-		die("%s: %s", path, err);
-	if (o.k_center)
-		read_k_center();
-	if (want_k_sum && !(k_sum = calloc((size_t)cfg.layers * cfg.kv_heads * cfg.head_dim, sizeof(double))))
-		die("%s", strerror(ENOMEM));
-	struct model_opts mo = { .max_batch = o.batch, .rotate = o.rotate, .k_center = k_center, .k_sum = k_sum,
-		.gpu = o.gpu ? o.device : -1 };
-	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, &mo, &md, err, sizeof(err)) < 0)
-		die("%s: %s", path, err);
-	if (gguf_get_str(gf, "general.name", &name) < 0 || name.len == 0)
-		name = (struct gguf_str){ "model", 5 };
-	for (uint32_t i = 0; i < name.len && i + 1 < sizeof(model_name); i++)
-		model_name[i] = name.p[i] > ' ' && name.p[i] < 127 ? name.p[i] : '-';
-	mm_set_threads(o.threads);
-}
-
-static uint32_t num(const char *s, const char *opt);
-
-/* Attaches k to the pool of spec: a policy, optionally followed by @W, its
- * pool's open window in tokens (else --window), sized for max_tokens. */
-static void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
-{
-	const struct model_cfg *c = model_cfg(md);
-	struct kvq_policy pol;
-	char err[256], pool[65], model_id[128], policy[512];
-	const char *at = strchr(spec, '@');
-	uint32_t window = at ? num(at + 1, "--kv POLICY@WINDOW") : o.window;
-	uint64_t h = 0xcbf29ce484222325ull;
-	uint32_t n_sealed, n_open, win;
-	const struct kvq_layout *L;
-	int r;
-
-	snprintf(policy, sizeof(policy), "%.*s", at ? (int)(at - spec) : (int)strlen(spec), spec);
-	k->policy = spec;
-	if (kvq_policy_parse(policy, c->layers, &pol, err, sizeof(err)) < 0)
-		die("--kv %s: %s", policy, err);
-	kvq_policy_format(&pol, k->canon, sizeof(k->canon));
-	/* a write of o.batch tokens holds the window's open slots and its own
-	 * until commit, and every open slot reserves a sealed one */
-	win = window ? window : kvq_layout_default_window(&pol, o.block);
-	n_open = (win + o.batch) / o.block + 2;
-	n_sealed = (max_tokens + o.block - 1) / o.block + n_open + 2;
-	/* one pool per (model, policy, window, capacity): pools compare the
-	 * first three at attach, and a pool made for a short run cannot hold a
-	 * long one */
-	/* rotated or centered K/V are another model's: never shared with
-	 * plain ones */
-	snprintf(model_id, sizeof(model_id), "%s@%016llx%s", model_name, (unsigned long long)model_fp,
-		 o.rotate ? "+hadamard" : "");
-	if (k_center)
-		snprintf(model_id + strlen(model_id), sizeof(model_id) - strlen(model_id), "+kc%08x", k_center_hash);
-	for (const char *p = model_id; *p; p++)
-		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-	for (const char *p = k->canon; *p; p++)
-		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-	h = (h ^ window) * 0x100000001b3ull;
-	if (o.block != 16)   /* (pool names of the default stay as they were) */
-		h = (h ^ (o.block << 20)) * 0x100000001b3ull;
-	h = (h ^ n_sealed) * 0x100000001b3ull;
-	if (o.gpu)   /* a cuda pool is another pool than the host one */
-		h = (h ^ (0x100u + (unsigned)o.device)) * 0x100000001b3ull;
-	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
-	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
-		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = policy,
-		.window = window, .act = KVQ_ACT_F16, .create = 1,
-		.n_sealed = n_sealed, .n_open = n_open,
-		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1 };
-	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
-	if (r < 0)
-		die("connect to kvqd: %s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r));
-	r = kvq_client_attach(k->c, &p);
-	if (r < 0)
-		die("attach: %s (%s)%s", kvq_strerror(r), kvq_client_error(k->c),
-		    o.gpu && r == -ENODEV ? "; --gpu needs kvqd to offer cuda pools" : "");
-	if (strcmp(kvq_client_backend(k->c), o.gpu ? "cuda" : "host"))
-		die("attach: pool %s is a %s pool; %s needs a %s one", pool, kvq_client_backend(k->c),
-		    o.gpu ? "--gpu" : "the CPU path", o.gpu ? "cuda" : "host");
-	L = kvq_client_layout(k->c);
-	k->window = L->window;
-	k->bits = 8.0 * (double)L->sealed_block_bytes /
-		  ((double)L->block_tokens * L->layers * L->kv_heads * L->head_dim * 2);
-}
-
-static void kv_reset(struct kv *k)
-{
-	int r;
-
-	kvq_seq_free(k->s);
-	k->s = NULL;
-	r = kvq_seq_new(k->c, o.salt, o.salt ? strlen(o.salt) : 0, &k->s);
-	if (r < 0)
-		die("sequence: %s", kvq_strerror(r));
-}
-
-static void kv_close(struct kv *k)
-{
-	kvq_seq_free(k->s);
-	kvq_client_free(k->c);
-}
-
-/* Runs n tokens through k's sequence in chunks of o.batch; logits (if not
- * NULL) gets every token's next-token logits, else only the last one's go
- * to last (if not NULL). */
-static void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last)
-{
-	uint32_t V = model_cfg(md)->vocab;
-
-	uint32_t pos = kvq_seq_tokens(k->s);
-
-	/* chunks end at multiples of o.batch in the sequence: the sealed/open
-	 * split a query sees depends on its chunk's end, so a run that starts
-	 * from a cached prefix computes what a cold run computed */
-	for (uint32_t a = 0, m; a < n; a += m) {
-		int r;
-
-		m = o.batch - (pos + a) % o.batch;
-		if (m > n - a)
-			m = n - a;
-
-		if (logits)
-			r = model_forward(md, k->s, ids + a, m, m, logits + (size_t)a * V);
-		else
-			r = model_forward(md, k->s, ids + a, m, a + m == n && last ? 1 : 0, last);
-		if (r < 0)
-			die("forward (kv %s): %s", k->policy, model_error(md) ? model_error(md) : kvq_client_error(k->c));
-	}
-}
-
-static uint32_t argmax(const float *x, uint32_t n)
-{
-	uint32_t b = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (x[i] > x[b])
-			b = i;
-	return b;
-}
-
-/* out = log softmax(x) (double sums). */
-static void log_softmax(const float *x, uint32_t n, double *out)
-{
-	double mx = x[argmax(x, n)], s = 0;
-
-	for (uint32_t i = 0; i < n; i++)
-		s += exp((double)x[i] - mx);
-	s = log(s) + mx;
-	for (uint32_t i = 0; i < n; i++)
-		out[i] = (double)x[i] - s;
-}
-
-static char *read_file(const char *path, size_t *ret_len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	size_t len = 0, cap = 0, n;
-
-	if (!f)
-		die("%s: %s", path, strerror(errno));
-	do {
-		if (cap - len < 65536) {
-			cap = cap ? 2 * cap : 1 << 20;
-			buf = realloc(buf, cap + 1);
-			if (!buf)
-				die("%s: %s", path, strerror(ENOMEM));
-		}
-		n = fread(buf + len, 1, cap - len, f);
-		len += n;
-	} while (n > 0);
-	fclose(f);
-	buf[len] = 0;
-	*ret_len = len;
-	return buf;
-}
-
-static uint32_t *encode(const char *text, size_t len, int special, size_t *ret_n)
-{
-	uint32_t *ids;
-
-	if (tok_encode(tk, text, len, special, &ids, ret_n) < 0)
-		die("tokenize: %s", strerror(ENOMEM));
-	return ids;
-}
-
-static uint32_t *file_tokens(size_t *ret_n)
-{
-	size_t len, n;
-	char *text = read_file(o.file, &len);
-	uint32_t *ids = encode(text, len, 0, &n);
-
-	free(text);
-	if (o.limit && n > o.limit)
-		n = o.limit;
-	if (n < 2)
-		die("%s: fewer than 2 tokens", o.file);
-	*ret_n = n;
-	return ids;
 }
 
 /* ---------------------------------------------------------------- generate */
@@ -796,7 +487,7 @@ static void usage(FILE *f)
 		   "         calibrate's means)\n");
 }
 
-static uint32_t num(const char *s, const char *opt)
+uint32_t num(const char *s, const char *opt)
 {
 	char *end;
 	unsigned long v = strtoul(s, &end, 10);
