@@ -2,7 +2,7 @@
 /*
  * kvq-run: what its files share: the options (main.c), the loaded model and
  * its K centers (load.c), a policy's pool and sequence (kv.c), text and
- * tokens (text.c).
+ * tokens (text.c), greedy generation (generate.c), and each command.
  */
 #ifndef KVQ_RUN_H
 #define KVQ_RUN_H
@@ -87,5 +87,15 @@ void log_softmax(const float *x, uint32_t n, double *out);
 char *read_file(const char *path, size_t *ret_len);
 uint32_t *encode(const char *text, size_t len, int special, size_t *ret_n);
 uint32_t *file_tokens(size_t *ret_n);
+
+/* generate.c */
+uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, bool print);
+
+/* The commands; each returns the exit status. */
+int cmd_generate(void);     /* generate.c */
+int cmd_perplexity(void);   /* perplexity.c */
+int cmd_ab(void);           /* ab.c */
+int cmd_calibrate(void);    /* calibrate.c */
+int cmd_tokenize(void);     /* text.c */
 
 #endif

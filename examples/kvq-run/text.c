@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvq-run: text in and out: files read whole, text encoded to token ids,
- * FILE's tokens for the commands that score it.
+ * FILE's tokens for the commands that score it, and the tokenize command.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -56,4 +56,29 @@ uint32_t *file_tokens(size_t *ret_n)
 		die("%s: fewer than 2 tokens", o.file);
 	*ret_n = n;
 	return ids;
+}
+
+int cmd_tokenize(void)
+{
+	size_t n;
+	uint32_t *ids;
+
+	if (!o.prompt)
+		die("tokenize needs TEXT");
+	load();
+	ids = encode(o.prompt, strlen(o.prompt), o.special, &n);
+	for (size_t i = 0; i < n; i++) {
+		if (o.decode) {
+			char buf[256];
+			int len = tok_decode(tk, ids[i], buf, sizeof(buf));
+
+			fwrite(buf, 1, len < (int)sizeof(buf) ? (size_t)len : sizeof(buf) - 1, stdout);
+		} else {
+			printf("%s%u", i ? " " : "", ids[i]);
+		}
+	}
+	if (!o.decode)
+		printf("\n");
+	free(ids);
+	return 0;
 }
