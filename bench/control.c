@@ -1,0 +1,643 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvq-bench control: the control-plane benchmark, with the protocol client
+ * it speaks (struct ctl_conn to ctl_open, kept together).
+ *
+ * "control" speaks the protocol (proto/frame.h, not libkvq) to a running
+ * kvqd from one client and measures block operations per second in batches
+ * of 64 (each block counted once in each of Alloc, Seal, Publish and
+ * Release), the round trip of a single small request (Stats), and the time
+ * to attach (connect, hello, attach, the pool's fd received and mapped).
+ * It attaches to pool "kvq-bench" (or --pool), creating it when needed.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "frame.h"
+
+/*
+ * "control" drives a running kvqd through the protocol (proto/frame.h, no
+ * libkvq) from one client on one connection.  A cycle is what a decode step
+ * does with a batch: Seal the batch's open slots into their reserved sealed
+ * slots, Publish them (a chain of CTL_BATCH blocks of B tokens each, tokens
+ * unique to the cycle and the run, so nothing deduplicates), Release the
+ * published blocks, and Alloc the next batch; the four requests go in one
+ * write and their replies are read afterwards: one round trip per cycle, as
+ * kvq.proto suggests.
+ */
+#define CTL_BATCH 64u
+#define CTL_OPS_PER_CYCLE (4u * CTL_BATCH)   /* each block: alloc, seal, publish, release */
+#define CTL_MODEL "kvq-bench"
+#define CTL_POOL "kvq-bench"
+#define CTL_LAYERS 2u
+#define CTL_HEADS 2u
+#define CTL_HEAD_DIM 64u
+#define CTL_BLOCK_TOKENS 16u
+#define CTL_POLICY "int8"
+#define CTL_N_SEALED 4096u   /* cached blocks pile up to here, then Alloc evicts */
+#define CTL_N_OPEN 256u
+#define CTL_TIMEOUT_MS 5000
+#define CTL_RTT_WARM 1000u
+#define CTL_RTT_SAMPLES 20000u
+#define CTL_ATTACH_SAMPLES 9u
+#define CTL_OPS_TARGET 300000.0
+#define CTL_RTT_P99_TARGET_US 100.0
+#define CTL_ERR 512
+
+struct ctl_cfg {
+	const char *socket;
+	const char *pool;
+	int json;
+	double seconds;
+};
+
+struct ctl_conn {
+	int fd;
+	int pool_fd;
+	struct kvq_frame_decoder dec;
+	uint64_t next_id;
+	uint8_t *obuf;             /* frames queued by ctl_queue */
+	size_t olen, ocap;
+	void *base;
+	size_t map_bytes;
+	uint32_t block_tokens, n_sealed, n_open;
+	char backend[16];
+};
+
+static void ctl_init(struct ctl_conn *c)
+{
+	memset(c, 0, sizeof *c);
+	c->fd = c->pool_fd = -1;
+	kvq_frame_decoder_init(&c->dec);
+}
+
+static void ctl_close(struct ctl_conn *c)
+{
+	if (c->base)
+		munmap(c->base, c->map_bytes);
+	if (c->pool_fd >= 0)
+		close(c->pool_fd);
+	if (c->fd >= 0)
+		close(c->fd);
+	kvq_frame_decoder_fini(&c->dec);
+	free(c->obuf);
+	ctl_init(c);
+}
+
+static int ctl_connect(struct ctl_conn *c, const char *path, char *err)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int r;
+
+	if (strlen(path) >= sizeof a.sun_path) {
+		snprintf(err, CTL_ERR, "socket path too long: %s", path);
+		return -ENAMETOOLONG;
+	}
+	memcpy(a.sun_path, path, strlen(path));
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (c->fd < 0) {
+		r = -errno;
+		snprintf(err, CTL_ERR, "socket: %s", strerror(-r));
+		return r;
+	}
+	if (connect(c->fd, (struct sockaddr *)&a, sizeof a) < 0) {
+		r = -errno;
+		if (r == -ENOENT || r == -ECONNREFUSED)
+			snprintf(err, CTL_ERR, "kvqd is not running (nothing listens on %s: %s)", path, strerror(-r));
+		else
+			snprintf(err, CTL_ERR, "cannot connect to %s: %s", path, strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+/* Appends e as a frame to the output buffer; returns its request id or 0. */
+static uint64_t ctl_queue(struct ctl_conn *c, Kvq__Envelope *e, char *err)
+{
+	int n;
+
+	e->id = ++c->next_id;
+	n = kvq_frame_size(e);
+	if (n < 0) {
+		snprintf(err, CTL_ERR, "cannot frame a request: %s", strerror(-n));
+		return 0;
+	}
+	if (c->olen + (size_t)n > c->ocap) {
+		size_t cap = 2 * (c->olen + (size_t)n);
+		uint8_t *p = realloc(c->obuf, cap);
+
+		if (!p) {
+			snprintf(err, CTL_ERR, "out of memory");
+			return 0;
+		}
+		c->obuf = p;
+		c->ocap = cap;
+	}
+	n = kvq_frame_encode(e, c->obuf + c->olen, c->ocap - c->olen);
+	if (n < 0) {
+		snprintf(err, CTL_ERR, "cannot frame a request: %s", strerror(-n));
+		return 0;
+	}
+	c->olen += (size_t)n;
+	return e->id;
+}
+
+/* Sends everything queued, in as few sendmsg calls as the socket allows. */
+static int ctl_flush(struct ctl_conn *c, char *err)
+{
+	size_t off = 0;
+
+	while (off < c->olen) {
+		int r = kvq_frame_send(c->fd, c->obuf + off, c->olen - off, -1);
+
+		if (r == -EAGAIN) {
+			struct pollfd p = { .fd = c->fd, .events = POLLOUT };
+
+			r = poll(&p, 1, CTL_TIMEOUT_MS);
+			if (r == 0) {
+				snprintf(err, CTL_ERR, "kvqd does not read its socket (timed out)");
+				return -ETIMEDOUT;
+			}
+			if (r < 0 && errno != EINTR) {
+				snprintf(err, CTL_ERR, "poll: %s", strerror(errno));
+				return -errno;
+			}
+			continue;
+		}
+		if (r < 0) {
+			snprintf(err, CTL_ERR, "send to kvqd: %s", r == -EPIPE ? "kvqd closed the connection"
+										: strerror(-r));
+			return r;
+		}
+		off += (size_t)r;
+	}
+	c->olen = 0;
+	return 0;
+}
+
+/* Reads the reply to request id, which must have body type want: returns 0
+ * and *ret (kvq_frame_envelope_free), the reply's negative status with the
+ * daemon's message in err, or a transport error. */
+static int ctl_reply(struct ctl_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, const char *what,
+		     Kvq__Envelope **ret, char *err)
+{
+	Kvq__Envelope *rep = NULL;
+	int r;
+
+	r = kvq_frame_recv_envelope(c->fd, &c->dec, &c->pool_fd, CTL_TIMEOUT_MS, &rep);
+	if (r < 0) {
+		snprintf(err, CTL_ERR, "%s: no reply from kvqd: %s", what,
+			 r == -ECONNRESET ? "connection closed" : strerror(-r));
+		return r;
+	}
+	if (rep->id != id) {
+		snprintf(err, CTL_ERR, "%s: reply to request %llu, expected %llu", what,
+			 (unsigned long long)rep->id, (unsigned long long)id);
+		r = -EPROTO;
+	} else if (rep->status < 0) {
+		snprintf(err, CTL_ERR, "%s refused: %s (%d)", what, rep->message && *rep->message ? rep->message
+				 : strerror(-rep->status), rep->status);
+		r = rep->status;
+	} else if (rep->body_case != want) {
+		snprintf(err, CTL_ERR, "%s: unexpected reply body %d", what, (int)rep->body_case);
+		r = -EPROTO;
+	}
+	if (r < 0 || !ret)
+		kvq_frame_envelope_free(rep);
+	else
+		*ret = rep;
+	return r;
+}
+
+/* One request, one reply. */
+static int ctl_rpc(struct ctl_conn *c, Kvq__Envelope *e, Kvq__Envelope__BodyCase want, const char *what,
+		   Kvq__Envelope **ret, char *err)
+{
+	uint64_t id = ctl_queue(c, e, err);
+	int r;
+
+	if (!id)
+		return -ENOMEM;
+	r = ctl_flush(c, err);
+	return r < 0 ? r : ctl_reply(c, id, want, what, ret, err);
+}
+
+static int ctl_hello(struct ctl_conn *c, char *err)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+	Kvq__Hello h = KVQ__HELLO__INIT;
+
+	h.protocol_version = KVQ_PROTOCOL_VERSION;
+	h.client_name = PROG;
+	e.body_case = KVQ__ENVELOPE__BODY_HELLO;
+	e.hello = &h;
+	return ctl_rpc(c, &e, KVQ__ENVELOPE__BODY_HELLO_REPLY, "hello", NULL, err);
+}
+
+/* Attaches to pool (creating it when it does not exist) and maps it. */
+static int ctl_attach(struct ctl_conn *c, const char *pool, char *err)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Attach a = KVQ__ATTACH__INIT;
+	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;
+	const Kvq__AttachReply *ar;
+	int r;
+
+	a.pool = (char *)pool;
+	a.model_id = CTL_MODEL;
+	a.layers = CTL_LAYERS;
+	a.kv_heads = CTL_HEADS;
+	a.head_dim = CTL_HEAD_DIM;
+	a.block_tokens = CTL_BLOCK_TOKENS;
+	a.policy = CTL_POLICY;
+	a.act = KVQ__DTYPE__DTYPE_F16;
+	a.layout_version = KVQ_LAYOUT_VERSION;
+	pc.n_sealed = CTL_N_SEALED;
+	pc.n_open = CTL_N_OPEN;
+	pc.backend = "";
+	pc.device = -1;
+	a.create = &pc;
+	e.body_case = KVQ__ENVELOPE__BODY_ATTACH;
+	e.attach = &a;
+	r = ctl_rpc(c, &e, KVQ__ENVELOPE__BODY_ATTACH_REPLY, "attach", &rep, err);
+	if (r < 0)
+		return r;
+	ar = rep->attach_reply;
+	if (c->pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
+		snprintf(err, CTL_ERR, "attach: the reply came without the pool's memory");
+		r = -EPROTO;
+		goto out;
+	}
+	c->map_bytes = (size_t)ar->map_bytes;
+	c->base = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->pool_fd, 0);
+	if (c->base == MAP_FAILED) {
+		r = -errno;
+		c->base = NULL;
+		snprintf(err, CTL_ERR, "cannot map the pool (%s backend, %llu bytes): %s", ar->backend,
+			 (unsigned long long)ar->map_bytes, strerror(-r));
+		goto out;
+	}
+	c->block_tokens = ar->block_tokens;
+	c->n_sealed = ar->n_sealed;
+	c->n_open = ar->n_open;
+	snprintf(c->backend, sizeof c->backend, "%s", ar->backend);
+out:
+	kvq_frame_envelope_free(rep);
+	return r;
+}
+
+static int ctl_open(struct ctl_conn *c, const struct ctl_cfg *cfg, char *err)
+{
+	int r;
+
+	ctl_init(c);
+	r = ctl_connect(c, cfg->socket, err);
+	if (r == 0)
+		r = ctl_hello(c, err);
+	if (r == 0)
+		r = ctl_attach(c, cfg->pool, err);
+	return r;
+}
+
+static double pct(const double *sorted, size_t n, double q)
+{
+	size_t k = (size_t)ceil(q * (double)n);
+
+	return sorted[k ? k - 1 : 0];
+}
+
+/* Round trips of a Stats request for the pool (a few hundred bytes back). */
+static int ctl_rtt(struct ctl_conn *c, const struct ctl_cfg *cfg, double *ret_p50, double *ret_p99,
+		   double *ret_max, char *err)
+{
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Stats s = KVQ__STATS__INIT;
+	double *v = malloc(CTL_RTT_SAMPLES * sizeof *v);
+	int r = 0;
+
+	if (!v) {
+		snprintf(err, CTL_ERR, "out of memory");
+		return -ENOMEM;
+	}
+	s.pool = (char *)cfg->pool;
+	e.body_case = KVQ__ENVELOPE__BODY_STATS;
+	e.stats = &s;
+	for (unsigned i = 0; i < CTL_RTT_WARM + CTL_RTT_SAMPLES; i++) {
+		double t0 = now_s();
+
+		r = ctl_rpc(c, &e, KVQ__ENVELOPE__BODY_STATS_REPLY, "stats", &rep, err);
+		if (r < 0)
+			break;
+		if (i >= CTL_RTT_WARM)
+			v[i - CTL_RTT_WARM] = (now_s() - t0) * 1e6;
+		kvq_frame_envelope_free(rep);
+		rep = NULL;
+	}
+	if (r == 0) {
+		qsort(v, CTL_RTT_SAMPLES, sizeof *v, cmp_double);
+		*ret_p50 = pct(v, CTL_RTT_SAMPLES, 0.50);
+		*ret_p99 = pct(v, CTL_RTT_SAMPLES, 0.99);
+		*ret_max = v[CTL_RTT_SAMPLES - 1];
+	}
+	free(v);
+	return r;
+}
+
+/* Median of fresh connect + hello + attach (fd received, pool mapped) on
+ * the pool that already exists. */
+static int ctl_attach_ms(const struct ctl_cfg *cfg, double *ret_ms, char *err)
+{
+	double v[CTL_ATTACH_SAMPLES];
+
+	for (unsigned i = 0; i < CTL_ATTACH_SAMPLES; i++) {
+		struct ctl_conn c;
+		double t0 = now_s();
+		int r = ctl_open(&c, cfg, err);
+
+		v[i] = (now_s() - t0) * 1e3;
+		ctl_close(&c);
+		if (r < 0)
+			return r;
+	}
+	*ret_ms = median(v, CTL_ATTACH_SAMPLES);
+	return 0;
+}
+
+struct ctl_ops {
+	uint64_t cycles, requests;
+	double seconds;
+};
+
+static int ctl_alloc_reply(struct ctl_conn *c, uint64_t id, uint32_t *open, uint32_t *resv, char *err)
+{
+	Kvq__Envelope *rep = NULL;
+	const Kvq__AllocReply *ar;
+	int r = ctl_reply(c, id, KVQ__ENVELOPE__BODY_ALLOC_REPLY, "alloc", &rep, err);
+
+	if (r < 0)
+		return r;
+	ar = rep->alloc_reply;
+	if (ar->n_open_ids != CTL_BATCH || ar->n_reserved_ids != CTL_BATCH) {
+		snprintf(err, CTL_ERR, "alloc: %zu open ids for %u slots", ar->n_open_ids, CTL_BATCH);
+		r = -EPROTO;
+	} else {
+		memcpy(open, ar->open_ids, CTL_BATCH * sizeof *open);
+		memcpy(resv, ar->reserved_ids, CTL_BATCH * sizeof *resv);
+	}
+	kvq_frame_envelope_free(rep);
+	return r;
+}
+
+/* Pipelined Seal / Publish / Release / Alloc cycles for cfg->seconds. */
+static int ctl_ops(struct ctl_conn *c, const struct ctl_cfg *cfg, struct ctl_ops *ret, char *err)
+{
+	uint32_t B = c->block_tokens, open[CTL_BATCH], resv[CTL_BATCH], *tokens;
+	Kvq__PublishBlock blk[CTL_BATCH], *blkp[CTL_BATCH];
+	Kvq__Envelope e_alloc = KVQ__ENVELOPE__INIT, e_seal = KVQ__ENVELOPE__INIT, e_pub = KVQ__ENVELOPE__INIT,
+		      e_rel = KVQ__ENVELOPE__INIT;
+	Kvq__Alloc al = KVQ__ALLOC__INIT;
+	Kvq__Seal se = KVQ__SEAL__INIT;
+	Kvq__Publish pu = KVQ__PUBLISH__INIT;
+	Kvq__Release rl = KVQ__RELEASE__INIT;
+	struct ctl_ops o = { 0 };
+	struct timespec ts;
+	uint64_t seed, id_alloc, ids[3];
+	double t0, deadline;
+	int r, held_open = 0;
+
+	if (c->n_open < CTL_BATCH || c->n_sealed < 2 * CTL_BATCH) {
+		snprintf(err, CTL_ERR, "pool %s has %u open / %u sealed slots; the benchmark needs %u / %u", cfg->pool,
+			 c->n_open, c->n_sealed, CTL_BATCH, 2 * CTL_BATCH);
+		return -ENOSPC;
+	}
+	tokens = malloc((size_t)CTL_BATCH * B * sizeof *tokens);
+	if (!tokens) {
+		snprintf(err, CTL_ERR, "out of memory");
+		return -ENOMEM;
+	}
+	/* a run's tokens differ from an earlier run's on the same pool too */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	seed = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + ((uint64_t)getpid() << 40);
+
+	al.n_open = CTL_BATCH;
+	e_alloc.body_case = KVQ__ENVELOPE__BODY_ALLOC;
+	e_alloc.alloc = &al;
+	se.n_open_ids = se.n_sealed_ids = CTL_BATCH;
+	se.open_ids = open;
+	se.sealed_ids = resv;
+	e_seal.body_case = KVQ__ENVELOPE__BODY_SEAL;
+	e_seal.seal = &se;
+	for (uint32_t i = 0; i < CTL_BATCH; i++) {
+		kvq__publish_block__init(&blk[i]);
+		if (i)
+			blk[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
+		blk[i].n_tokens = B;
+		blk[i].tokens = tokens + (size_t)i * B;
+		blkp[i] = &blk[i];
+	}
+	pu.n_blocks = CTL_BATCH;
+	pu.blocks = blkp;
+	e_pub.body_case = KVQ__ENVELOPE__BODY_PUBLISH;
+	e_pub.publish = &pu;
+	rl.n_sealed_ids = CTL_BATCH;
+	rl.sealed_ids = resv;
+	e_rel.body_case = KVQ__ENVELOPE__BODY_RELEASE;
+	e_rel.release = &rl;
+
+	t0 = now_s();
+	deadline = t0 + cfg->seconds;
+	id_alloc = ctl_queue(c, &e_alloc, err);
+	r = id_alloc ? ctl_flush(c, err) : -ENOMEM;
+	if (r == 0)
+		r = ctl_alloc_reply(c, id_alloc, open, resv, err);
+	if (r < 0)
+		goto out;
+	held_open = 1;
+	o.requests = 1;
+	while (now_s() < deadline) {
+		Kvq__Envelope *rep = NULL;
+
+		for (uint32_t i = 0; i < CTL_BATCH; i++) {
+			blk[i].sealed_id = resv[i];
+			blk[i].parent_id = i ? resv[i - 1] : 0;
+		}
+		for (size_t k = 0; k < (size_t)CTL_BATCH * B; k++)
+			tokens[k] = (uint32_t)rng_next(&seed);
+		ids[0] = ctl_queue(c, &e_seal, err);
+		ids[1] = ids[0] ? ctl_queue(c, &e_pub, err) : 0;
+		ids[2] = ids[1] ? ctl_queue(c, &e_rel, err) : 0;
+		id_alloc = ids[2] ? ctl_queue(c, &e_alloc, err) : 0;
+		r = id_alloc ? ctl_flush(c, err) : -ENOMEM;
+		if (r < 0)
+			goto out;
+		r = ctl_reply(c, ids[0], KVQ__ENVELOPE__BODY_SEAL_REPLY, "seal", NULL, err);
+		if (r == 0)
+			r = ctl_reply(c, ids[1], KVQ__ENVELOPE__BODY_PUBLISH_REPLY, "publish", &rep, err);
+		if (r == 0) {
+			/* a duplicate would move the hold to another id and the
+			 * pipelined Release would name the wrong one */
+			for (uint32_t i = 0; i < CTL_BATCH && r == 0; i++)
+				if (rep->publish_reply->n_ids != CTL_BATCH || rep->publish_reply->ids[i] != resv[i]) {
+					snprintf(err, CTL_ERR, "publish: block %u was deduplicated; tokens repeat", i);
+					r = -EPROTO;
+				}
+			kvq_frame_envelope_free(rep);
+		}
+		held_open = 0;
+		if (r == 0)
+			r = ctl_reply(c, ids[2], KVQ__ENVELOPE__BODY_RELEASE_REPLY, "release", NULL, err);
+		if (r == 0)
+			r = ctl_alloc_reply(c, id_alloc, open, resv, err);
+		if (r < 0)
+			goto out;
+		held_open = 1;
+		o.cycles++;
+		o.requests += 4;
+	}
+	o.seconds = now_s() - t0;
+	*ret = o;
+out:
+	if (held_open) {
+		/* the last batch, allocated but not counted; failures here only
+		 * leave slots held until the connection closes */
+		Kvq__Release last = KVQ__RELEASE__INIT;
+		Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+		char err2[CTL_ERR];
+		int r2;
+
+		last.n_open_ids = CTL_BATCH;
+		last.open_ids = open;
+		e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
+		e.release = &last;
+		r2 = ctl_rpc(c, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, "release", NULL, r < 0 ? err2 : err);
+		if (r == 0)
+			r = r2;
+	}
+	free(tokens);
+	return r;
+}
+
+/* The daemon's default socket, as kvqd picks it without --socket. */
+static int ctl_default_socket(char *buf, size_t len)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+
+	if (geteuid() == 0)
+		return snprintf(buf, len, "/run/kvqd/kvqd.sock") < (int)len ? 0 : -1;
+	if (!xdg || xdg[0] != '/')
+		return -1;
+	return snprintf(buf, len, "%s/kvqd.sock", xdg) < (int)len ? 0 : -1;
+}
+
+int cmd_control(int argc, char **argv)
+{
+	struct ctl_cfg cfg = { .pool = CTL_POOL, .seconds = 3.0 };
+	struct ctl_conn c;
+	struct ctl_ops o = { 0 };
+	char err[CTL_ERR] = "", sockbuf[108];
+	double p50 = 0, p99 = 0, pmax = 0, attach_ms = 0, ops_s, t_first;
+	int r;
+
+	for (int i = 1; i < argc; i++) {
+		const char *opt = argv[i], *val = NULL;
+
+		if (!strcmp(opt, "--json")) {
+			cfg.json = 1;
+			continue;
+		}
+		if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) {
+			usage(stdout);
+			return 0;
+		}
+		if (strcmp(opt, "--socket") && strcmp(opt, "--pool") && strcmp(opt, "--seconds")) {
+			fprintf(stderr, PROG " control: unknown option '%s' (see " PROG " --help)\n", opt);
+			return 2;
+		}
+		if (i + 1 >= argc || !*argv[i + 1]) {
+			fprintf(stderr, PROG " control: %s needs a value\n", opt);
+			return 2;
+		}
+		val = argv[++i];
+		if (!strcmp(opt, "--socket")) {
+			cfg.socket = val;
+		} else if (!strcmp(opt, "--pool")) {
+			cfg.pool = val;
+		} else {
+			char *end;
+
+			errno = 0;
+			cfg.seconds = strtod(val, &end);
+			if (errno || *end || !(cfg.seconds > 0.0 && cfg.seconds <= 3600.0)) {
+				fprintf(stderr, PROG " control: --seconds takes a number of seconds in (0, 3600]\n");
+				return 2;
+			}
+		}
+	}
+	if (!cfg.socket) {
+		if (ctl_default_socket(sockbuf, sizeof sockbuf) < 0) {
+			fprintf(stderr, PROG " control: no default socket ($XDG_RUNTIME_DIR unset): use --socket\n");
+			return 1;
+		}
+		cfg.socket = sockbuf;
+	}
+
+	/* the first attach creates the pool: timed, but not the figure */
+	t_first = now_s();
+	r = ctl_open(&c, &cfg, err);
+	t_first = (now_s() - t_first) * 1e3;
+	if (r == 0) {
+		if (!cfg.json)
+			fprintf(stderr, PROG " control: pool %s on %s (%s backend, B=%u, %u sealed / %u open slots); "
+				"round trips ...\n", cfg.pool, cfg.socket, c.backend, c.block_tokens, c.n_sealed,
+				c.n_open);
+		r = ctl_rtt(&c, &cfg, &p50, &p99, &pmax, err);
+	}
+	if (r == 0) {
+		if (!cfg.json)
+			fprintf(stderr, PROG " control: block operations for %.1f s ...\n", cfg.seconds);
+		r = ctl_ops(&c, &cfg, &o, err);
+	}
+	ctl_close(&c);
+	if (r == 0)
+		r = ctl_attach_ms(&cfg, &attach_ms, err);
+	if (r < 0) {
+		fprintf(stderr, PROG " control: %s\n", err);
+		return 1;
+	}
+
+	ops_s = (double)o.cycles * CTL_OPS_PER_CYCLE / o.seconds;
+	if (cfg.json) {
+		printf("{\"ops_per_s\":%.0f,\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"attach_ms\":%.3f}\n", ops_s, p50,
+		       p99, attach_ms);
+		return 0;
+	}
+	printf("kvq-bench control: one client, pool %s (model %s, L=%u H=%u D=%u B=%u, %s), socket %s\n", cfg.pool,
+	       CTL_MODEL, CTL_LAYERS, CTL_HEADS, CTL_HEAD_DIM, CTL_BLOCK_TOKENS, CTL_POLICY, cfg.socket);
+	printf("block operations: %.0f /s  [%s: >= %.0f]\n", ops_s, ops_s >= CTL_OPS_TARGET ? "PASS" : "MISS",
+	       CTL_OPS_TARGET);
+	printf("  %llu cycles in %.2f s (%.0f cycles/s, %.0f requests/s, one round trip per cycle); a cycle is\n"
+	       "  Seal %u + Publish %u (a chain, %u distinct tokens each) + Release %u + Alloc %u (next batch),\n"
+	       "  pipelined: %u block operations = each of %u blocks counted once in each of Alloc, Seal,\n"
+	       "  Publish, Release (the first Alloc counts, the last one, never sealed, does not)\n",
+	       (unsigned long long)o.cycles, o.seconds, (double)o.cycles / o.seconds, (double)o.requests / o.seconds,
+	       CTL_BATCH, CTL_BATCH, CTL_BLOCK_TOKENS, CTL_BATCH, CTL_BATCH, CTL_OPS_PER_CYCLE, CTL_BATCH);
+	printf("round trip (Stats of the pool, one request at a time, %u samples): p50 %.1f us, p99 %.1f us, "
+	       "max %.1f us  [%s: p99 < %.0f us on an idle machine]\n", CTL_RTT_SAMPLES, p50, p99, pmax,
+	       p99 < CTL_RTT_P99_TARGET_US ? "PASS" : "MISS", CTL_RTT_P99_TARGET_US);
+	printf("attach (connect + hello + attach + fd + mmap, existing pool): median of %u %.3f ms "
+	       "(first attach of this run: %.3f ms)\n", CTL_ATTACH_SAMPLES, attach_ms, t_first);
+	return 0;
+}

@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvq-bench formats: its options, the machine's shape (threads, last-level
+ * cache) and the run over geometries and formats.
+ *
+ * "formats" compares the storage formats at two model geometries: bytes per
+ * token of a sealed block (every scale and zero included), the ratio to f16,
+ * and the CPU decode-attention throughput in bytes of KV read per second,
+ * judged against a read-only pass over memory measured in the same run
+ * (DESIGN.md, "Kernels": decode is memory-bound, so the fraction of the read
+ * bandwidth it reaches is its figure of merit).
+ *
+ * The workload (bench/workload.c) is the production layout for all L
+ * layers, one layer's decode timed; the read pass and FMA rate it is judged
+ * against come from bench/memory.c, the timing loop from bench/team.c, the
+ * table and JSON from bench/report.c.
+ */
+#include "config.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "format.h"
+#include "formats.h"
+
+#define DEFAULT_LLC (32ull << 20)
+
+const struct geom geoms[NGEOMS] = {
+	{ "llama3-8b", 32, 32, 8, 128 },
+	{ "smollm2-135m", 30, 9, 3, 64 },
+};
+
+static int read_line(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+	int ok;
+
+	if (!f)
+		return -1;
+	ok = fgets(buf, (int)len, f) != NULL;
+	fclose(f);
+	if (!ok)
+		return -1;
+	buf[strcspn(buf, "\n")] = '\0';
+	return 0;
+}
+
+/* Size of the highest-level data or unified cache of cpu0, from sysfs. */
+static uint64_t sysfs_llc(void)
+{
+	uint64_t best = 0;
+	unsigned best_level = 0;
+
+	for (int i = 0; i < 16; i++) {
+		char path[96], buf[64], *end;
+		unsigned level;
+		unsigned long long size;
+
+		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+		if (read_line(path, buf, sizeof buf) < 0)
+			break;
+		level = (unsigned)strtoul(buf, NULL, 10);
+		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+		if (read_line(path, buf, sizeof buf) == 0 && !strcmp(buf, "Instruction"))
+			continue;
+		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+		if (read_line(path, buf, sizeof buf) < 0)
+			continue;
+		size = strtoull(buf, &end, 10);
+		if (*end == 'K')
+			size <<= 10;
+		else if (*end == 'M')
+			size <<= 20;
+		else if (*end == 'G')
+			size <<= 30;
+		if (level > best_level || (level == best_level && size > best)) {
+			best_level = level;
+			best = size;
+		}
+	}
+	return best;
+}
+
+/*
+ * sysfs first: it gives the L3 a core actually shares, while glibc's sysconf
+ * reports the whole package's L3 on some AMD parts (256 MiB for 8 CCDs of
+ * 32 MiB on EPYC), which would inflate the working set eightfold for nothing.
+ */
+static void detect_llc(struct cfg *c)
+{
+	long sc = -1;
+
+#ifdef _SC_LEVEL3_CACHE_SIZE
+	sc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+	c->llc_sysconf = sc > 0 ? (uint64_t)sc : 0;
+	c->llc_sysfs = sysfs_llc();
+	if (c->llc_sysfs) {
+		c->llc = c->llc_sysfs;
+		c->llc_src = "sysfs";
+	} else if (c->llc_sysconf) {
+		c->llc = c->llc_sysconf;
+		c->llc_src = "sysconf";
+	} else {
+		c->llc = DEFAULT_LLC;
+		c->llc_src = "default";
+	}
+}
+
+int cmd_formats(int argc, char **argv)
+{
+	struct cfg c;
+	struct team team;
+	struct plan pl[NGEOMS];
+	struct membw mem;
+	struct result res[NGEOMS * KVQ_FMT_COUNT];
+	char notes[NGEOMS * KVQ_FMT_COUNT][160];
+	unsigned nres = 0, nnotes = 0;
+	double max_step = 0.0, t_start = now_s();
+	long np;
+
+	memset(&c, 0, sizeof c);
+	for (int i = 1; i < argc; i++) {
+		const char *isa = NULL;
+
+		if (!strcmp(argv[i], "--json")) {
+			c.json = 1;
+		} else if (!strcmp(argv[i], "--quick")) {
+			c.quick = 1;
+		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--format") || !strncmp(argv[i], "--format=", 9)) {
+			const char *list = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+			if (!list || !*list) {
+				fprintf(stderr, PROG " formats: --format needs a list of formats, e.g. int8,fp8\n");
+				return 2;
+			}
+			for (const char *p = list; *p;) {
+				size_t len = strcspn(p, ",");
+				int f = kvq_fmt_from_name(p, len);
+				if (f < 0) {
+					fprintf(stderr, PROG " formats: unknown format '%.*s'\n", (int)len, p);
+					return 2;
+				}
+				c.fmt_mask |= 1u << f;
+				p += len + (p[len] == ',');
+			}
+		} else if (!strcmp(argv[i], "--isa")) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, PROG " formats: --isa needs a value (portable or avx2)\n");
+				return 2;
+			}
+			isa = argv[++i];
+		} else if (!strncmp(argv[i], "--isa=", 6)) {
+			isa = argv[i] + 6;
+		} else {
+			fprintf(stderr, PROG " formats: unknown option '%s' (see " PROG " --help)\n", argv[i]);
+			return 2;
+		}
+		if (isa) {
+			if (strcmp(isa, "portable") && strcmp(isa, "avx2")) {
+				fprintf(stderr, PROG " formats: unknown ISA '%s' (portable or avx2)\n", isa);
+				return 2;
+			}
+			if (kvq_cpu_set_isa(isa) < 0) {
+				fprintf(stderr, PROG " formats: this CPU cannot run the %s path\n", isa);
+				return 1;
+			}
+		}
+	}
+
+	np = sysconf(_SC_NPROCESSORS_ONLN);
+	c.threads = np > 0 ? (unsigned)np : 1;
+	detect_llc(&c);
+	c.read_avx2 = cpu_has_avx2();
+	if (c.quick) {
+		c.ws_target = (double)c.llc;
+		c.blocks_per_seq = 64;
+		c.runs = MIN_RUNS;
+		c.min_run_s = 0.02;
+		c.budget_s = 0.0;
+	} else {
+		c.ws_target = 8.0 * (double)c.llc;
+		c.blocks_per_seq = 256;   /* 8208 tokens: a common context length */
+		c.runs = 5;
+		c.min_run_s = 0.2;
+		c.budget_s = 2.5;
+	}
+
+	for (unsigned gi = 0; gi < NGEOMS; gi++) {
+		if (plan_geometry(&geoms[gi], &c, &pl[gi]) < 0)
+			return 1;
+		if (pl[gi].max_step_bytes > max_step)
+			max_step = pl[gi].max_step_bytes;
+	}
+	if (team_start(&team, c.threads) < 0) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return 1;
+	}
+	fprintf(stderr, PROG ": CPU kernels %s, %u threads, LLC %.0f MiB (%s)\n", kvq_cpu_isa(), c.threads,
+		(double)c.llc / (1 << 20), c.llc_src);
+	/* the read pass covers at least the largest decode working set */
+	if (measure_memory(&team, &c, max_step > c.ws_target ? max_step : c.ws_target, &mem) < 0)
+		goto fail;
+
+	for (unsigned gi = 0; gi < NGEOMS; gi++) {
+		const struct geom *g = &geoms[gi];
+		double f16_bpt = 0.0;
+
+		for (int f = 0; f < KVQ_FMT_COUNT; f++) {
+			struct workload w;
+			struct result *r;
+			struct share sh = { 0 };
+			double t0;
+
+			if (c.fmt_mask && !(c.fmt_mask & (1u << f)) && f != KVQ_FMT_F16)
+				continue;
+			if (!fmt_fits(f, g->head_dim)) {
+				snprintf(notes[nnotes++], sizeof notes[0],
+					 "%s skipped for %s: its groups do not divide head dim %u", kvq_fmt_name(f),
+					 g->name, g->head_dim);
+				continue;
+			}
+			t0 = now_s();
+			fprintf(stderr, PROG ": %s %s: preparing ...", g->name, kvq_fmt_name(f));
+			if (workload_init(&w, g, f, &pl[gi]) < 0 || workload_check(&w) < 0) {
+				workload_free(&w);
+				goto fail;
+			}
+			r = &res[nres++];
+			r->g = g;
+			r->fmt = f;
+			r->bpt = (double)w.L->sealed_block_bytes / BLOCK_TOKENS;
+			r->bpt_layer = (double)w.L->layer[w.layer].sealed_slice / BLOCK_TOKENS;
+			if (f == KVQ_FMT_F16)
+				f16_bpt = r->bpt;
+			r->ratio_f16 = r->bpt / f16_bpt;
+			r->step_bytes = w.step_bytes;
+			r->nseq = w.nseq;
+			r->n = w.n;
+			fprintf(stderr, " %.0f MiB, 1 thread ...", w.step_bytes / (1 << 20));
+			/* workload_check's step was the warm-up */
+			r->dec1 = measure(&team, 1, decode_job, &w, w.step_bytes, &c, 1, &sh);
+			fprintf(stderr, " %.2f GB/s", r->dec1);
+			if (c.threads > 1) {
+				fprintf(stderr, ", %u threads ...", c.threads);
+				r->decn = measure(&team, c.threads, decode_job, &w, w.step_bytes, &c, 1, &sh);
+				fprintf(stderr, " %.2f GB/s", r->decn);
+			} else {
+				r->decn = r->dec1;
+			}
+			r->cpu_share = share_of(&sh);
+			fprintf(stderr, " (%.1f s, CPU share %.0f%%)\n", now_s() - t0, 100.0 * r->cpu_share);
+			if (w.err) {
+				fprintf(stderr, PROG ": kvq_cpu_attention: %s\n", strerror(-w.err));
+				workload_free(&w);
+				goto fail;
+			}
+			workload_free(&w);
+		}
+	}
+	team_stop(&team);
+	fprintf(stderr, PROG ": done in %.1f s\n", now_s() - t_start);
+
+	print_table(&c, &mem, pl, res, nres, notes, nnotes);
+	if (c.json)
+		print_json(&c, &mem, res, nres);
+	return 0;
+
+fail:
+	team_stop(&team);
+	return 1;
+}

@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvq-run: one KV policy's pool and sequence in kvqd, the model run over
+ * tokens in it (feed), and the two readings of the logits it gives.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "layout.h"
+#include "run.h"
+
+/* Attaches k to the pool of spec: a policy, optionally followed by @W, its
+ * pool's open window in tokens (else --window), sized for max_tokens. */
+void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
+{
+	const struct model_cfg *c = model_cfg(md);
+	struct kvq_policy pol;
+	char err[256], pool[65], model_id[128], policy[512];
+	const char *at = strchr(spec, '@');
+	uint32_t window = at ? num(at + 1, "--kv POLICY@WINDOW") : o.window;
+	uint64_t h = 0xcbf29ce484222325ull;
+	uint32_t n_sealed, n_open, win;
+	const struct kvq_layout *L;
+	int r;
+
+	snprintf(policy, sizeof(policy), "%.*s", at ? (int)(at - spec) : (int)strlen(spec), spec);
+	k->policy = spec;
+	if (kvq_policy_parse(policy, c->layers, &pol, err, sizeof(err)) < 0)
+		die("--kv %s: %s", policy, err);
+	kvq_policy_format(&pol, k->canon, sizeof(k->canon));
+	/* a write of o.batch tokens holds the window's open slots and its own
+	 * until commit, and every open slot reserves a sealed one */
+	win = window ? window : kvq_layout_default_window(&pol, o.block);
+	n_open = (win + o.batch) / o.block + 2;
+	n_sealed = (max_tokens + o.block - 1) / o.block + n_open + 2;
+	/* one pool per (model, policy, window, capacity): pools compare the
+	 * first three at attach, and a pool made for a short run cannot hold a
+	 * long one */
+	/* rotated or centered K/V are another model's: never shared with
+	 * plain ones */
+	snprintf(model_id, sizeof(model_id), "%s@%016llx%s", model_name, (unsigned long long)model_fp,
+		 o.rotate ? "+hadamard" : "");
+	if (k_center)
+		snprintf(model_id + strlen(model_id), sizeof(model_id) - strlen(model_id), "+kc%08x", k_center_hash);
+	for (const char *p = model_id; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+	for (const char *p = k->canon; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+	h = (h ^ window) * 0x100000001b3ull;
+	if (o.block != 16)   /* (pool names of the default stay as they were) */
+		h = (h ^ (o.block << 20)) * 0x100000001b3ull;
+	h = (h ^ n_sealed) * 0x100000001b3ull;
+	if (o.gpu)   /* a cuda pool is another pool than the host one */
+		h = (h ^ (0x100u + (unsigned)o.device)) * 0x100000001b3ull;
+	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
+	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
+		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = policy,
+		.window = window, .act = KVQ_ACT_F16, .create = 1,
+		.n_sealed = n_sealed, .n_open = n_open,
+		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1 };
+	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
+	if (r < 0)
+		die("connect to kvqd: %s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r));
+	r = kvq_client_attach(k->c, &p);
+	if (r < 0)
+		die("attach: %s (%s)%s", kvq_strerror(r), kvq_client_error(k->c),
+		    o.gpu && r == -ENODEV ? "; --gpu needs kvqd to offer cuda pools" : "");
+	if (strcmp(kvq_client_backend(k->c), o.gpu ? "cuda" : "host"))
+		die("attach: pool %s is a %s pool; %s needs a %s one", pool, kvq_client_backend(k->c),
+		    o.gpu ? "--gpu" : "the CPU path", o.gpu ? "cuda" : "host");
+	L = kvq_client_layout(k->c);
+	k->window = L->window;
+	k->bits = 8.0 * (double)L->sealed_block_bytes /
+		  ((double)L->block_tokens * L->layers * L->kv_heads * L->head_dim * 2);
+}
+
+void kv_reset(struct kv *k)
+{
+	int r;
+
+	kvq_seq_free(k->s);
+	k->s = NULL;
+	r = kvq_seq_new(k->c, o.salt, o.salt ? strlen(o.salt) : 0, &k->s);
+	if (r < 0)
+		die("sequence: %s", kvq_strerror(r));
+}
+
+void kv_close(struct kv *k)
+{
+	kvq_seq_free(k->s);
+	kvq_client_free(k->c);
+}
+
+/* Runs n tokens through k's sequence in chunks of o.batch; logits (if not
+ * NULL) gets every token's next-token logits, else only the last one's go
+ * to last (if not NULL). */
+void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last)
+{
+	uint32_t V = model_cfg(md)->vocab;
+
+	uint32_t pos = kvq_seq_tokens(k->s);
+
+	/* chunks end at multiples of o.batch in the sequence: the sealed/open
+	 * split a query sees depends on its chunk's end, so a run that starts
+	 * from a cached prefix computes what a cold run computed */
+	for (uint32_t a = 0, m; a < n; a += m) {
+		int r;
+
+		m = o.batch - (pos + a) % o.batch;
+		if (m > n - a)
+			m = n - a;
+
+		if (logits)
+			r = model_forward(md, k->s, ids + a, m, m, logits + (size_t)a * V);
+		else
+			r = model_forward(md, k->s, ids + a, m, a + m == n && last ? 1 : 0, last);
+		if (r < 0)
+			die("forward (kv %s): %s", k->policy, model_error(md) ? model_error(md) : kvq_client_error(k->c));
+	}
+}
+
+uint32_t argmax(const float *x, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[b])
+			b = i;
+	return b;
+}
+
+/* out = log softmax(x) (double sums). */
+void log_softmax(const float *x, uint32_t n, double *out)
+{
+	double mx = x[argmax(x, n)], s = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		s += exp((double)x[i] - mx);
+	s = log(s) + mx;
+	for (uint32_t i = 0; i < n; i++)
+		out[i] = (double)x[i] - s;
+}

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvq-run: what its files share: the options (main.c), the loaded model and
+ * its K centers (load.c), a policy's pool and sequence (kv.c), text and
+ * tokens (text.c), greedy generation (generate.c), and each command.
+ */
+#ifndef KVQ_RUN_H
+#define KVQ_RUN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "kvq.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#define RUN_MAX_KV 24
+
+struct opts {
+	const char *model, *socket, *prompt, *file, *dump, *system, *system_file, *salt, *out, *k_center;
+	const char *kv[RUN_MAX_KV];
+	unsigned n_kv;
+	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block;
+	unsigned threads;
+	int device;
+	bool json, raw, special, decode, no_cache, stats, rotate, gpu;
+};
+
+/* One policy's pool and sequence. */
+struct kv {
+	const char *policy;
+	char canon[256];
+	kvq_client *c;
+	kvq_seq *s;
+	double bits;         /* stored bits per value of a sealed block, scales included */
+	uint32_t window;
+};
+
+/* K centers (kvq-run calibrate, --k-center): "KVQKC001", then u32 layers,
+ * kv_heads, head_dim, rotate; u64 tokens averaged, model fingerprint; then
+ * float means [layers][kv_heads][head_dim]; all little-endian. */
+#define KC_MAGIC "KVQKC001"
+struct kc_head {
+	char magic[8];
+	uint32_t layers, kv_heads, head_dim, rotate;
+	uint64_t tokens, model_fp;
+};
+
+/* main.c: the command line */
+extern struct opts o;
+/* Prints "kvq-run: " and the message to stderr and exits with status 1. */
+__attribute__((format(printf, 1, 2), noreturn)) void die(const char *fmt, ...);
+/* s as a number up to 2^30, or die() naming opt. */
+uint32_t num(const char *s, const char *opt);
+
+/* The clock of the seconds and tokens per second the commands print. */
+static inline double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* load.c: the model of --model or $KVQ_MODEL, loaded by load() */
+extern tok *tk;
+extern model *md;
+extern uint64_t model_fp;
+extern char model_name[96];   /* general.name, blanks as '-' (the pool's model id) */
+extern float *k_center;       /* --k-center */
+extern uint32_t k_center_hash;
+extern double *k_sum;         /* calibrate */
+extern bool want_k_sum;
+void load(void);
+
+/* kv.c */
+void kv_open(struct kv *k, const char *spec, uint32_t max_tokens);
+void kv_reset(struct kv *k);
+void kv_close(struct kv *k);
+void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last);
+uint32_t argmax(const float *x, uint32_t n);
+void log_softmax(const float *x, uint32_t n, double *out);
+
+/* text.c */
+char *read_file(const char *path, size_t *ret_len);
+uint32_t *encode(const char *text, size_t len, int special, size_t *ret_n);
+uint32_t *file_tokens(size_t *ret_n);
+
+/* generate.c */
+uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, bool print);
+
+/* The commands; each returns the exit status. */
+int cmd_generate(void);     /* generate.c */
+int cmd_perplexity(void);   /* perplexity.c */
+int cmd_ab(void);           /* ab.c */
+int cmd_calibrate(void);    /* calibrate.c */
+int cmd_tokenize(void);     /* text.c */
+
+#endif
