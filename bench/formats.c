@@ -7,8 +7,8 @@
  * token of a sealed block (every scale and zero included), the ratio to f16,
  * and the CPU decode-attention throughput in bytes of KV read per second,
  * judged against a read-only pass over memory measured in the same run
- * (DESIGN.md, "Kernels": decode is memory-bound, so the fraction of the read
- * bandwidth it reaches is its figure of merit).
+ * (decode is memory-bound, so the fraction of the read bandwidth it
+ * reaches is its figure of merit: docs/DESIGN.md, section 7).
  *
  * The workload (bench/workload.c) is the production layout for all L
  * layers, one layer's decode timed; the read pass and FMA rate it is judged
@@ -29,10 +29,11 @@
 
 #define DEFAULT_LLC (32ull << 20)
 
-const struct geom geoms[NGEOMS] = {
+const struct geom geoms[] = {
 	{ "llama3-8b", 32, 32, 8, 128 },
 	{ "smollm2-135m", 30, 9, 3, 64 },
 };
+_Static_assert(sizeof(geoms) / sizeof(geoms[0]) == NGEOMS, "NGEOMS counts the rows of geoms[]");
 
 static int read_line(const char *path, char *buf, size_t len)
 {
