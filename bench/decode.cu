@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "cuda/kvq_cuda.h"
-#include "format.h"
+#include "policy.h"
 #include "layout.h"
 
 #define PROG "kvq-bench decode"
@@ -183,17 +183,17 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 			oids[b * nb + j] = j >= first_open ? (int32_t)(b * nw + j - first_open) : -1;
 	CK(cudaMemcpy(dids, ids, (size_t)sh.batch * nb * sizeof(int32_t), cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(doids, oids, (size_t)sh.batch * nb * sizeof(int32_t), cudaMemcpyHostToDevice));
-	struct kvq_cuda_write_seq *w = (struct kvq_cuda_write_seq *)calloc(sh.batch, sizeof *w);
-	struct kvq_cuda_seq *s = (struct kvq_cuda_seq *)calloc(sh.batch, sizeof *s);
+	struct kvq_seq_table *w = (struct kvq_seq_table *)calloc(sh.batch, sizeof *w);
+	struct kvq_seq_table *s = (struct kvq_seq_table *)calloc(sh.batch, sizeof *s);
 	for (uint32_t b = 0; b < sh.batch; b++) {
-		w[b] = (struct kvq_cuda_write_seq){ 0, sh.ctx, b * sh.ctx, 0, dids + b * nb, doids + b * nb };
-		s[b] = (struct kvq_cuda_seq){ sh.ctx, sh.nq, b * sh.nq, 0, dids + b * nb, doids + b * nb + first_open };
+		w[b] = (struct kvq_seq_table){ 0, sh.ctx, b * sh.ctx, 0, dids + b * nb, doids + b * nb };
+		s[b] = (struct kvq_seq_table){ sh.ctx, sh.nq, b * sh.nq, 0, dids + b * nb, doids + b * nb + first_open };
 	}
 	CK(cudaMalloc(&dseq, sh.batch * (sizeof *w > sizeof *s ? sizeof *w : sizeof *s)));
 	CK(cudaMemcpy(dseq, w, sh.batch * sizeof *w, cudaMemcpyHostToDevice));
 	/* the prefill's write (the same bytes each time), timed too */
 	ret->write_ms = median_ms(1, 4, "kvq_cuda_write", [&] {
-		return kvq_cuda_write(L, pool, 0, (const struct kvq_cuda_write_seq *)dseq, sh.batch, sh.ctx, kin, vin,
+		return kvq_cuda_write(L, pool, 0, (const struct kvq_seq_table *)dseq, sh.batch, sh.ctx, kin, vin,
 				      NULL);
 	});
 	{
@@ -214,7 +214,7 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	char what[64];
 	snprintf(what, sizeof what, "kvq_cuda_attention (%s)", fmt);
 	ret->ms = median_ms(3, runs, what, [&] {
-		return kvq_cuda_attention(&a, (const struct kvq_cuda_seq *)dseq, sh.batch, q, out);
+		return kvq_cuda_attention(&a, (const struct kvq_seq_table *)dseq, sh.batch, q, out);
 	});
 	/* bytes the step reads: sealed slices, and open rows up to n */
 	uint32_t sealed = kvq_layout_split(L, sh.ctx);

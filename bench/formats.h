@@ -105,7 +105,7 @@ struct workload {
 	size_t map_len;
 	uint32_t layer, nseq, n, nsb, nob;
 	int32_t *sealed_ids, *open_ids;
-	struct kvq_attn_seq *seqs;
+	struct kvq_seq_table *seqs;
 	float *q, *out;
 	struct kvq_attn attn;
 	double step_bytes;

@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 
 #include "bench.h"
-#include "format.h"
+#include "policy.h"
 #include "formats.h"
 
 /* Distinct sealed blocks quantized per format; the rest of the timed layer is
@@ -96,8 +96,8 @@ void decode_job(void *arg, unsigned idx, unsigned n)
 {
 	struct workload *w = arg;
 	uint32_t a = (uint32_t)((uint64_t)w->nseq * idx / n), b = (uint32_t)((uint64_t)w->nseq * (idx + 1) / n);
-	size_t row = (size_t)w->g->q_heads * w->g->head_dim;   /* n_q = 1 */
-	int rc = kvq_cpu_attention(&w->attn, w->seqs + a, b - a, w->q + a * row, w->out + a * row);
+	/* sequence i's query is row i of q and out (its table's row0) */
+	int rc = kvq_cpu_attention(&w->attn, w->seqs + a, b - a, w->q, w->out);
 
 	if (rc)
 		__atomic_store_n(&w->err, rc, __ATOMIC_RELAXED);
@@ -141,7 +141,7 @@ int workload_init(struct workload *w, const struct geom *g, int fmt, const struc
 	uint64_t seed = 0x6b7671ull + (uint64_t)fmt;
 	struct kvq_layout *L1;
 	const struct kvq_layer_layout *ll;
-	struct kvq_seq_write wr;
+	struct kvq_seq_table wr;
 	int32_t *topen = NULL;
 	uint16_t *kin = NULL, *vin = NULL;
 	size_t qlen;
@@ -187,7 +187,8 @@ int workload_init(struct workload *w, const struct geom *g, int fmt, const struc
 	shuffle_ids(w->open_ids, n_open, &seed);
 	for (uint32_t i = 0; i < w->nseq; i++) {
 		w->seqs[i].n = w->n;
-		w->seqs[i].n_q = 1;
+		w->seqs[i].m = 1;
+		w->seqs[i].row0 = i;
 		w->seqs[i].sealed = w->sealed_ids + (size_t)i * w->nsb;
 		w->seqs[i].open = w->open_ids + (size_t)i * w->nob;
 	}
@@ -207,7 +208,7 @@ int workload_init(struct workload *w, const struct geom *g, int fmt, const struc
 	for (uint32_t b = 0; b < nt; b++)
 		topen[b] = -1;   /* straight from the input into its sealed slot */
 	memcpy(topen + nt, w->open_ids, w->nob * sizeof *topen);
-	wr = (struct kvq_seq_write){ .n = 0, .m = m, .sealed = w->sealed_ids, .open = topen };
+	wr = (struct kvq_seq_table){ .n = 0, .m = m, .sealed = w->sealed_ids, .open = topen };
 	rc = kvq_cpu_write(w->L, w->base, w->layer, &wr, kin, vin);
 	if (rc < 0) {
 		fprintf(stderr, PROG ": kvq_cpu_write: %s\n", strerror(-rc));

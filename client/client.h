@@ -84,14 +84,14 @@ struct client_backend {
 	int (*map)(kvq_client *c, int fd, uint64_t map_bytes, int device, const uint8_t *uuid, size_t uuid_len);
 	/* waits for the work queued on the pool, then unmaps it */
 	void (*unmap)(kvq_client *c);
-	/* one layer of kvq_seq_write */
-	int (*write)(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, uint32_t ns, uint32_t no,
+	/* one layer of kvq_seq_write() */
+	int (*write)(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, uint32_t ns, uint32_t no,
 		     const void *k, const void *v);
 	/* kvq_seq_attention: q and out float host arrays; out written on return */
-	int (*attention)(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+	int (*attention)(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
 			 uint32_t q_heads, float scale, const float *q, float *out);
 	/* kvq_seq_attention_device; NULL: the backend has no device memory */
-	int (*attention_device)(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+	int (*attention_device)(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
 				uint32_t q_heads, float scale, const void *q, void *out, bool out_f32);
 	/* copies n bytes inside the pool, before any work queued later */
 	int (*copy)(kvq_client *c, void *to, const void *from, size_t n);

@@ -28,7 +28,7 @@ static void host_unmap(kvq_client *c)
 	c->base = NULL;
 }
 
-static int host_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, uint32_t ns, uint32_t no,
+static int host_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, uint32_t ns, uint32_t no,
 		      const void *k, const void *v)
 {
 	int r = kvq_cpu_write(s->c->L, s->c->base, layer, w, k, v);
@@ -37,7 +37,7 @@ static int host_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w,
 	return r < 0 ? client_fail(s->c, r, "kvq_cpu_write refused the block table") : 0;
 }
 
-static int host_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+static int host_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
 			  uint32_t q_heads, float scale, const float *q, float *out)
 {
 	const struct kvq_attn a = { .L = s->c->L, .base = s->c->base, .layer = layer, .q_heads = q_heads,

@@ -255,7 +255,7 @@ int kvq_seq_commit(kvq_seq *s);
 /* Attention of the last n_q stored tokens of one layer: q and out are
  * [n_q][q_heads][head_dim] floats, q_heads a multiple of kv_heads; scale 0
  * means 1/sqrt(head_dim).  Between begin and commit it sees the new tokens
- * (after kvq_seq_write of that layer).  Reads KV as stored: sealed blocks
+ * (after kvq_seq_write() of that layer).  Reads KV as stored: sealed blocks
  * quantized, the open window in full precision.  q and out are host
  * memory; on a cuda pool q goes to the device in the activation dtype, the
  * CUDA kernel runs on the client's stream, and the call returns once out is

@@ -276,7 +276,7 @@ out:
 
 int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 {
-	struct kvq_seq_write w;
+	struct kvq_seq_table w = { 0 };
 	uint32_t B;
 	int r;
 
@@ -393,11 +393,12 @@ out:
 
 /* The table attention of n_q query rows reads now, checked; *ns and *no
  * are its sealed and open counts. */
-static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, struct kvq_attn_seq *as,
+static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, struct kvq_seq_table *as,
 			  uint32_t *ns, uint32_t *no)
 {
 	const struct kvq_layout *L = s->c->L;
 
+	*as = (struct kvq_seq_table){ .m = n_q };   /* its queries are rows 0 .. n_q - 1 */
 	if (layer >= L->layers)
 		return -EINVAL;
 	if (s->busy) {
@@ -419,7 +420,6 @@ static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t
 		*ns = s->n_sealed;
 		*no = s->n_open;
 	}
-	as->n_q = n_q;
 	if (!n_q || n_q > as->n || !q_heads || q_heads % L->kv_heads)
 		return client_fail(s->c, -EINVAL, "attention: bad query counts");
 	return 0;
@@ -434,7 +434,7 @@ static float seq_scale(const kvq_seq *s, float scale)
 int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale, const float *q,
 		      float *out)
 {
-	struct kvq_attn_seq as;
+	struct kvq_seq_table as;
 	uint32_t ns, no;
 	int r;
 
@@ -448,7 +448,7 @@ int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q
 int kvq_seq_attention_device(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
 			     const void *q, void *out, int out_f32)
 {
-	struct kvq_attn_seq as;
+	struct kvq_seq_table as;
 	uint32_t ns, no;
 	int r;
 

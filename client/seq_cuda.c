@@ -70,16 +70,15 @@ static int gpu_grow(kvq_client *c, void **buf, size_t *cap, size_t need)
 }
 
 /*
- * Sends a kernel's sequence record with its block table to device memory:
- * [record][sealed ids][open ids], one copy.  The record (struct
- * kvq_cuda_seq or kvq_cuda_write_seq: the same shape) gets a, b, c and the
- * device addresses of the two tables; *ret is the record's device address.
+ * Sends a sequence's table (struct kvq_seq_table) with its ns sealed and no
+ * open ids to device memory: [table][sealed ids][open ids], one copy, the
+ * table's id pointers the device addresses; *ret is the table's.
  */
-static int gpu_table(kvq_seq *s, uint32_t a, uint32_t b, uint32_t c3, const int32_t *sealed, uint32_t ns,
-		     const int32_t *open, uint32_t no, void **ret)
+static int gpu_table(kvq_seq *s, const struct kvq_seq_table *t, uint32_t ns, uint32_t no, void **ret)
 {
 	kvq_client *c = s->c;
-	struct kvq_cuda_seq rec = { .n = a, .n_q = b, .q_row0 = c3 };
+	const int32_t *sealed = t->sealed, *open = t->open;
+	struct kvq_seq_table rec = *t;
 	size_t bytes = sizeof(rec) + ((size_t)ns + no) * sizeof(int32_t);
 	uint8_t *h = malloc(bytes);
 	cudaError_t e;
@@ -118,7 +117,7 @@ static bool gpu_is_device(const void *p)
 
 /* One layer's write on the GPU: k and v in device memory are read where
  * they are, host arrays are copied first. */
-static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, uint32_t ns, uint32_t no,
+static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, uint32_t ns, uint32_t no,
 		     const void *k, const void *v)
 {
 	kvq_client *c = s->c;
@@ -142,7 +141,7 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, 
 		k = d->stage;
 		v = (uint8_t *)d->stage + bytes;
 	}
-	if ((r = gpu_table(s, w->n, w->m, 0, w->sealed, ns, w->open, no, &rec)) < 0)
+	if ((r = gpu_table(s, w, ns, no, &rec)) < 0)
 		return r;
 	r = kvq_cuda_write(L, c->base, layer, rec, 1, w->m, k, v, c->stream);
 	return r < 0 ? client_fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
@@ -150,15 +149,15 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_write *w, 
 
 /* Attention on the GPU with q (activation dtype) and out (f32 or the
  * activation dtype) in device memory, queued on the client's stream. */
-static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns, uint32_t no,
+static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
 			 uint32_t q_heads, float scale, const void *q, void *out, bool out_f32)
 {
 	kvq_client *c = s->c;
 	const struct kvq_layout *L = c->L;
 	const struct kvq_layer_layout *ll = &L->layer[layer];
 	struct kvq_cuda_attn a = { .L = L, .base = c->base, .layer = layer, .q_heads = q_heads, .scale = scale,
-		.q_dtype = L->act, .out_dtype = out_f32 ? KVQ_DT_F32 : L->act, .max_n = as->n, .max_q = as->n_q,
-		.total_q = as->n_q, .stream = c->stream };
+		.q_dtype = L->act, .out_dtype = out_f32 ? KVQ_DT_F32 : L->act, .max_n = as->n, .max_q = as->m,
+		.total_q = as->row0 + as->m, .stream = c->stream };
 	void *rec = NULL;
 	size_t ws;
 	int r;
@@ -170,7 +169,7 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *
 		return r;
 	a.workspace = ws ? s->cuda->work : NULL;
 	a.workspace_bytes = ws;
-	if ((r = gpu_table(s, as->n, as->n_q, 0, as->sealed, ns, as->open, no, &rec)) < 0)
+	if ((r = gpu_table(s, as, ns, no, &rec)) < 0)
 		return r;
 	r = kvq_cuda_attention(&a, rec, 1, q, out);
 	if (r == -ENOTSUP)
@@ -183,12 +182,12 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *
 
 /* The same for float host arrays, converted to and from the activation
  * dtype around the kernel; returns when out is written. */
-static int gpu_attention_host(kvq_seq *s, uint32_t layer, const struct kvq_attn_seq *as, uint32_t ns,
+static int gpu_attention_host(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns,
 			      uint32_t no, uint32_t q_heads, float scale, const float *q, float *out)
 {
 	kvq_client *c = s->c;
 	const struct kvq_layout *L = c->L;
-	const size_t nel = (size_t)as->n_q * q_heads * L->head_dim, bytes = nel * 2;
+	const size_t nel = (size_t)as->m * q_heads * L->head_dim, bytes = nel * 2;
 	uint16_t *h = NULL;
 	uint8_t *stage;
 	cudaError_t e;

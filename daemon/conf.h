@@ -33,7 +33,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "format.h"
+#include "policy.h"
 
 /* Limits on what a config file may hold. */
 #define KVQ_CONFIG_MAX_FILE (1u << 20)                 /* bytes of the whole file */

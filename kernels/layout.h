@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format.h"
+#include "policy.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -78,6 +78,30 @@ void kvq_layout_free(struct kvq_layout *L);
 
 /* Default open window: 4B when any layer uses KIVI, else B. */
 uint32_t kvq_layout_default_window(const struct kvq_policy *p, uint32_t block_tokens);
+
+/*
+ * One sequence's block table, as every kernel takes it: the CPU and the
+ * CUDA kernels, write and attention (for the CUDA ones the table and its
+ * ids are in device memory).  Blocks are numbered from the sequence's
+ * start (block b holds positions b*B .. b*B+B-1).
+ *  write:     n tokens stored before it, m new ones, input rows row0 ..
+ *             row0 + m - 1 of k and v.  sealed: ids of blocks 0 ..
+ *             S(n+m)/B - 1 (only blocks S(n)/B .. are written); open: open[j]
+ *             is the open id of block S(n)/B + j, for every block up to the
+ *             last one holding a token (ceil((n+m)/B) - S(n)/B entries), -1
+ *             where a block goes straight from the input to its sealed slot.
+ *             After it the sequence's open ids start at open + (S(n+m) -
+ *             S(n))/B; the open slots before that were sealed.
+ *  attention: n tokens stored, the last m of them queries (query i at
+ *             position n - m + i sees positions <= its own), rows row0 ..
+ *             row0 + m - 1 of q and out.  sealed: S(n)/B ids; open:
+ *             ceil((n - S(n))/B) ids.
+ */
+struct kvq_seq_table {
+	uint32_t n, m, row0, reserved;
+	const int32_t *sealed;
+	const int32_t *open;
+};
 
 /* The layout's arithmetic, for the host and the CUDA kernels alike (which
  * pass a layer's fields as the arguments).  Byte offset of head h of slot

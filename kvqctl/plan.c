@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "format.h"
+#include "policy.h"
 #include "json.h"
 #include "kvqctl.h"
 #include "layout.h"

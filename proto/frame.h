@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format.h"
+#include "policy.h"
 #include "kvq.pb-c.h"
 
 /* Checked at Hello; bump for any change an older peer would misread. */

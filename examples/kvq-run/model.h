@@ -2,7 +2,7 @@
 /*
  * A Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention,
  * SwiGLU) over GGUF weights, with its KV cache in a kvqd pool: each layer's
- * K (after RoPE) and V go to kvq_seq_write and attention is
+ * K (after RoPE) and V go to kvq_seq_write() and attention is
  * kvq_seq_attention, which reads KV as stored (quantized sealed blocks,
  * FP16 open window), in prefill as in decode.
  */

@@ -4,7 +4,7 @@
  * memory (f32), matrix products by cuBLAS (loaded at run time, so kvq-run
  * runs without it on the CPU path), RMSNorm, RoPE, SwiGLU and conversions by
  * the small kernels of model_gpu.cu, K/V written and attention computed by
- * libkvq on a cuda pool (kvq_seq_write with device pointers,
+ * libkvq on a cuda pool (kvq_seq_write() with device pointers,
  * kvq_seq_attention_device: the project's CUDA kernels, KV read as stored).
  * All work is on the legacy default stream, the one libkvq uses unless told
  * otherwise, so it runs in order with libkvq's.

@@ -117,7 +117,7 @@ static size_t row_index(const struct kvq_attn *a, uint32_t D, uint32_t g, size_t
 	return ((qrow0 + qi) * a->q_heads + (size_t)t->h * g + j) * D;
 }
 
-static void tile_begin(struct work *w, struct tile *t, const struct kvq_attn_seq *s, const void *q, size_t qrow0)
+static void tile_begin(struct work *w, struct tile *t, const struct kvq_seq_table *s, const void *q, size_t qrow0)
 {
 	const struct kvq_attn *a = w->a;
 	uint32_t D = w->L->head_dim, g = a->q_heads / w->L->kv_heads;
@@ -137,7 +137,7 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_attn_seq
 			continue;
 		}
 		const uint8_t *qrow = (const uint8_t *)q + row_index(a, D, g, qrow0, t, i) * kvq_dtype_bytes(a->q_dtype);
-		t->pos[i] = s->n - s->n_q + (t->r0 + i) / g;
+		t->pos[i] = s->n - s->m + (t->r0 + i) / g;
 		for (uint32_t d = 0; d < D; d++)
 			t->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
 	}
@@ -206,7 +206,7 @@ static uint32_t quad_rows(const struct tile *t, uint32_t qd)
  * Block blk of sequence s for tile t.  next: a head slice the caller reads
  * soon (prefetched during the K and V loops), or NULL.
  */
-static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq *s, uint32_t blk,
+static void tile_block(struct work *w, struct tile *t, const struct kvq_seq_table *s, uint32_t blk,
 		       const uint8_t *next)
 {
 	const struct kvq_layout *L = w->L;
@@ -278,7 +278,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_attn_seq
 }
 
 /* Address of the sealed head slice (blk, h) of s, or NULL past the sealed part. */
-static const uint8_t *sealed_slice(struct work *w, const struct kvq_attn_seq *s, uint32_t blk, uint32_t h)
+static const uint8_t *sealed_slice(struct work *w, const struct kvq_seq_table *s, uint32_t blk, uint32_t h)
 {
 	const struct kvq_layout *L = w->L;
 
@@ -290,7 +290,7 @@ static const uint8_t *sealed_slice(struct work *w, const struct kvq_attn_seq *s,
 
 /* One sequence whose rows per KV head fit in one tile: blocks outside,
  * heads inside.  Returns -ENOMEM when the scratch cannot be had. */
-static int seq_heads_inside(struct work *w, const struct kvq_attn_seq *s, uint32_t rows, const void *q,
+static int seq_heads_inside(struct work *w, const struct kvq_seq_table *s, uint32_t rows, const void *q,
 			    void *out, size_t qrow0)
 {
 	const struct kvq_layout *L = w->L;
@@ -321,7 +321,7 @@ static int seq_heads_inside(struct work *w, const struct kvq_attn_seq *s, uint32
 }
 
 /* Any sequence: head by head, tile by tile, with one tile state on the stack. */
-static void seq_tiles(struct work *w, const struct kvq_attn_seq *s, uint32_t rows, const void *q, void *out,
+static void seq_tiles(struct work *w, const struct kvq_seq_table *s, uint32_t rows, const void *q, void *out,
 		      size_t qrow0)
 {
 	const struct kvq_layout *L = w->L;
@@ -351,21 +351,20 @@ static int ids_ok(const int32_t *ids, uint32_t count, uint32_t limit)
 	return 1;
 }
 
-int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs, uint32_t nseq,
+int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
 		      const void *q, void *out)
 {
 	struct work w;
 	const struct kvq_layout *L = a->L;
-	size_t qrow0 = 0;
 
 	if (!L || a->layer >= L->layers || a->q_heads == 0 || a->q_heads % L->kv_heads ||
 	    a->q_heads / L->kv_heads > 64 || a->q_dtype < KVQ_DT_F16 || a->q_dtype > KVQ_DT_F32 ||
 	    a->out_dtype < KVQ_DT_F16 || a->out_dtype > KVQ_DT_F32)
 		return -EINVAL;
 	for (uint32_t i = 0; i < nseq; i++) {
-		const struct kvq_attn_seq *s = &seqs[i];
+		const struct kvq_seq_table *s = &seqs[i];
 		uint32_t S, B = L->block_tokens;
-		if (s->n == 0 || s->n_q == 0 || s->n_q > s->n || s->n > UINT32_MAX - B)
+		if (s->n == 0 || s->m == 0 || s->m > s->n || s->n > UINT32_MAX - B)
 			return -EINVAL;
 		S = kvq_layout_split(L, s->n);
 		if (!ids_ok(s->sealed, S / B, L->n_sealed) ||
@@ -394,13 +393,12 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
 	w.act_fmt = L->act == KVQ_DT_BF16 ? KVQ_FMT_BF16 : KVQ_FMT_F16;
 
 	for (uint32_t i = 0; i < nseq; i++) {
-		const struct kvq_attn_seq *s = &seqs[i];
-		uint32_t rows = s->n_q * (a->q_heads / L->kv_heads);
+		const struct kvq_seq_table *s = &seqs[i];
+		uint32_t rows = s->m * (a->q_heads / L->kv_heads);
 		size_t need = tile_floats(L->head_dim, L->block_tokens) * L->kv_heads * sizeof(float);
 		w.split = kvq_layout_split(L, s->n);
-		if (rows > TM || need > SCRATCH_MAX || seq_heads_inside(&w, s, rows, q, out, qrow0) < 0)
-			seq_tiles(&w, s, rows, q, out, qrow0);
-		qrow0 += s->n_q;
+		if (rows > TM || need > SCRATCH_MAX || seq_heads_inside(&w, s, rows, q, out, s->row0) < 0)
+			seq_tiles(&w, s, rows, q, out, s->row0);
 	}
 	return 0;
 }

@@ -14,39 +14,16 @@
 
 #include "../layout.h"
 
-/*
- * One sequence's write of m new tokens after n stored ones.  Blocks are
- * numbered from the sequence's start (block b holds positions b*B .. b*B+B-1).
- *  sealed: ids of blocks 0 .. S(n+m)/B - 1 (only blocks S(n)/B .. are written)
- *  open:   open[j] is the open id of block S(n)/B + j, for every block up to
- *          the last one holding a token (ceil((n+m)/B) - S(n)/B entries);
- *          -1 where a block goes straight from the input to its sealed slot.
- * After the write the sequence's open ids start at open + (S(n+m) - S(n))/B;
- * the open slots before that were sealed and may be released.
- */
-struct kvq_seq_write {
-	uint32_t n, m;
-	const int32_t *sealed;
-	const int32_t *open;
-};
-
-/* Writes one layer: k and v are [m][kv_heads][head_dim] in the layout's
- * activation dtype.  Returns 0 or -EINVAL (bad ids or counts; nothing written). */
+/* Writes one layer of one sequence (struct kvq_seq_table, layout.h): k and
+ * v are [rows][kv_heads][head_dim] in the layout's activation dtype, the
+ * sequence's new tokens rows w->row0 .. w->row0 + w->m - 1.  Returns 0 or
+ * -EINVAL (bad ids or counts; nothing written). */
 int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
-		  const struct kvq_seq_write *w, const void *k, const void *v);
+		  const struct kvq_seq_table *w, const void *k, const void *v);
 
 /* Seals one full open block into a sealed slot (all heads of one layer). */
 int kvq_cpu_seal(const struct kvq_layout *L, void *base, uint32_t layer,
 		 uint32_t open_id, uint32_t sealed_id);
-
-/* A sequence as attention sees it: n tokens stored, the last n_q of them are
- * queries (query i at position n - n_q + i sees positions <= its own).
- * sealed: S(n)/B ids; open: ceil((n - S(n))/B) ids. */
-struct kvq_attn_seq {
-	uint32_t n, n_q;
-	const int32_t *sealed;
-	const int32_t *open;
-};
 
 struct kvq_attn {
 	const struct kvq_layout *L;
@@ -57,9 +34,10 @@ struct kvq_attn {
 	int q_dtype, out_dtype; /* enum kvq_dtype */
 };
 
-/* q and out: for each sequence in turn, n_q rows of [q_heads][head_dim].
+/* q and out: rows of [q_heads][head_dim]; sequence i's m queries are rows
+ * seqs[i].row0 .. seqs[i].row0 + seqs[i].m - 1 (struct kvq_seq_table).
  * Returns 0 or -EINVAL (nothing written). */
-int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_attn_seq *seqs, uint32_t nseq,
+int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
 		      const void *q, void *out);
 
 /* Vector paths: "avx2" (x86-64 with AVX2, FMA and F16C) or "portable".

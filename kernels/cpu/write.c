@@ -133,7 +133,7 @@ int kvq_cpu_seal(const struct kvq_layout *L, void *base, uint32_t layer, uint32_
 }
 
 int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
-		  const struct kvq_seq_write *w, const void *k, const void *v)
+		  const struct kvq_seq_table *w, const void *k, const void *v)
 {
 	const void *krows[KVQ_MAX_BLOCK_TOKENS], *vrows[KVQ_MAX_BLOCK_TOKENS];
 	uint32_t B = L->block_tokens, H = L->kv_heads;
@@ -141,10 +141,12 @@ int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 	uint64_t n = w->n, n2 = (uint64_t)w->n + w->m;
 	uint32_t s0, s1;
 	uint8_t *b = base;
-	const uint8_t *kin = k, *vin = v;
+	const uint8_t *kin, *vin;
 
 	if (layer >= L->layers || n2 > UINT32_MAX - B || (w->m && (!k || !v)))
 		return -EINVAL;
+	kin = w->m ? (const uint8_t *)k + (size_t)w->row0 * H * row : NULL;
+	vin = w->m ? (const uint8_t *)v + (size_t)w->row0 * H * row : NULL;
 	s0 = kvq_layout_split(L, (uint32_t)n);
 	s1 = kvq_layout_split(L, (uint32_t)n2);
 

@@ -179,7 +179,7 @@ extern "C" size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, ui
 	return ws_bytes(a, s);
 }
 
-extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_cuda_seq *seqs, uint32_t nseq,
+extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
 				  const void *q, void *out)
 {
 	struct shape s;

@@ -32,7 +32,7 @@ namespace kvq {
 struct attn_args {
 	layer_dev l;
 	const uint8_t *base;
-	const kvq_cuda_seq *seqs;
+	const kvq_seq_table *seqs;
 	const void *q;
 	void *out;
 	float *ws;               /* splits > 1: [split][total_q][q_heads][D + 2] */
@@ -147,13 +147,13 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 	float *uold = reinterpret_cast<float *>(smem + sm.vu), *unew = uold + NG;
 
 	const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
-	const kvq_cuda_seq s = a.seqs[blockIdx.z];
+	const kvq_seq_table s = a.seqs[blockIdx.z];
 	const uint32_t h = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks, g = a.g;
-	const uint32_t rows = s.n_q * g, r0 = chunk * nrp;
-	if (r0 >= rows || s.n_q > s.n)
+	const uint32_t rows = s.m * g, r0 = chunk * nrp;
+	if (r0 >= rows || s.m > s.n)
 		return;
 	const uint32_t nr = rows - r0 < nrp ? rows - r0 : nrp;
-	const uint32_t qpos0 = s.n - s.n_q;                    /* position of query 0 */
+	const uint32_t qpos0 = s.n - s.m;                    /* position of query 0 */
 	const uint32_t kv_end = qpos0 + (r0 + nr - 1) / g + 1;  /* tokens this chunk sees */
 	const uint32_t ntiles = (kv_end + tt - 1) / tt, per = (ntiles + a.splits - 1) / a.splits;
 	const uint32_t tile0 = blockIdx.x * per, tile1 = tile0 + per < ntiles ? tile0 + per : ntiles;
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 		uint16_t x = 0;
 		if (r < nr) {
 			uint32_t qi = (r0 + r) / g, j = (r0 + r) % g;
-			size_t qix = ((size_t)(s.q_row0 + qi) * a.q_heads + h * g + j) * D + d;
+			size_t qix = ((size_t)(s.row0 + qi) * a.q_heads + h * g + j) * D + d;
 			x = reinterpret_cast<const uint16_t *>(a.q)[qix];
 		}
 		Qs[r * QS + d] = x;
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 				if (r >= nr)
 					continue;
 				const uint32_t qi = (r0 + r) / g, j = (r0 + r) % g;
-				const size_t row = (size_t)(s.q_row0 + qi) * a.q_heads + h * g + j;
+				const size_t row = (size_t)(s.row0 + qi) * a.q_heads + h * g + j;
 				const float o = acc[mi][nt][i] * unit;
 				if (a.splits == 1) {
 					store_out(a.out_dtype, a.out, row * D + d, ls[r] > 0.0f ? o / ls[r] : 0.0f);
@@ -468,15 +468,15 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 
 /* Merges split partials: out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s. */
 template <int D>
-__global__ void merge_kernel(const kvq_cuda_seq *seqs, const float *ws, void *out, int out_dtype,
+__global__ void merge_kernel(const kvq_seq_table *seqs, const float *ws, void *out, int out_dtype,
 			     uint32_t splits, uint32_t total_q, uint32_t q_heads)
 {
-	const kvq_cuda_seq s = seqs[blockIdx.z];
+	const kvq_seq_table s = seqs[blockIdx.z];
 	const uint32_t qi = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
 
-	if (qi >= s.n_q || s.n_q > s.n)
+	if (qi >= s.m || s.m > s.n)
 		return;
-	const size_t row = (size_t)(s.q_row0 + qi) * q_heads + head;
+	const size_t row = (size_t)(s.row0 + qi) * q_heads + head;
 	const size_t stride = (size_t)total_q * q_heads * (D + 2);
 	float M = -INFINITY;
 	for (uint32_t k = 0; k < splits; k++)

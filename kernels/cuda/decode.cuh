@@ -624,7 +624,7 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 
 /* Slot of chunk u (below end): the sealed id, or the open id with bit 31
  * set; DEC_NOSLOT past end or for an id outside the pool. */
-__device__ __forceinline__ uint32_t dec_slot(const attn_args &a, const kvq_cuda_seq &s, uint32_t u, uint32_t end,
+__device__ __forceinline__ uint32_t dec_slot(const attn_args &a, const kvq_seq_table &s, uint32_t u, uint32_t end,
 					     uint32_t n_sealed_blk)
 {
 	if (u >= end)
@@ -690,11 +690,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 
 	const layer_dev &l = a.l;
 	const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, qn = lane >> 2, qc = lane & 3;
-	const kvq_cuda_seq s = a.seqs[blockIdx.z];
-	const uint32_t h = blockIdx.y, g = a.g, nr = s.n_q * g;
-	if (nr == 0 || s.n_q > s.n)
+	const kvq_seq_table s = a.seqs[blockIdx.z];
+	const uint32_t h = blockIdx.y, g = a.g, nr = s.m * g;
+	if (nr == 0 || s.m > s.n)
 		return;
-	const uint32_t qpos0 = s.n - s.n_q;
+	const uint32_t qpos0 = s.n - s.m;
 	const uint32_t nch = (s.n + DEC_CHUNK - 1) / DEC_CHUNK, per = (nch + a.splits - 1) / a.splits;
 	const uint32_t u0 = blockIdx.x * per, u1 = u0 + per < nch ? u0 + per : nch;
 	const uint32_t n_sealed_blk = split_of(l, s.n) / l.B;
@@ -703,7 +703,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 	 * dim order (qd), then as B fragments of every k-step (qf) */
 	uint32_t qd[D / 8], qf[D / 8];
 	if (qn < nr) {
-		const size_t qix = ((size_t)(s.q_row0 + qn / g) * a.q_heads + h * g + qn % g) * D + qc * SQ;
+		const size_t qix = ((size_t)(s.row0 + qn / g) * a.q_heads + h * g + qn % g) * D + qc * SQ;
 #pragma unroll
 		for (int j = 0; j < LY::KPARTS; j++)
 			dec_ldp<SQ * 2>(&qd[j * (SQ / 2)], reinterpret_cast<const uint8_t *>(a.q) + (qix + j * LY::KSPAN) * 2);
@@ -840,7 +840,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 				o += f * sm_o[w][r][d];
 				L += f * sm_l[w][r];
 			}
-		const size_t row = (size_t)(s.q_row0 + r / g) * a.q_heads + h * g + r % g;
+		const size_t row = (size_t)(s.row0 + r / g) * a.q_heads + h * g + r % g;
 		if (a.splits == 1) {
 			store_out(a.out_dtype, a.out, row * D + d, L > 0.0f ? o / L : 0.0f);
 		} else {

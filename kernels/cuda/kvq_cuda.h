@@ -28,35 +28,18 @@
 extern "C" {
 #endif
 
-/* One sequence's write of m new tokens after n stored (as kvq_seq_write):
- * sealed/open are device pointers to its ids; its new tokens are input rows
- * in_row0 .. in_row0 + m - 1 of k and v ([rows][kv_heads][head_dim]). */
-struct kvq_cuda_write_seq {
-	uint32_t n, m, in_row0, reserved;
-	const int32_t *sealed;
-	const int32_t *open;
-};
-
-/* Writes one layer for nseq sequences (seqs in device memory); max_m bounds
- * every sequence's m.  Blocks that leave the open window are sealed from the
+/* Writes one layer for nseq sequences (struct kvq_seq_table, layout.h: the
+ * tables and their ids in device memory); k and v are [rows][kv_heads]
+ * [head_dim]; max_m bounds every sequence's m.  Blocks that leave the open window are sealed from the
  * open slot and the input in one pass. */
 int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t layer,
-		   const struct kvq_cuda_write_seq *seqs, uint32_t nseq, uint32_t max_m,
+		   const struct kvq_seq_table *seqs, uint32_t nseq, uint32_t max_m,
 		   const void *k, const void *v, void *stream);
 
 /* Seals npairs full open blocks of one layer: pairs (device memory) holds
  * {open id, sealed id} pairs. */
 int kvq_cuda_seal(const struct kvq_layout *L, void *base, uint32_t layer,
 		  const int32_t *pairs, uint32_t npairs, void *stream);
-
-/* A sequence as attention sees it (as kvq_attn_seq), in device memory: its
- * n_q queries are rows q_row0 .. q_row0 + n_q - 1 of q and out
- * ([rows][q_heads][head_dim]). */
-struct kvq_cuda_seq {
-	uint32_t n, n_q, q_row0, reserved;
-	const int32_t *sealed;
-	const int32_t *open;
-};
 
 struct kvq_cuda_attn {
 	const struct kvq_layout *L;  /* host copy of the layout */
@@ -66,8 +49,8 @@ struct kvq_cuda_attn {
 	float scale;                 /* softmax scale */
 	int q_dtype;                 /* the layout's activation dtype */
 	int out_dtype;               /* f16, bf16 or f32 */
-	uint32_t max_n, max_q;       /* bounds on n and n_q over the sequences */
-	uint32_t total_q;            /* rows of q: at least every q_row0 + n_q */
+	uint32_t max_n, max_q;       /* bounds on n and m over the sequences */
+	uint32_t total_q;            /* rows of q: at least every row0 + m */
 	uint32_t splits;             /* KV splits: 0 chooses, else at most this many */
 	void *workspace;             /* device memory for split partials */
 	size_t workspace_bytes;
@@ -78,8 +61,10 @@ struct kvq_cuda_attn {
 size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, uint32_t nseq);
 
 /* Paged attention over sealed and open blocks in one launch (plus a merge
- * launch when the KV range is split); decode and prefill alike. */
-int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_cuda_seq *seqs, uint32_t nseq,
+ * launch when the KV range is split); decode and prefill alike.  seqs
+ * (struct kvq_seq_table) in device memory; q and out are [rows][q_heads]
+ * [head_dim]. */
+int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
 		       const void *q, void *out);
 
 /* 1 if attention has a kernel for this layer's (K, V) formats, head dim and

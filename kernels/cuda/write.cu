@@ -519,11 +519,11 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 
 /* Six CTAs per SM (40 registers, no spill): more blocks staging at once. */
 __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, uint8_t *base,
-								const kvq_cuda_write_seq *seqs, const uint8_t *kin,
+								const kvq_seq_table *seqs, const uint8_t *kin,
 								const uint8_t *vin, uint32_t parts)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
-	const kvq_cuda_write_seq s = seqs[blockIdx.z];
+	const kvq_seq_table s = seqs[blockIdx.z];
 	const uint32_t h = blockIdx.y, B = l.B;
 	const uint64_t n = s.n, n2 = (uint64_t)s.n + s.m;
 	const uint32_t s0 = split_of(l, s.n), s1 = split_of(l, (uint32_t)n2);
@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, ui
 		src.in_k = kin + (size_t)h * l.D * 2;
 		src.in_v = vin + (size_t)h * l.D * 2;
 		src.from_open = pos0 < n ? (uint32_t)(n - pos0 < B ? n - pos0 : B) : 0;
-		src.in_row = (uint64_t)s.in_row0 + (pos0 + src.from_open - n);
+		src.in_row = (uint64_t)s.row0 + (pos0 + src.from_open - n);
 		src.in_stride = stride;
 		seal_head(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 		return;
@@ -558,7 +558,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, ui
 		return;   /* a window block of stored tokens that stays open */
 	append_rows(l, const_cast<uint8_t *>(open_head(l, base, (uint32_t)o, h)), (uint32_t)(p0 - pos0),
 		    (uint32_t)(p1 - pos0), kin + (size_t)h * l.D * 2, vin + (size_t)h * l.D * 2,
-		    s.in_row0 + (p0 - n), stride);
+		    s.row0 + (p0 - n), stride);
 }
 
 __global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs,
@@ -599,7 +599,7 @@ static int launch_setup(const void *fn, size_t smem)
 using namespace kvq;
 
 extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t layer,
-			      const struct kvq_cuda_write_seq *seqs, uint32_t nseq, uint32_t max_m,
+			      const struct kvq_seq_table *seqs, uint32_t nseq, uint32_t max_m,
 			      const void *k, const void *v, void *stream)
 {
 	if (!write_args_ok(L, layer) || !base || (nseq && !seqs) || (max_m && (!k || !v)) ||

@@ -206,7 +206,7 @@ static int write_layer(const struct kvq_layout *L, uint8_t *host, void *dev, uin
 	}
 	uint16_t *kin = xcalloc((size_t)total * per, 2), *vin = xcalloc((size_t)total * per, 2);
 	void *dk = dmalloc((size_t)total * per * 2), *dv = dmalloc((size_t)total * per * 2);
-	struct kvq_cuda_write_seq ws[MAXSEQ];
+	struct kvq_seq_table ws[MAXSEQ];
 	void *dws = dmalloc(sizeof ws);
 
 	for (uint32_t c = 0; c < 64 && !rc; c++) {
@@ -215,13 +215,13 @@ static int write_layer(const struct kvq_layout *L, uint8_t *host, void *dev, uin
 			if (c >= s[i].nchunk)
 				continue;
 			uint32_t m = s[i].chunk[c];
-			struct kvq_seq_write w = { .n = done[i], .m = m, .sealed = s[i].sealed,
+			struct kvq_seq_table w = { .n = done[i], .m = m, .sealed = s[i].sealed,
 				.open = s[i].open + kvq_layout_split(L, done[i]) / L->block_tokens };
 			if ((rc = kvq_cpu_write(L, host, layer, &w, k[i] + done[i] * per, v[i] + done[i] * per)))
 				break;
 			memcpy(kin + rows * per, k[i] + done[i] * per, m * per * 2);
 			memcpy(vin + rows * per, v[i] + done[i] * per, m * per * 2);
-			ws[nw] = (struct kvq_cuda_write_seq){ .n = done[i], .m = m, .in_row0 = rows,
+			ws[nw] = (struct kvq_seq_table){ .n = done[i], .m = m, .row0 = rows,
 				.sealed = s[i].d_sealed,
 				.open = s[i].d_open + kvq_layout_split(L, done[i]) / L->block_tokens };
 			nw++;
@@ -283,11 +283,10 @@ static void attend_layer(const struct tcase *tc, const struct kvq_layout *L, con
 	for (size_t i = 0; i < nel; i++)
 		put_act(tc->act, q, i, (float)tap_normal());
 
-	struct kvq_attn_seq as[MAXSEQ];
-	struct kvq_cuda_seq cs[MAXSEQ];
+	struct kvq_seq_table as[MAXSEQ], cs[MAXSEQ];
 	for (uint32_t i = 0; i < ns; i++) {
-		as[i] = (struct kvq_attn_seq){ .n = s[i].n, .n_q = s[i].n_q, .sealed = s[i].sealed, .open = s[i].open };
-		cs[i] = (struct kvq_cuda_seq){ .n = s[i].n, .n_q = s[i].n_q, .q_row0 = s[i].q_row0,
+		as[i] = (struct kvq_seq_table){ .n = s[i].n, .m = s[i].n_q, .sealed = s[i].sealed, .open = s[i].open };
+		cs[i] = (struct kvq_seq_table){ .n = s[i].n, .m = s[i].n_q, .row0 = s[i].q_row0,
 			.sealed = s[i].d_sealed, .open = s[i].d_open };
 	}
 	struct kvq_attn a = { .L = L, .base = host, .layer = layer, .q_heads = qh, .scale = 1.0f / sqrtf((float)D),
@@ -499,7 +498,7 @@ static void check_refusals(void)
 	}
 	struct kvq_cuda_attn a = { .L = L, .base = (void *)16, .layer = 0, .q_heads = 2 * 9, .scale = 1,
 		.q_dtype = KVQ_DT_F16, .out_dtype = KVQ_DT_F16, .max_n = 8, .max_q = 1, .total_q = 1 };
-	struct kvq_cuda_seq dummy;
+	struct kvq_seq_table dummy;
 	ok(kvq_cuda_attention(&a, &dummy, 1, (void *)16, (void *)16) == -EINVAL, "GQA group of 9 is refused");
 	a.q_heads = 4;
 	a.q_dtype = KVQ_DT_BF16;
@@ -507,7 +506,7 @@ static void check_refusals(void)
 	a.q_dtype = KVQ_DT_F16;
 	a.layer = 1;
 	ok(kvq_cuda_attention(&a, &dummy, 1, (void *)16, (void *)16) == -EINVAL, "layer out of range is refused");
-	ok(kvq_cuda_write(L, (void *)16, 3, &(struct kvq_cuda_write_seq){ 0 }, 1, 0, NULL, NULL, NULL) == -EINVAL,
+	ok(kvq_cuda_write(L, (void *)16, 3, &(struct kvq_seq_table){ 0 }, 1, 0, NULL, NULL, NULL) == -EINVAL,
 	   "write to a layer out of range is refused");
 	ok(!kvq_cuda_attention_supported(KVQ_FMT_KIVI2, KVQ_FMT_INT4G128, 128, KVQ_DT_F16) &&
 	   !kvq_cuda_attention_supported(KVQ_FMT_INT4G128, KVQ_FMT_INT4G128, 64, KVQ_DT_F16) &&

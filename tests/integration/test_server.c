@@ -424,7 +424,7 @@ static int open_session(struct cli *c)
 	return 0;
 }
 
-static int write_layers(struct cli *c, const struct kvq_seq_write *w, int first_token)
+static int write_layers(struct cli *c, const struct kvq_seq_table *w, int first_token)
 {
 	for (uint32_t l = 0; l < L_; l++)
 		if (kvq_cpu_write(c->L, c->base, l, w, kbuf[first_token], vbuf[first_token]) < 0)
@@ -436,7 +436,7 @@ static int attend(struct cli *c, const int32_t *sealed, const int32_t *open, flo
 {
 	struct kvq_attn a = { .L = c->L, .base = c->base, .layer = 1, .q_heads = H_, .scale = 0.17677669f,
 			      .q_dtype = KVQ_DT_F32, .out_dtype = KVQ_DT_F32 };
-	struct kvq_attn_seq s = { .n = NTOK, .n_q = 1, .sealed = sealed, .open = open };
+	struct kvq_seq_table s = { .n = NTOK, .m = 1, .sealed = sealed, .open = open };
 
 	return kvq_cpu_attention(&a, &s, 1, qbuf, out);
 }
@@ -455,7 +455,7 @@ static int client_a(void)
 	struct cli c;
 	uint32_t o[3], r[3], got[2];
 	int32_t sealed[2], open[3];
-	struct kvq_seq_write w;
+	struct kvq_seq_table w;
 	struct pstat ps;
 
 	if (cli_connect(&c) < 0 || hello(&c, KVQ_PROTOCOL_VERSION) != 0)
@@ -470,7 +470,7 @@ static int client_a(void)
 	sealed[1] = (int32_t)r[1];
 	open[0] = open[1] = -1;
 	open[2] = (int32_t)o[2];
-	w = (struct kvq_seq_write){ .n = 0, .m = NTOK, .sealed = sealed, .open = open };
+	w = (struct kvq_seq_table){ .n = 0, .m = NTOK, .sealed = sealed, .open = open };
 	if (write_layers(&c, &w, 0) < 0)
 		return 4;
 	if (seal(&c, 2, o, r) != 0)
@@ -498,7 +498,7 @@ static int client_b(void)
 	struct cli c;
 	uint32_t ids[4] = { 0 }, n = 0, o, resv;
 	int32_t sealed[2], open[1];
-	struct kvq_seq_write w;
+	struct kvq_seq_table w;
 	float out[H_ * D_];
 
 	if (open_session(&c) < 0)
@@ -517,7 +517,7 @@ static int client_b(void)
 	if (alloc(&c, 1, 0, &o, &resv, NULL) != 0)
 		return 4;
 	open[0] = (int32_t)o;
-	w = (struct kvq_seq_write){ .n = 0, .m = B_, .sealed = NULL, .open = open };
+	w = (struct kvq_seq_table){ .n = 0, .m = B_, .sealed = NULL, .open = open };
 	if (write_layers(&c, &w, 32) < 0)
 		return 5;
 	sealed[0] = (int32_t)ids[0];
@@ -541,7 +541,7 @@ static int client_c(void)
 	struct cli c;
 	uint32_t o, resv, s[2], got[2];
 	int32_t sealed[2], open[3];
-	struct kvq_seq_write w;
+	struct kvq_seq_table w;
 	struct pstat ps;
 
 	if (open_session(&c) < 0)
@@ -552,7 +552,7 @@ static int client_c(void)
 	sealed[1] = (int32_t)s[1];
 	open[0] = open[1] = -1;
 	open[2] = (int32_t)o;
-	w = (struct kvq_seq_write){ .n = 0, .m = NTOK, .sealed = sealed, .open = open };
+	w = (struct kvq_seq_table){ .n = 0, .m = NTOK, .sealed = sealed, .open = open };
 	if (write_layers(&c, &w, 0) < 0)
 		return 3;
 	if (publish(&c, 2, s, got) != 0)

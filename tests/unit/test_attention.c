@@ -189,7 +189,7 @@ static int write_seq(const struct kvq_layout *L, void *base, uint32_t layer, con
 	uint32_t done = 0;
 
 	for (uint32_t c = 0; c < s->nchunk; c++) {
-		struct kvq_seq_write w = {
+		struct kvq_seq_table w = {
 			.n = done,
 			.m = s->chunk[c],
 			.sealed = s->sealed,
@@ -400,7 +400,7 @@ static void run_case(const struct tcase *tc)
 	struct kvq_policy pol;
 	struct kvq_layout *L = NULL;
 	struct seq seqs[MAXSEQ];
-	struct kvq_attn_seq aseq[MAXSEQ];
+	struct kvq_seq_table aseq[MAXSEQ];
 	uint32_t B = tc->B, D = tc->D, H = tc->H, R = tc->rblocks * B, QH = H * tc->g;
 	uint32_t ns, nsealed = 0, nopen = 0, nq = 0, maxn = 0;
 	int32_t *sids, *oids;
@@ -497,9 +497,8 @@ static void run_case(const struct tcase *tc)
 	snap = xcalloc(1, L->total_bytes);
 	memcpy(snap, base, L->total_bytes);
 
-	for (uint32_t i = 0; i < ns; i++) {
-		aseq[i].n = seqs[i].n;
-		aseq[i].n_q = seqs[i].n_q;
+	for (uint32_t i = 0, row = 0; i < ns; row += seqs[i].n_q, i++) {
+		aseq[i] = (struct kvq_seq_table){ .n = seqs[i].n, .m = seqs[i].n_q, .row0 = row };
 		/* nothing sealed: an empty list may be NULL */
 		aseq[i].sealed = kvq_layout_split(L, seqs[i].n) ? seqs[i].sealed : NULL;
 		aseq[i].open = seqs[i].open + kvq_layout_split(L, seqs[i].n) / B;
@@ -607,7 +606,7 @@ static void run_case(const struct tcase *tc)
 
 /* Bad input must fail as a whole before anything is written: the bad
  * sequence comes second, after a good one. */
-static void expect_einval(const char *what, const struct kvq_attn *a, const struct kvq_attn_seq *seqs,
+static void expect_einval(const char *what, const struct kvq_attn *a, const struct kvq_seq_table *seqs,
 			  uint32_t nseq, const void *q, uint8_t *out, size_t obytes)
 {
 	size_t touched = 0;
@@ -636,10 +635,10 @@ static void test_bad_input(void)
 	float *q;
 	uint8_t *base, *out;
 	size_t qrows = 2 * 8, obytes = qrows * (2 * H + 1) * D * sizeof(float), touched = 0;
-	struct kvq_seq_write wr = { .n = 0, .m = N, .sealed = sealed, .open = open };
-	struct kvq_attn_seq seqs[2] = {
-		{ .n = N, .n_q = 4, .sealed = sealed, .open = open + 2 },
-		{ .n = N, .n_q = 4, .sealed = sealed, .open = open + 2 },
+	struct kvq_seq_table wr = { .n = 0, .m = N, .sealed = sealed, .open = open };
+	struct kvq_seq_table seqs[2] = {
+		{ .n = N, .m = 4, .row0 = 0, .sealed = sealed, .open = open + 2 },
+		{ .n = N, .m = 4, .row0 = 4, .sealed = sealed, .open = open + 2 },
 	};
 	struct kvq_attn a;
 	char err[200];
@@ -691,27 +690,27 @@ static void test_bad_input(void)
 	expect_einval("out dtype out of range", &a, seqs, 2, q, out, obytes);
 	a.out_dtype = KVQ_DT_F32;
 
-	seqs[1] = (struct kvq_attn_seq){ .n = 5, .n_q = 6, .sealed = NULL, .open = open };
+	seqs[1] = (struct kvq_seq_table){ .n = 5, .m = 6, .sealed = NULL, .open = open };
 	expect_einval("n_q 6 > n 5", &a, seqs, 2, q, out, obytes);
-	seqs[1] = (struct kvq_attn_seq){ .n = 0, .n_q = 0, .sealed = NULL, .open = open };
+	seqs[1] = (struct kvq_seq_table){ .n = 0, .m = 0, .sealed = NULL, .open = open };
 	expect_einval("n 0, n_q 0", &a, seqs, 2, q, out, obytes);
-	seqs[1] = (struct kvq_attn_seq){ .n = 0, .n_q = 1, .sealed = NULL, .open = open };
+	seqs[1] = (struct kvq_seq_table){ .n = 0, .m = 1, .sealed = NULL, .open = open };
 	expect_einval("n 0, n_q 1", &a, seqs, 2, q, out, obytes);
 
-	seqs[1] = (struct kvq_attn_seq){ .n = N, .n_q = 1, .sealed = bad_ids, .open = open + 2 };
+	seqs[1] = (struct kvq_seq_table){ .n = N, .m = 1, .sealed = bad_ids, .open = open + 2 };
 	bad_ids[0] = 3;
 	bad_ids[1] = NS;
 	expect_einval("sealed id = n_sealed", &a, seqs, 2, q, out, obytes);
 	bad_ids[0] = -1;
 	bad_ids[1] = 1;
 	expect_einval("sealed id -1", &a, seqs, 2, q, out, obytes);
-	seqs[1] = (struct kvq_attn_seq){ .n = N, .n_q = 1, .sealed = sealed, .open = bad_ids };
+	seqs[1] = (struct kvq_seq_table){ .n = N, .m = 1, .sealed = sealed, .open = bad_ids };
 	bad_ids[0] = NO;
 	expect_einval("open id = n_open", &a, seqs, 2, q, out, obytes);
 	bad_ids[0] = -1;
 	expect_einval("open id -1", &a, seqs, 2, q, out, obytes);
 	/* a sequence within one window: its only open id is checked too */
-	seqs[1] = (struct kvq_attn_seq){ .n = 7, .n_q = 7, .sealed = NULL, .open = bad_ids };
+	seqs[1] = (struct kvq_seq_table){ .n = 7, .m = 7, .sealed = NULL, .open = bad_ids };
 	bad_ids[0] = NO + 100;
 	expect_einval("open id out of range, nothing sealed", &a, seqs, 2, q, out, obytes);
 

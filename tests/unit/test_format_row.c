@@ -104,8 +104,8 @@ int main(void)
 	 * sealed from the open window, block 2 from the input, block 3 open) */
 	{
 		const int32_t open1[2] = { -1, 0 }, open2[3] = { 0, -1, 1 };
-		struct kvq_seq_write w1 = { .n = 0, .m = 20, .sealed = sealed, .open = open1 };
-		struct kvq_seq_write w2 = { .n = 20, .m = N - 20, .sealed = sealed, .open = open2 };
+		struct kvq_seq_table w1 = { .n = 0, .m = 20, .sealed = sealed, .open = open1 };
+		struct kvq_seq_table w2 = { .n = 20, .m = N - 20, .sealed = sealed, .open = open2 };
 
 		ok(kvq_cpu_write(L, base, 0, &w1, k, v) == 0 && kvq_cpu_write(L, base, 0, &w2, k[20], v[20]) == 0,
 		   "two writes of %d tokens: %u sealed blocks, %u tokens open", N, kvq_layout_split(L, N) / B,
@@ -141,7 +141,7 @@ int main(void)
 		const char *name = isa ? "avx2" : "portable";
 		struct kvq_attn a = { .L = L, .base = base, .layer = 0, .q_heads = H * G_Q, .scale = 0.125f,
 				      .q_dtype = KVQ_DT_F32, .out_dtype = KVQ_DT_F32 };
-		struct kvq_attn_seq s = { .n = N, .n_q = NQ, .sealed = sealed, .open = open_a };
+		struct kvq_seq_table s = { .n = N, .m = NQ, .sealed = sealed, .open = open_a };
 		double maxref = 0.0, maxerr = 0.0;
 
 		if (kvq_cpu_set_isa(name) < 0) {

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "format.h"
+#include "policy.h"
 #include "layout.h"
 #include "../tap.h"
 

@@ -9,7 +9,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "format.h"
+#include "policy.h"
 #include "../tap.h"
 
 /* The parser's input limit, found by test_limit() (format.c has 4096 as

@@ -636,7 +636,7 @@ static void run_format(int f, uint32_t D, int act, double sigma, struct agg *agk
 	for (uint32_t j = 0; j < nopen; j++)
 		open[NB + j] = (int32_t)j;
 	{
-		struct kvq_seq_write w = { .n = 0, .m = m, .sealed = sealed, .open = open };
+		struct kvq_seq_table w = { .n = 0, .m = m, .sealed = sealed, .open = open };
 		rc = kvq_cpu_write(L, pool, 0, &w, kin, vin);
 	}
 	if (!ok(rc == 0, "%s D=%u act=%s sigma=%g: write of %u tokens returns 0 (%d)", kvq_fmt_name(f), D,
@@ -799,7 +799,7 @@ static void test_saturation(void)
 			v[t * D + d] = kvq_bf16_from_f32((float)x);
 		}
 	for (uint32_t layer = 0; layer < 2; layer++) {
-		struct kvq_seq_write w = { .n = 0, .m = m, .sealed = sealed, .open = open };
+		struct kvq_seq_table w = { .n = 0, .m = m, .sealed = sealed, .open = open };
 		rc = kvq_cpu_write(L, pool, layer, &w, k, v);
 		if (rc) {
 			ok(0, "saturation: write returns 0 (%d)", rc);

@@ -180,7 +180,7 @@ static void seq_write(const struct ctx *c, struct seq *s, struct pool *p, uint32
 	if (s->fails)
 		return;
 	for (uint32_t layer = 0; layer < NL; layer++) {
-		struct kvq_seq_write w = { .n = n, .m = m, .sealed = s->sealed, .open = s->open + s0 / B };
+		struct kvq_seq_table w = { .n = n, .m = m, .sealed = s->sealed, .open = s->open + s0 / B };
 		size_t tok = (size_t)c->H * c->row, in = n * tok, at = c->guard * tok;
 
 		/* each call's input alone between junk, as a caller's buffer of the
@@ -462,7 +462,7 @@ static void run_bad(const struct ctx *c, const char *name)
 	uint32_t B = c->B, R = c->R, N = R + 2 * B + 5;   /* 3 blocks sealed, R/B open */
 	uint32_t S = kvq_layout_split(L, N), nb = (N + B - 1) / B;
 	int32_t sealed[MAXBLK], open[MAXBLK];
-	struct kvq_seq_write w = { .n = 0, .m = N, .sealed = sealed, .open = open };
+	struct kvq_seq_table w = { .n = 0, .m = N, .sealed = sealed, .open = open };
 	struct pool p;
 	uint8_t *copy;
 	int rc;
@@ -508,14 +508,14 @@ static void run_bad(const struct ctx *c, const char *name)
 	expect_einval(kvq_cpu_write(L, p.mem, 0, &w, NULL, c->v[0]), &p, copy, name, "write: m > 0 and k NULL");
 	expect_einval(kvq_cpu_write(L, p.mem, 0, &w, c->k[0], NULL), &p, copy, name, "write: m > 0 and v NULL");
 	{
-		struct kvq_seq_write big = { .n = UINT32_MAX - 3, .m = 10, .sealed = sealed, .open = open };
+		struct kvq_seq_table big = { .n = UINT32_MAX - 3, .m = 10, .sealed = sealed, .open = open };
 		expect_einval(kvq_cpu_write(L, p.mem, 0, &big, c->k[0], c->v[0]), &p, copy, name,
 			      "write: n + m beyond 32 bits");
 	}
 	{
 		/* after R stored tokens, B + 1 more seal the first block(s), whose
 		 * first rows are in the open window: -1 there is an error */
-		struct kvq_seq_write w2 = { .n = R, .m = B + 1, .sealed = sealed, .open = open };
+		struct kvq_seq_table w2 = { .n = R, .m = B + 1, .sealed = sealed, .open = open };
 		uint32_t s1 = kvq_layout_split(L, R + B + 1), last = 0;
 		int32_t o2[MAXBLK];
 		for (uint32_t blk = 0; blk * B < R + B + 1; blk++)

@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* KV policies: layer -> (K format, V format), their grammar and canonical form. */
+#ifndef KVQ_POLICY_H
+#define KVQ_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVQ_MAX_LAYERS 256u
+/* Longest policy string accepted: the longest canonical form (256 layers,
+ * alternating two-format specs) is about 6300 characters. */
+#define KVQ_POLICY_MAX_LEN 8192u
+
+struct kvq_policy {
+	uint32_t n_layers;
+	uint8_t k[KVQ_MAX_LAYERS];
+	uint8_t v[KVQ_MAX_LAYERS];
+};
+
+/*
+ * Parses a policy for a model of n_layers layers.  Grammar:
+ *   policy := spec | clause (';' clause)*
+ *   clause := range ':' spec
+ *   range  := N | N '-' | N '-' M          (N- runs to the last layer)
+ *   spec   := FORMAT | 'k=' FORMAT ',' 'v=' FORMAT | 'v=' FORMAT ',' 'k=' FORMAT
+ * Blanks around tokens are ignored.  Every layer must be covered exactly once.
+ * Returns 0, or -EINVAL with a message naming the fault in err (err may be NULL).
+ */
+int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, char *err, size_t errlen);
+
+/* Writes the canonical form ("int8", "k=int8,v=int4g64", "0-9:int8;10-29:kivi2")
+ * into buf; returns its length, or -ENOSPC when it does not fit (buf then
+ * holds a truncated, terminated string if len > 0), or -EINVAL for a policy
+ * with an unknown format or layer count. */
+int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len);
+
+/* 1 if any layer stores K or V in a KIVI format: one whose K takes its
+ * parameters per channel (KVQ_PARAM_CHANNEL in the format table). */
+int kvq_policy_uses_kivi(const struct kvq_policy *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
