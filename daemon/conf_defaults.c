@@ -9,15 +9,15 @@
 
 #include "conf_parser.h"
 #include "format.h"
+#include "kvq_wire.h"
 
-#define DEFAULT_SOCKET "/run/kvqd/kvqd.sock"
 #define DEFAULT_BUDGET_PERCENT 90.0
 #define DEFAULT_CREATE_PERCENT 25.0
 #define DEFAULT_BLOCK_TOKENS 32u
 
 void conf_defaults(struct kvq_config *c)
 {
-	strcpy(c->socket, DEFAULT_SOCKET);
+	strcpy(c->socket, KVQ_ROOT_SOCKET);
 	strcpy(c->backend, "auto");
 	c->device = 0;
 	c->memory_budget.kind = KVQ_AMOUNT_PERCENT;

@@ -16,13 +16,13 @@
 
 #include "conf.h"
 #include "frame.h"
+#include "kvq_wire.h"
 #include "log.h"
 #include "metrics.h"
 #include "sd.h"
 #include "server.h"
 
 #define DEFAULT_CONFIG "/etc/kvqd/kvqd.conf"
-#define ROOT_SOCKET "/run/kvqd/kvqd.sock"
 
 struct opts {
 	const char *config;
@@ -47,7 +47,7 @@ static void usage(FILE *f)
 	fprintf(f, "Usage: kvqd [OPTION]...\n"
 		   "Serve a shared pool of quantized, paged KV-cache blocks over a Unix socket.\n\n"
 		   "  -c, --config FILE      configuration (default " DEFAULT_CONFIG " when it exists)\n"
-		   "  -s, --socket PATH      control socket (default " ROOT_SOCKET " for root,\n"
+		   "  -s, --socket PATH      control socket (default " KVQ_ROOT_SOCKET " for root,\n"
 		   "                         $XDG_RUNTIME_DIR/kvqd.sock otherwise)\n"
 		   "  -b, --backend NAME     auto, host or cuda (default: the config's, auto)\n"
 		   "  -d, --device N         default CUDA device\n"
@@ -190,7 +190,7 @@ static int socket_path(const struct opts *o, const struct kvq_config *c, bool fr
 
 	if (o->socket)
 		return snprintf(buf, len, "%s", o->socket) < (int)len ? 0 : -ENAMETOOLONG;
-	if (geteuid() == 0 || (from_file && strcmp(c->socket, ROOT_SOCKET)))
+	if (geteuid() == 0 || (from_file && strcmp(c->socket, KVQ_ROOT_SOCKET)))
 		return snprintf(buf, len, "%s", c->socket) < (int)len ? 0 : -ENAMETOOLONG;
 	if (!xdg || xdg[0] != '/')
 		return -ENOENT;
@@ -245,7 +245,7 @@ int main(int argc, char **argv)
 			kvq_log(LOG_ERR, "no socket path: give --socket (XDG_RUNTIME_DIR is not set)");
 			goto out;
 		}
-		if (!strcmp(path, ROOT_SOCKET))
+		if (!strcmp(path, KVQ_ROOT_SOCKET))
 			mkdir("/run/kvqd", 0755);
 		r = kvq_server_listen_path(d.srv, path, err, sizeof(err));
 	}
