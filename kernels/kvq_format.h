@@ -81,7 +81,8 @@ enum kvq_fmt {
 	KVQ_FMT_COUNT
 };
 
-/* Each row's codes pack into whole bytes, and its groups fit whole codes. */
+/* Each row: codes of 16, 8, 4 or 2 bits (what the packing handles), groups
+ * of a multiple of 16 elements, a subspace dimension of 1 or more. */
 #ifdef __cplusplus
 #define KVQ_STATIC_ASSERT static_assert
 #else
