@@ -27,6 +27,7 @@
 
 #include "bench.h"
 #include "frame.h"
+#include "kvq_wire.h"
 
 /*
  * "control" drives a running kvqd through the protocol (proto/frame.h, no
@@ -530,18 +531,6 @@ out:
 	return r;
 }
 
-/* The daemon's default socket, as kvqd picks it without --socket. */
-static int ctl_default_socket(char *buf, size_t len)
-{
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
-
-	if (geteuid() == 0)
-		return snprintf(buf, len, "/run/kvqd/kvqd.sock") < (int)len ? 0 : -1;
-	if (!xdg || xdg[0] != '/')
-		return -1;
-	return snprintf(buf, len, "%s/kvqd.sock", xdg) < (int)len ? 0 : -1;
-}
-
 int cmd_control(int argc, char **argv)
 {
 	struct ctl_cfg cfg = { .pool = CTL_POOL, .seconds = 3.0 };
@@ -587,8 +576,10 @@ int cmd_control(int argc, char **argv)
 		}
 	}
 	if (!cfg.socket) {
-		if (ctl_default_socket(sockbuf, sizeof sockbuf) < 0) {
-			fprintf(stderr, PROG " control: no default socket ($XDG_RUNTIME_DIR unset): use --socket\n");
+		/* $KVQ_SOCKET, else kvqd's default, as libkvq and kvqctl */
+		if (kvq_default_socket(sockbuf, sizeof sockbuf) < 0) {
+			fprintf(stderr, PROG " control: no default socket ($KVQ_SOCKET and $XDG_RUNTIME_DIR unset): "
+				"use --socket\n");
 			return 1;
 		}
 		cfg.socket = sockbuf;

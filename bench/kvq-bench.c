@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "kvq_wire.h"
 
 void usage(FILE *f)
 {
@@ -36,7 +37,7 @@ void usage(FILE *f)
 		"  --format LIST   only these formats, comma-separated (f16 always runs: the reference)\n"
 		"  --help          this text\n"
 		"options of control:\n"
-		"  --socket PATH   kvqd's socket (default: kvqd's, /run/kvqd/kvqd.sock for root,\n"
+		"  --socket PATH   kvqd's socket (default $KVQ_SOCKET, " KVQ_ROOT_SOCKET " for root,\n"
 		"                  $XDG_RUNTIME_DIR/kvqd.sock otherwise)\n"
 		"  --pool NAME     pool to attach to, created when it does not exist (default kvq-bench;\n"
 		"                  an existing pool must have model kvq-bench, L=2 H=2 D=64 B=16, int8)\n"

@@ -33,7 +33,7 @@ int kvq_default_socket(char *buf, size_t len)
 		n = snprintf(buf, len, "%s", env);
 	else if (geteuid() == 0)
 		n = snprintf(buf, len, "%s", KVQ_ROOT_SOCKET);
-	else if (xdg && *xdg)
+	else if (xdg && xdg[0] == '/')   /* as kvqd: a relative one is no runtime directory */
 		n = snprintf(buf, len, "%s/kvqd.sock", xdg);
 	else
 		return -ENOENT;

@@ -29,10 +29,11 @@ const char *kvq_strerror(int err);
 /* kvqd's socket for root (the systemd units' and kvqd.conf's default). */
 #define KVQ_ROOT_SOCKET "/run/kvqd/kvqd.sock"
 
-/* The socket libkvq uses when given none: $KVQ_SOCKET, else
- * KVQ_ROOT_SOCKET for root, else $XDG_RUNTIME_DIR/kvqd.sock.  Returns
- * 0 with the path in buf, -ENOENT when none applies (a user without
- * XDG_RUNTIME_DIR) or -ENAMETOOLONG. */
+/* The socket libkvq, kvqctl and kvq-bench use when given none: $KVQ_SOCKET,
+ * else KVQ_ROOT_SOCKET for root, else $XDG_RUNTIME_DIR/kvqd.sock (an
+ * absolute XDG_RUNTIME_DIR, as kvqd takes it).  Returns 0 with the path in
+ * buf, -ENOENT when none applies (a user without XDG_RUNTIME_DIR) or
+ * -ENAMETOOLONG. */
 int kvq_default_socket(char *buf, size_t len);
 
 #ifdef __cplusplus

@@ -534,6 +534,44 @@ static void test_kill9(kvq_client *mon)
 	ok(back, "kill -9: its slots returned to the pool (Stats)");
 }
 
+/* kvq_default_socket without $KVQ_SOCKET: root's socket for root; for a
+ * user $XDG_RUNTIME_DIR/kvqd.sock when that is absolute (as kvqd takes it),
+ * else none (checked in a child as uid 65534 when running as root). */
+static int default_socket_user(void)
+{
+	char p[108];
+
+	setenv("XDG_RUNTIME_DIR", "/run/user/65534", 1);
+	if (kvq_default_socket(p, sizeof(p)) != 0 || strcmp(p, "/run/user/65534/kvqd.sock"))
+		return 1;
+	setenv("XDG_RUNTIME_DIR", "run/user", 1);
+	if (kvq_default_socket(p, sizeof(p)) != -ENOENT)
+		return 2;
+	unsetenv("XDG_RUNTIME_DIR");
+	return kvq_default_socket(p, sizeof(p)) == -ENOENT ? 0 : 3;
+}
+
+static void test_default_socket(void)
+{
+	char p[108];
+	int st = 0;
+	pid_t pid;
+
+	unsetenv("KVQ_SOCKET");
+	if (geteuid() != 0) {
+		ok(default_socket_user() == 0, "default socket for a user: $XDG_RUNTIME_DIR/kvqd.sock if absolute");
+		return;
+	}
+	ok(kvq_default_socket(p, sizeof(p)) == 0 && !strcmp(p, KVQ_ROOT_SOCKET), "default socket for root: %s", p);
+	pid = fork();
+	if (pid == 0)
+		_exit(setgid(65534) < 0 || setuid(65534) < 0 ? 9 : default_socket_user());
+	waitpid(pid, &st, 0);
+	ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	   "default socket for uid 65534: $XDG_RUNTIME_DIR/kvqd.sock if absolute, else none (exit %d)",
+	   WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 int main(void)
 {
 	struct kvq_stats st0, st1, st2, st3;
@@ -552,6 +590,7 @@ int main(void)
 	if (!ok(d > 0, "kvqd starts and listens on %s", sock_path))
 		return done_testing();
 
+	test_default_socket();
 	setenv("KVQ_SOCKET", sock_path, 1);
 	ok(kvq_default_socket(path, sizeof(path)) == 0 && !strcmp(path, sock_path), "default socket: $KVQ_SOCKET");
 	ok(kvq_client_connect(NULL, "monitor", &mon) == 0, "connect to the default socket, hello");
