@@ -45,8 +45,18 @@ _Static_assert(sizeof(global_opts) / sizeof(global_opts[0]) == CTL_N_GLOBAL, "CT
 static void usage(FILE *f);
 static void command_help(FILE *f, const struct command *c);
 
+/* A command's words ("stats", "pool create") into buf; returns buf. */
+#define CMD_WORDS 64
+static const char *cmd_words(const struct command *c, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s%s%s", c->name, c->sub ? " " : "", c->sub ? c->sub : "");
+	return buf;
+}
+
 int cmd_next(struct cmdline *cl)
 {
+	char w[CMD_WORDS];
+
 	for (;;) {
 		int ch = getopt_long(cl->argc, cl->argv, cl->cmd ? GLOBAL_SHORT : "+" GLOBAL_SHORT, cl->lo, NULL);
 
@@ -74,8 +84,7 @@ int cmd_next(struct cmdline *cl)
 			return CL_EXIT;
 		case '?':   /* getopt said which option */
 			if (cl->cmd)
-				fprintf(stderr, "Try 'kvqctl %s%s%s --help'.\n", cl->cmd->name, cl->cmd->sub ? " " : "",
-					cl->cmd->sub ? cl->cmd->sub : "");
+				fprintf(stderr, "Try 'kvqctl %s --help'.\n", cmd_words(cl->cmd, w, sizeof(w)));
 			else
 				fprintf(stderr, "Try 'kvqctl --help'.\n");
 			cl->status = 2;
@@ -90,8 +99,10 @@ int cmd_usage(const struct cmdline *cl)
 {
 	const struct command *c = cl->cmd;
 
-	return die("usage: kvqctl %s%s%s %s (kvqctl %s%s%s --help)", c->name, c->sub ? " " : "", c->sub ? c->sub : "",
-		   c->args, c->name, c->sub ? " " : "", c->sub ? c->sub : ""), 2;
+	char w[CMD_WORDS];
+
+	cmd_words(c, w, sizeof(w));
+	return die("usage: kvqctl %s%s%s (kvqctl %s --help)", w, *c->args ? " " : "", c->args, w), 2;
 }
 
 int cmd_args(struct cmdline *cl, int min, int max)
@@ -206,7 +217,9 @@ static const char global_help[] =
 
 static void synopsis(FILE *f, const struct command *c)
 {
-	fprintf(f, "%s%s%s%s%s", c->name, c->sub ? " " : "", c->sub ? c->sub : "", *c->args ? " " : "", c->args);
+	char w[CMD_WORDS];
+
+	fprintf(f, "%s%s%s", cmd_words(c, w, sizeof(w)), *c->args ? " " : "", c->args);
 }
 
 static void usage(FILE *f)
