@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +116,16 @@ static double read_bandwidth(int runs)
 struct shape {
 	uint32_t batch, ctx, q_heads, kv_heads;
 	uint32_t nq;   /* query tokens per sequence: 1 for decode, a chunk for prefill */
+	uint32_t D;    /* head dim */
 };
+
+/* FLOP of a step as FlashAttention counts them: 4 · query heads · D per
+ * unmasked query-key pair (the chunk attends causally to the prefix and itself). */
+static double step_flop(const struct shape *sh)
+{
+	const double pairs = (double)(sh->ctx - sh->nq) * sh->nq + (double)sh->nq * (sh->nq + 1) / 2;
+	return 4.0 * sh->q_heads * sh->D * pairs * sh->batch;
+}
 
 struct result {
 	const char *format;
@@ -127,7 +137,7 @@ struct result {
 /* Times one format on one shape; returns 0, or 1 when it does not fit. */
 static int run_one(const char *fmt, struct shape sh, int runs, struct result *ret)
 {
-	const uint32_t L_ = 32, D = 128, B = 32;
+	const uint32_t L_ = 32, D = sh.D, B = 32;
 	struct kvq_policy pol;
 	struct kvq_layout *L = NULL;
 	char err[256];
@@ -205,7 +215,7 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	}
 	CK(cudaMemcpy(dseq, s, sh.batch * sizeof *s, cudaMemcpyHostToDevice));
 
-	struct kvq_cuda_attn a = { L, pool, 0, sh.q_heads, 0.08838834764f, KVQ_DT_F16, KVQ_DT_F16,
+	struct kvq_cuda_attn a = { L, pool, 0, sh.q_heads, 1.0f / sqrtf((float)D), KVQ_DT_F16, KVQ_DT_F16,
 				   sh.ctx, sh.nq, sh.batch * sh.nq, 0, NULL, 0, NULL };
 	a.workspace_bytes = kvq_cuda_attention_workspace(&a, sh.batch);
 	if (a.workspace_bytes)
@@ -285,14 +295,21 @@ extern "C" int bench_decode(int argc, char **argv)
 	const char *mode = argv[0], *list = "f16,int8,fp8,int4g32,kivi4,kivi2", *sdpa = NULL;
 	int json = 0, quick = 0, runs = 30;
 	static const struct shape decode_shapes[] = {
-		{ 64, 8192, 32, 8, 1 }, { 16, 32768, 32, 8, 1 }, { 256, 2048, 32, 8, 1 }, { 4, 131072, 64, 8, 1 },
+		{ 64, 8192, 32, 8, 1, 128 }, { 16, 32768, 32, 8, 1, 128 }, { 256, 2048, 32, 8, 1, 128 },
+		{ 4, 131072, 64, 8, 1, 128 },
 	};
-	/* a 2048-token chunk over a cached 8192-token prefix; a 64 x 2048 prefill */
-	static const struct shape prefill_shapes[] = { { 4, 10240, 32, 8, 2048 } };
-	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1 } };
+	/* 4 sequences: a 2048-token chunk over a cached 8192-token prefix (the
+	 * first shape, the one --quick runs), a 512-token chunk over 8192, a cold
+	 * 8192-token prompt, and the first at SmolLM2's shape (9/3 heads, D = 64);
+	 * append: a 64 x 2048 prefill */
+	static const struct shape prefill_shapes[] = {
+		{ 4, 10240, 32, 8, 2048, 128 }, { 4, 8704, 32, 8, 512, 128 }, { 4, 8192, 32, 8, 8192, 128 },
+		{ 4, 10240, 9, 3, 2048, 64 },
+	};
+	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1, 128 } };
 	const int is_prefill = !strcmp(mode, "prefill"), is_append = !strcmp(mode, "append");
 	const struct shape *shapes = is_prefill ? prefill_shapes : is_append ? append_shapes : decode_shapes;
-	const int nshapes_all = is_prefill || is_append ? 1 : 4;
+	const int nshapes_all = is_prefill ? 4 : is_append ? 1 : 4;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json"))
@@ -322,12 +339,12 @@ extern "C" int bench_decode(int argc, char **argv)
 	printf("device: %s, %d SMs; read-only bandwidth %.0f GB/s (4 GiB reduction)", p.name, p.multiProcessorCount, rbw);
 	if (is_append)
 		printf("; copy %.0f GB/s (2 GiB cudaMemcpy, read + written)", cbw);
-	printf("\npool: L=32 (layer 0 timed), D=128, B=32, f16 activations; median of %d runs\n", runs);
+	printf("\npool: L=32 (layer 0 timed), B=32, f16 activations; median of %d runs\n", runs);
 	if (is_append)
 		printf("%-8s %5s %7s %6s %9s %8s %8s\n", "format", "batch", "tokens", "heads", "write ms", "GB/s", "%copy");
 	else
-		printf("%-8s %5s %7s %5s %6s %9s %8s %8s %9s %9s\n", "format", "batch", "context", "nq", "heads", "ms",
-		       "GB/s", "%read", "vs f16", "vs sdpa");
+		printf("%-8s %5s %7s %5s %6s %4s %9s %8s %8s %8s %9s %9s\n", "format", "batch", "context", "nq", "heads",
+		       "D", "ms", "GB/s", "%read", "TFLOP/s", "vs f16", "vs sdpa");
 
 	struct result res[64];
 	int nres = 0;
@@ -354,17 +371,18 @@ extern "C" int bench_decode(int argc, char **argv)
 				       r->write_ms, g, 100.0 * g / cbw);
 			} else {
 				double sd = sdpa_ms(sdpa, mode, &sh);
-				printf("%-8s %5u %7u %5u %3u/%-2u %9.3f %8.0f %7.1f%% %8.2fx %8.2fx\n", f, sh.batch, sh.ctx, sh.nq,
-				       sh.q_heads, sh.kv_heads, r->ms, r->gbps, 100.0 * r->gbps / rbw,
-				       f16_ms > 0 ? f16_ms / r->ms : 0.0, sd > 0 ? sd / r->ms : 0.0);
+				printf("%-8s %5u %7u %5u %3u/%-2u %4u %9.3f %8.0f %7.1f%% %8.1f %8.2fx %8.2fx\n", f, sh.batch,
+				       sh.ctx, sh.nq, sh.q_heads, sh.kv_heads, sh.D, r->ms, r->gbps, 100.0 * r->gbps / rbw,
+				       step_flop(&sh) / (r->ms * 1e-3) / 1e12, f16_ms > 0 ? f16_ms / r->ms : 0.0,
+				       sd > 0 ? sd / r->ms : 0.0);
 			}
 			fflush(stdout);
 			nres++;
 		}
 	}
 	if (is_prefill || !is_append)
-		printf("GB/s: bytes of KV the step reads per second; vs sdpa: PyTorch SDPA FP16 (contiguous K/V) time / ours%s\n",
-		       sdpa ? "" : " (no --sdpa file: 0)");
+		printf("GB/s: bytes of KV the step reads per second; TFLOP/s: 4 x query heads x D per unmasked query-key "
+		       "pair; vs sdpa: PyTorch SDPA FP16 (contiguous K/V) time / ours%s\n", sdpa ? "" : " (no --sdpa file: 0)");
 	if (json) {
 		printf("{\"read_gbps\":%.1f,", rbw);
 		if (is_append)
@@ -373,17 +391,19 @@ extern "C" int bench_decode(int argc, char **argv)
 		for (int i = 0; i < nres; i++) {
 			double f16_ms = 0, sd = sdpa_ms(sdpa, mode, &res[i].s);
 			for (int j = 0; j < nres; j++)
-				if (!strcmp(res[j].format, "f16") && res[j].s.batch == res[i].s.batch && res[j].s.ctx == res[i].s.ctx)
+				if (!strcmp(res[j].format, "f16") && res[j].s.batch == res[i].s.batch && res[j].s.ctx == res[i].s.ctx &&
+				    res[j].s.nq == res[i].s.nq && res[j].s.q_heads == res[i].s.q_heads && res[j].s.D == res[i].s.D)
 					f16_ms = res[j].ms;
-			printf("%s{\"format\":\"%s\",\"batch\":%u,\"context\":%u,\"n_q\":%u,\"q_heads\":%u,\"kv_heads\":%u,",
-			       i ? "," : "", res[i].format, res[i].s.batch, res[i].s.ctx, res[i].s.nq, res[i].s.q_heads,
-			       res[i].s.kv_heads);
+			printf("%s{\"format\":\"%s\",\"batch\":%u,\"context\":%u,\"n_q\":%u,\"q_heads\":%u,\"kv_heads\":%u,"
+			       "\"head_dim\":%u,", i ? "," : "", res[i].format, res[i].s.batch, res[i].s.ctx, res[i].s.nq,
+			       res[i].s.q_heads, res[i].s.kv_heads, res[i].s.D);
 			if (is_append) {
 				double g = res[i].write_bytes / (res[i].write_ms * 1e-3) / 1e9;
 				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f}", res[i].write_ms, g, 100.0 * g / cbw);
 			} else {
-				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_read_bw\":%.1f,\"speedup_vs_f16\":%.3f,"
+				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_read_bw\":%.1f,\"tflops\":%.1f,\"speedup_vs_f16\":%.3f,"
 				       "\"speedup_vs_sdpa\":%.3f}", res[i].ms, res[i].gbps, 100.0 * res[i].gbps / rbw,
+				       step_flop(&res[i].s) / (res[i].ms * 1e-3) / 1e12,
 				       f16_ms > 0 ? f16_ms / res[i].ms : 0.0, sd > 0 ? sd / res[i].ms : 0.0);
 			}
 		}

@@ -7,6 +7,7 @@ of kvq-bench decode and prefill, for its speed-up column:
     kvq-bench decode --sdpa sdpa.txt
 
 Prints one line per shape, "MODE batch context q_heads kv_heads n_q ms"
+(head dim 128; 64 at SmolLM2's 9/3 heads)
 (CUDA events, median of 30 runs after warm-up; K/V with the KV heads,
 GQA by enable_gqa; prefill: a chunk attending causally over the cached
 prefix and itself)."""
@@ -14,9 +15,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
-D = 128
-
 
 def median_ms(fn, runs=30):
     for _ in range(3):
@@ -33,7 +31,7 @@ def median_ms(fn, runs=30):
     return times[len(times) // 2]
 
 
-def run(mode, batch, ctx, qh, kh, nq):
+def run(mode, batch, ctx, qh, kh, nq, D=128):
     q = torch.randn(batch, qh, nq, D, device="cuda", dtype=torch.float16)
     k = torch.randn(batch, kh, ctx, D, device="cuda", dtype=torch.float16)
     v = torch.randn(batch, kh, ctx, D, device="cuda", dtype=torch.float16)
@@ -54,7 +52,9 @@ def main():
         return 1
     for batch, ctx, qh, kh in ((64, 8192, 32, 8), (16, 32768, 32, 8), (256, 2048, 32, 8), (4, 131072, 64, 8)):
         run("decode", batch, ctx, qh, kh, 1)
-    run("prefill", 4, 10240, 32, 8, 2048)
+    for batch, ctx, qh, kh, nq, D in ((4, 10240, 32, 8, 2048, 128), (4, 8704, 32, 8, 512, 128),
+                                      (4, 8192, 32, 8, 8192, 128), (4, 10240, 9, 3, 2048, 64)):
+        run("prefill", batch, ctx, qh, kh, nq, D)
     return 0
 
 

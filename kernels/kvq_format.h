@@ -185,6 +185,13 @@ KVQ_HD_CONST unsigned kvq_fmt_subdim(int f)
 	}
 }
 
+/* The format whose codes are an activation dtype's values as they are: how
+ * an open slot's rows (F16 or BF16) are read. */
+KVQ_HD_CONST int kvq_act_fmt(int dt)
+{
+	return dt == KVQ_DT_BF16 ? KVQ_FMT_BF16 : KVQ_FMT_F16;
+}
+
 /* ------------------------------------------------------ bit reinterpretation */
 
 KVQ_HD uint32_t kvq_f32_bits(float x)

@@ -390,7 +390,7 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_seq_table *seqs
 	w.blk.next = NULL;
 	w.blk.rows = 4;
 	w.blk.next_bytes = L->layer[a->layer].sealed_head;
-	w.act_fmt = L->act == KVQ_DT_BF16 ? KVQ_FMT_BF16 : KVQ_FMT_F16;
+	w.act_fmt = kvq_act_fmt(L->act);
 
 	for (uint32_t i = 0; i < nseq; i++) {
 		const struct kvq_seq_table *s = &seqs[i];

@@ -15,31 +15,20 @@
  * per tile, split into high and low FP16 parts (plus the bias q·z); probabilities get V's per-token (or
  * per-group) scale before the PV MMA, normalised by the tile's largest scale
  * and 2^14 so FP16 keeps full precision, the accumulator keeping track of
- * that unit.  Online softmax in fp32; split-KV partials are merged by
- * merge_kernel with their log-sum-exp.
+ * that unit.  Online softmax in fp32 (sm_state); split-KV partials are
+ * merged by merge_kernel with their log-sum-exp.
  */
 #ifndef KVQ_CUDA_ATTENTION_CUH
 #define KVQ_CUDA_ATTENTION_CUH
 
-#include "common.cuh"
+#include "mma.cuh"
+#include "state.cuh"
 
 namespace kvq {
 
 #define ATTN_THREADS 128
 #define ATTN_MAX_ROWS 64      /* query rows per CTA: 8 MMA n-tiles */
-#define ATTN_P_UNIT 16384.0f  /* 2^14: probabilities times this stay normal FP16 */
 
-struct attn_args {
-	layer_dev l;
-	const uint8_t *base;
-	const kvq_seq_table *seqs;
-	const void *q;
-	void *out;
-	float *ws;               /* splits > 1: [split][total_q][q_heads][D + 2] */
-	float scale;
-	int out_dtype;
-	uint32_t g, q_heads, chunks, nrp, tt, splits, total_q, max_q;
-};
 
 /* Shared memory carve-up (offsets in bytes, each 16-byte aligned). */
 struct attn_smem {
@@ -66,52 +55,6 @@ struct attn_smem {
 		total = o;
 	}
 };
-
-template <int ACT> __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]);
-
-template <> __device__ __forceinline__ void mma16816<KVQ_DT_F16>(float c[4], const uint32_t a[4], const uint32_t b[2])
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-		     "{%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <> __device__ __forceinline__ void mma16816<KVQ_DT_BF16>(float c[4], const uint32_t a[4], const uint32_t b[2])
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-		     "{%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-/* A fragment (16 x 16, row-major) at (m0, k0) of a 16-bit matrix with row stride S. */
-__device__ __forceinline__ void frag_a(uint32_t a[4], const uint16_t *X, uint32_t S, uint32_t m0, uint32_t k0)
-{
-	const uint32_t lane = threadIdx.x & 31, r = m0 + lane / 4, c = k0 + 2 * (lane % 4);
-	a[0] = *reinterpret_cast<const uint32_t *>(X + r * S + c);
-	a[1] = *reinterpret_cast<const uint32_t *>(X + (r + 8) * S + c);
-	a[2] = *reinterpret_cast<const uint32_t *>(X + r * S + c + 8);
-	a[3] = *reinterpret_cast<const uint32_t *>(X + (r + 8) * S + c + 8);
-}
-
-/* B fragment (16 x 8, k x n) of a 16-bit matrix stored [n][k] with row stride S. */
-__device__ __forceinline__ void frag_b(uint32_t b[2], const uint16_t *Y, uint32_t S, uint32_t n0, uint32_t k0)
-{
-	const uint32_t lane = threadIdx.x & 31, r = n0 + lane / 4, c = k0 + 2 * (lane % 4);
-	b[0] = *reinterpret_cast<const uint32_t *>(Y + r * S + c);
-	b[1] = *reinterpret_cast<const uint32_t *>(Y + r * S + c + 8);
-}
-
-__device__ __forceinline__ void store_out(int dt, void *out, size_t i, float y)
-{
-	if (dt == KVQ_DT_F16)
-		reinterpret_cast<__half *>(out)[i] = __float2half_rn(y);
-	else if (dt == KVQ_DT_BF16)
-		reinterpret_cast<__nv_bfloat16 *>(out)[i] = __float2bfloat16_rn(y);
-	else
-		reinterpret_cast<float *>(out)[i] = y;
-}
 
 template <int KF, int VF, int D, int ACT>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
@@ -184,7 +127,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 			qg[r * NG + gi] = sum;
 		}
 
-	float m_run = -INFINITY, l_run = 0.0f;   /* thread r < nrp: row r */
+	sm_state st;   /* thread r < nrp: row r */
+	st.init();
 	float acc[MT][8][4];
 #pragma unroll
 	for (int mi = 0; mi < MT; mi++)
@@ -333,7 +277,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 					x *= kp[t];
 				if (kk == KVQ_PARAM_CHANNEL)
 					x += kb[r];
-				x *= a.scale;
+				x *= a.scale * KVQ_LOG2E;
 				if (r >= nr || t >= nvalid || t0 + t > qpos0 + (r0 + r) / g)
 					x = -INFINITY;
 				Ss[r * SS + t] = x;
@@ -347,21 +291,14 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 			float mx = -INFINITY;
 			for (uint32_t t = 0; t < tt; t++)
 				mx = fmaxf(mx, Ss[r * SS + t]);
-			const float m_new = fmaxf(m_run, mx);
-			float alpha = 1.0f, sum = 0.0f;
-			if (m_new != -INFINITY) {
-				alpha = expf(m_run - m_new);
-				for (uint32_t t = 0; t < tt; t++) {
-					float p = expf(Ss[r * SS + t] - m_new);
-					Ss[r * SS + t] = p;
-					sum += p;
-				}
-			} else {
-				for (uint32_t t = 0; t < tt; t++)
-					Ss[r * SS + t] = 0.0f;
+			const float alpha = st.raise(mx), base = st.base();
+			float sum = 0.0f;
+			for (uint32_t t = 0; t < tt; t++) {
+				const float p = fast_exp2(Ss[r * SS + t] - base);
+				Ss[r * SS + t] = p;
+				sum += p;
 			}
-			l_run = l_run * alpha + sum;
-			m_run = m_new;
+			st.l += sum;
 			al[r] = alpha;
 			if (vk == KVQ_PARAM_GROUP)
 				for (uint32_t gi = 0; gi < VNG; gi++) {
@@ -429,8 +366,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 
 	/* ---- results: normalised rows, or the split's partial (o, m, l) */
 	if (tid < nrp) {
-		al[tid] = m_run;
-		ls[tid] = l_run;
+		al[tid] = st.m;
+		ls[tid] = st.l;
 	}
 	__syncthreads();
 #pragma unroll
@@ -450,56 +387,10 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 					continue;
 				const uint32_t qi = (r0 + r) / g, j = (r0 + r) % g;
 				const size_t row = (size_t)(s.row0 + qi) * a.q_heads + h * g + j;
-				const float o = acc[mi][nt][i] * unit;
-				if (a.splits == 1) {
-					store_out(a.out_dtype, a.out, row * D + d, ls[r] > 0.0f ? o / ls[r] : 0.0f);
-				} else {
-					float *w = a.ws + ((size_t)blockIdx.x * a.total_q * a.q_heads + row) * (D + 2);
-					w[d] = o;
-					if (d == 0) {
-						w[D] = al[r];
-						w[D + 1] = ls[r];
-					}
-				}
+				emit<D>(a, blockIdx.x, row, d, acc[mi][nt][i] * unit, sm_state{ al[r], ls[r] });
 			}
 		}
 	}
-}
-
-/* Merges split partials: out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s. */
-template <int D>
-__global__ void merge_kernel(const kvq_seq_table *seqs, const float *ws, void *out, int out_dtype,
-			     uint32_t splits, uint32_t total_q, uint32_t q_heads)
-{
-	const kvq_seq_table s = seqs[blockIdx.z];
-	const uint32_t qi = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-
-	if (qi >= s.m || s.m > s.n)
-		return;
-	const size_t row = (size_t)(s.row0 + qi) * q_heads + head;
-	const size_t stride = (size_t)total_q * q_heads * (D + 2);
-	float M = -INFINITY;
-	for (uint32_t k = 0; k < splits; k++)
-		M = fmaxf(M, ws[k * stride + row * (D + 2) + D]);
-	float num = 0.0f, den = 0.0f;
-	if (M != -INFINITY)
-		for (uint32_t k = 0; k < splits; k++) {
-			const float *w = ws + k * stride + row * (D + 2);
-			float e = w[D] == -INFINITY ? 0.0f : expf(w[D] - M);
-			num += e * w[d];
-			den += e * w[D + 1];
-		}
-	store_out(out_dtype, out, row * D + d, den > 0.0f ? num / den : 0.0f);
-}
-
-/* After a launch that wrote split partials: the merge into out. */
-template <int D> int merge_launch(const attn_args &a, uint32_t nseq, void *stream)
-{
-	if (a.splits <= 1)
-		return 0;
-	merge_kernel<D><<<dim3(a.max_q, a.q_heads, nseq), D, 0, (cudaStream_t)stream>>>(
-		a.seqs, a.ws, a.out, a.out_dtype, a.splits, a.total_q, a.q_heads);
-	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
 }
 
 /* Launches one (K format, V format, head dim, dtype) instance (and the

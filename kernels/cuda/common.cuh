@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What the CUDA kernels share: the layer's layout as a kernel argument,
- * per-format traits, activation loads and stores, error bookkeeping. */
+ * per-format traits, activation loads and stores, the attention kernels'
+ * arguments, error bookkeeping. */
 #ifndef KVQ_CUDA_COMMON_CUH
 #define KVQ_CUDA_COMMON_CUH
 
@@ -118,6 +119,22 @@ __device__ __forceinline__ float half_bits(const uint8_t *p, uint32_t i)
 {
 	return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t *>(p)[i]));
 }
+
+/* ------------------------------------------------- the attention kernels' arguments */
+
+#define ATTN_P_UNIT 16384.0f  /* 2^14: probabilities times a V scale over this stay normal FP16 */
+
+struct attn_args {
+	layer_dev l;
+	const uint8_t *base;
+	const kvq_seq_table *seqs;
+	const void *q;
+	void *out;
+	float *ws;               /* splits > 1: [split][total_q][q_heads][D + 2] */
+	float scale;
+	int out_dtype;
+	uint32_t g, q_heads, chunks, nrp, tt, splits, total_q, max_q;
+};
 
 /* ----------------------------------------------------------------- errors */
 

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Decode attention: at most 8 query rows per KV head (one MMA n-tile), every
- * stored format, blocks of a multiple of 32 tokens.  attention.cu picks it
- * over attn_kernel when all of that holds (and the format's groups fit the
- * head dim); everything else stays with attn_kernel.
+ * stored format, blocks of a multiple of 32 tokens.  dispatch.cu picks it
+ * when all of that holds and the format's groups fit the head dim (more
+ * rows go to prefill_kernel, other blocks to attn_kernel).
  *
  * One CTA per (KV split, KV head, sequence), DEC_WARPS warps.  Each warp
  * streams its own 32-token chunks (no CTA-wide barrier until the end) with
@@ -38,13 +38,13 @@
 #ifndef KVQ_CUDA_DECODE_CUH
 #define KVQ_CUDA_DECODE_CUH
 
-#include "attention.cuh"
+#include "mma.cuh"
+#include "state.cuh"
 
 namespace kvq {
 
 #define DEC_WARPS 4
 #define DEC_CHUNK 32u   /* tokens per warp step: two m-tiles of QKᵀ, two k-steps of PV */
-#define DEC_LOG2E 1.4426950408889634f
 
 /* N bytes at p (aligned to the widest vector that divides N) into registers. */
 template <int N> __device__ __forceinline__ void dec_ld(uint32_t (&r)[N / 4], const uint8_t *p)
@@ -282,20 +282,6 @@ __device__ __forceinline__ void dec_vfrag(uint32_t fa[4], const uint32_t (&r0)[N
 	}
 }
 
-__device__ __forceinline__ uint32_t dec_trans(uint32_t x)
-{
-	uint32_t y;
-	asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
-	return y;
-}
-
-__device__ __forceinline__ float dec_exp2(float x)
-{
-	float y;
-	asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-
 /* Half i of an array of words (FP16 parameters: s, or {s, z} pairs). */
 template <int N> __device__ __forceinline__ float dec_half(const uint32_t (&w)[N], int i)
 {
@@ -305,7 +291,8 @@ template <int N> __device__ __forceinline__ float dec_half(const uint32_t (&w)[N
 
 /* What one warp carries from chunk to chunk. */
 template <int D, int NGV> struct dec_state {
-	float m[2], l[2], unit[NGV];   /* per query column 2c, 2c + 1 (log2 units); per V group */
+	sm_state sm[2];   /* per query column 2c, 2c + 1 */
+	float unit[NGV];  /* per V group */
 	float acc[D / 16][4];
 };
 
@@ -515,19 +502,16 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
 		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
 		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-		const float m_new = fmaxf(st.m[j], mx);
-		mu[j] = m_new == -INFINITY ? 0.0f : m_new;
-		alpha[j] = dec_exp2(st.m[j] - mu[j]);
-		st.m[j] = m_new;
-		st.l[j] *= alpha[j];
+		alpha[j] = st.sm[j].raise(mx);
+		mu[j] = st.sm[j].base();
 	}
 	float e[2][4];
 #pragma unroll
 	for (int s = 0; s < 2; s++)
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			e[s][i] = dec_exp2(x[s][i] - mu[i & 1]);
-			st.l[i & 1] += e[s][i];
+			e[s][i] = fast_exp2(x[s][i] - mu[i & 1]);
+			st.sm[i & 1].l += e[s][i];
 		}
 	float rs[NGV], ratio[NGV];
 	bool moved = alpha[0] != 1.0f || alpha[1] != 1.0f;
@@ -591,8 +575,8 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 					p[i] = e[s][i] * rs[gv];
 				}
 			}
-			pb[s][0] = dec_trans(act<ACT>::pack(p[0], p[1]));
-			pb[s][1] = dec_trans(act<ACT>::pack(p[2], p[3]));
+			pb[s][0] = movmatrix_t(act<ACT>::pack(p[0], p[1]));
+			pb[s][1] = movmatrix_t(act<ACT>::pack(p[2], p[3]));
 		}
 		if constexpr (VGRP) {
 #pragma unroll
@@ -681,7 +665,7 @@ template <int KF, int VF> struct dec_tune {
 template <int KF, int VF, int D, int ACT>
 __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) decode_kernel(attn_args a)
 {
-	constexpr int OF = ACT == KVQ_DT_F16 ? KVQ_FMT_F16 : KVQ_FMT_BF16;   /* open rows */
+	constexpr int OF = kvq_act_fmt(ACT);   /* open rows */
 	typedef dec_lay<KF, VF, D> LY;
 	typedef dec_raw<KF, VF, D, false, LY> RS;
 	constexpr int MT = D / 16, SQ = LY::KSPAN / 4, NGV = LY::NGV;
@@ -744,11 +728,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 		const uint32_t r = 2 * qc + j;
 		lim[j] = r < nr ? qpos0 + r / g + 1 : 0;
 	}
-	const float sl2 = a.scale * DEC_LOG2E;
+	const float sl2 = a.scale * KVQ_LOG2E;
 
 	dec_state<D, NGV> st;
-	st.m[0] = st.m[1] = -INFINITY;
-	st.l[0] = st.l[1] = 0.0f;
+	st.sm[0].init();
+	st.sm[1].init();
 #pragma unroll
 	for (int gv = 0; gv < NGV; gv++)
 		st.unit[gv] = 0.0f;
@@ -810,12 +794,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 	/* ---- the warps' (m, l, o) through shared memory */
 #pragma unroll
 	for (int j = 0; j < 2; j++) {
-		float x = st.l[j];
+		float x = st.sm[j].l;
 		x += __shfl_xor_sync(0xffffffffu, x, 4);
 		x += __shfl_xor_sync(0xffffffffu, x, 8);
 		x += __shfl_xor_sync(0xffffffffu, x, 16);
 		if (qn == 0) {
-			sm_m[warp][2 * qc + j] = st.m[j];
+			sm_m[warp][2 * qc + j] = st.sm[j].m;
 			sm_l[warp][2 * qc + j] = x;
 		}
 	}
@@ -828,29 +812,16 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 
 	for (uint32_t idx = threadIdx.x; idx < nr * D; idx += DEC_WARPS * 32) {
 		const uint32_t r = idx / D, d = idx % D;
-		float M = -INFINITY;
+		sm_state m;
+		float o = 0.0f;
+		m.init();
 #pragma unroll
-		for (int w = 0; w < DEC_WARPS; w++)
-			M = fmaxf(M, sm_m[w][r]);
-		float o = 0.0f, L = 0.0f;
-		if (M != -INFINITY)
-#pragma unroll
-			for (int w = 0; w < DEC_WARPS; w++) {
-				const float f = exp2f(sm_m[w][r] - M);
-				o += f * sm_o[w][r][d];
-				L += f * sm_l[w][r];
-			}
-		const size_t row = (size_t)(s.row0 + r / g) * a.q_heads + h * g + r % g;
-		if (a.splits == 1) {
-			store_out(a.out_dtype, a.out, row * D + d, L > 0.0f ? o / L : 0.0f);
-		} else {
-			float *w = a.ws + ((size_t)blockIdx.x * a.total_q * a.q_heads + row) * (D + 2);
-			w[d] = o;
-			if (d == 0) {
-				w[D] = M == -INFINITY ? -INFINITY : M * 0.6931471805599453f;
-				w[D + 1] = L;
-			}
+		for (int w = 0; w < DEC_WARPS; w++) {
+			float wa, wb;
+			m.merge(sm_state{ sm_m[w][r], sm_l[w][r] }, &wa, &wb);
+			o = o * wa + sm_o[w][r][d] * wb;
 		}
+		emit<D>(a, blockIdx.x, (size_t)(s.row0 + r / g) * a.q_heads + h * g + r % g, d, o, m);
 	}
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Explicit instances of the decode kernel for one half of
- * KVQ_CUDA_DECODE_PAIRS (KVQ_CUDA_DECODE_HALF is KVQ_CUDA_DECODE_PAIRS_A or
- * KVQ_CUDA_DECODE_PAIRS_B). */
+ * KVQ_CUDA_FAST_PAIRS (KVQ_CUDA_FAST_HALF is KVQ_CUDA_FAST_PAIRS_A or
+ * KVQ_CUDA_FAST_PAIRS_B). */
 #include "decode.cuh"
 #include "instances.h"
 
@@ -10,5 +10,5 @@ namespace kvq {
 	template int decode_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
 	template int decode_occupancy<KF, VF, D, ACT>(void);
 #define KVQ_PAIR(K, V) KVQ_CUDA_EACH(KVQ_INST, K, V)
-KVQ_CUDA_DECODE_HALF(KVQ_PAIR)
+KVQ_CUDA_FAST_HALF(KVQ_PAIR)
 }

@@ -18,18 +18,20 @@
 
 #define KVQ_CUDA_PAIRS(X) KVQ_CUDA_PAIRS_A(X) KVQ_CUDA_PAIRS_B(X)
 
-/* Pairs (of the lists above) that also have the decode kernel (decode.cuh,
- * compiled in decode_inst_a.cu and decode_inst_b.cu, one half each).  A
- * pair with int4 K needs 4- or 2-bit V (dec_raw). */
-#define KVQ_CUDA_DECODE_PAIRS_A(X) \
+/* Pairs (of the lists above) that also have the fast kernels for blocks of
+ * a multiple of 32 tokens: decode (decode.cuh, compiled in decode_inst_a.cu
+ * and decode_inst_b.cu, one half each) and prefill (prefill.cuh,
+ * prefill_inst_a.cu and prefill_inst_b.cu).  A pair with int4 K needs 4- or
+ * 2-bit V (dec_raw). */
+#define KVQ_CUDA_FAST_PAIRS_A(X) \
 	X(F16, F16) X(BF16, BF16) X(INT8, INT8) X(FP8, FP8) X(FP8E5M2, FP8E5M2) X(INT8, FP8) X(F16, INT8) \
 	X(INT8, INT4G32) X(INT8, INT4G64) X(INT8, INT4G128)
 
-#define KVQ_CUDA_DECODE_PAIRS_B(X) \
+#define KVQ_CUDA_FAST_PAIRS_B(X) \
 	X(INT4G32, INT4G32) X(INT4G64, INT4G64) X(INT4G128, INT4G128) X(KIVI4, KIVI4) X(KIVI2, KIVI2) \
 	X(INT8, KIVI4) X(INT8, KIVI2) X(FP8, INT4G32)
 
-#define KVQ_CUDA_DECODE_PAIRS(X) KVQ_CUDA_DECODE_PAIRS_A(X) KVQ_CUDA_DECODE_PAIRS_B(X)
+#define KVQ_CUDA_FAST_PAIRS(X) KVQ_CUDA_FAST_PAIRS_A(X) KVQ_CUDA_FAST_PAIRS_B(X)
 
 /* The four instances of one pair. */
 #define KVQ_CUDA_EACH(Y, K, V) \

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The one dispatch place: attention arguments checked, the kernel and the
- * launch shape chosen (rows per CTA, tokens per tile, KV splits), and (K
- * format, V format, head dim, dtype) turned into an instance of instances.h,
- * or -ENOTSUP.  A step of at most 8 query rows per KV head in blocks of a
- * multiple of 32 tokens goes to decode_kernel (pairs of
- * KVQ_CUDA_DECODE_PAIRS whose groups fit the head dim); the rest to
- * attn_kernel. */
+/* The attention dispatcher, the one place that chooses: attention
+ * arguments checked, the kernel and the launch shape chosen (rows per CTA,
+ * tokens per tile, KV splits), and (K format, V format, head dim, dtype)
+ * turned into an instance of instances.h, or -ENOTSUP.  In blocks of a
+ * multiple of 32 tokens, pairs of KVQ_CUDA_FAST_PAIRS whose groups fit the
+ * head dim go to decode_kernel for a step of at most 8 query rows per KV
+ * head and to prefill_kernel for more; the rest to attn_kernel. */
+#include "attention.cuh"
 #include "decode.cuh"
 #include "instances.h"
+#include "prefill.cuh"
 
 namespace kvq {
 
@@ -29,7 +31,11 @@ KVQ_CUDA_PAIRS(KVQ_EXTERN_PAIR)
 	extern template int decode_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
 	extern template int decode_occupancy<KF, VF, D, ACT>(void);
 #define KVQ_EXTERN_DEC_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_DEC, K, V)
-KVQ_CUDA_DECODE_PAIRS(KVQ_EXTERN_DEC_PAIR)
+KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_DEC_PAIR)
+
+#define KVQ_EXTERN_PF(KF, VF, D, ACT) extern template int prefill_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
+#define KVQ_EXTERN_PF_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_PF, K, V)
+KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_PF_PAIR)
 
 typedef int (*attn_fn)(const attn_args &, uint32_t, void *);
 
@@ -44,8 +50,18 @@ static decode_fn decode_find(int kf, int vf, uint32_t D, int act)
 	if (kf == KF && vf == VF && D == DD && act == ACT) \
 		return decode_fn{ decode_launch<KF, VF, DD, ACT>, decode_occupancy<KF, VF, DD, ACT> };
 #define KVQ_DCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_DCASE, K, V)
-	KVQ_CUDA_DECODE_PAIRS(KVQ_DCASE_PAIR)
+	KVQ_CUDA_FAST_PAIRS(KVQ_DCASE_PAIR)
 	return decode_fn{ NULL, NULL };
+}
+
+static attn_fn prefill_find(int kf, int vf, uint32_t D, int act)
+{
+#define KVQ_PCASE(KF, VF, DD, ACT) \
+	if (kf == KF && vf == VF && D == DD && act == ACT) \
+		return prefill_launch<KF, VF, DD, ACT>;
+#define KVQ_PCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_PCASE, K, V)
+	KVQ_CUDA_FAST_PAIRS(KVQ_PCASE_PAIR)
+	return NULL;
 }
 
 static attn_fn attn_find(int kf, int vf, uint32_t D, int act)
@@ -67,6 +83,7 @@ static uint32_t tile_tokens(uint32_t B)
 struct shape {
 	uint32_t g, nrp, chunks, tt, splits;
 	decode_fn dec;   /* launch set: decode_kernel */
+	attn_fn pf;      /* set: prefill_kernel */
 };
 
 /* Splits for decode_kernel: CTAs of equal work fill the GPU in whole waves,
@@ -102,17 +119,26 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	    a->q_dtype != L->act ||
 	    (a->out_dtype != KVQ_DT_F16 && a->out_dtype != KVQ_DT_BF16 && a->out_dtype != KVQ_DT_F32))
 		return -EINVAL;
+	const int kf = L->layer[a->layer].kfmt, vf = L->layer[a->layer].vfmt;
+	const bool fast = L->block_tokens % DEC_CHUNK == 0 && kvq_fmt_group(kf, 0) <= L->head_dim &&
+			  kvq_fmt_group(vf, 1) <= L->head_dim;
 	uint32_t rows = a->max_q * s.g;
-	s.nrp = rows >= ATTN_MAX_ROWS ? ATTN_MAX_ROWS : (rows + 7) / 8 * 8;
+	s.dec = decode_fn{ NULL, NULL };
+	s.pf = NULL;
+	if (fast && rows <= 8)
+		s.dec = decode_find(kf, vf, L->head_dim, L->act);
+	else if (fast)
+		s.pf = prefill_find(kf, vf, L->head_dim, L->act);
+	if (s.pf) {
+		s.nrp = PF_ROWS;
+		s.tt = PF_TILE;
+	} else {
+		s.nrp = rows >= ATTN_MAX_ROWS ? ATTN_MAX_ROWS : (rows + 7) / 8 * 8;
+		s.tt = tile_tokens(L->block_tokens);
+	}
 	s.chunks = (rows + s.nrp - 1) / s.nrp;
 	if ((uint64_t)s.chunks * L->kv_heads > 65535)
 		return -EINVAL;
-	s.tt = tile_tokens(L->block_tokens);
-	s.dec = decode_fn{ NULL, NULL };
-	if (rows <= 8 && L->block_tokens % DEC_CHUNK == 0 &&
-	    kvq_fmt_group(L->layer[a->layer].kfmt, 0) <= L->head_dim &&
-	    kvq_fmt_group(L->layer[a->layer].vfmt, 1) <= L->head_dim)
-		s.dec = decode_find(L->layer[a->layer].kfmt, L->layer[a->layer].vfmt, L->head_dim, L->act);
 	uint32_t ntiles = (a->max_n + s.tt - 1) / s.tt;
 	if (s.dec.launch) {
 		uint32_t nch = (a->max_n + DEC_CHUNK - 1) / DEC_CHUNK;
@@ -218,5 +244,7 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	x.max_q = a->max_q;
 	if (s.dec.launch)
 		return s.dec.launch(x, nseq, a->stream);
+	if (s.pf)
+		return s.pf(x, nseq, a->stream);
 	return attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act)(x, nseq, a->stream);
 }

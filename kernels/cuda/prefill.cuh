@@ -1,0 +1,507 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Prefill attention: many query rows per KV head over paged KV as stored,
+ * blocks of a multiple of 32 tokens, the pairs of KVQ_CUDA_FAST_PAIRS.
+ * dispatch.cu picks it for a step of more than 8 query rows per KV head.
+ *
+ * One CTA per (KV split, KV head and chunk of PF_ROWS query rows,
+ * sequence); PF_WARPS warps, 16 rows each, in the MMA's M dimension
+ * (S = Q·Kᵀ, O = P·V, the FlashAttention-2 arrangement: the score
+ * accumulator is the A fragment of the PV MMA as it stands).  The rows of a
+ * KV head are its GQA group times the query tokens, so every K/V tile a CTA
+ * brings in serves PF_ROWS rows.
+ *
+ * KV goes in tiles of PF_TILE tokens (two 32-token segments, each inside
+ * one block), double-buffered in shared memory as FP16/BF16: a tile's codes
+ * and parameters are copied in asynchronously (cp.async) while the previous
+ * tile is computed, then dequantized once into the buffer the MMAs read
+ * (K as [token][dim], V as [dim][token], which is how a sealed slice keeps
+ * V); a sealed FP16/BF16 slice in the pool's activation type is copied
+ * straight into that buffer.  Open segments are read as they are, tokens
+ * past the sequence zeroed.  Fragments come from shared memory by
+ * ldmatrix (rows padded by 16 bytes: no bank conflicts).  The causal mask
+ * is applied only to tiles that reach past the chunk's first query.
+ * Online softmax in fp32 (sm_state), log2 units; split-KV partials are
+ * merged by merge_kernel.
+ */
+#ifndef KVQ_CUDA_PREFILL_CUH
+#define KVQ_CUDA_PREFILL_CUH
+
+#include "mma.cuh"
+#include "state.cuh"
+
+namespace kvq {
+
+#define PF_WARPS 8
+#define PF_THREADS (PF_WARPS * 32)
+#define PF_ROWS (PF_WARPS * 16)   /* query rows per CTA */
+#define PF_TILE 64u               /* tokens per tile: two segments */
+#define PF_SEG 32u                /* tokens per segment: B is a multiple */
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+		     "l"(src));
+}
+
+__device__ __forceinline__ void cp_async8(void *dst, const void *src)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+		     "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_wait(void)
+{
+	asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+/* What one (K format, V format, head dim, dtype) needs: sizes in bytes. */
+template <int KF, int VF, int D, int ACT> struct pf_traits {
+	typedef fmt<KF> KT;
+	typedef fmt<VF> VT;
+	static constexpr int KB = KT::bits, VB = VT::bits, KK = KT::kind_k, VK = VT::kind_v;
+	static constexpr int NATIVE = ACT == KVQ_DT_F16 ? KVQ_CODE_F16 : KVQ_CODE_BF16;
+	/* sealed parts copied as they are (no parameters, the activation's code) */
+	static constexpr bool KNAT = KK == KVQ_PARAM_NONE && KT::code == NATIVE;
+	static constexpr bool VNAT = VK == KVQ_PARAM_NONE && VT::code == NATIVE;
+	static constexpr uint32_t KS = D + 8, VS = PF_TILE + 8;   /* row strides of the MMA buffers (elements) */
+	static constexpr uint32_t KROW = D * KB / 8;               /* bytes of one token's K codes */
+	static constexpr uint32_t VSEG = PF_SEG * VB / 8;          /* bytes of one dim's V codes in a segment */
+	/* groups along D (int4g128 at D = 64 has an instance that never launches) */
+	static constexpr uint32_t KNG = KK == KVQ_PARAM_GROUP && D >= KT::group_k ? D / KT::group_k : 1;
+	static constexpr uint32_t VNG = VK == KVQ_PARAM_GROUP && D >= VT::group_v ? D / VT::group_v : 1;
+	/* parameter bytes of one segment */
+	static constexpr uint32_t KPB = KK == KVQ_PARAM_TOKEN ? PF_SEG * 2
+				      : KK == KVQ_PARAM_GROUP ? PF_SEG * KNG * 4
+				      : KK == KVQ_PARAM_CHANNEL ? D * 4 : 0;
+	static constexpr uint32_t VPB = VK == KVQ_PARAM_TOKEN ? PF_SEG * 2 : VK == KVQ_PARAM_GROUP ? VNG * PF_SEG * 4 : 0;
+	/* shared memory: two MMA buffers of K and V, then the staged codes and parameters */
+	static constexpr uint32_t K_BUF = PF_TILE * KS * 2, V_BUF = D * VS * 2;
+	static constexpr uint32_t O_KST = 2 * (K_BUF + V_BUF);
+	static constexpr uint32_t O_VST = O_KST + (KNAT ? 0 : PF_TILE * KROW);
+	static constexpr uint32_t O_KP = O_VST + (VNAT ? 0 : D * 2 * VSEG);
+	static constexpr uint32_t O_VP = O_KP + 2 * KPB;
+	static constexpr uint32_t SMEM = O_VP + 2 * VPB;
+	static_assert(KROW % 16 == 0 && (VSEG % 16 == 0 || VSEG == 8), "copy units");
+	static_assert(KPB % 16 == 0 && VPB % 16 == 0, "parameter copy units");
+	static_assert(KK != KVQ_PARAM_GROUP || KT::group_k % 8 == 0, "a dequantized run of 8 dims has one K group");
+};
+
+#define PF_NONE 0    /* a segment with nothing to read: zeros, masked */
+#define PF_SEALED 1
+#define PF_OPEN 2
+
+/* A tile's two segments: what each is and where its head slice starts. */
+struct pf_tile {
+	const uint8_t *hs[2];
+	uint32_t tb[2];
+	int kind[2];
+	bool bad;   /* a segment with tokens to read but no valid block */
+};
+
+__device__ __forceinline__ pf_tile pf_tile_of(const attn_args &a, const kvq_seq_table &s, uint32_t h, uint32_t t0,
+					      uint32_t kv_end, uint32_t n_sealed_blk)
+{
+	const layer_dev &l = a.l;
+	pf_tile x;
+	x.bad = false;
+#pragma unroll
+	for (int g = 0; g < 2; g++) {
+		const uint32_t t = t0 + g * PF_SEG, blk = t / l.B;
+		x.tb[g] = t % l.B;
+		x.kind[g] = PF_NONE;
+		x.hs[g] = NULL;
+		if (t >= kv_end)
+			continue;
+		const bool sealed = blk < n_sealed_blk;
+		const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
+		if (id < 0 || (uint32_t)id >= (sealed ? l.n_sealed : l.n_open)) {
+			x.bad = true;
+			continue;
+		}
+		x.kind[g] = sealed ? PF_SEALED : PF_OPEN;
+		x.hs[g] = sealed ? sealed_head(l, a.base, (uint32_t)id, h) : open_head(l, a.base, (uint32_t)id, h);
+	}
+	return x;
+}
+
+/* Whether a tile needs the dequantizing pass after its copies. */
+template <class TR> __device__ __forceinline__ bool pf_needs_pass(const pf_tile &x)
+{
+	return x.kind[0] != PF_SEALED || x.kind[1] != PF_SEALED || !TR::KNAT || !TR::VNAT;
+}
+
+/* The asynchronous copies of a tile's sealed segments: codes of the
+ * activation's type into the MMA buffers, others and parameters into the
+ * staging area. */
+template <int KF, int VF, int D, int ACT>
+__device__ __forceinline__ void pf_issue(const attn_args &a, const pf_tile &x, uint8_t *smem, uint32_t buf)
+{
+	typedef pf_traits<KF, VF, D, ACT> TR;
+	const layer_dev &l = a.l;
+	const uint32_t tid = threadIdx.x;
+	uint16_t *Kb = reinterpret_cast<uint16_t *>(smem + buf * TR::K_BUF);
+	uint16_t *Vb = reinterpret_cast<uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+
+#pragma unroll
+	for (int g = 0; g < 2; g++) {
+		if (x.kind[g] != PF_SEALED)
+			continue;
+		const uint8_t *hs = x.hs[g];
+		const uint32_t tb = x.tb[g];
+		const uint8_t *kc = hs + l.off[KVQ_K_CODES], *vc = hs + l.off[KVQ_V_CODES];
+		constexpr uint32_t UK = TR::KROW / 16;
+		for (uint32_t i = tid; i < PF_SEG * UK; i += PF_THREADS) {
+			const uint32_t t = i / UK, u = i % UK;
+			void *dst = TR::KNAT ? (void *)(Kb + (g * PF_SEG + t) * TR::KS + u * 8)
+					     : (void *)(smem + TR::O_KST + (g * PF_SEG + t) * TR::KROW + u * 16);
+			cp_async16(dst, kc + (size_t)(tb + t) * TR::KROW + u * 16);
+		}
+		if constexpr (TR::VSEG >= 16) {
+			constexpr uint32_t UV = TR::VSEG / 16;
+			for (uint32_t i = tid; i < D * UV; i += PF_THREADS) {
+				const uint32_t d = i / UV, u = i % UV;
+				void *dst = TR::VNAT ? (void *)(Vb + d * TR::VS + g * PF_SEG + u * 8)
+						     : (void *)(smem + TR::O_VST + d * 2 * TR::VSEG + g * TR::VSEG + u * 16);
+				cp_async16(dst, vc + ((size_t)d * l.B + tb) * TR::VB / 8 + u * 16);
+			}
+		} else {
+			for (uint32_t d = tid; d < D; d += PF_THREADS)
+				cp_async8(smem + TR::O_VST + d * 2 * TR::VSEG + g * TR::VSEG,
+					  vc + ((size_t)d * l.B + tb) * TR::VB / 8);
+		}
+		if constexpr (TR::KPB > 0) {
+			const uint8_t *kp = hs + l.off[KVQ_K_PARAMS] +
+					    (TR::KK == KVQ_PARAM_TOKEN ? tb * 2 : TR::KK == KVQ_PARAM_GROUP ? tb * TR::KNG * 4 : 0);
+			for (uint32_t i = tid; i < TR::KPB / 16; i += PF_THREADS)
+				cp_async16(smem + TR::O_KP + g * TR::KPB + i * 16, kp + i * 16);
+		}
+		if constexpr (TR::VK == KVQ_PARAM_TOKEN) {
+			for (uint32_t i = tid; i < TR::VPB / 16; i += PF_THREADS)
+				cp_async16(smem + TR::O_VP + g * TR::VPB + i * 16, hs + l.off[KVQ_V_PARAMS] + tb * 2 + i * 16);
+		} else if constexpr (TR::VK == KVQ_PARAM_GROUP) {
+			/* {s, z}[group][token]: one run of PF_SEG entries per group */
+			for (uint32_t i = tid; i < TR::VPB / 16; i += PF_THREADS) {
+				const uint32_t gi = i / (PF_SEG * 4 / 16), u = i % (PF_SEG * 4 / 16);
+				cp_async16(smem + TR::O_VP + g * TR::VPB + i * 16,
+					   hs + l.off[KVQ_V_PARAMS] + ((size_t)gi * l.B + tb) * 4 + u * 16);
+			}
+		}
+	}
+}
+
+__device__ __forceinline__ float pf_half(const uint8_t *p)
+{
+	return __half2float(*reinterpret_cast<const __half *>(p));
+}
+
+/* Eight codes of BITS bits starting at p (aligned to their size), as words. */
+template <int BITS> __device__ __forceinline__ void pf_codes8(uint32_t (&w)[4], const uint8_t *p)
+{
+	if constexpr (BITS == 16) {
+		const uint4 v = *reinterpret_cast<const uint4 *>(p);
+		w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+	} else if constexpr (BITS == 8) {
+		const uint2 v = *reinterpret_cast<const uint2 *>(p);
+		w[0] = v.x, w[1] = v.y;
+	} else if constexpr (BITS == 4) {
+		w[0] = *reinterpret_cast<const uint32_t *>(p);
+	} else {
+		w[0] = *reinterpret_cast<const unsigned short *>(p);
+	}
+}
+
+template <int BITS> __device__ __forceinline__ uint32_t pf_code(const uint32_t (&w)[4], int k)
+{
+	return (w[k * BITS / 32] >> (k * BITS % 32)) & (BITS == 16 ? 0xffffu : (1u << BITS) - 1u);
+}
+
+/* The pass after the copies: staged codes dequantized into the MMA
+ * buffers, open segments read, empty ones zeroed. */
+template <int KF, int VF, int D, int ACT>
+__device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, uint8_t *smem, uint32_t buf,
+					uint32_t t0, uint32_t n)
+{
+	typedef pf_traits<KF, VF, D, ACT> TR;
+	typedef typename TR::KT KT;
+	typedef typename TR::VT VT;
+	typedef act<ACT> AT;
+	const layer_dev &l = a.l;
+	const uint32_t tid = threadIdx.x;
+	uint16_t *Kb = reinterpret_cast<uint16_t *>(smem + buf * TR::K_BUF);
+	uint16_t *Vb = reinterpret_cast<uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+
+#pragma unroll
+	for (int g = 0; g < 2; g++) {
+		const int kind = x.kind[g];
+		if (kind == PF_SEALED && TR::KNAT && TR::VNAT)
+			continue;
+		const uint32_t tb = x.tb[g], tg = t0 + g * PF_SEG;
+		const uint16_t *ok = kind == PF_OPEN ? reinterpret_cast<const uint16_t *>(x.hs[g]) : NULL;
+		const uint16_t *ov = ok ? ok + (size_t)l.B * D : NULL;
+		/* K: token t, dims [8c, 8c + 8) */
+		if (kind != PF_SEALED || !TR::KNAT)
+			for (uint32_t i = tid; i < PF_SEG * D / 8; i += PF_THREADS) {
+				const uint32_t t = i / (D / 8), d0 = (i % (D / 8)) * 8;
+				uint4 y = make_uint4(0, 0, 0, 0);
+				if (kind == PF_OPEN && tg + t < n) {
+					y = __ldg(reinterpret_cast<const uint4 *>(ok + (size_t)(tb + t) * D + d0));
+				} else if (kind == PF_SEALED) {
+					uint32_t w[4];
+					pf_codes8<TR::KB>(w, smem + TR::O_KST + (g * PF_SEG + t) * TR::KROW + d0 * TR::KB / 8);
+					const uint8_t *kp = smem + TR::O_KP + g * TR::KPB;
+					float v[8];
+#pragma unroll
+					for (int k = 0; k < 8; k++) {
+						float r = KT::raw(pf_code<TR::KB>(w, k));
+						if constexpr (TR::KK == KVQ_PARAM_TOKEN) {
+							r *= pf_half(kp + t * 2);
+						} else if constexpr (TR::KK == KVQ_PARAM_GROUP) {
+							const uint8_t *e = kp + (t * TR::KNG + d0 * TR::KNG / D) * 4;
+							r = r * pf_half(e) + pf_half(e + 2);
+						} else if constexpr (TR::KK == KVQ_PARAM_CHANNEL) {
+							r = r * pf_half(kp + (d0 + k) * 4) + pf_half(kp + (d0 + k) * 4 + 2);
+						}
+						v[k] = r;
+					}
+					y = make_uint4(AT::pack(v[0], v[1]), AT::pack(v[2], v[3]), AT::pack(v[4], v[5]),
+						       AT::pack(v[6], v[7]));
+				}
+				*reinterpret_cast<uint4 *>(Kb + (g * PF_SEG + t) * TR::KS + d0) = y;
+			}
+		/* V: dim d, tokens [8c, 8c + 8) of the segment */
+		if (kind != PF_SEALED || !TR::VNAT)
+			for (uint32_t i = tid; i < D * (PF_SEG / 8); i += PF_THREADS) {
+				const uint32_t d = i / (PF_SEG / 8), c0 = (i % (PF_SEG / 8)) * 8;
+				float v[8];
+				if (kind == PF_OPEN) {
+#pragma unroll
+					for (int k = 0; k < 8; k++)
+						v[k] = tg + c0 + k < n ? AT::to_f(reinterpret_cast<const typename AT::T *>(ov)
+										  [(size_t)(tb + c0 + k) * D + d])
+								       : 0.0f;
+				} else if (kind == PF_SEALED) {
+					uint32_t w[4];
+					pf_codes8<TR::VB>(w, smem + TR::O_VST + d * 2 * TR::VSEG + g * TR::VSEG + c0 * TR::VB / 8);
+					const uint8_t *vp = smem + TR::O_VP + g * TR::VPB;
+#pragma unroll
+					for (int k = 0; k < 8; k++) {
+						float r = VT::raw(pf_code<TR::VB>(w, k));
+						if constexpr (TR::VK == KVQ_PARAM_TOKEN) {
+							r *= pf_half(vp + (c0 + k) * 2);
+						} else if constexpr (TR::VK == KVQ_PARAM_GROUP) {
+							const uint8_t *e = vp + ((d * TR::VNG / D) * PF_SEG + c0 + k) * 4;
+							r = r * pf_half(e) + pf_half(e + 2);
+						}
+						v[k] = r;
+					}
+				} else {
+#pragma unroll
+					for (int k = 0; k < 8; k++)
+						v[k] = 0.0f;
+				}
+				*reinterpret_cast<uint4 *>(Vb + d * TR::VS + g * PF_SEG + c0) =
+					make_uint4(AT::pack(v[0], v[1]), AT::pack(v[2], v[3]), AT::pack(v[4], v[5]),
+						   AT::pack(v[6], v[7]));
+			}
+	}
+}
+
+template <int KF, int VF, int D, int ACT>
+__global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
+{
+	typedef pf_traits<KF, VF, D, ACT> TR;
+	typedef act<ACT> AT;
+	constexpr int NK = D / 16, NO = D / 8;   /* k-steps of QKᵀ; dim n-tiles of PV */
+	extern __shared__ __align__(16) uint8_t smem[];
+
+	const layer_dev &l = a.l;
+	const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, qn = lane >> 2, qc = lane & 3;
+	const kvq_seq_table s = a.seqs[blockIdx.z];
+	const uint32_t h = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks, g = a.g;
+	const uint32_t rows = s.m * g, r0 = chunk * PF_ROWS;
+	if (r0 >= rows || s.m > s.n)
+		return;
+	const uint32_t nr = rows - r0 < PF_ROWS ? rows - r0 : PF_ROWS;
+	const uint32_t qpos0 = s.n - s.m;
+	const uint32_t kv_end = qpos0 + (r0 + nr - 1) / g + 1, pos_first = qpos0 + r0 / g;
+	const uint32_t ntiles = (kv_end + PF_TILE - 1) / PF_TILE, per = (ntiles + a.splits - 1) / a.splits;
+	const uint32_t tile0 = blockIdx.x * per, tile1 = tile0 + per < ntiles ? tile0 + per : ntiles;
+	const uint32_t n_sealed_blk = split_of(l, s.n) / l.B;
+
+	/* this thread's rows (qn and qn + 8 of the warp's 16): output row and position */
+	uint32_t pos[2];
+	size_t orow[2];
+	bool live[2];
+#pragma unroll
+	for (int j = 0; j < 2; j++) {
+		const uint32_t r = warp * 16 + qn + 8 * j, R = r0 + r;
+		live[j] = r < nr;
+		pos[j] = qpos0 + R / g;
+		orow[j] = (size_t)(s.row0 + R / g) * a.q_heads + h * g + R % g;
+	}
+	/* Q as A fragments, k-step k: dims 16k + 2qc (+1, +8, +9) */
+	uint32_t qa[NK][4];
+	{
+		const uint32_t *q32 = reinterpret_cast<const uint32_t *>(a.q);
+#pragma unroll
+		for (int k = 0; k < NK; k++)
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				const int j = i & 1, hi = i >> 1;
+				qa[k][i] = live[j] ? __ldg(q32 + (orow[j] * D + 16 * k + 8 * hi + 2 * qc) / 2) : 0u;
+			}
+	}
+	const float sl2 = a.scale * KVQ_LOG2E;
+	sm_state st[2];
+	st[0].init();
+	st[1].init();
+	float o[NO][4];
+#pragma unroll
+	for (int n = 0; n < NO; n++)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			o[n][i] = 0.0f;
+
+	pf_tile cur = pf_tile_of(a, s, h, tile0 * PF_TILE, kv_end, n_sealed_blk);
+	if (tile0 < tile1) {
+		pf_issue<KF, VF, D, ACT>(a, cur, smem, 0);
+		cp_async_wait();
+		__syncthreads();
+		if (pf_needs_pass<TR>(cur)) {
+			pf_pass<KF, VF, D, ACT>(a, cur, smem, 0, tile0 * PF_TILE, s.n);
+			__syncthreads();
+		}
+	}
+	for (uint32_t tile = tile0; tile < tile1; tile++) {
+		const uint32_t buf = (tile - tile0) & 1, t0 = tile * PF_TILE;
+		pf_tile nxt;
+		if (tile + 1 < tile1) {
+			nxt = pf_tile_of(a, s, h, t0 + PF_TILE, kv_end, n_sealed_blk);
+			pf_issue<KF, VF, D, ACT>(a, nxt, smem, buf ^ 1);
+		}
+		const uint16_t *Kb = reinterpret_cast<const uint16_t *>(smem + buf * TR::K_BUF);
+		const uint16_t *Vb = reinterpret_cast<const uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+		/* lane's row address within an ldmatrix x4 of two 8-row matrices pairs */
+		const uint32_t lr = 8 * (lane >> 4) + (lane & 7), lc = 8 * ((lane >> 3) & 1);
+
+		/* ---- S = Q·Kᵀ: 8 token n-tiles */
+		float sc[PF_TILE / 8][4];
+#pragma unroll
+		for (int n = 0; n < (int)PF_TILE / 8; n++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				sc[n][i] = 0.0f;
+#pragma unroll
+		for (int k = 0; k < NK; k++)
+#pragma unroll
+			for (int np = 0; np < (int)PF_TILE / 16; np++) {
+				uint32_t b[4];
+				ldsm_x4(b, Kb + (16 * np + lr) * TR::KS + 16 * k + lc);
+				mma16816<ACT>(sc[2 * np], qa[k], b);
+				mma16816<ACT>(sc[2 * np + 1], qa[k], b + 2);
+			}
+
+		/* ---- scale, mask (tiles that reach past the first query, or
+		 * hold a segment without a valid block), online softmax */
+		const bool mask = t0 + PF_TILE - 1 > pos_first || cur.bad;
+		float mx[2] = { -INFINITY, -INFINITY };
+#pragma unroll
+		for (int n = 0; n < (int)PF_TILE / 8; n++)
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				const int j = i >> 1;
+				float y = sc[n][i] * sl2;
+				if (mask) {
+					const uint32_t t = t0 + 8 * n + 2 * qc + (i & 1);
+					if (t > pos[j] || (cur.bad && cur.kind[(8 * n) / PF_SEG] == PF_NONE))
+						y = -INFINITY;
+				}
+				sc[n][i] = y;
+				mx[j] = fmaxf(mx[j], y);
+			}
+		float alpha[2], base[2];
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+			mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
+			alpha[j] = st[j].raise(mx[j]);
+			base[j] = st[j].base();
+		}
+#pragma unroll
+		for (int n = 0; n < NO; n++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				o[n][i] *= alpha[i >> 1];
+		uint32_t pa[PF_TILE / 16][4];
+#pragma unroll
+		for (int n = 0; n < (int)PF_TILE / 8; n++) {
+			float p[4];
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				p[i] = fast_exp2(sc[n][i] - base[i >> 1]);
+				st[i >> 1].l += p[i];
+			}
+			pa[n / 2][2 * (n & 1)] = AT::pack(p[0], p[1]);
+			pa[n / 2][2 * (n & 1) + 1] = AT::pack(p[2], p[3]);
+		}
+
+		/* ---- O += P·V: k-steps of 16 tokens, dim n-tiles in pairs */
+#pragma unroll
+		for (int kt = 0; kt < (int)PF_TILE / 16; kt++)
+#pragma unroll
+			for (int dp = 0; dp < NO / 2; dp++) {
+				uint32_t b[4];
+				ldsm_x4(b, Vb + (16 * dp + lr) * TR::VS + 16 * kt + lc);
+				mma16816<ACT>(o[2 * dp], pa[kt], b);
+				mma16816<ACT>(o[2 * dp + 1], pa[kt], b + 2);
+			}
+
+		if (tile + 1 < tile1) {
+			cp_async_wait();
+			__syncthreads();
+			if (pf_needs_pass<TR>(nxt)) {
+				pf_pass<KF, VF, D, ACT>(a, nxt, smem, buf ^ 1, t0 + PF_TILE, s.n);
+				__syncthreads();
+			}
+			cur = nxt;
+		}
+	}
+
+	/* ---- the rows' sums over the quad, then results or partials */
+#pragma unroll
+	for (int j = 0; j < 2; j++) {
+		st[j].l += __shfl_xor_sync(0xffffffffu, st[j].l, 1);
+		st[j].l += __shfl_xor_sync(0xffffffffu, st[j].l, 2);
+	}
+#pragma unroll
+	for (int n = 0; n < NO; n++)
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const int j = i >> 1;
+			if (live[j])
+				emit<D>(a, blockIdx.x, orow[j], 8 * n + 2 * qc + (i & 1), o[n][i], st[j]);
+		}
+}
+
+template <int KF, int VF, int D, int ACT> int prefill_launch(const attn_args &a, uint32_t nseq, void *stream)
+{
+	constexpr uint32_t bytes = pf_traits<KF, VF, D, ACT>::SMEM;
+	static bool raised;   /* the opt-in above 48 KiB, once per instance */
+
+	if (bytes > 48 * 1024 && !raised) {
+		if (cudaFuncSetAttribute((const void *)prefill_kernel<KF, VF, D, ACT>,
+					 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess)
+			return fail_launch();
+		raised = true;
+	}
+	prefill_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H * a.chunks, nseq), PF_THREADS, bytes,
+					 (cudaStream_t)stream>>>(a);
+	if (cudaPeekAtLastError() != cudaSuccess)
+		return fail_launch();
+	return merge_launch<D>(a, nseq, stream);
+}
+
+} /* namespace kvq */
+
+#endif
