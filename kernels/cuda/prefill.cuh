@@ -14,10 +14,14 @@
  * KV goes in tiles of PF_TILE tokens (two 32-token segments, each inside
  * one block), double-buffered in shared memory as FP16/BF16: a tile's codes
  * and parameters are copied in asynchronously (cp.async) while the previous
- * tile is computed, then dequantized once into the buffer the MMAs read
+ * tile is computed, then converted once into the buffers the MMAs read
  * (K as [token][dim], V as [dim][token], which is how a sealed slice keeps
  * V); a sealed FP16/BF16 slice in the pool's activation type is copied
- * straight into that buffer.  Open segments are read as they are, tokens
+ * straight into them.  Scores stay as exact as the CPU's fp32: K with a
+ * per-token scale (int8, fp8) goes in as its codes, exact in FP16/BF16, and
+ * the scale multiplies the score after the MMA; other K (int4's groups,
+ * KIVI's channels) is dequantized in fp32 and split into a high and a low
+ * FP16/BF16 part, two MMAs.  V is dequantized (one rounding per value).  Open segments are read as they are, tokens
  * past the sequence zeroed.  Fragments come from shared memory by
  * ldmatrix (rows padded by 16 bytes: no bank conflicts).  The causal mask
  * is applied only to tiles that reach past the chunk's first query.
@@ -27,6 +31,7 @@
 #ifndef KVQ_CUDA_PREFILL_CUH
 #define KVQ_CUDA_PREFILL_CUH
 
+#include "convert.cuh"
 #include "mma.cuh"
 #include "state.cuh"
 
@@ -64,6 +69,9 @@ template <int KF, int VF, int D, int ACT> struct pf_traits {
 	/* sealed parts copied as they are (no parameters, the activation's code) */
 	static constexpr bool KNAT = KK == KVQ_PARAM_NONE && KT::code == NATIVE;
 	static constexpr bool VNAT = VK == KVQ_PARAM_NONE && VT::code == NATIVE;
+	/* K as codes, its per-token scale on the scores; or K in two parts */
+	static constexpr bool KEXACT = KK == KVQ_PARAM_TOKEN;
+	static constexpr bool KSPLIT = !KNAT && !KEXACT;
 	static constexpr uint32_t KS = D + 8, VS = PF_TILE + 8;   /* row strides of the MMA buffers (elements) */
 	static constexpr uint32_t KROW = D * KB / 8;               /* bytes of one token's K codes */
 	static constexpr uint32_t VSEG = PF_SEG * VB / 8;          /* bytes of one dim's V codes in a segment */
@@ -75,9 +83,12 @@ template <int KF, int VF, int D, int ACT> struct pf_traits {
 				      : KK == KVQ_PARAM_GROUP ? PF_SEG * KNG * 4
 				      : KK == KVQ_PARAM_CHANNEL ? D * 4 : 0;
 	static constexpr uint32_t VPB = VK == KVQ_PARAM_TOKEN ? PF_SEG * 2 : VK == KVQ_PARAM_GROUP ? VNG * PF_SEG * 4 : 0;
-	/* shared memory: two MMA buffers of K and V, then the staged codes and parameters */
+	/* shared memory: two MMA buffers of K and V, of K's low part or K's
+	 * scales, then the staged codes and parameters */
 	static constexpr uint32_t K_BUF = PF_TILE * KS * 2, V_BUF = D * VS * 2;
-	static constexpr uint32_t O_KST = 2 * (K_BUF + V_BUF);
+	static constexpr uint32_t O_KLO = 2 * (K_BUF + V_BUF);
+	static constexpr uint32_t O_KSC = O_KLO + (KSPLIT ? 2 * K_BUF : 0);   /* KEXACT: fp16 scales [2][PF_TILE] */
+	static constexpr uint32_t O_KST = O_KSC + (KEXACT ? 2 * PF_TILE * 2 : 0);
 	static constexpr uint32_t O_VST = O_KST + (KNAT ? 0 : PF_TILE * KROW);
 	static constexpr uint32_t O_KP = O_VST + (VNAT ? 0 : D * 2 * VSEG);
 	static constexpr uint32_t O_VP = O_KP + 2 * KPB;
@@ -195,6 +206,13 @@ __device__ __forceinline__ float pf_half(const uint8_t *p)
 	return __half2float(*reinterpret_cast<const __half *>(p));
 }
 
+/* The product of two FP16 pairs, each rounded once. */
+__device__ __forceinline__ uint32_t pf_mul2(uint32_t a, uint32_t b)
+{
+	__half2 h = __hmul2(*reinterpret_cast<__half2 *>(&a), *reinterpret_cast<__half2 *>(&b));
+	return *reinterpret_cast<uint32_t *>(&h);
+}
+
 /* Eight codes of BITS bits starting at p (aligned to their size), as words. */
 template <int BITS> __device__ __forceinline__ void pf_codes8(uint32_t (&w)[4], const uint8_t *p)
 {
@@ -230,6 +248,8 @@ __device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, ui
 	const uint32_t tid = threadIdx.x;
 	uint16_t *Kb = reinterpret_cast<uint16_t *>(smem + buf * TR::K_BUF);
 	uint16_t *Vb = reinterpret_cast<uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+	uint16_t *Kl = reinterpret_cast<uint16_t *>(smem + TR::O_KLO + buf * TR::K_BUF);
+	uint16_t *Ks = reinterpret_cast<uint16_t *>(smem + TR::O_KSC + buf * PF_TILE * 2);
 
 #pragma unroll
 	for (int g = 0; g < 2; g++) {
@@ -243,32 +263,46 @@ __device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, ui
 		if (kind != PF_SEALED || !TR::KNAT)
 			for (uint32_t i = tid; i < PF_SEG * D / 8; i += PF_THREADS) {
 				const uint32_t t = i / (D / 8), d0 = (i % (D / 8)) * 8;
-				uint4 y = make_uint4(0, 0, 0, 0);
+				uint4 y = make_uint4(0, 0, 0, 0), ylo = make_uint4(0, 0, 0, 0);
 				if (kind == PF_OPEN && tg + t < n) {
 					y = __ldg(reinterpret_cast<const uint4 *>(ok + (size_t)(tb + t) * D + d0));
 				} else if (kind == PF_SEALED) {
 					uint32_t w[4];
 					pf_codes8<TR::KB>(w, smem + TR::O_KST + (g * PF_SEG + t) * TR::KROW + d0 * TR::KB / 8);
-					const uint8_t *kp = smem + TR::O_KP + g * TR::KPB;
-					float v[8];
+					if constexpr (TR::KEXACT && TR::KB == 8) {
+						dec_cvt<KF, ACT>::four(w[0], y.x, y.y);
+						dec_cvt<KF, ACT>::four(w[1], y.z, y.w);
+					} else {
+						const uint8_t *kp = smem + TR::O_KP + g * TR::KPB;
+						float v[8], lo[8];
 #pragma unroll
-					for (int k = 0; k < 8; k++) {
-						float r = KT::raw(pf_code<TR::KB>(w, k));
-						if constexpr (TR::KK == KVQ_PARAM_TOKEN) {
-							r *= pf_half(kp + t * 2);
-						} else if constexpr (TR::KK == KVQ_PARAM_GROUP) {
-							const uint8_t *e = kp + (t * TR::KNG + d0 * TR::KNG / D) * 4;
-							r = r * pf_half(e) + pf_half(e + 2);
-						} else if constexpr (TR::KK == KVQ_PARAM_CHANNEL) {
-							r = r * pf_half(kp + (d0 + k) * 4) + pf_half(kp + (d0 + k) * 4 + 2);
+						for (int k = 0; k < 8; k++) {
+							float r = KT::raw(pf_code<TR::KB>(w, k));
+							if constexpr (TR::KK == KVQ_PARAM_GROUP) {
+								const uint8_t *e = kp + (t * TR::KNG + d0 * TR::KNG / D) * 4;
+								r = r * pf_half(e) + pf_half(e + 2);
+							} else if constexpr (TR::KK == KVQ_PARAM_CHANNEL) {
+								r = r * pf_half(kp + (d0 + k) * 4) + pf_half(kp + (d0 + k) * 4 + 2);
+							}
+							v[k] = AT::to_f(AT::from_f(r));
+							lo[k] = r - v[k];
 						}
-						v[k] = r;
+						y = make_uint4(AT::pack(v[0], v[1]), AT::pack(v[2], v[3]), AT::pack(v[4], v[5]),
+							       AT::pack(v[6], v[7]));
+						ylo = make_uint4(AT::pack(lo[0], lo[1]), AT::pack(lo[2], lo[3]),
+								 AT::pack(lo[4], lo[5]), AT::pack(lo[6], lo[7]));
 					}
-					y = make_uint4(AT::pack(v[0], v[1]), AT::pack(v[2], v[3]), AT::pack(v[4], v[5]),
-						       AT::pack(v[6], v[7]));
 				}
 				*reinterpret_cast<uint4 *>(Kb + (g * PF_SEG + t) * TR::KS + d0) = y;
+				if constexpr (TR::KSPLIT)
+					*reinterpret_cast<uint4 *>(Kl + (g * PF_SEG + t) * TR::KS + d0) = ylo;
 			}
+		/* K's scales for the scores of this buffer (a segment not sealed: ones) */
+		if constexpr (TR::KEXACT)
+			if (tid < PF_SEG)
+				Ks[g * PF_SEG + tid] = kind == PF_SEALED
+					? *reinterpret_cast<const unsigned short *>(smem + TR::O_KP + g * TR::KPB + tid * 2)
+					: (unsigned short)0x3c00u;
 		/* V: dim d, tokens [8c, 8c + 8) of the segment */
 		if (kind != PF_SEALED || !TR::VNAT)
 			for (uint32_t i = tid; i < D * (PF_SEG / 8); i += PF_THREADS) {
@@ -281,6 +315,18 @@ __device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, ui
 										  [(size_t)(tb + c0 + k) * D + d])
 								       : 0.0f;
 				} else if (kind == PF_SEALED) {
+					if constexpr (TR::VK == KVQ_PARAM_TOKEN && TR::VB == 8 && ACT == KVQ_DT_F16) {
+						/* codes to exact pairs, times their scales: one rounding each */
+						uint32_t w[4], c[4];
+						pf_codes8<TR::VB>(w, smem + TR::O_VST + d * 2 * TR::VSEG + g * TR::VSEG + c0);
+						dec_cvt<VF, ACT>::four(w[0], c[0], c[1]);
+						dec_cvt<VF, ACT>::four(w[1], c[2], c[3]);
+						const uint4 sc = *reinterpret_cast<const uint4 *>(smem + TR::O_VP + g * TR::VPB + c0 * 2);
+						*reinterpret_cast<uint4 *>(Vb + d * TR::VS + g * PF_SEG + c0) =
+							make_uint4(pf_mul2(c[0], sc.x), pf_mul2(c[1], sc.y), pf_mul2(c[2], sc.z),
+								   pf_mul2(c[3], sc.w));
+						continue;
+					}
 					uint32_t w[4];
 					pf_codes8<TR::VB>(w, smem + TR::O_VST + d * 2 * TR::VSEG + g * TR::VSEG + c0 * TR::VB / 8);
 					const uint8_t *vp = smem + TR::O_VP + g * TR::VPB;
@@ -382,6 +428,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
 		}
 		const uint16_t *Kb = reinterpret_cast<const uint16_t *>(smem + buf * TR::K_BUF);
 		const uint16_t *Vb = reinterpret_cast<const uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+		const uint16_t *Kl = reinterpret_cast<const uint16_t *>(smem + TR::O_KLO + buf * TR::K_BUF);
 		/* lane's row address within an ldmatrix x4 of two 8-row matrices pairs */
 		const uint32_t lr = 8 * (lane >> 4) + (lane & 7), lc = 8 * ((lane >> 3) & 1);
 
@@ -400,6 +447,19 @@ __global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
 				ldsm_x4(b, Kb + (16 * np + lr) * TR::KS + 16 * k + lc);
 				mma16816<ACT>(sc[2 * np], qa[k], b);
 				mma16816<ACT>(sc[2 * np + 1], qa[k], b + 2);
+				if constexpr (TR::KSPLIT) {
+					ldsm_x4(b, Kl + (16 * np + lr) * TR::KS + 16 * k + lc);
+					mma16816<ACT>(sc[2 * np], qa[k], b);
+					mma16816<ACT>(sc[2 * np + 1], qa[k], b + 2);
+				}
+			}
+		if constexpr (TR::KEXACT)   /* K's per-token scales on the scores */
+#pragma unroll
+			for (int n = 0; n < (int)PF_TILE / 8; n++) {
+				const uint32_t t = 8 * n + 2 * qc;
+				const __half2 s2 = *reinterpret_cast<const __half2 *>(smem + TR::O_KSC + buf * PF_TILE * 2 + t * 2);
+				const float2 f = __half22float2(s2);
+				sc[n][0] *= f.x, sc[n][1] *= f.y, sc[n][2] *= f.x, sc[n][3] *= f.y;
 			}
 
 		/* ---- scale, mask (tiles that reach past the first query, or
