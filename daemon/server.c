@@ -389,6 +389,12 @@ static void srv_on_accept(evutil_socket_t lfd, short what, void *arg)
 			s->spare_fd = -1;
 			no_fds = true;
 			fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+			if (fd < 0) {
+				int e = errno;
+
+				s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+				errno = e;
+			}
 		}
 		if (fd < 0) {
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
