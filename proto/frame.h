@@ -36,6 +36,7 @@
 #define KVQ_PROTO_MAX_MESSAGE 1024u     /* a reply's message */
 #define KVQ_PROTO_MAX_ACL 63u           /* uids, and gids, in a PoolAdd (root is added) */
 #define KVQ_PROTO_MAX_CLIENTS 1024u     /* clients in a StatsReply: the most connections kvqd takes */
+#define KVQ_PROTO_MAX_POOLS 256u        /* pools in a StatsReply: the most pools kvqd holds */
 
 /*
  * Memory protobuf-c may allocate to unpack one envelope.  Unpacked size is

@@ -285,12 +285,79 @@ static void accounting(void)
 	kvq_state_conn_free(a);
 }
 
+/* PoolAdd of a small pool called name by c; the reply's message in msg. */
+static int pool_add(struct kvq_conn *c, const char *name, char *msg, size_t len)
+{
+	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;
+	Kvq__Attach a = KVQ__ATTACH__INIT;
+	Kvq__PoolAdd pa = KVQ__POOL_ADD__INIT;
+	Kvq__Envelope e;
+	struct kvq_reply r;
+	int st;
+
+	pc.backend = "";
+	pc.device = -1;
+	a.pool = (char *)name;
+	a.model_id = INPROC_MODEL;
+	a.policy = "int8";
+	a.layers = INPROC_L;
+	a.kv_heads = INPROC_H;
+	a.head_dim = INPROC_D;
+	a.block_tokens = INPROC_B;
+	a.act = KVQ__DTYPE__DTYPE_F16;
+	a.layout_version = KVQ_LAYOUT_VERSION;
+	a.create = &pc;
+	pa.spec = &a;
+	pa.capacity = 128u << 10;
+	env(&e, KVQ__ENVELOPE__BODY_POOL_ADD);
+	e.pool_add = &pa;
+	st = inproc_call(&t, c, &e, &r);
+	snprintf(msg, len, "%s", r.e.message ? r.e.message : "");
+	kvq_reply_fini(&r);
+	return st;
+}
+
+/* kvqd holds at most KVQ_PROTO_MAX_POOLS pools, the most a Stats reply
+ * lists: the largest Stats reply is within a frame and passes the check. */
+static void pool_limit(void)
+{
+	struct kvq_conn *c = inproc_conn(&t, 0);
+	char msg[KVQ_PROTO_MAX_MESSAGE], name[16];
+	uint32_t have = 0, added = 0;
+	Kvq__Envelope e;
+	Kvq__Stats q;
+	struct kvq_reply r;
+	int st, size = -1;
+
+	for (struct kvq_pools_rec *p = t.st.pools.head; p; p = p->next)
+		have++;
+	inproc_hello(&t, c);
+	for (uint32_t i = have; i < KVQ_PROTO_MAX_POOLS; i++) {
+		snprintf(name, sizeof(name), "p%u", i);
+		added += pool_add(c, name, msg, sizeof(msg)) == 0;
+	}
+	ok(have + added == KVQ_PROTO_MAX_POOLS, "%u pools added, %u in all", added, have + added);
+	ok(pool_add(c, "onemore", msg, sizeof(msg)) == -ENOSPC && strstr(msg, "256 pools"),
+	   "one more: -ENOSPC (%s)", msg);
+	ok(inproc_attach(&t, c, "onemore", true) == -ENOSPC, "an attach that would create one: -ENOSPC too");
+	inproc_stats_req(&e, &q);
+	st = inproc_call(&t, c, &e, &r);
+	if (st == 0)
+		size = kvq_frame_size(&r.e);
+	ok(st == 0 && r.e.stats_reply->n_pools == KVQ_PROTO_MAX_POOLS && kvq_frame_check(&r.e, 0, NULL, 0) == 0 &&
+	   size > 0 && size <= (int)(KVQ_FRAME_HDR + KVQ_FRAME_MAX),
+	   "Stats of %u pools: a %d-byte reply the clients accept", KVQ_PROTO_MAX_POOLS, size);
+	kvq_reply_fini(&r);
+	kvq_state_conn_free(c);
+}
+
 int main(void)
 {
 	if (!ok(inproc_start(&t, NULL, 0) == 0, "a daemon state in process, the daemon's table"))
 		return done_testing();
 	order_and_rights();
 	accounting();
+	pool_limit();
 	inproc_stop(&t);
 	return done_testing();
 }
