@@ -165,13 +165,22 @@ static int fork_ids(struct kvq_conn *c, uint32_t *ids, size_t n)
 	return inproc_status(&t, c, &e);
 }
 
+/* e from c: its status, the reply's message in msg. */
+static int call_msg(struct kvq_conn *c, Kvq__Envelope *e, char *msg, size_t len)
+{
+	struct kvq_reply r;
+	int st = inproc_call(&t, c, e, &r);
+
+	snprintf(msg, len, "%s", r.e.message ? r.e.message : "");
+	kvq_reply_fini(&r);
+	return st;
+}
+
 static int admin_req(struct kvq_conn *c, bool drop, const char *pool, char *msg, size_t len)
 {
 	Kvq__Envelope e;
 	Kvq__Evict ev = KVQ__EVICT__INIT;
 	Kvq__PoolDrop pd = KVQ__POOL_DROP__INIT;
-	struct kvq_reply r;
-	int st;
 
 	ev.pool = pd.pool = (char *)pool;
 	if (drop) {
@@ -181,10 +190,7 @@ static int admin_req(struct kvq_conn *c, bool drop, const char *pool, char *msg,
 		env(&e, KVQ__ENVELOPE__BODY_EVICT);
 		e.evict = &ev;
 	}
-	st = inproc_call(&t, c, &e, &r);
-	snprintf(msg, len, "%s", r.e.message ? r.e.message : "");
-	kvq_reply_fini(&r);
-	return st;
+	return call_msg(c, &e, msg, len);
 }
 
 static void order_and_rights(void)
@@ -288,33 +294,19 @@ static void accounting(void)
 /* PoolAdd of a small pool called name by c; the reply's message in msg. */
 static int pool_add(struct kvq_conn *c, const char *name, char *msg, size_t len)
 {
-	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;
-	Kvq__Attach a = KVQ__ATTACH__INIT;
+	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;   /* slot counts from the capacity */
+	Kvq__Attach a;
 	Kvq__PoolAdd pa = KVQ__POOL_ADD__INIT;
 	Kvq__Envelope e;
-	struct kvq_reply r;
-	int st;
 
 	pc.backend = "";
 	pc.device = -1;
-	a.pool = (char *)name;
-	a.model_id = INPROC_MODEL;
-	a.policy = "int8";
-	a.layers = INPROC_L;
-	a.kv_heads = INPROC_H;
-	a.head_dim = INPROC_D;
-	a.block_tokens = INPROC_B;
-	a.act = KVQ__DTYPE__DTYPE_F16;
-	a.layout_version = KVQ_LAYOUT_VERSION;
-	a.create = &pc;
+	a = inproc_spec(name, &pc);
 	pa.spec = &a;
 	pa.capacity = 128u << 10;
 	env(&e, KVQ__ENVELOPE__BODY_POOL_ADD);
 	e.pool_add = &pa;
-	st = inproc_call(&t, c, &e, &r);
-	snprintf(msg, len, "%s", r.e.message ? r.e.message : "");
-	kvq_reply_fini(&r);
-	return st;
+	return call_msg(c, &e, msg, len);
 }
 
 /* kvqd holds at most KVQ_PROTO_MAX_POOLS pools, the most a Stats reply
