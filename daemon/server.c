@@ -64,6 +64,7 @@ static void conn_on_closed(kvq_peer *peer, const char *why, void *arg);
 static void conn_on_pidfd(evutil_socket_t fd, short what, void *arg);
 static void srv_on_accept(evutil_socket_t fd, short what, void *arg);
 static void conn_on_timer(evutil_socket_t fd, short what, void *arg);
+static void conn_arm(struct kvq_conn *c);
 static void srv_resume(kvq_server *s);
 
 static const struct kvq_peer_cb conn_cb = { conn_on_frame, conn_on_closed };
@@ -186,6 +187,7 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, vo
 	struct timespec t0, t1;
 	struct kvq_reply r;
 	size_t row = 0;
+	bool had_hello = c->hello;
 	int parsed;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -198,6 +200,9 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, vo
 	}
 	if (r.close_after)
 		kvq_peer_close_after(peer);
+	/* from the Hello's deadline to the idle time's */
+	if (c->hello != had_hello)
+		conn_arm(c);
 	if (parsed) {
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		kvq_hist_observe(&s->latency[row],
