@@ -9,6 +9,8 @@
  *   - slow readers (Stats without end, replies never read) and connections
  *     that never say Hello: kvqd's RSS stays within the limits plus 64 MiB
  *     and a good client's round trip p99 within 10 ms;
+ *   - the idle timeout closes a silent connection attached to no pool, not
+ *     an attached worker;
  *   - at the file descriptor limit kvqd uses at most 10 % of a core and a
  *     new client gets a clear error within 2 s.
  * The figures are printed as TAP comments.  The uid parts need root.
@@ -597,6 +599,43 @@ static void test_slow_readers(void)
 	stop(d, "slow readers");
 }
 
+/* ---------------------------------------------------------------- the idle timeout */
+
+#define IDLE_MS 500
+
+/* Only a connection attached to no pool, hence holding no lease, is timed
+ * out, and only when it sends nothing. */
+static void test_idle(void)
+{
+	struct kvq_conn bare, busy, worker;
+	char extra[64];
+	int r_bare, r_worker, busy_ok = 1;
+	double t;
+	pid_t d;
+
+	snprintf(extra, sizeof(extra), "idle_timeout_ms = %d\n", IDLE_MS);
+	d = start("limits-idle", extra);
+	if (!ok(d > 0, "kvqd with idle_timeout_ms %d", IDLE_MS))
+		return;
+	ok(open_conn(&bare, "bare") == 0 && open_conn(&busy, "busy") == 0 && open_conn(&worker, "worker") == 0 &&
+	   attach(&worker, "w", true) == 0, "three clients: one says Hello only, one asks Stats, one attaches");
+	for (t = now_s(); now_s() - t < 3.0 * IDLE_MS / 1000.0;) {
+		busy_ok &= stats(&busy, "", NULL) == 0;
+		usleep(IDLE_MS * 1000 / 4);
+	}
+	r_bare = stats(&bare, "", NULL);
+	ok(r_bare == -ETIMEDOUT && strstr(bare.msg, "idle_timeout_ms"),
+	   "the client attached to no pool and silent for %d ms is closed, told why (%d: %s)", 3 * IDLE_MS, r_bare,
+	   bare.msg);
+	ok(busy_ok, "the one that keeps asking is not");
+	r_worker = stats(&worker, "w", NULL);
+	ok(r_worker == 0, "the attached worker, as silent, keeps its connection and lease (%d)", r_worker);
+	kvq_conn_close(&bare);
+	kvq_conn_close(&busy);
+	kvq_conn_close(&worker);
+	stop(d, "idle timeout");
+}
+
 /* ---------------------------------------------------------------- the fd limit */
 
 #define NOFILE 128              /* 16 connections by the fd budget */
@@ -694,6 +733,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	test_hidden_and_uid();
 	test_slow_readers();
+	test_idle();
 	test_fd_limit();
 	return done_testing();
 }
