@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvq-bench control: the control-plane benchmark, with the protocol client
- * it speaks (struct ctl_conn to ctl_open, kept together).
+ * kvq-bench control: the control-plane benchmark.
  *
- * "control" speaks the protocol (proto/frame.h, not libkvq) to a running
+ * "control" speaks the protocol (proto/conn.h, not libkvq) to a running
  * kvqd from one client and measures block operations per second in batches
  * of 64 (each block counted once in each of Alloc, Seal, Publish and
  * Release), the round trip of a single small request (Stats), and the time
@@ -14,30 +13,28 @@
 
 #include <errno.h>
 #include <math.h>
-#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "conn.h"
 #include "frame.h"
 #include "kvq_wire.h"
 
 /*
- * "control" drives a running kvqd through the protocol (proto/frame.h, no
+ * "control" drives a running kvqd through the protocol (proto/conn.h, no
  * libkvq) from one client on one connection.  A cycle is what a decode step
  * does with a batch: Seal the batch's open slots into their reserved sealed
  * slots, Publish them (a chain of CTL_BATCH blocks of B tokens each, tokens
  * unique to the cycle and the run, so nothing deduplicates), Release the
  * published blocks, and Alloc the next batch; the four requests go in one
- * write and their replies are read afterwards: one round trip per cycle, as
- * kvq.proto suggests.
+ * write and their replies are read afterwards (kvq_conn_reply): one round
+ * trip per cycle, as kvq.proto suggests.
  */
 #define CTL_BATCH 64u
 #define CTL_OPS_PER_CYCLE (4u * CTL_BATCH)   /* each block: alloc, seal, publish, release */
@@ -56,7 +53,7 @@
 #define CTL_ATTACH_SAMPLES 9u
 #define CTL_OPS_TARGET 300000.0
 #define CTL_RTT_P99_TARGET_US 100.0
-#define CTL_ERR 512
+#define CTL_ERR (KVQ_PROTO_MAX_MESSAGE + 256)
 
 struct ctl_cfg {
 	const char *socket;
@@ -65,11 +62,9 @@ struct ctl_cfg {
 	double seconds;
 };
 
+/* The connection, the frames queued for one write, and the mapped pool. */
 struct ctl_conn {
-	int fd;
-	int pool_fd;
-	struct kvq_frame_decoder dec;
-	uint64_t next_id;
+	struct kvq_conn conn;
 	uint8_t *obuf;             /* frames queued by ctl_queue */
 	size_t olen, ocap;
 	void *base;
@@ -81,56 +76,50 @@ struct ctl_conn {
 static void ctl_init(struct ctl_conn *c)
 {
 	memset(c, 0, sizeof *c);
-	c->fd = c->pool_fd = -1;
-	kvq_frame_decoder_init(&c->dec);
+	kvq_conn_init(&c->conn, CTL_TIMEOUT_MS);
 }
 
 static void ctl_close(struct ctl_conn *c)
 {
 	if (c->base)
 		munmap(c->base, c->map_bytes);
-	if (c->pool_fd >= 0)
-		close(c->pool_fd);
-	if (c->fd >= 0)
-		close(c->fd);
-	kvq_frame_decoder_fini(&c->dec);
+	kvq_conn_close(&c->conn);
 	free(c->obuf);
 	ctl_init(c);
 }
 
-static int ctl_connect(struct ctl_conn *c, const char *path, char *err)
+/* Says in err why what failed on c with r; returns r. */
+static int ctl_fail(const struct ctl_conn *c, int r, const char *what, char *err)
 {
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	int r;
+	const struct kvq_conn *k = &c->conn;
 
-	if (strlen(path) >= sizeof a.sun_path) {
-		snprintf(err, CTL_ERR, "socket path too long: %s", path);
-		return -ENAMETOOLONG;
-	}
-	memcpy(a.sun_path, path, strlen(path));
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (c->fd < 0) {
-		r = -errno;
-		snprintf(err, CTL_ERR, "socket: %s", strerror(-r));
-		return r;
-	}
-	if (connect(c->fd, (struct sockaddr *)&a, sizeof a) < 0) {
-		r = -errno;
+	switch (k->fault) {
+	case KVQ_CONN_PATH:
+	case KVQ_CONN_SOCKET:
+		snprintf(err, CTL_ERR, "%s", k->msg);
+		break;
+	case KVQ_CONN_CONNECT:
 		if (r == -ENOENT || r == -ECONNREFUSED)
-			snprintf(err, CTL_ERR, "kvqd is not running (nothing listens on %s: %s)", path, strerror(-r));
+			snprintf(err, CTL_ERR, "kvqd is not running (nothing listens on %s: %s)", k->path, strerror(-r));
 		else
-			snprintf(err, CTL_ERR, "cannot connect to %s: %s", path, strerror(-r));
-		return r;
+			snprintf(err, CTL_ERR, "cannot connect to %s: %s", k->path, strerror(-r));
+		break;
+	case KVQ_CONN_STATUS:
+		snprintf(err, CTL_ERR, "%s refused: %s (%d)", what, k->msg, r);
+		break;
+	default:
+		snprintf(err, CTL_ERR, "%s: %s", what, k->msg);
 	}
-	return 0;
+	return r;
 }
 
-/* Appends e as a frame to the output buffer; returns its request id or 0. */
+/* Appends e as a frame to the output buffer, with the connection's next
+ * request id; returns the id or 0. */
 static uint64_t ctl_queue(struct ctl_conn *c, Kvq__Envelope *e, char *err)
 {
 	int n;
 
-	e->id = ++c->next_id;
+	e->id = ++c->conn.next_id;
 	n = kvq_frame_size(e);
 	if (n < 0) {
 		snprintf(err, CTL_ERR, "cannot frame a request: %s", strerror(-n));
@@ -156,96 +145,38 @@ static uint64_t ctl_queue(struct ctl_conn *c, Kvq__Envelope *e, char *err)
 	return e->id;
 }
 
-/* Sends everything queued, in as few sendmsg calls as the socket allows. */
+/* Sends everything queued in one write (as few sendmsg calls as the socket
+ * allows). */
 static int ctl_flush(struct ctl_conn *c, char *err)
 {
-	size_t off = 0;
+	int r = kvq_frame_send_frames(c->conn.fd, c->obuf, c->olen, -1, c->conn.timeout_ms);
 
-	while (off < c->olen) {
-		int r = kvq_frame_send(c->fd, c->obuf + off, c->olen - off, -1);
-
-		if (r == -EAGAIN) {
-			struct pollfd p = { .fd = c->fd, .events = POLLOUT };
-
-			r = poll(&p, 1, CTL_TIMEOUT_MS);
-			if (r == 0) {
-				snprintf(err, CTL_ERR, "kvqd does not read its socket (timed out)");
-				return -ETIMEDOUT;
-			}
-			if (r < 0 && errno != EINTR) {
-				snprintf(err, CTL_ERR, "poll: %s", strerror(errno));
-				return -errno;
-			}
-			continue;
-		}
-		if (r < 0) {
-			snprintf(err, CTL_ERR, "send to kvqd: %s", r == -EPIPE ? "kvqd closed the connection"
-										: strerror(-r));
-			return r;
-		}
-		off += (size_t)r;
-	}
 	c->olen = 0;
-	return 0;
+	if (r < 0) {
+		c->conn.broken = true;
+		snprintf(err, CTL_ERR, "send to kvqd: %s", r == -EPIPE ? "kvqd closed the connection" : kvq_strerror(r));
+	}
+	return r;
 }
 
-/* Reads the reply to request id, which must have body type want: returns 0
- * and *ret (kvq_frame_envelope_free), the reply's negative status with the
- * daemon's message in err, or a transport error. */
+/* The reply to request id (sent by ctl_flush), of body type want: 0 and
+ * *ret (kvq_frame_envelope_free; NULL: freed), or kvq_conn_reply's error
+ * with why in err. */
 static int ctl_reply(struct ctl_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, const char *what,
 		     Kvq__Envelope **ret, char *err)
 {
-	Kvq__Envelope *rep = NULL;
-	int r;
+	int r = kvq_conn_reply(&c->conn, id, want, ret);
 
-	r = kvq_frame_recv_envelope(c->fd, &c->dec, &c->pool_fd, CTL_TIMEOUT_MS, &rep);
-	if (r < 0) {
-		snprintf(err, CTL_ERR, "%s: no reply from kvqd: %s", what,
-			 r == -ECONNRESET ? "connection closed" : strerror(-r));
-		return r;
-	}
-	if (rep->id != id) {
-		snprintf(err, CTL_ERR, "%s: reply to request %llu, expected %llu", what,
-			 (unsigned long long)rep->id, (unsigned long long)id);
-		r = -EPROTO;
-	} else if (rep->status < 0) {
-		snprintf(err, CTL_ERR, "%s refused: %s (%d)", what, rep->message && *rep->message ? rep->message
-				 : strerror(-rep->status), rep->status);
-		r = rep->status;
-	} else if (rep->body_case != want) {
-		snprintf(err, CTL_ERR, "%s: unexpected reply body %d", what, (int)rep->body_case);
-		r = -EPROTO;
-	}
-	if (r < 0 || !ret)
-		kvq_frame_envelope_free(rep);
-	else
-		*ret = rep;
-	return r;
+	return r < 0 ? ctl_fail(c, r, what, err) : 0;
 }
 
 /* One request, one reply. */
 static int ctl_rpc(struct ctl_conn *c, Kvq__Envelope *e, Kvq__Envelope__BodyCase want, const char *what,
 		   Kvq__Envelope **ret, char *err)
 {
-	uint64_t id = ctl_queue(c, e, err);
-	int r;
+	int r = kvq_conn_call(&c->conn, e, want, ret);
 
-	if (!id)
-		return -ENOMEM;
-	r = ctl_flush(c, err);
-	return r < 0 ? r : ctl_reply(c, id, want, what, ret, err);
-}
-
-static int ctl_hello(struct ctl_conn *c, char *err)
-{
-	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
-	Kvq__Hello h = KVQ__HELLO__INIT;
-
-	h.protocol_version = KVQ_PROTOCOL_VERSION;
-	h.client_name = PROG;
-	e.body_case = KVQ__ENVELOPE__BODY_HELLO;
-	e.hello = &h;
-	return ctl_rpc(c, &e, KVQ__ENVELOPE__BODY_HELLO_REPLY, "hello", NULL, err);
+	return r < 0 ? ctl_fail(c, r, what, err) : 0;
 }
 
 /* Attaches to pool (creating it when it does not exist) and maps it. */
@@ -277,13 +208,13 @@ static int ctl_attach(struct ctl_conn *c, const char *pool, char *err)
 	if (r < 0)
 		return r;
 	ar = rep->attach_reply;
-	if (c->pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
+	if (c->conn.pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
 		snprintf(err, CTL_ERR, "attach: the reply came without the pool's memory");
 		r = -EPROTO;
 		goto out;
 	}
 	c->map_bytes = (size_t)ar->map_bytes;
-	c->base = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->pool_fd, 0);
+	c->base = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->conn.pool_fd, 0);
 	if (c->base == MAP_FAILED) {
 		r = -errno;
 		c->base = NULL;
@@ -300,17 +231,16 @@ out:
 	return r;
 }
 
+/* Connect, Hello (kvq_conn_open), attach, map. */
 static int ctl_open(struct ctl_conn *c, const struct ctl_cfg *cfg, char *err)
 {
 	int r;
 
 	ctl_init(c);
-	r = ctl_connect(c, cfg->socket, err);
-	if (r == 0)
-		r = ctl_hello(c, err);
-	if (r == 0)
-		r = ctl_attach(c, cfg->pool, err);
-	return r;
+	r = kvq_conn_open(&c->conn, cfg->socket, PROG);
+	if (r < 0)
+		return ctl_fail(c, r, "hello", err);
+	return ctl_attach(c, cfg->pool, err);
 }
 
 static double pct(const double *sorted, size_t n, double q)

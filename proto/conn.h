@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A blocking client connection to kvqd, for the programs that speak the
- * protocol as clients (libkvq, kvqctl; kvq-bench can take it too, its
- * pipelined requests through kvq_conn_reply): connect to the socket
+ * protocol as clients (libkvq, kvqctl, kvq-bench control, whose pipelined
+ * requests are read back with kvq_conn_reply): connect to the socket
  * (kvq_default_socket when none is given), Hello, then requests each read
  * back with its reply, checked against the request (id, kvq_frame_check,
  * body type).  Internal: not installed, not in libkvq's API.

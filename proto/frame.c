@@ -639,18 +639,14 @@ static int wait_sock(int sock, short events, int64_t deadline)
 	}
 }
 
-int kvq_frame_send_envelope(int sock, const Kvq__Envelope *e, int fd, int timeout_ms)
+int kvq_frame_send_frames(int sock, const void *buf, size_t len, int fd, int timeout_ms)
 {
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-	uint8_t *buf;
-	size_t len, off = 0;
-	int r;
+	size_t off = 0;
+	int r = -EINVAL;
 
-	r = kvq_frame_encode_alloc(e, &buf, &len);
-	if (r < 0)
-		return r;
 	while (off < len) {
-		r = send_flags(sock, buf + off, len - off, off == 0 ? fd : -1, MSG_DONTWAIT);
+		r = send_flags(sock, (const uint8_t *)buf + off, len - off, off == 0 ? fd : -1, MSG_DONTWAIT);
 		if (r > 0) {
 			off += (size_t)r;
 			continue;
@@ -661,8 +657,21 @@ int kvq_frame_send_envelope(int sock, const Kvq__Envelope *e, int fd, int timeou
 		if (r < 0)
 			break;
 	}
+	return len > 0 && off == len ? 0 : r;
+}
+
+int kvq_frame_send_envelope(int sock, const Kvq__Envelope *e, int fd, int timeout_ms)
+{
+	uint8_t *buf;
+	size_t len;
+	int r;
+
+	r = kvq_frame_encode_alloc(e, &buf, &len);
+	if (r < 0)
+		return r;
+	r = kvq_frame_send_frames(sock, buf, len, fd, timeout_ms);
 	free(buf);
-	return off == len ? 0 : r;
+	return r;
 }
 
 int kvq_frame_recv_envelope(int sock, struct kvq_frame_decoder *d, int *fd_slot, int timeout_ms,

@@ -169,6 +169,14 @@ int kvq_frame_recv(int sock, struct kvq_frame_decoder *d, int *fd_slot);
 int kvq_frame_send_envelope(int sock, const Kvq__Envelope *e, int fd, int timeout_ms);
 
 /*
+ * The same for bytes encoded already (kvq_frame_encode): buf[len], one frame
+ * or several, so that a pipelining caller sends its requests in one write.
+ * Returns 0, -EINVAL (len 0), -ETIMEDOUT (part of buf may be sent) or a
+ * send error.
+ */
+int kvq_frame_send_frames(int sock, const void *buf, size_t len, int fd, int timeout_ms);
+
+/*
  * Reads until d yields one frame and unpacks it: returns 0 and *ret, or
  * -ETIMEDOUT, -ECONNRESET (end of stream, even inside a frame), a framing
  * fault (-EPROTO, -EMSGSIZE), -EBADMSG, or a receive error.  fd_slot as

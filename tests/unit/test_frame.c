@@ -1170,6 +1170,28 @@ static void test_fd_passing(void)
 	kvq_frame_envelope_free(rep);
 	rep = NULL;
 
+	/* Two requests encoded into one buffer and sent in one call, as a
+	 * pipelining client does: both arrive, in order. */
+	{
+		Kvq__Envelope e2, *rep2 = NULL;
+		uint8_t buf[4096];
+		int n1, n2;
+
+		envelope_make(&e, 4);
+		envelope_make(&e2, 6);
+		n1 = kvq_frame_encode(&e, buf, sizeof(buf));
+		n2 = n1 > 0 ? kvq_frame_encode(&e2, buf + n1, sizeof(buf) - (size_t)n1) : -1;
+		r = n2 > 0 ? kvq_frame_send_frames(sv[0], buf, (size_t)(n1 + n2), -1, 1000) : -1;
+		r = r == 0 ? kvq_frame_recv_envelope(sv[1], &d, NULL, 1000, &rep) : r;
+		r = r == 0 ? kvq_frame_recv_envelope(sv[1], &d, NULL, 1000, &rep2) : r;
+		ok(r == 0 && envelope_eq(rep, &e) && envelope_eq(rep2, &e2) && kvq_frame_decoder_pending(&d) == 0,
+		   "two frames in one kvq_frame_send_frames: both decoded, in order");
+		ok(kvq_frame_send_frames(sv[0], buf, 0, -1, 1000) == -EINVAL, "kvq_frame_send_frames of nothing: -EINVAL");
+		kvq_frame_envelope_free(rep);
+		kvq_frame_envelope_free(rep2);
+		rep = NULL;
+	}
+
 	/* Timeout on a blocking socket with nothing to read. */
 	r = kvq_frame_recv_envelope(sv[1], &d, &got, 20, &rep);
 	ok(r == -ETIMEDOUT && !rep, "nothing to read within 20 ms on a blocking socket: -ETIMEDOUT");
