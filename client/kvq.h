@@ -72,10 +72,14 @@ struct kvq_stats {
 
 /* Connects to path (NULL: kvq_default_socket) and says Hello with name
  * (printable ASCII without blanks, at most 64 bytes; NULL: "libkvq").
- * Returns 0 and *ret_client, or -EINVAL, -ENOMEM, a connect error
- * (-ENOENT, -ECONNREFUSED, -EACCES), -EPROTONOSUPPORT (the daemon speaks
- * another protocol version) or a transport error.  On failure there is no
- * client to ask for the reason. */
+ * Connecting and every call after are bounded: 30 s for the connection to
+ * be taken, and 30 s for each request and its reply.  Returns 0 and
+ * *ret_client, or -EINVAL, -ENOMEM, a connect error (-ENOENT,
+ * -ECONNREFUSED, -EACCES), -ETIMEDOUT (kvqd took no connection or gave no
+ * reply in time), -EUSERS (kvqd refused: at its connection limit or the
+ * uid's), -EMFILE (kvqd is out of file descriptors), -EPROTONOSUPPORT (the
+ * daemon speaks another protocol version) or a transport error.  On
+ * failure there is no client to ask for the reason. */
 int kvq_client_connect(const char *path, const char *name, kvq_client **ret_client);
 
 /* Unmaps the pool and closes the connection; the daemon then drops the
@@ -96,7 +100,8 @@ uint64_t kvq_client_id(const kvq_client *c);
  * Joins (and maybe creates) a pool and maps its memory.  The reply's
  * geometry is rebuilt with kvq_layout_new on this side and must give the
  * daemon's byte count.  Returns 0; the daemon's codes (KVQ_ELAYOUT,
- * KVQ_EPOLICY, -ENOENT, -EACCES, -EISCONN, -ENOSPC, ...); KVQ_EPROTOCOL
+ * KVQ_EPOLICY, -ENOENT (no pool the caller may see), -EACCES (may not
+ * create one), -EEXIST, -EISCONN, -ENOSPC, ...); KVQ_EPROTOCOL
  * when the reply is inconsistent (no descriptor, sizes that disagree);
  * for a pool on the cuda backend: -ENOTSUP when this libkvq was built
  * without CUDA, -ENODEV (with a message) where no usable driver or the

@@ -50,6 +50,61 @@
 /* No quota. */
 #define KVQ_CONFIG_UNLIMITED UINT64_MAX
 
+/*
+ * The limits on what clients control, one row each and the one list of them:
+ * X(key, default, min, max, unit, what).  key is the [kvqd] key and the field
+ * of struct kvq_config_limits; unit is COUNT, BYTES (a size, K/M/G suffixes)
+ * or MS (milliseconds).  Every limit is reloaded by SIGHUP and applies to
+ * connections already open from then on (a lower connection limit closes
+ * none, it refuses new ones).  kvqd.conf(5) documents each row.
+ *   max_connections     connections at once (exiting ones included), and
+ *                       at most half the file descriptors kvqd has left
+ *                       after its own (daemon/server.c); its maximum is the
+ *                       protocol's KVQ_PROTO_MAX_CLIENTS, which bounds a
+ *                       StatsReply
+ *   max_connections_per_uid  live connections of one uid
+ *   max_output          reply bytes queued for one connection before kvqd
+ *                       decodes no more of its requests
+ *   frames_per_wakeup   requests of one connection answered before the
+ *                       others get their turn
+ *   handshake_timeout_ms  a connection that has sent no Hello by then is
+ *                       closed
+ *   idle_timeout_ms     a connection attached to no pool (it holds no
+ *                       lease) that sends nothing for this long is closed;
+ *                       0: never
+ *   accept_pause_ms     how long kvqd stops accepting when it is out of file
+ *                       descriptors or at max_connections (a connection's
+ *                       end resumes it sooner)
+ */
+#define KVQ_LIMITS(X) \
+	X(max_connections,         1024,        1,     1024,       COUNT, "connections at once") \
+	X(max_connections_per_uid, 512,         1,     1024,       COUNT, "connections of one uid") \
+	X(max_output,              (1u << 20),  65536, (64u << 20), BYTES, "queued reply bytes per connection") \
+	X(frames_per_wakeup,       32,          1,     4096,       COUNT, "requests per connection per turn") \
+	X(handshake_timeout_ms,    5000,        100,   600000,     MS,    "time to the Hello") \
+	X(idle_timeout_ms,         0,           0,     86400000,   MS,    "idle time of a connection with no pool")  \
+	X(accept_pause_ms,         200,         10,    10000,      MS,    "pause of accept at a limit")
+
+enum kvq_limit_unit { KVQ_LIMIT_COUNT, KVQ_LIMIT_BYTES, KVQ_LIMIT_MS };
+
+struct kvq_config_limits {
+#define KVQ_LIMIT_FIELD(key, def, lo, hi, unit, what) uint64_t key;
+	KVQ_LIMITS(KVQ_LIMIT_FIELD)
+#undef KVQ_LIMIT_FIELD
+};
+
+/* The rows of KVQ_LIMITS as data (conf_defaults.c): the parser's keys, the
+ * defaults, the checks. */
+struct kvq_limit_row {
+	const char *key;
+	uint64_t def, lo, hi;
+	enum kvq_limit_unit unit;
+	const char *what;
+	size_t offset;          /* of the field in struct kvq_config_limits */
+};
+extern const struct kvq_limit_row kvq_limit_rows[];
+extern const size_t kvq_limit_rows_n;
+
 /* An amount of memory: bytes, or a percent of something named where used. */
 enum kvq_config_amount_kind { KVQ_AMOUNT_BYTES = 0, KVQ_AMOUNT_PERCENT };
 
@@ -96,6 +151,7 @@ struct kvq_config {
 	uint64_t quota_per_uid;          /* default of pools, or KVQ_CONFIG_UNLIMITED */
 	struct kvq_config_acl admin_acl; /* who may evict, flush, add and drop pools */
 	char metrics_listen[KVQ_CONFIG_LISTEN_MAX + 1]; /* loopback "ADDR:PORT", "" when off */
+	struct kvq_config_limits limits; /* KVQ_LIMITS */
 	uint32_t n_pools;
 	struct kvq_config_pool *pools;
 };
@@ -105,7 +161,7 @@ struct kvq_config {
  * for root and the daemon's own user (create_uids / create_gids widen it;
  * create_uids replaces that default), created pools get 25% of the budget, no
  * quota, admin operations for root and the daemon's own user (admin_uids /
- * admin_gids as create_*), no metrics, no pools.  Returns 0 and *ret_config (free with kvq_config_free),
+ * admin_gids as create_*), no metrics, the limits' defaults (KVQ_LIMITS), no pools.  Returns 0 and *ret_config (free with kvq_config_free),
  * or -ENOMEM. */
 int kvq_config_new(struct kvq_config **ret_config);
 

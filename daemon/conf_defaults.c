@@ -2,6 +2,7 @@
 /* kvqd.conf's defaults (the built-in ones, a pool section's, what pools take
  * from [kvqd]) and what the daemon asks of a config once it is read. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
@@ -14,6 +15,14 @@
 #define DEFAULT_BUDGET_PERCENT 90.0
 #define DEFAULT_CREATE_PERCENT 25.0
 #define DEFAULT_BLOCK_TOKENS 32u
+
+const struct kvq_limit_row kvq_limit_rows[] = {
+#define KVQ_LIMIT_ROW(key, def, lo, hi, unit, what) \
+	{ #key, def, lo, hi, KVQ_LIMIT_##unit, what, offsetof(struct kvq_config_limits, key) },
+	KVQ_LIMITS(KVQ_LIMIT_ROW)
+#undef KVQ_LIMIT_ROW
+};
+const size_t kvq_limit_rows_n = sizeof(kvq_limit_rows) / sizeof(kvq_limit_rows[0]);
 
 void conf_defaults(struct kvq_config *c)
 {
@@ -34,6 +43,8 @@ void conf_defaults(struct kvq_config *c)
 	c->quota_per_uid = KVQ_CONFIG_UNLIMITED;
 	/* admin operations: the same default as pool creation */
 	c->admin_acl = c->create_acl;
+	for (size_t i = 0; i < kvq_limit_rows_n; i++)
+		*(uint64_t *)((char *)&c->limits + kvq_limit_rows[i].offset) = kvq_limit_rows[i].def;
 }
 
 void conf_pool_defaults(struct kvq_config_pool *pl)

@@ -45,6 +45,9 @@ const struct conf_key conf_keys[K_COUNT] = {
 	[K_MEMORY_SHARE] = { "memory_share", SEC_POOL },
 	[K_ACL_UIDS] = { "acl_uids", SEC_POOL },
 	[K_ACL_GIDS] = { "acl_gids", SEC_POOL },
+#define K_LIMIT_NAME(key, def, lo, hi, unit, what) [K_LIMIT_##key] = { #key, SEC_KVQD },
+	KVQ_LIMITS(K_LIMIT_NAME)
+#undef K_LIMIT_NAME
 };
 
 int conf_fail(struct conf_parser *p, unsigned line, const char *fmt, ...)
@@ -351,6 +354,26 @@ static int value_quota(struct conf_parser *p, const char *v, uint64_t *ret)
 
 /* ------------------------------------------------------------ keys */
 
+/* A row of KVQ_LIMITS: a count, a size or milliseconds within its range. */
+static int value_limit(struct conf_parser *p, const struct kvq_limit_row *row, const char *v)
+{
+	uint64_t x;
+	int rc;
+
+	if (row->unit == KVQ_LIMIT_BYTES) {
+		if ((rc = value_size(p, row->key, v, &x)) < 0)
+			return rc;
+	} else if (conf_parse_u64(v, &x) < 0) {
+		return conf_fail(p, p->line, "%s '%s' is not a number%s", row->key, v,
+				 row->unit == KVQ_LIMIT_MS ? " of milliseconds" : "");
+	}
+	if (x < row->lo || x > row->hi)
+		return conf_fail(p, p->line, "%s '%s' is not in %llu-%llu%s", row->key, v, (unsigned long long)row->lo,
+				 (unsigned long long)row->hi, row->unit == KVQ_LIMIT_BYTES ? " bytes" : "");
+	*(uint64_t *)((char *)&p->c->limits + row->offset) = x;
+	return 0;
+}
+
 static int set_kvqd(struct conf_parser *p, int k, char *v)
 {
 	struct kvq_config *c = p->c;
@@ -358,6 +381,8 @@ static int set_kvqd(struct conf_parser *p, int k, char *v)
 	uint64_t x;
 	int rc;
 
+	if (k >= K_FIRST_LIMIT)
+		return value_limit(p, &kvq_limit_rows[k - K_FIRST_LIMIT], v);
 	switch (k) {
 	case K_SOCKET:
 		if (v[0] != '/' || strlen(v) > KVQ_CONFIG_PATH_MAX)

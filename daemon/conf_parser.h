@@ -15,16 +15,23 @@
 
 enum { SEC_NONE = 0, SEC_KVQD = 1, SEC_POOL = 2 };
 
+/* The first limit's key; K_FIRST_LIMIT + i is kvq_limit_rows[i]'s. */
+#define K_FIRST_LIMIT K_LIMIT_max_connections
+
 enum key {
 	K_SOCKET, K_BACKEND, K_DEVICE, K_MEMORY_BUDGET, K_LOG_LEVEL, K_CREATE_ON_ATTACH, K_CREATE_UIDS,
 	K_CREATE_GIDS, K_CREATE_CAPACITY, K_CREATE_MEMORY_SHARE, K_QUOTA_PER_UID, K_ADMIN_UIDS, K_ADMIN_GIDS,
 	K_METRICS_LISTEN,
 	K_MODEL, K_LAYERS, K_KV_HEADS, K_HEAD_DIM, K_BLOCK_TOKENS, K_POLICY, K_WINDOW, K_WINDOW_DTYPE,
 	K_CAPACITY, K_MEMORY_SHARE, K_ACL_UIDS, K_ACL_GIDS,
+#define K_LIMIT_KEY(key, def, lo, hi, unit, what) K_LIMIT_##key,
+	KVQ_LIMITS(K_LIMIT_KEY)         /* one per row, in the rows' order (kvq_limit_rows[]) */
+#undef K_LIMIT_KEY
 	K_COUNT
 };
 
-/* The keys: name and the sections that allow it (conf_parse.c). */
+/* The keys: name and the sections that allow it (conf_parse.c; the
+ * limits' rows are KVQ_LIMITS's). */
 struct conf_key {
 	const char *name;
 	unsigned sections;      /* SEC_KVQD | SEC_POOL */

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -27,18 +28,16 @@ int kvq_log_level_from_name(const char *s)
 	return -1;
 }
 
-void kvq_log(int level, const char *fmt, ...)
+static void log_line(int level, unsigned long dropped, const char *fmt, va_list ap)
 {
 	char line[1024];
-	va_list ap;
 	int n, saved = errno;
 
-	if (level > log_level)
-		return;
 	n = snprintf(line, sizeof(line), "<%d>", level);
-	va_start(ap, fmt);
 	vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
-	va_end(ap);
+	n = (int)strlen(line);
+	if (dropped)
+		snprintf(line + n, sizeof(line) - (size_t)n - 1, " (%lu like it dropped)", dropped);
 	n = (int)strlen(line);
 	line[n++] = '\n';
 	/* one write per line so that concurrent writers do not interleave */
@@ -46,4 +45,38 @@ void kvq_log(int level, const char *fmt, ...)
 		/* nowhere left to report it */
 	}
 	errno = saved;
+}
+
+void kvq_log(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (level > log_level)
+		return;
+	va_start(ap, fmt);
+	log_line(level, 0, fmt, ap);
+	va_end(ap);
+}
+
+void kvq_log_limited(struct kvq_log_limit *rl, int level, const char *fmt, ...)
+{
+	struct timespec now;
+	va_list ap;
+
+	if (level > log_level)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (now.tv_sec - rl->window >= KVQ_LOG_INTERVAL_S) {
+		rl->window = now.tv_sec;
+		rl->n = 0;
+	}
+	if (rl->n >= KVQ_LOG_BURST) {
+		rl->dropped++;
+		return;
+	}
+	rl->n++;
+	va_start(ap, fmt);
+	log_line(level, rl->dropped, fmt, ap);
+	va_end(ap);
+	rl->dropped = 0;
 }

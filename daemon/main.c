@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -165,7 +166,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 		kvq_server_set_config(d->srv, c);
 		kvq_config_free(d->cfg);
 		d->cfg = c;
-		kvq_log(LOG_INFO, "SIGHUP: ACLs and quotas reloaded from %s", d->config_path);
+		kvq_log(LOG_INFO, "SIGHUP: ACLs, quotas and limits reloaded from %s", d->config_path);
 	}
 	kvq_server_status(d->srv, status, sizeof(status));
 	kvq_sd_ready(status);
@@ -180,6 +181,20 @@ static void on_watchdog(evutil_socket_t fd, short what, void *arg)
 	kvq_sd_watchdog();
 	kvq_server_status(d->srv, status, sizeof(status));
 	kvq_sd_status(status);
+}
+
+/* Each connection costs two descriptors (socket, pidfd): the soft limit
+ * (systemd's default is 1024) goes up to the hard one (LimitNOFILE=). */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == rl.rlim_max)
+		return;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		kvq_log(LOG_WARNING, "cannot raise the file descriptor limit to %llu: %s",
+			(unsigned long long)rl.rlim_max, strerror(errno));
 }
 
 /* The socket path: --socket, else a socket the config file names, else the
@@ -219,6 +234,7 @@ int main(int argc, char **argv)
 	if (o.log_level < 0)
 		kvq_log_set_level(d.cfg->log_level);
 	signal(SIGPIPE, SIG_IGN);
+	raise_nofile();
 
 	d.base = event_base_new();
 	if (!d.base) {
@@ -280,6 +296,10 @@ int main(int argc, char **argv)
 		kvq_log(LOG_INFO, "metrics at http://%s/metrics", d.cfg->metrics_listen);
 	}
 	kvq_log(LOG_NOTICE, "kvqd %s listening on %s", PACKAGE_VERSION, path);
+	if (kvq_server_max_connections(d.srv) < d.cfg->limits.max_connections)
+		kvq_log(LOG_WARNING, "at most %u connections, not max_connections %llu: the file descriptor limit "
+			"allows no more (LimitNOFILE=)", kvq_server_max_connections(d.srv),
+			(unsigned long long)d.cfg->limits.max_connections);
 	kvq_server_status(d.srv, status, sizeof(status));
 	kvq_sd_ready(status);
 	if (event_base_dispatch(d.base) < 0) {

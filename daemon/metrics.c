@@ -85,6 +85,22 @@ static const struct pool_metric pool_metrics[] = {
 	{ "kvq_pool_clients", "gauge", "Connections attached to the pool.", get_clients },
 };
 
+/* The counters of what the limits did (KVQ_SERVER_COUNTERS). */
+static void write_counters(kvq_server *s, struct evbuffer *b)
+{
+	const char *fam, *label, *help;
+	uint64_t v;
+
+	for (int i = 0; kvq_server_counter(s, i, &v, &fam, &label, &help) == 0; i++) {
+		if (help)
+			family(b, fam, "counter", help);
+		if (label)
+			evbuffer_add_printf(b, "%s{%s} %llu\n", fam, label, (unsigned long long)v);
+		else
+			evbuffer_add_printf(b, "%s %llu\n", fam, (unsigned long long)v);
+	}
+}
+
 static void write_metrics(kvq_server *s, struct evbuffer *b)
 {
 	const struct kvq_hist *h;
@@ -99,6 +115,11 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 	family(b, "kvq_connections", "gauge", "Client connections: live, or closed with an exiting peer's lease kept.");
 	evbuffer_add_printf(b, "kvq_connections{state=\"live\"} %u\nkvq_connections{state=\"exiting\"} %u\n", live,
 			    exiting);
+
+	family(b, "kvq_connections_max", "gauge", "The connection limit now: max_connections, or fewer when the "
+	       "file descriptor limit allows fewer.");
+	evbuffer_add_printf(b, "kvq_connections_max %u\n", kvq_server_max_connections(s));
+	write_counters(s, b);
 
 	family(b, "kvq_blocks", "gauge", "Slots of each pool by state (sealed: free, reserved, held, cached; "
 		  "cached and referenced; open: used, free).");

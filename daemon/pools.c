@@ -137,8 +137,14 @@ int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *c
 		.head_dim = a->head_dim, .block_tokens = a->block_tokens, .window = a->window, .act = (int)a->act };
 	struct kvq_policy policy;
 	struct kvq_pools_rec *p;
+	uint32_t n = 0;
 	int r;
 
+	/* a Stats reply lists every pool: their number bounds its size */
+	for (const struct kvq_pools_rec *q = ps->head; q; q = q->next)
+		n++;
+	if (n >= KVQ_PROTO_MAX_POOLS)
+		return kvq_seterr(err, errlen, "kvqd holds %u pools, the most it may", n), -ENOSPC;
 	if (a->layers == 0 || a->layers > KVQ_MAX_LAYERS)
 		return kvq_seterr(err, errlen, "attach.layers %u out of 1..%u", a->layers, KVQ_MAX_LAYERS), -EINVAL;
 	if (kvq_policy_parse(a->policy, a->layers, &policy, err, errlen) < 0)

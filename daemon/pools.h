@@ -97,7 +97,8 @@ int kvq_pools_from_config(const struct kvq_pools *ps, const struct kvq_config_po
  * geometry, policy, backend and device): attachable by creator's uid, root
  * and the daemon's uid (a pool is a trust boundary: whoever maps it can read
  * and write all of it), with cfg's quota and create_capacity.  Returns 0 and
- * *ret, or a negative code (KVQ_EPOLICY for the policy) with err set. */
+ * *ret, or a negative code (KVQ_EPOLICY for the policy; -ENOSPC when kvqd
+ * holds KVQ_PROTO_MAX_POOLS pools already) with err set. */
 int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *cfg, const Kvq__Attach *a,
 			  uid_t creator, struct kvq_pools_rec **ret, char *err, size_t errlen);
 

@@ -54,18 +54,20 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 
 	if (c->pool)
 		return kvq_seterr(err, errlen, "already attached to pool %s", c->pool->name), -EISCONN;
-	if (!p) {
+	/* a pool the caller's ACL does not admit is answered as a missing one
+	 * (kvq.proto, "Hidden pools") */
+	if (!p || !kvq_conn_acl_ok(c, &p->acl)) {
 		if (!a->create)
 			return kvq_seterr(err, errlen, "no pool %s", a->pool), -ENOENT;
 		if (!st->cfg->create_on_attach || !kvq_conn_acl_ok(c, &st->cfg->create_acl))
 			return kvq_seterr(err, errlen, "may not create pool %s", a->pool), -EACCES;
+		if (p)
+			return kvq_seterr(err, errlen, "pool name %s is taken", a->pool), -EEXIST;
 		ret = kvq_pools_from_attach(&st->pools, st->cfg, a, c->uid, &p, err, errlen);
 		if (ret < 0)
 			return ret;
 		created = true;
 	} else {
-		if (!kvq_conn_acl_ok(c, &p->acl))
-			return kvq_seterr(err, errlen, "pool %s refuses uid %u", p->name, (unsigned)c->uid), -EACCES;
 		if (a->layout_version != KVQ_LAYOUT_VERSION || a->layers != p->params.layers ||
 		    a->kv_heads != p->params.kv_heads || a->head_dim != p->params.head_dim ||
 		    a->block_tokens != p->params.block_tokens || (int)a->act != p->params.act ||
@@ -158,10 +160,9 @@ int kvq_req_stats(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	if (q->pool[0]) {
 		struct kvq_pools_rec *p = kvq_pools_find(&s->pools, q->pool);
 
-		if (!p || !p->allocated)
+		/* hidden or missing: one answer (kvq.proto, "Hidden pools") */
+		if (!p || !kvq_conn_sees(c, p))
 			return kvq_seterr(err, errlen, "no pool %s", q->pool), -ENOENT;
-		if (!kvq_conn_acl_ok(c, &p->acl))
-			return kvq_seterr(err, errlen, "pool %s refuses uid %u", p->name, (unsigned)c->uid), -EACCES;
 	}
 	nc = s->n_conns;
 	st = calloc(n + 1, sizeof(*st));

@@ -9,12 +9,14 @@
 #include <config.h>
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -35,6 +37,13 @@
 #define SYS_pidfd_open 434
 #endif
 
+/* A StatsReply lists every connection a caller may see: the protocol's
+ * bound on the list is the most connections kvqd takes. */
+#define LIMIT_HI(key, def, lo, hi, unit, what) enum { limit_hi_##key = hi };
+KVQ_LIMITS(LIMIT_HI)
+#undef LIMIT_HI
+_Static_assert(limit_hi_max_connections == KVQ_PROTO_MAX_CLIENTS, "max_connections up to KVQ_PROTO_MAX_CLIENTS");
+
 struct kvq_server {
 	struct kvq_state st;
 	struct event_base *base;
@@ -42,12 +51,21 @@ struct kvq_server {
 	struct event *lev;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];   /* unlinked at exit when set */
 	struct kvq_hist *latency;                                  /* one per row of kvq_requests[] */
+	struct kvq_peer_limits plim;                               /* the config's, for every peer */
+	uint32_t fd_conns;                                         /* connections the fds allow */
+	int spare_fd;                                              /* closed to refuse at EMFILE */
+	struct event *resume;                                      /* ends a pause of accept */
+	bool paused;
+	uint64_t counters[KVQ_SERVER_N_COUNTERS];
 };
 
 static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, void *arg);
 static void conn_on_closed(kvq_peer *peer, const char *why, void *arg);
 static void conn_on_pidfd(evutil_socket_t fd, short what, void *arg);
 static void srv_on_accept(evutil_socket_t fd, short what, void *arg);
+static void conn_on_timer(evutil_socket_t fd, short what, void *arg);
+static void conn_arm(struct kvq_conn *c);
+static void srv_resume(kvq_server *s);
 
 static const struct kvq_peer_cb conn_cb = { conn_on_frame, conn_on_closed };
 
@@ -56,15 +74,37 @@ static kvq_server *server_of(const struct kvq_conn *c)
 	return (kvq_server *)((char *)c->st - offsetof(kvq_server, st));
 }
 
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A frame that says why kvqd ends a connection: id 0 (no request's), a
+ * status and a message (kvq.proto, "Refusals"). */
+static void notice_init(Kvq__Envelope *e, int status, char *msg)
+{
+	kvq__envelope__init(e);
+	e->status = status;
+	e->message = msg;
+}
+
 /* ---------------------------------------------------------------- connections */
 
 static void conn_free(struct kvq_conn *c)
 {
+	kvq_server *s = server_of(c);
+
 	if (c->pev)
 		event_free(c->pev);
+	if (c->tev)
+		event_free(c->tev);
 	if (c->pidfd >= 0)
 		close(c->pidfd);
 	kvq_state_conn_free(c);
+	srv_resume(s);
 }
 
 /*
@@ -107,6 +147,10 @@ static void conn_close(struct kvq_conn *c, const char *why)
 	kvq_log(LOG_DEBUG, "client %llu (pid %d): closed: %s", (unsigned long long)c->id, (int)c->pid, why);
 	kvq_peer_free(c->peer);
 	c->peer = NULL;
+	if (c->tev) {
+		event_free(c->tev);
+		c->tev = NULL;
+	}
 	if (c->lease && c->pidfd >= 0 && (kvq_lease_n_sealed(c->lease) || kvq_lease_n_open(c->lease)) &&
 	    peer_dying(c)) {
 		c->pev = event_new(server_of(c)->base, c->pidfd, EV_READ, conn_on_pidfd, c);
@@ -142,19 +186,23 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, vo
 	kvq_server *s = server_of(c);
 	struct timespec t0, t1;
 	struct kvq_reply r;
-	uint8_t *buf = NULL;
-	size_t n = 0, row = 0;
+	size_t row = 0;
+	bool had_hello = c->hello;
 	int parsed;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	c->active_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
 	parsed = kvq_dispatch_frame(kvq_requests, kvq_requests_n, c, payload, len, &r, &row) == 0;
-	if (kvq_frame_encode_alloc(&r.e, &buf, &n) < 0 || kvq_peer_queue(peer, buf, n, r.fd) < 0) {
+	if (kvq_peer_queue(peer, &r.e, r.fd) < 0) {
 		kvq_log(LOG_ERR, "client %llu: reply to request %llu cannot be encoded", (unsigned long long)c->id,
 			(unsigned long long)r.e.id);
 		r.close_after = true;
 	}
 	if (r.close_after)
 		kvq_peer_close_after(peer);
+	/* from the Hello's deadline to the idle time's */
+	if (c->hello != had_hello)
+		conn_arm(c);
 	if (parsed) {
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		kvq_hist_observe(&s->latency[row],
@@ -163,58 +211,283 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, vo
 	kvq_reply_fini(&r);
 }
 
-static void srv_on_accept(evutil_socket_t lfd, short what, void *arg)
+/* Arms c's timer for its next deadline: the Hello's, or, for a connection
+ * attached to no pool, the end of its idle time; an attached one has none. */
+static void conn_arm(struct kvq_conn *c)
 {
-	kvq_server *s = arg;
-	struct ucred cred;
-	socklen_t clen = sizeof(cred);
+	const struct kvq_config_limits *lim = &c->st->cfg->limits;
+	int64_t at;
+	struct timeval tv;
+
+	if (!c->peer || !c->tev)
+		return;
+	if (!c->hello)
+		at = c->accepted_ms + (int64_t)lim->handshake_timeout_ms;
+	else if (!c->pool && lim->idle_timeout_ms)
+		at = c->active_ms + (int64_t)lim->idle_timeout_ms;
+	else {
+		event_del(c->tev);
+		return;
+	}
+	at -= now_ms();
+	if (at < 0)
+		at = 0;
+	tv.tv_sec = (time_t)(at / 1000);
+	tv.tv_usec = (suseconds_t)(at % 1000 * 1000);
+	evtimer_add(c->tev, &tv);
+}
+
+static void conn_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	static struct kvq_log_limit rl;
+	struct kvq_conn *c = arg;
+	kvq_server *s = server_of(c);
+	const struct kvq_config_limits *lim = &s->st.cfg->limits;
+	int64_t now = now_ms();
+	char msg[128];
+	Kvq__Envelope e;
+	int which;
+
+	if (!c->hello && now - c->accepted_ms >= (int64_t)lim->handshake_timeout_ms) {
+		which = KVQ_SERVER_TIMEOUT_HANDSHAKE;
+		snprintf(msg, sizeof(msg), "no Hello within %llu ms (kvqd.conf handshake_timeout_ms)",
+			 (unsigned long long)lim->handshake_timeout_ms);
+	} else if (c->hello && !c->pool && lim->idle_timeout_ms &&
+		   now - c->active_ms >= (int64_t)lim->idle_timeout_ms) {
+		which = KVQ_SERVER_TIMEOUT_IDLE;
+		snprintf(msg, sizeof(msg), "idle for %llu ms attached to no pool (kvqd.conf idle_timeout_ms)",
+			 (unsigned long long)lim->idle_timeout_ms);
+	} else {
+		conn_arm(c);    /* early (the limit changed, or a request came) */
+		return;
+	}
+	s->counters[which]++;
+	kvq_log_limited(&rl, LOG_NOTICE, "client %llu (pid %d, uid %u): closed: %s", (unsigned long long)c->id,
+			(int)c->pid, (unsigned)c->uid, msg);
+	notice_init(&e, -ETIMEDOUT, msg);
+	kvq_peer_send_last(c->peer, &e);
+	conn_close(c, msg);
+}
+
+/* Stops accepting for accept_pause_ms, or until a connection ends. */
+static void srv_pause(kvq_server *s)
+{
+	uint64_t ms = s->st.cfg->limits.accept_pause_ms;
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000 * 1000) };
+
+	if (s->paused || !s->lev)
+		return;
+	event_del(s->lev);
+	evtimer_add(s->resume, &tv);
+	s->paused = true;
+	s->counters[KVQ_SERVER_ACCEPT_PAUSES]++;
+}
+
+static void srv_resume(kvq_server *s)
+{
+	if (s->spare_fd < 0)
+		s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (!s->paused)
+		return;
+	event_del(s->resume);
+	event_add(s->lev, NULL);
+	s->paused = false;
+}
+
+static void srv_on_resume(evutil_socket_t fd, short what, void *arg)
+{
+	srv_resume(arg);
+}
+
+/* Tells the client on fd why it is refused, without waiting, and closes fd. */
+__attribute__((format(printf, 4, 5)))
+static void srv_refuse(kvq_server *s, int fd, int which, const char *fmt, ...)
+{
+	static struct kvq_log_limit rl;
+	char msg[160];
+	uint8_t buf[256];
+	Kvq__Envelope e;
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	notice_init(&e, which == KVQ_SERVER_REFUSED_FDS ? -EMFILE : -EUSERS, msg);
+	n = kvq_frame_encode(&e, buf, sizeof(buf));
+	if (n > 0)
+		kvq_frame_send(fd, buf, (size_t)n, -1);
+	close(fd);
+	s->counters[which]++;
+	kvq_log_limited(&rl, LOG_WARNING, "refusing a connection: %s", msg);
+}
+
+static uint32_t uid_conns(const kvq_server *s, uid_t uid)
+{
+	uint32_t n = 0;
+
+	for (const struct kvq_conn *c = s->st.conns; c; c = c->next)
+		n += c->uid == uid;
+	return n;
+}
+
+/* A connection for fd, from cred's peer. */
+static void srv_conn_new(kvq_server *s, int fd, const struct ucred *cred)
+{
 	gid_t g[KVQ_CONN_MAX_GROUPS];
 	socklen_t glen = sizeof(g);
 	struct kvq_conn *c;
 	char label[32];
-	int fd;
 
-	fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-	if (fd < 0) {
-		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-			kvq_log(LOG_WARNING, "accept: %s", strerror(errno));
-		return;
-	}
-	if (s->st.n_conns >= KVQ_SERVER_MAX_CONNS) {
-		kvq_log(LOG_WARNING, "refusing a connection: %u connections open", s->st.n_conns);
-		close(fd);
-		return;
-	}
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
-		kvq_log(LOG_WARNING, "SO_PEERCRED: %s", strerror(errno));
-		close(fd);
-		return;
-	}
 	if (kvq_state_conn_new(&s->st, &c) < 0) {
 		close(fd);
 		return;
 	}
-	c->uid = cred.uid;
-	c->pid = cred.pid;
-	c->groups[0] = cred.gid;
+	c->uid = cred->uid;
+	c->pid = cred->pid;
+	c->groups[0] = cred->gid;
 	c->n_groups = 1;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &glen) == 0)
 		for (size_t i = 0; i < glen / sizeof(gid_t) && c->n_groups <= KVQ_CONN_MAX_GROUPS; i++)
 			c->groups[c->n_groups++] = g[i];
-	c->pidfd = (int)syscall(SYS_pidfd_open, cred.pid, 0);
+	c->pidfd = (int)syscall(SYS_pidfd_open, cred->pid, 0);
 	if (c->pidfd < 0)
 		kvq_log(LOG_DEBUG, "client %llu: no pidfd for pid %d (%s): its lease goes at disconnect",
-			(unsigned long long)c->id, (int)cred.pid, strerror(errno));
+			(unsigned long long)c->id, (int)cred->pid, strerror(errno));
+	c->accepted_ms = c->active_ms = now_ms();
 	snprintf(label, sizeof(label), "client %llu", (unsigned long long)c->id);
-	if (kvq_peer_new(s->base, fd, label, &conn_cb, c, &c->peer) < 0) {
+	c->tev = evtimer_new(s->base, conn_on_timer, c);
+	if (!c->tev || kvq_peer_new(s->base, fd, label, &conn_cb, c, &s->plim, &c->peer) < 0) {
+		if (!c->tev)
+			close(fd);
 		conn_close(c, "out of memory");
 		return;
 	}
+	conn_arm(c);
 	kvq_log(LOG_DEBUG, "client %llu: connected (pid %d, uid %u, gid %u)", (unsigned long long)c->id,
-		(int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid);
+		(int)cred->pid, (unsigned)cred->uid, (unsigned)cred->gid);
+}
+
+/*
+ * Accepts what waits, up to a batch.  At a limit the client is told why
+ * and closed; out of file descriptors the spare one makes room to do so.
+ * Either way accept then pauses (srv_pause) instead of finding the same
+ * socket readable again at once.
+ */
+static void srv_on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+	static struct kvq_log_limit rl_accept, rl_cred;
+	kvq_server *s = arg;
+	const struct kvq_config_limits *lim = &s->st.cfg->limits;
+	bool pause = false;
+
+	for (unsigned i = 0; i < KVQ_SERVER_ACCEPT_BATCH; i++) {
+		struct ucred cred;
+		socklen_t clen = sizeof(cred);
+		bool no_fds = false;
+		uint32_t max = kvq_server_max_connections(s), n;
+		int fd;
+
+		fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0 && (errno == EMFILE || errno == ENFILE) && s->spare_fd >= 0) {
+			close(s->spare_fd);
+			s->spare_fd = -1;
+			no_fds = true;
+			fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+			if (fd < 0) {
+				int e = errno;
+
+				s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+				errno = e;
+			}
+		}
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			kvq_log_limited(&rl_accept, LOG_WARNING, "accept: %s; pausing %llu ms", strerror(errno),
+					(unsigned long long)lim->accept_pause_ms);
+			pause = true;
+			break;
+		}
+		if (no_fds) {
+			srv_refuse(s, fd, KVQ_SERVER_REFUSED_FDS,
+				   "kvqd is out of file descriptors (%u connections); try again later", s->st.n_conns);
+			s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+			pause = true;
+			continue;
+		}
+		if (s->st.n_conns >= max) {
+			srv_refuse(s, fd, KVQ_SERVER_REFUSED_MAX,
+				   "kvqd has %u connections, its limit (kvqd.conf max_connections)", s->st.n_conns);
+			pause = true;
+			continue;
+		}
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+			kvq_log_limited(&rl_cred, LOG_WARNING, "SO_PEERCRED: %s", strerror(errno));
+			close(fd);
+			continue;
+		}
+		n = uid_conns(s, cred.uid);
+		if (n >= lim->max_connections_per_uid) {
+			srv_refuse(s, fd, KVQ_SERVER_REFUSED_UID,
+				   "uid %u has %u connections, its limit (kvqd.conf max_connections_per_uid)",
+				   (unsigned)cred.uid, n);
+			continue;
+		}
+		srv_conn_new(s, fd, &cred);
+	}
+	if (pause)
+		srv_pause(s);
 }
 
 /* ---------------------------------------------------------------- server */
+
+/* Connections the file descriptor limit leaves room for. */
+static uint32_t fd_budget(void)
+{
+	struct rlimit rl;
+	rlim_t n;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		return UINT32_MAX;
+	n = rl.rlim_cur > KVQ_SERVER_FD_RESERVE + 2 ? (rl.rlim_cur - KVQ_SERVER_FD_RESERVE) / 2 : 1;
+	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+static void peer_limits(kvq_server *s)
+{
+	s->plim.max_output = (size_t)s->st.cfg->limits.max_output;
+	s->plim.frames_per_wakeup = (unsigned)s->st.cfg->limits.frames_per_wakeup;
+}
+
+uint32_t kvq_server_max_connections(const kvq_server *s)
+{
+	uint64_t max = s->st.cfg->limits.max_connections;
+
+	return max < s->fd_conns ? (uint32_t)max : s->fd_conns;
+}
+
+int kvq_server_counter(const kvq_server *s, int i, uint64_t *ret_value, const char **ret_family,
+		       const char **ret_label, const char **ret_help)
+{
+	static const struct {
+		const char *family, *label, *help;
+	} rows[] = {
+#define KVQ_SERVER_COUNTER_ROW(id, family, label, help) { family, label, help },
+		KVQ_SERVER_COUNTERS(KVQ_SERVER_COUNTER_ROW)
+#undef KVQ_SERVER_COUNTER_ROW
+	};
+
+	if (i < 0 || i >= KVQ_SERVER_N_COUNTERS)
+		return -ENOENT;
+	*ret_value = i == KVQ_SERVER_BACKPRESSURE ? s->plim.n_backpressure : s->counters[i];
+	*ret_family = rows[i].family;
+	*ret_label = rows[i].label;
+	*ret_help = rows[i].help;
+	return 0;
+}
 
 int kvq_server_new(struct event_base *base, const struct kvq_config *config, const char *backend, int device,
 		   kvq_server **ret, char *err, size_t errlen)
@@ -226,17 +499,21 @@ int kvq_server_new(struct event_base *base, const struct kvq_config *config, con
 		return -ENOMEM;
 	s->base = base;
 	s->listen_fd = -1;
+	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	s->resume = evtimer_new(base, srv_on_resume, s);
 	s->latency = calloc(kvq_requests_n, sizeof(*s->latency));
-	if (!s->latency) {
-		free(s);
+	if (!s->latency || !s->resume) {
+		kvq_server_free(s);
 		return -ENOMEM;
 	}
 	r = kvq_state_init(&s->st, config, backend, device, err, errlen);
 	if (r < 0) {
-		free(s->latency);
-		free(s);
+		s->st.cfg = NULL;
+		kvq_server_free(s);
 		return r;
 	}
+	s->fd_conns = fd_budget();
+	peer_limits(s);
 	*ret = s;
 	return 0;
 }
@@ -292,6 +569,10 @@ int kvq_server_listen_fd(kvq_server *s, int fd, char *err, size_t errlen)
 void kvq_server_set_config(kvq_server *s, const struct kvq_config *config)
 {
 	kvq_state_set_config(&s->st, config);
+	peer_limits(s);
+	/* the timeouts as they now are */
+	for (struct kvq_conn *c = s->st.conns; c; c = c->next)
+		conn_arm(c);
 }
 
 void kvq_server_status(const kvq_server *s, char *buf, size_t len)
@@ -311,13 +592,20 @@ void kvq_server_free(kvq_server *s)
 		conn_close(s->st.conns, "server stops");
 	while (s->st.dying)
 		conn_free(s->st.dying);
+	if (s->resume)
+		event_free(s->resume);
+	s->resume = NULL;
+	s->paused = false;
 	if (s->lev)
 		event_free(s->lev);
+	if (s->spare_fd >= 0)
+		close(s->spare_fd);
 	if (s->listen_fd >= 0)
 		close(s->listen_fd);
 	if (s->path[0])
 		unlink(s->path);
-	kvq_state_fini(&s->st);
+	if (s->st.cfg)
+		kvq_state_fini(&s->st);
 	free(s->latency);
 	free(s);
 }

@@ -24,9 +24,41 @@
 
 typedef struct kvq_server kvq_server;
 
-/* Most connections at once (live and dying ones); beyond, accept closes.
- * (Reply bytes queued per client: KVQ_PEER_OUT_HIGH, daemon/peer.h.) */
-#define KVQ_SERVER_MAX_CONNS 1024u
+/*
+ * File descriptors kept for kvqd's own use (standard streams, the listening
+ * and metrics sockets, the event loop, a spare for refusals, a memfd per
+ * pool up to kvqd.conf's 64): the connection limit is at most half of
+ * RLIMIT_NOFILE less these, each connection taking two (its socket and its
+ * peer's pidfd).
+ */
+#define KVQ_SERVER_FD_RESERVE 96u
+/* Connections accepted (or refused) per turn of the loop. */
+#define KVQ_SERVER_ACCEPT_BATCH 64u
+
+/*
+ * What the limits (kvqd.conf, KVQ_LIMITS) did, for the metrics: X(id,
+ * family, label, help); rows of one family are adjacent, its first row has
+ * the help.
+ */
+#define KVQ_SERVER_COUNTERS(X) \
+	X(REFUSED_MAX, "kvq_connections_refused_total", "limit=\"max_connections\"", \
+	  "Connections refused, by the limit that refused them (each told why).") \
+	X(REFUSED_UID, "kvq_connections_refused_total", "limit=\"max_connections_per_uid\"", NULL) \
+	X(REFUSED_FDS, "kvq_connections_refused_total", "limit=\"file_descriptors\"", NULL) \
+	X(TIMEOUT_HANDSHAKE, "kvq_connection_timeouts_total", "timeout=\"handshake\"", \
+	  "Connections closed by a timeout (handshake_timeout_ms, idle_timeout_ms).") \
+	X(TIMEOUT_IDLE, "kvq_connection_timeouts_total", "timeout=\"idle\"", NULL) \
+	X(ACCEPT_PAUSES, "kvq_accept_pauses_total", NULL, \
+	  "Times kvqd stopped accepting for accept_pause_ms: out of file descriptors or at max_connections.") \
+	X(BACKPRESSURE, "kvq_backpressure_total", NULL, \
+	  "Times a connection's queued replies reached max_output and kvqd stopped reading its requests.")
+
+enum {
+#define KVQ_SERVER_COUNTER_ID(id, family, label, help) KVQ_SERVER_##id,
+	KVQ_SERVER_COUNTERS(KVQ_SERVER_COUNTER_ID)
+#undef KVQ_SERVER_COUNTER_ID
+	KVQ_SERVER_N_COUNTERS
+};
 
 /*
  * A server on base with config (borrowed: it must outlive the server, or be
@@ -45,7 +77,16 @@ int kvq_server_listen_path(kvq_server *s, const char *path, char *err, size_t er
  * activation); the server owns it.  Returns 0 or a negative errno. */
 int kvq_server_listen_fd(kvq_server *s, int fd, char *err, size_t errlen);
 
-/* Takes ACLs and quotas of existing pools from config (SIGHUP); config
+/* The connection limit now: max_connections, or fewer when the file
+ * descriptors allow fewer (KVQ_SERVER_FD_RESERVE). */
+uint32_t kvq_server_max_connections(const kvq_server *s);
+
+/* Counter i (KVQ_SERVER_*) with its family, label (NULL: none) and help
+ * (NULL: the family's first row has it); -ENOENT past the last. */
+int kvq_server_counter(const kvq_server *s, int i, uint64_t *ret_value, const char **ret_family,
+		       const char **ret_label, const char **ret_help);
+
+/* Takes ACLs, quotas and limits from config (SIGHUP); config
  * replaces the borrowed one.  Geometry changes of a pool are ignored; a new
  * pool waits for the next start, with a log line. */
 void kvq_server_set_config(kvq_server *s, const struct kvq_config *config);

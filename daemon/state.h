@@ -48,6 +48,8 @@ struct kvq_conn {
 	struct kvq_peer *peer;                   /* the socket; NULL once closed */
 	int pidfd;                               /* -1 when there is none */
 	struct event *pev;                       /* exiting: waits for the pidfd */
+	struct event *tev;                       /* the handshake and idle timeouts */
+	int64_t accepted_ms, active_ms;          /* CLOCK_MONOTONIC: accept, the last request */
 };
 
 struct kvq_state {

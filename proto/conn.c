@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "conn.h"
@@ -20,6 +22,66 @@ static int conn_fail(struct kvq_conn *c, enum kvq_conn_fault fault, int r, const
 	va_end(ap);
 	return r;
 }
+
+static int64_t conn_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Milliseconds left to deadline (-1: none), at least 0. */
+static int conn_left(int64_t deadline)
+{
+	int64_t left;
+
+	if (deadline < 0)
+		return -1;
+	left = deadline - conn_now_ms();
+	return left < 0 ? 0 : left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
+/*
+ * connect() on the nonblocking socket within c->timeout_ms.  A Unix
+ * socket whose backlog is full answers EAGAIN and keeps nothing pending:
+ * try again every few milliseconds until the deadline.
+ */
+static int conn_connect(struct kvq_conn *c, const struct sockaddr_un *a)
+{
+	int64_t deadline = c->timeout_ms < 0 ? -1 : conn_now_ms() + c->timeout_ms;
+
+	for (;;) {
+		struct pollfd p = { .fd = c->fd, .events = POLLOUT };
+		socklen_t len = sizeof(int);
+		int e = 0;
+
+		if (connect(c->fd, (const struct sockaddr *)a, sizeof(*a)) == 0)
+			return 0;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EINPROGRESS)
+			return conn_fail(c, KVQ_CONN_CONNECT, -errno, "%s: %s", c->path, strerror(errno));
+		if (deadline >= 0 && conn_left(deadline) == 0)
+			return conn_fail(c, KVQ_CONN_CONNECT, -ETIMEDOUT,
+					 "%s: kvqd took no connection within %d ms (its backlog is full)", c->path,
+					 c->timeout_ms);
+		if (errno == EAGAIN) {
+			poll(NULL, 0, 5);
+			continue;
+		}
+		if (poll(&p, 1, conn_left(deadline)) < 0 && errno != EINTR)
+			return conn_fail(c, KVQ_CONN_CONNECT, -errno, "%s: %s", c->path, strerror(errno));
+		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e)
+			return conn_fail(c, KVQ_CONN_CONNECT, -e, "%s: %s", c->path, strerror(e));
+		if (p.revents & POLLOUT)
+			return 0;
+	}
+}
+
+/* The reply to request id within timeout_ms (kvq_conn_reply). */
+static int conn_reply_within(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, int timeout_ms,
+			     Kvq__Envelope **ret);
 
 void kvq_conn_init(struct kvq_conn *c, int timeout_ms)
 {
@@ -44,11 +106,12 @@ int kvq_conn_open(struct kvq_conn *c, const char *path, const char *name)
 	if (r < 0)
 		return conn_fail(c, KVQ_CONN_PATH, r, "socket path: %s", kvq_strerror(r));
 	memcpy(a.sun_path, c->path, strlen(c->path));
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (c->fd < 0)
 		return conn_fail(c, KVQ_CONN_SOCKET, -errno, "socket: %s", strerror(errno));
-	if (connect(c->fd, (struct sockaddr *)&a, sizeof(a)) < 0)
-		return conn_fail(c, KVQ_CONN_CONNECT, -errno, "%s: %s", c->path, strerror(errno));
+	r = conn_connect(c, &a);
+	if (r < 0)
+		return r;
 	h.protocol_version = KVQ_PROTOCOL_VERSION;
 	h.client_name = (char *)name;
 	e.body_case = KVQ__ENVELOPE__BODY_HELLO;
@@ -63,20 +126,34 @@ int kvq_conn_open(struct kvq_conn *c, const char *path, const char *name)
 
 int kvq_conn_call(struct kvq_conn *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
 {
+	int64_t deadline = c->timeout_ms < 0 ? -1 : conn_now_ms() + c->timeout_ms;
 	int r;
 
 	if (c->broken)
 		return conn_fail(c, KVQ_CONN_TRANSPORT, -ENOTCONN, "connection to kvqd lost earlier");
 	req->id = ++c->next_id;
 	r = kvq_frame_send_envelope(c->fd, req, -1, c->timeout_ms);
+	if (r == -EPIPE || r == -ECONNRESET) {
+		/* kvqd may have said why it closed (a refusal at a limit) */
+		int n = conn_reply_within(c, 0, KVQ__ENVELOPE__BODY__NOT_SET, 0, NULL);
+
+		if (c->fault == KVQ_CONN_STATUS)
+			return n;
+	}
 	if (r < 0) {
 		c->broken = true;
 		return conn_fail(c, KVQ_CONN_TRANSPORT, r, "sending to kvqd: %s", kvq_strerror(r));
 	}
-	return kvq_conn_reply(c, req->id, want, ret);
+	return conn_reply_within(c, req->id, want, conn_left(deadline), ret);
 }
 
 int kvq_conn_reply(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
+{
+	return conn_reply_within(c, id, want, c->timeout_ms, ret);
+}
+
+static int conn_reply_within(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, int timeout_ms,
+			     Kvq__Envelope **ret)
 {
 	Kvq__Envelope *rep = NULL;
 	int r;
@@ -85,12 +162,22 @@ int kvq_conn_reply(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want
 	c->fault = KVQ_CONN_OK;
 	if (c->broken)
 		return conn_fail(c, KVQ_CONN_TRANSPORT, -ENOTCONN, "connection to kvqd lost earlier");
-	r = kvq_frame_recv_envelope(c->fd, &c->dec, &c->pool_fd, c->timeout_ms, &rep);
+	r = kvq_frame_recv_envelope(c->fd, &c->dec, &c->pool_fd, timeout_ms, &rep);
+	if (r == -ETIMEDOUT) {
+		c->broken = true;   /* the reply may still come */
+		return conn_fail(c, KVQ_CONN_TRANSPORT, r, "kvqd did not answer within %d ms", timeout_ms);
+	}
 	if (r < 0) {
 		c->broken = true;   /* a reply may be left in flight */
 		return conn_fail(c, KVQ_CONN_TRANSPORT, r, "reading from kvqd: %s", kvq_strerror(r));
 	}
-	if (rep->id != id || kvq_frame_check(rep, 0, NULL, 0) < 0) {
+	if (rep->id == 0 && rep->status < 0) {
+		/* no request's reply: kvqd says why it ends the connection (or
+		 * could not read a request); nothing more comes in step */
+		c->broken = true;
+		r = conn_fail(c, KVQ_CONN_STATUS, rep->status, "%s",
+			      rep->message && *rep->message ? rep->message : kvq_strerror(rep->status));
+	} else if (rep->id != id || kvq_frame_check(rep, 0, NULL, 0) < 0) {
 		c->broken = true;
 		r = conn_fail(c, KVQ_CONN_PROTOCOL, KVQ_EPROTOCOL, "kvqd sent a reply that does not match the request");
 	} else if (rep->status < 0) {

@@ -7,6 +7,14 @@
  * back with its reply, checked against the request (id, kvq_frame_check,
  * body type).  Internal: not installed, not in libkvq's API.
  *
+ * Each step is bounded by the connection's timeout_ms: connect (the socket
+ * is nonblocking: a daemon whose backlog is full gives -ETIMEDOUT, not a
+ * hang), and each request, its send and its reply together.  A frame of id
+ * 0 with a negative status where a reply was due is kvqd saying why it ends
+ * the connection (a limit, a timeout: kvq.proto, "Refusals"): its status
+ * and message are the call's (KVQ_CONN_STATUS), and the connection is
+ * broken.
+ *
  * Functions return 0 or a negative errno-style code (kvq_wire.h).  Nothing
  * here prints: a failure leaves its kind in c->fault and a one-line reason
  * in c->msg, which callers report in their own words.
@@ -41,7 +49,7 @@ struct kvq_conn {
 	int fd;                         /* the socket, -1 before open */
 	int pool_fd;                    /* the first descriptor a reply carried, or -1 */
 	bool broken;
-	int timeout_ms;                 /* for each send and each reply (-1: none) */
+	int timeout_ms;                 /* for connect, and each request and its reply (-1: none) */
 	enum kvq_conn_fault fault;
 	uint64_t next_id;               /* the id of the last request sent */
 	uint64_t client_id;             /* the HelloReply's */
@@ -56,14 +64,17 @@ void kvq_conn_init(struct kvq_conn *c, int timeout_ms);
 /* Connects to path (NULL: kvq_default_socket) and says Hello as name
  * (printable ASCII without blanks, at most KVQ_PROTO_MAX_NAME bytes).
  * Returns 0 with c->client_id, or -ENOENT / -ENAMETOOLONG (KVQ_CONN_PATH),
- * socket()'s error, connect()'s error, or kvq_conn_call's (-EPROTONOSUPPORT:
- * the daemon speaks another protocol version). */
+ * socket()'s error, connect()'s error (-ETIMEDOUT: not taken within
+ * timeout_ms), or kvq_conn_call's (-EPROTONOSUPPORT: the daemon speaks
+ * another protocol version; -EUSERS, -EMFILE: refused at a limit, the
+ * message says which). */
 int kvq_conn_open(struct kvq_conn *c, const char *path, const char *name);
 
 /* Sends req (its id is set here) and reads its reply, which must have body
  * type want: returns 0 and *ret (kvq_frame_envelope_free; NULL: freed
  * here), the daemon's negative status, KVQ_EPROTOCOL, -ENOTCONN (broken
- * earlier) or a transport error (the connection is broken then). */
+ * earlier), -ETIMEDOUT (no reply within timeout_ms of the call) or a
+ * transport error (the connection is broken then). */
 int kvq_conn_call(struct kvq_conn *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret);
 
 /* The reply to request id, for a caller that sent its requests itself

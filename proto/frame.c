@@ -459,6 +459,7 @@ static int check_reply(const Kvq__Envelope *e, char *err, size_t errlen)
 		TRY(check_str(s->daemon_version, KVQ_PROTO_MAX_NAME, 1, 0, "stats_reply.daemon_version", err,
 			      errlen));
 		TRY(check_backend(s->backend, 0, "stats_reply.backend", err, errlen));
+		TRY(check_count(s->n_pools, KVQ_PROTO_MAX_POOLS, "stats_reply.pools", err, errlen));
 		for (size_t i = 0; i < s->n_pools; i++)
 			TRY(check_pool_stats(s->pools[i], err, errlen));
 		TRY(check_count(s->n_clients, KVQ_PROTO_MAX_CLIENTS, "stats_reply.clients", err, errlen));

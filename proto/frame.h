@@ -19,8 +19,9 @@
 #include "policy.h"
 #include "kvq.pb-c.h"
 
-/* Checked at Hello; bump for any change an older peer would misread. */
-#define KVQ_PROTOCOL_VERSION 1u
+/* Checked at Hello; bump for any change an older peer would misread
+ * (kvq.proto, "The version", says what each one changed). */
+#define KVQ_PROTOCOL_VERSION 2u
 
 #define KVQ_FRAME_HDR 4u                /* the length prefix */
 #define KVQ_FRAME_MAX (4u << 20)        /* largest envelope; a frame is HDR + envelope */
@@ -34,7 +35,8 @@
 #define KVQ_PROTO_MAX_POLICY KVQ_POLICY_MAX_LEN
 #define KVQ_PROTO_MAX_MESSAGE 1024u     /* a reply's message */
 #define KVQ_PROTO_MAX_ACL 63u           /* uids, and gids, in a PoolAdd (root is added) */
-#define KVQ_PROTO_MAX_CLIENTS 1024u     /* clients in a StatsReply (the daemon's connection limit) */
+#define KVQ_PROTO_MAX_CLIENTS 1024u     /* clients in a StatsReply: the most connections kvqd takes */
+#define KVQ_PROTO_MAX_POOLS 256u        /* pools in a StatsReply: the most pools kvqd holds */
 
 /*
  * Memory protobuf-c may allocate to unpack one envelope.  Unpacked size is

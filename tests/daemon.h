@@ -14,10 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* When set, the RLIMIT_NOFILE (soft and hard) the next kvqd starts with. */
+__attribute__((unused))
+static rlim_t test_daemon_nofile;
 
 /* Starts kvqd with the given backend ("host" or "cuda") and extra lines for
  * its [kvqd] section (NULL for none); fills dir (a new temp directory named
@@ -52,6 +57,10 @@ static pid_t test_daemon_start_conf(const char *backend, const char *tag, const 
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
+		struct rlimit rl = { test_daemon_nofile, test_daemon_nofile };
+
+		if (test_daemon_nofile && setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			_exit(126);
 		execl(bin, bin, "--config", conf, "--socket", sock, "--backend", backend, "--foreground",
 		      (char *)NULL);
 		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));

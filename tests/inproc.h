@@ -126,6 +126,19 @@ static int inproc_hello(struct inproc *t, struct kvq_conn *c)
 	return inproc_status(t, c, &e);
 }
 
+/* The Attach (and PoolAdd spec) of the test geometry for pool, with pc as
+ * its create (NULL: none). */
+__attribute__((unused))
+static Kvq__Attach inproc_spec(const char *pool, Kvq__PoolCreate *pc)
+{
+	Kvq__Attach a = { PROTOBUF_C_MESSAGE_INIT(&kvq__attach__descriptor),
+			  .pool = (char *)pool, .model_id = INPROC_MODEL, .policy = "int8",
+			  .layers = INPROC_L, .kv_heads = INPROC_H, .head_dim = INPROC_D, .block_tokens = INPROC_B,
+			  .act = KVQ__DTYPE__DTYPE_F16, .layout_version = KVQ_LAYOUT_VERSION, .create = pc };
+
+	return a;
+}
+
 /* Attaches to pool (the test geometry, policy int8); with create, creating
  * it with 16 sealed + 4 open slots. */
 __attribute__((unused))
@@ -133,11 +146,7 @@ static int inproc_attach(struct inproc *t, struct kvq_conn *c, const char *pool,
 {
 	Kvq__PoolCreate pc = { PROTOBUF_C_MESSAGE_INIT(&kvq__pool_create__descriptor),
 			       .n_sealed = 16, .n_open = 4, .backend = "", .device = -1 };
-	Kvq__Attach a = { PROTOBUF_C_MESSAGE_INIT(&kvq__attach__descriptor),
-			  .pool = (char *)pool, .model_id = INPROC_MODEL, .policy = "int8",
-			  .layers = INPROC_L, .kv_heads = INPROC_H, .head_dim = INPROC_D, .block_tokens = INPROC_B,
-			  .act = KVQ__DTYPE__DTYPE_F16, .layout_version = KVQ_LAYOUT_VERSION,
-			  .create = create ? &pc : NULL };
+	Kvq__Attach a = inproc_spec(pool, create ? &pc : NULL);
 	Kvq__Envelope e = { PROTOBUF_C_MESSAGE_INIT(&kvq__envelope__descriptor),
 			    .body_case = KVQ__ENVELOPE__BODY_ATTACH, .attach = &a };
 

@@ -3,7 +3,8 @@
 # TAP: the man pages lint clean (mandoc -T lint), each long option that
 # kvqd --help and kvqctl --help print is in its man page and each option a
 # man page documents is one the program prints, and every kvqd.conf key the
-# parser knows (daemon/conf_parse.c) is in kvqd.conf(5) and the example config.
+# parser knows (daemon/conf_parse.c, and the limits of daemon/conf.h) is in
+# kvqd.conf(5) and the example config.
 set -u
 . "${top_srcdir:?}/tests/tap.sh"
 : "${top_srcdir:?}" "${top_builddir:?}"
@@ -67,6 +68,11 @@ EOF
 keys=$(sed -n 's/^.*\[K_[A-Z_]*\] = { "\([a-z_]*\)".*$/\1/p' "$top_srcdir/daemon/conf_parse.c" | sort -u)
 [ -n "$keys" ]
 t $? "the parser's keys are found in daemon/conf_parse.c"
+# the limits' keys are the rows of KVQ_LIMITS (daemon/conf.h)
+limits=$(sed -n 's/^[[:space:]]*X(\([a-z_]*\),.*$/\1/p' "$top_srcdir/daemon/conf.h")
+[ -n "$limits" ]
+t $? "the limits' keys are found in daemon/conf.h"
+keys="$keys $limits"
 for k in $keys; do
 	grep -qE "(^\.B |\\\\fB)$k(\\\\| |,|\$)" "$man/kvqd.conf.5"
 	t $? "kvqd.conf(5) documents $k"

@@ -23,8 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -427,6 +429,42 @@ static double metric(const char *body, const char *prefix)
 	return NAN;
 }
 
+/* ---------------------------------------------------------------- limits */
+
+#define HANDSHAKE_MS 300
+
+/* kvqd's connection limit: 1024, or half of RLIMIT_NOFILE less 96 (kvqd
+ * raises its soft limit to the hard one it inherits from here). */
+static double expected_max_connections(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_max == RLIM_INFINITY || (rl.rlim_max - 96) / 2 >= 1024)
+		return 1024;
+	return (double)((rl.rlim_max - 96) / 2);
+}
+
+/* Connects and says nothing: 1 when kvqd closes it, telling why
+ * (-ETIMEDOUT), after about handshake_timeout_ms. */
+static int silent_connection(void)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), closed = 0;
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	uint8_t buf[512];
+	ssize_t n = 0, got = 0;
+
+	memcpy(a.sun_path, sock_path, strlen(sock_path));
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0)
+		return 0;
+	/* the notice, then the end of the stream */
+	while (poll(&p, 1, HANDSHAKE_MS + 2000) == 1 && (n = read(fd, buf + got, sizeof(buf) - (size_t)got)) > 0)
+		got += n;
+	closed = n == 0 && got > 4 && memmem(buf, (size_t)got, "handshake_timeout_ms", 20) != NULL;
+	close(fd);
+	return closed;
+}
+
 /* ---------------------------------------------------------------- the test */
 
 static uint32_t tokens[NB * B_ + 1];
@@ -502,7 +540,7 @@ int main(void)
 	struct kvq_stats st;
 	kvq_client *a = NULL, *b = NULL;
 	uint32_t ids[NB], got[NB], hit = 0, n = 0, bpt;
-	int port, samples;
+	int port, samples, silent;
 	pid_t d;
 
 	if (env_ctl)
@@ -512,7 +550,8 @@ int main(void)
 	for (uint32_t i = 0; i < NB * B_ + 1; i++)
 		tokens[i] = 500 + i * 3;
 	port = free_port();
-	snprintf(extra, sizeof(extra), "metrics_listen = 127.0.0.1:%d\n", port);
+	snprintf(extra, sizeof(extra), "metrics_listen = 127.0.0.1:%d\nhandshake_timeout_ms = %d\n", port,
+		 HANDSHAKE_MS);
 	d = test_daemon_start_conf("host", "ctl", extra, tmpdir, sizeof(tmpdir), sock_path, sizeof(sock_path),
 				   daemon_bin, sizeof(daemon_bin));
 	if (!ok(d > 0 && port > 0, "kvqd starts with metrics on 127.0.0.1:%d", port))
@@ -634,6 +673,8 @@ int main(void)
 	   jnum(R.out, "\"name\":\"extra\"", "capacity_bytes") <= 2 << 20, "the new pool is listed, within its capacity");
 
 	/* metrics */
+	silent = silent_connection();
+	ok(silent, "a connection that sends no Hello is closed after handshake_timeout_ms");
 	ok(http_get(port, "/metrics", body, sizeof(body)) > 0 && strstr(body, " 200 ") &&
 	   strstr(body, "text/plain; version=0.0.4"), "GET /metrics: 200, text format 0.0.4");
 	{
@@ -654,6 +695,16 @@ int main(void)
 		ok(metric(text, "kvq_pool_clients{pool=\"ctl\"} ") == 1 && metric(text, "kvq_pool_clients{pool=\"extra\"} ") == 0,
 		   "metrics: clients per pool");
 		ok(metric(text, "kvq_pool_sealed_bytes_per_token{pool=\"ctl\"} ") == bpt, "metrics: bytes per token");
+		ok(metric(text, "kvq_connections_max ") == expected_max_connections(),
+		   "metrics: the connection limit (%g: max_connections, or what the fd limit allows)",
+		   metric(text, "kvq_connections_max "));
+		ok(metric(text, "kvq_connection_timeouts_total{timeout=\"handshake\"} ") == silent &&
+		   metric(text, "kvq_connection_timeouts_total{timeout=\"idle\"} ") == 0 &&
+		   metric(text, "kvq_connections_refused_total{limit=\"max_connections\"} ") == 0 &&
+		   metric(text, "kvq_connections_refused_total{limit=\"max_connections_per_uid\"} ") == 0 &&
+		   metric(text, "kvq_connections_refused_total{limit=\"file_descriptors\"} ") == 0 &&
+		   metric(text, "kvq_backpressure_total ") == 0 && metric(text, "kvq_accept_pauses_total ") == 0,
+		   "metrics: the silent connection's timeout counted; no refusal, no back-pressure");
 		ok(metric(text, "kvq_request_duration_seconds_count{request=\"lookup\"} ") == 2 &&
 		   metric(text, "kvq_request_duration_seconds_bucket{request=\"lookup\",le=\"+Inf\"} ") == 2,
 		   "metrics: latency histogram counts B's 2 lookups");

@@ -211,6 +211,16 @@ static const struct bad {
 	{ "[kvqd]\nmetrics_listen = 127.0.0.1:0\n", "2: metrics_listen '127.0.0.1:0': port is not a number in 1-65535" },
 	{ "[kvqd]\nmetrics_listen = 127.0.0.1:65536\n",
 	  "2: metrics_listen '127.0.0.1:65536': port is not a number in 1-65535" },
+	{ "[kvqd]\nmax_connections = 0\n", "2: max_connections '0' is not in 1-1024" },
+	{ "[kvqd]\nmax_connections = 1025\n", "2: max_connections '1025' is not in 1-1024" },
+	{ "[kvqd]\nmax_connections_per_uid = many\n", "2: max_connections_per_uid 'many' is not a number" },
+	{ "[kvqd]\nmax_output = 1K\n", "2: max_output '1K' is not in 65536-67108864 bytes" },
+	{ "[kvqd]\nmax_output = lots\n", "2: max_output 'lots' is not a size" },
+	{ "[kvqd]\nhandshake_timeout_ms = 5s\n", "2: handshake_timeout_ms '5s' is not a number of milliseconds" },
+	{ "[kvqd]\nidle_timeout_ms = 86400001\n", "2: idle_timeout_ms '86400001' is not in 0-86400000" },
+	{ "[pool p]\nmax_output = 1M\n", "2: unknown key 'max_output' in [pool p]" },
+	{ "[kvqd]\nframes_per_wakeup = 8\nframes_per_wakeup = 9\n",
+	  "3: duplicate key 'frames_per_wakeup' (first on line 2)" },
 	/* 4 layers x (sealed slice: 2 heads x (2048 + 64 + 2048 + 64) + open: 2 heads x 2 x 32 x 64 x 2) */
 	{ "[pool p]\nmodel = m\nlayers = 4\nkv_heads = 2\nhead_dim = 64\npolicy = int8\ncapacity = 64K\n",
 	  "7: capacity 65536 bytes is less than one sealed block and one open window (99328 bytes)" },
@@ -324,6 +334,35 @@ static void check_defaults(const struct kvq_config *c, const char *what)
 	   c->create_capacity.kind == KVQ_AMOUNT_PERCENT && c->create_capacity.percent == 25.0 &&
 	   c->quota_per_uid == KVQ_CONFIG_UNLIMITED && c->n_pools == 0,
 	   "%s: built-in defaults (auto backend, 90%% budget, pools created on attach by root and kvqd's user, 25%% each)", what);
+	ok(c && c->limits.max_connections == 1024 && c->limits.max_connections_per_uid == 512 &&
+	   c->limits.max_output == 1u << 20 && c->limits.frames_per_wakeup == 32 &&
+	   c->limits.handshake_timeout_ms == 5000 && c->limits.idle_timeout_ms == 0 && c->limits.accept_pause_ms == 200,
+	   "%s: the limits' defaults (kvqd.conf(5))", what);
+}
+
+/* Every row of KVQ_LIMITS is a [kvqd] key taking its range's ends. */
+static void test_limit_keys(void)
+{
+	char text[256], err[KVQ_CONFIG_MSG_MAX];
+
+	for (size_t i = 0; i < kvq_limit_rows_n; i++) {
+		const struct kvq_limit_row *row = &kvq_limit_rows[i];
+		struct kvq_config *lo = NULL, *hi = NULL;
+		int r1, r2;
+
+		snprintf(text, sizeof(text), "[kvqd]\n%s = %llu\n", row->key, (unsigned long long)row->lo);
+		r1 = kvq_config_parse_string(text, strlen(text), "l.conf", &lo, err, sizeof err);
+		snprintf(text, sizeof(text), "[kvqd]\n%s = %llu\n", row->key, (unsigned long long)row->hi);
+		r2 = kvq_config_parse_string(text, strlen(text), "l.conf", &hi, err, sizeof err);
+		ok(r1 == 0 && r2 == 0 &&
+		   *(const uint64_t *)((const char *)&lo->limits + row->offset) == row->lo &&
+		   *(const uint64_t *)((const char *)&hi->limits + row->offset) == row->hi && row->def >= row->lo &&
+		   row->def <= row->hi,
+		   "limit %s: %llu and %llu parse, default %llu within", row->key, (unsigned long long)row->lo,
+		   (unsigned long long)row->hi, (unsigned long long)row->def);
+		kvq_config_free(lo);
+		kvq_config_free(hi);
+	}
 }
 
 static void test_defaults(void)
@@ -481,6 +520,7 @@ int main(void)
 	test_limits();
 	test_lexical();
 	test_defaults();
+	test_limit_keys();
 	test_helpers();
 	test_files();
 	return done_testing();

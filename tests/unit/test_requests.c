@@ -165,13 +165,22 @@ static int fork_ids(struct kvq_conn *c, uint32_t *ids, size_t n)
 	return inproc_status(&t, c, &e);
 }
 
+/* e from c: its status, the reply's message in msg. */
+static int call_msg(struct kvq_conn *c, Kvq__Envelope *e, char *msg, size_t len)
+{
+	struct kvq_reply r;
+	int st = inproc_call(&t, c, e, &r);
+
+	snprintf(msg, len, "%s", r.e.message ? r.e.message : "");
+	kvq_reply_fini(&r);
+	return st;
+}
+
 static int admin_req(struct kvq_conn *c, bool drop, const char *pool, char *msg, size_t len)
 {
 	Kvq__Envelope e;
 	Kvq__Evict ev = KVQ__EVICT__INIT;
 	Kvq__PoolDrop pd = KVQ__POOL_DROP__INIT;
-	struct kvq_reply r;
-	int st;
 
 	ev.pool = pd.pool = (char *)pool;
 	if (drop) {
@@ -181,10 +190,7 @@ static int admin_req(struct kvq_conn *c, bool drop, const char *pool, char *msg,
 		env(&e, KVQ__ENVELOPE__BODY_EVICT);
 		e.evict = &ev;
 	}
-	st = inproc_call(&t, c, &e, &r);
-	snprintf(msg, len, "%s", r.e.message ? r.e.message : "");
-	kvq_reply_fini(&r);
-	return st;
+	return call_msg(c, &e, msg, len);
 }
 
 static void order_and_rights(void)
@@ -285,12 +291,65 @@ static void accounting(void)
 	kvq_state_conn_free(a);
 }
 
+/* PoolAdd of a small pool called name by c; the reply's message in msg. */
+static int pool_add(struct kvq_conn *c, const char *name, char *msg, size_t len)
+{
+	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;   /* slot counts from the capacity */
+	Kvq__Attach a;
+	Kvq__PoolAdd pa = KVQ__POOL_ADD__INIT;
+	Kvq__Envelope e;
+
+	pc.backend = "";
+	pc.device = -1;
+	a = inproc_spec(name, &pc);
+	pa.spec = &a;
+	pa.capacity = 128u << 10;
+	env(&e, KVQ__ENVELOPE__BODY_POOL_ADD);
+	e.pool_add = &pa;
+	return call_msg(c, &e, msg, len);
+}
+
+/* kvqd holds at most KVQ_PROTO_MAX_POOLS pools, the most a Stats reply
+ * lists: the largest Stats reply is within a frame and passes the check. */
+static void pool_limit(void)
+{
+	struct kvq_conn *c = inproc_conn(&t, 0);
+	char msg[KVQ_PROTO_MAX_MESSAGE], name[16];
+	uint32_t have = 0, added = 0;
+	Kvq__Envelope e;
+	Kvq__Stats q;
+	struct kvq_reply r;
+	int st, size = -1;
+
+	for (struct kvq_pools_rec *p = t.st.pools.head; p; p = p->next)
+		have++;
+	inproc_hello(&t, c);
+	for (uint32_t i = have; i < KVQ_PROTO_MAX_POOLS; i++) {
+		snprintf(name, sizeof(name), "p%u", i);
+		added += pool_add(c, name, msg, sizeof(msg)) == 0;
+	}
+	ok(have + added == KVQ_PROTO_MAX_POOLS, "%u pools added, %u in all", added, have + added);
+	ok(pool_add(c, "onemore", msg, sizeof(msg)) == -ENOSPC && strstr(msg, "256 pools"),
+	   "one more: -ENOSPC (%s)", msg);
+	ok(inproc_attach(&t, c, "onemore", true) == -ENOSPC, "an attach that would create one: -ENOSPC too");
+	inproc_stats_req(&e, &q);
+	st = inproc_call(&t, c, &e, &r);
+	if (st == 0)
+		size = kvq_frame_size(&r.e);
+	ok(st == 0 && r.e.stats_reply->n_pools == KVQ_PROTO_MAX_POOLS && kvq_frame_check(&r.e, 0, NULL, 0) == 0 &&
+	   size > 0 && size <= (int)(KVQ_FRAME_HDR + KVQ_FRAME_MAX),
+	   "Stats of %u pools: a %d-byte reply the clients accept", KVQ_PROTO_MAX_POOLS, size);
+	kvq_reply_fini(&r);
+	kvq_state_conn_free(c);
+}
+
 int main(void)
 {
 	if (!ok(inproc_start(&t, NULL, 0) == 0, "a daemon state in process, the daemon's table"))
 		return done_testing();
 	order_and_rights();
 	accounting();
+	pool_limit();
 	inproc_stop(&t);
 	return done_testing();
 }
