@@ -33,7 +33,9 @@ KVQ_CUDA_PAIRS(KVQ_EXTERN_PAIR)
 #define KVQ_EXTERN_DEC_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_DEC, K, V)
 KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_DEC_PAIR)
 
-#define KVQ_EXTERN_PF(KF, VF, D, ACT) extern template int prefill_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
+#define KVQ_EXTERN_PF(KF, VF, D, ACT) \
+	extern template int prefill_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
+	extern template int prefill_rows<KF, VF, D, ACT>(void);
 #define KVQ_EXTERN_PF_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_PF, K, V)
 KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_PF_PAIR)
 
@@ -54,14 +56,19 @@ static decode_fn decode_find(int kf, int vf, uint32_t D, int act)
 	return decode_fn{ NULL, NULL };
 }
 
-static attn_fn prefill_find(int kf, int vf, uint32_t D, int act)
+struct prefill_fn {
+	attn_fn launch;
+	int (*rows)(void);   /* query rows per CTA */
+};
+
+static prefill_fn prefill_find(int kf, int vf, uint32_t D, int act)
 {
 #define KVQ_PCASE(KF, VF, DD, ACT) \
 	if (kf == KF && vf == VF && D == DD && act == ACT) \
-		return prefill_launch<KF, VF, DD, ACT>;
+		return prefill_fn{ prefill_launch<KF, VF, DD, ACT>, prefill_rows<KF, VF, DD, ACT> };
 #define KVQ_PCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_PCASE, K, V)
 	KVQ_CUDA_FAST_PAIRS(KVQ_PCASE_PAIR)
-	return NULL;
+	return prefill_fn{ NULL, NULL };
 }
 
 static attn_fn attn_find(int kf, int vf, uint32_t D, int act)
@@ -83,7 +90,7 @@ static uint32_t tile_tokens(uint32_t B)
 struct shape {
 	uint32_t g, nrp, chunks, tt, splits;
 	decode_fn dec;   /* launch set: decode_kernel */
-	attn_fn pf;      /* set: prefill_kernel */
+	prefill_fn pf;   /* launch set: prefill_kernel */
 };
 
 /* Splits for decode_kernel: CTAs of equal work fill the GPU in whole waves,
@@ -116,7 +123,7 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	s.g = a->q_heads / L->kv_heads;
 	if (s.g < 1 || s.g > 8 || a->max_q < 1 || a->max_q > (1u << 20) || a->max_q > a->max_n ||
 	    a->max_n > (1u << 30) || a->total_q < a->max_q || a->total_q > (1u << 24) || nseq > 65535 ||
-	    a->q_dtype != L->act ||
+	    a->q_dtype != L->act || !(a->scale > 0.0f) || isinf(a->scale) ||
 	    (a->out_dtype != KVQ_DT_F16 && a->out_dtype != KVQ_DT_BF16 && a->out_dtype != KVQ_DT_F32))
 		return -EINVAL;
 	const int kf = L->layer[a->layer].kfmt, vf = L->layer[a->layer].vfmt;
@@ -124,13 +131,13 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 			  kvq_fmt_group(vf, 1) <= L->head_dim;
 	uint32_t rows = a->max_q * s.g;
 	s.dec = decode_fn{ NULL, NULL };
-	s.pf = NULL;
+	s.pf = prefill_fn{ NULL, NULL };
 	if (fast && rows <= 8)
 		s.dec = decode_find(kf, vf, L->head_dim, L->act);
 	else if (fast)
 		s.pf = prefill_find(kf, vf, L->head_dim, L->act);
-	if (s.pf) {
-		s.nrp = PF_ROWS;
+	if (s.pf.launch) {
+		s.nrp = (uint32_t)s.pf.rows();
 		s.tt = PF_TILE;
 	} else {
 		s.nrp = rows >= ATTN_MAX_ROWS ? ATTN_MAX_ROWS : (rows + 7) / 8 * 8;
@@ -244,7 +251,7 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	x.max_q = a->max_q;
 	if (s.dec.launch)
 		return s.dec.launch(x, nseq, a->stream);
-	if (s.pf)
-		return s.pf(x, nseq, a->stream);
+	if (s.pf.launch)
+		return s.pf.launch(x, nseq, a->stream);
 	return attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act)(x, nseq, a->stream);
 }

@@ -46,7 +46,7 @@ struct kvq_cuda_attn {
 	const void *base;            /* the pool, device address */
 	uint32_t layer;
 	uint32_t q_heads;            /* kv_heads * g, g = 1..8 */
-	float scale;                 /* softmax scale */
+	float scale;                 /* softmax scale, finite and > 0 (else -EINVAL) */
 	int q_dtype;                 /* the layout's activation dtype */
 	int out_dtype;               /* f16, bf16 or f32 */
 	uint32_t max_n, max_q;       /* bounds on n and m over the sequences */

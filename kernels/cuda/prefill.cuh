@@ -4,12 +4,15 @@
  * blocks of a multiple of 32 tokens, the pairs of KVQ_CUDA_FAST_PAIRS.
  * dispatch.cu picks it for a step of more than 8 query rows per KV head.
  *
- * One CTA per (KV split, KV head and chunk of PF_ROWS query rows,
- * sequence); PF_WARPS warps, 16 rows each, in the MMA's M dimension
+ * One CTA per (KV split, KV head and chunk of 16 query rows per warp,
+ * sequence), in the MMA's M dimension
  * (S = Q·Kᵀ, O = P·V, the FlashAttention-2 arrangement: the score
  * accumulator is the A fragment of the PV MMA as it stands).  The rows of a
  * KV head are its GQA group times the query tokens, so every K/V tile a CTA
- * brings in serves PF_ROWS rows.
+ * brings in serves them all: 4 warps per CTA and two CTAs per
+ * multiprocessor for FP16/BF16 pools (one CTA's copies and barrier overlap
+ * the other's MMAs), one CTA of 8 warps for the formats converted
+ * (pf_traits::CTAS).
  *
  * KV goes in tiles of PF_TILE tokens (two 32-token segments, each inside
  * one block), double-buffered in shared memory as FP16/BF16: a tile's codes
@@ -37,9 +40,6 @@
 
 namespace kvq {
 
-#define PF_WARPS 8
-#define PF_THREADS (PF_WARPS * 32)
-#define PF_ROWS (PF_WARPS * 16)   /* query rows per CTA */
 #define PF_TILE 64u               /* tokens per tile: two segments */
 #define PF_SEG 32u                /* tokens per segment: B is a multiple */
 
@@ -93,6 +93,14 @@ template <int KF, int VF, int D, int ACT> struct pf_traits {
 	static constexpr uint32_t O_KP = O_VST + (VNAT ? 0 : D * 2 * VSEG);
 	static constexpr uint32_t O_VP = O_KP + 2 * KPB;
 	static constexpr uint32_t SMEM = O_VP + 2 * VPB;
+	/* warps per CTA and CTAs per multiprocessor: two CTAs of 4 warps where
+	 * no tile needs the conversion pass and two fit (228 KiB of shared
+	 * memory, 1 KiB of it reserved per CTA), else one of 8; two CTAs were
+	 * faster for f16 but slower at D = 128 for the formats converted, whose
+	 * pass each CTA then repeats for half the rows (bench/RESULTS.md,
+	 * 2026-12-02) */
+	static constexpr int CTAS = KNAT && VNAT && 2 * (SMEM + 1024) <= 228 * 1024 ? 2 : 1;
+	static constexpr int WARPS = CTAS == 2 ? 4 : 8, THREADS = WARPS * 32, ROWS = WARPS * 16;
 	static_assert(KROW % 16 == 0 && (VSEG % 16 == 0 || VSEG == 8), "copy units");
 	static_assert(KPB % 16 == 0 && VPB % 16 == 0, "parameter copy units");
 	static_assert(KK != KVQ_PARAM_GROUP || KT::group_k % 8 == 0, "a dequantized run of 8 dims has one K group");
@@ -162,7 +170,7 @@ __device__ __forceinline__ void pf_issue(const attn_args &a, const pf_tile &x, u
 		const uint32_t tb = x.tb[g];
 		const uint8_t *kc = hs + l.off[KVQ_K_CODES], *vc = hs + l.off[KVQ_V_CODES];
 		constexpr uint32_t UK = TR::KROW / 16;
-		for (uint32_t i = tid; i < PF_SEG * UK; i += PF_THREADS) {
+		for (uint32_t i = tid; i < PF_SEG * UK; i += TR::THREADS) {
 			const uint32_t t = i / UK, u = i % UK;
 			void *dst = TR::KNAT ? (void *)(Kb + (g * PF_SEG + t) * TR::KS + u * 8)
 					     : (void *)(smem + TR::O_KST + (g * PF_SEG + t) * TR::KROW + u * 16);
@@ -170,29 +178,29 @@ __device__ __forceinline__ void pf_issue(const attn_args &a, const pf_tile &x, u
 		}
 		if constexpr (TR::VSEG >= 16) {
 			constexpr uint32_t UV = TR::VSEG / 16;
-			for (uint32_t i = tid; i < D * UV; i += PF_THREADS) {
+			for (uint32_t i = tid; i < D * UV; i += TR::THREADS) {
 				const uint32_t d = i / UV, u = i % UV;
 				void *dst = TR::VNAT ? (void *)(Vb + d * TR::VS + g * PF_SEG + u * 8)
 						     : (void *)(smem + TR::O_VST + d * 2 * TR::VSEG + g * TR::VSEG + u * 16);
 				cp_async16(dst, vc + ((size_t)d * l.B + tb) * TR::VB / 8 + u * 16);
 			}
 		} else {
-			for (uint32_t d = tid; d < D; d += PF_THREADS)
+			for (uint32_t d = tid; d < D; d += TR::THREADS)
 				cp_async8(smem + TR::O_VST + d * 2 * TR::VSEG + g * TR::VSEG,
 					  vc + ((size_t)d * l.B + tb) * TR::VB / 8);
 		}
 		if constexpr (TR::KPB > 0) {
 			const uint8_t *kp = hs + l.off[KVQ_K_PARAMS] +
 					    (TR::KK == KVQ_PARAM_TOKEN ? tb * 2 : TR::KK == KVQ_PARAM_GROUP ? tb * TR::KNG * 4 : 0);
-			for (uint32_t i = tid; i < TR::KPB / 16; i += PF_THREADS)
+			for (uint32_t i = tid; i < TR::KPB / 16; i += TR::THREADS)
 				cp_async16(smem + TR::O_KP + g * TR::KPB + i * 16, kp + i * 16);
 		}
 		if constexpr (TR::VK == KVQ_PARAM_TOKEN) {
-			for (uint32_t i = tid; i < TR::VPB / 16; i += PF_THREADS)
+			for (uint32_t i = tid; i < TR::VPB / 16; i += TR::THREADS)
 				cp_async16(smem + TR::O_VP + g * TR::VPB + i * 16, hs + l.off[KVQ_V_PARAMS] + tb * 2 + i * 16);
 		} else if constexpr (TR::VK == KVQ_PARAM_GROUP) {
 			/* {s, z}[group][token]: one run of PF_SEG entries per group */
-			for (uint32_t i = tid; i < TR::VPB / 16; i += PF_THREADS) {
+			for (uint32_t i = tid; i < TR::VPB / 16; i += TR::THREADS) {
 				const uint32_t gi = i / (PF_SEG * 4 / 16), u = i % (PF_SEG * 4 / 16);
 				cp_async16(smem + TR::O_VP + g * TR::VPB + i * 16,
 					   hs + l.off[KVQ_V_PARAMS] + ((size_t)gi * l.B + tb) * 4 + u * 16);
@@ -261,7 +269,7 @@ __device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, ui
 		const uint16_t *ov = ok ? ok + (size_t)l.B * D : NULL;
 		/* K: token t, dims [8c, 8c + 8) */
 		if (kind != PF_SEALED || !TR::KNAT)
-			for (uint32_t i = tid; i < PF_SEG * D / 8; i += PF_THREADS) {
+			for (uint32_t i = tid; i < PF_SEG * D / 8; i += TR::THREADS) {
 				const uint32_t t = i / (D / 8), d0 = (i % (D / 8)) * 8;
 				uint4 y = make_uint4(0, 0, 0, 0), ylo = make_uint4(0, 0, 0, 0);
 				if (kind == PF_OPEN && tg + t < n) {
@@ -305,7 +313,7 @@ __device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, ui
 					: (unsigned short)0x3c00u;
 		/* V: dim d, tokens [8c, 8c + 8) of the segment */
 		if (kind != PF_SEALED || !TR::VNAT)
-			for (uint32_t i = tid; i < D * (PF_SEG / 8); i += PF_THREADS) {
+			for (uint32_t i = tid; i < D * (PF_SEG / 8); i += TR::THREADS) {
 				const uint32_t d = i / (PF_SEG / 8), c0 = (i % (PF_SEG / 8)) * 8;
 				float v[8];
 				if (kind == PF_OPEN) {
@@ -354,7 +362,8 @@ __device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, ui
 }
 
 template <int KF, int VF, int D, int ACT>
-__global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
+__global__ void __launch_bounds__((pf_traits<KF, VF, D, ACT>::THREADS), (pf_traits<KF, VF, D, ACT>::CTAS))
+prefill_kernel(attn_args a)
 {
 	typedef pf_traits<KF, VF, D, ACT> TR;
 	typedef act<ACT> AT;
@@ -365,10 +374,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
 	const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, qn = lane >> 2, qc = lane & 3;
 	const kvq_seq_table s = a.seqs[blockIdx.z];
 	const uint32_t h = blockIdx.y / a.chunks, chunk = blockIdx.y % a.chunks, g = a.g;
-	const uint32_t rows = s.m * g, r0 = chunk * PF_ROWS;
+	const uint32_t rows = s.m * g, r0 = chunk * TR::ROWS;
 	if (r0 >= rows || s.m > s.n)
 		return;
-	const uint32_t nr = rows - r0 < PF_ROWS ? rows - r0 : PF_ROWS;
+	const uint32_t nr = rows - r0 < TR::ROWS ? rows - r0 : TR::ROWS;
 	const uint32_t qpos0 = s.n - s.m;
 	const uint32_t kv_end = qpos0 + (r0 + nr - 1) / g + 1, pos_first = qpos0 + r0 / g;
 	const uint32_t ntiles = (kv_end + PF_TILE - 1) / PF_TILE, per = (ntiles + a.splits - 1) / a.splits;
@@ -471,7 +480,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				const int j = i >> 1;
-				float y = sc[n][i] * sl2;
+				float y = sc[n][i];
 				if (mask) {
 					const uint32_t t = t0 + 8 * n + 2 * qc + (i & 1);
 					if (t > pos[j] || (cur.bad && cur.kind[(8 * n) / PF_SEG] == PF_NONE))
@@ -485,21 +494,22 @@ __global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
 		for (int j = 0; j < 2; j++) {
 			mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
 			mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
-			alpha[j] = st[j].raise(mx[j]);
+			alpha[j] = st[j].raise(mx[j] * sl2);
 			base[j] = st[j].base();
 		}
+		if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
 #pragma unroll
-		for (int n = 0; n < NO; n++)
+			for (int n = 0; n < NO; n++)
 #pragma unroll
-			for (int i = 0; i < 4; i++)
-				o[n][i] *= alpha[i >> 1];
+				for (int i = 0; i < 4; i++)
+					o[n][i] *= alpha[i >> 1];
 		uint32_t pa[PF_TILE / 16][4];
 #pragma unroll
 		for (int n = 0; n < (int)PF_TILE / 8; n++) {
 			float p[4];
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
-				p[i] = fast_exp2(sc[n][i] - base[i >> 1]);
+				p[i] = fast_exp2(fmaf(sc[n][i], sl2, -base[i >> 1]));
 				st[i >> 1].l += p[i];
 			}
 			pa[n / 2][2 * (n & 1)] = AT::pack(p[0], p[1]);
@@ -544,6 +554,12 @@ __global__ void __launch_bounds__(PF_THREADS, 1) prefill_kernel(attn_args a)
 		}
 }
 
+/* Query rows per CTA of an instance. */
+template <int KF, int VF, int D, int ACT> int prefill_rows(void)
+{
+	return pf_traits<KF, VF, D, ACT>::ROWS;
+}
+
 template <int KF, int VF, int D, int ACT> int prefill_launch(const attn_args &a, uint32_t nseq, void *stream)
 {
 	constexpr uint32_t bytes = pf_traits<KF, VF, D, ACT>::SMEM;
@@ -555,7 +571,7 @@ template <int KF, int VF, int D, int ACT> int prefill_launch(const attn_args &a,
 			return fail_launch();
 		raised = true;
 	}
-	prefill_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H * a.chunks, nseq), PF_THREADS, bytes,
+	prefill_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H * a.chunks, nseq), pf_traits<KF, VF, D, ACT>::THREADS, bytes,
 					 (cudaStream_t)stream>>>(a);
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return fail_launch();

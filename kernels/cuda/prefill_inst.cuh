@@ -6,7 +6,9 @@
 #include "instances.h"
 
 namespace kvq {
-#define KVQ_INST(KF, VF, D, ACT) template int prefill_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
+#define KVQ_INST(KF, VF, D, ACT) \
+	template int prefill_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
+	template int prefill_rows<KF, VF, D, ACT>(void);
 #define KVQ_PAIR(K, V) KVQ_CUDA_EACH(KVQ_INST, K, V)
 KVQ_CUDA_FAST_HALF(KVQ_PAIR)
 }
