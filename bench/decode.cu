@@ -3,10 +3,13 @@
  * kvq-bench decode | prefill | append: paged attention and the write on the
  * GPU, per format and shape, on a pool laid out for L = 32 layers (one layer
  * timed: an L = 1 pool would hide the address-range costs), H KV heads,
- * D = 128, B = 32, the KV written by kvq_cuda_write from random activations
- * and the blocks of every sequence scattered over the pool.  decode: one
- * query token per sequence; prefill: a 2048-token chunk over a cached
- * 8192-token prefix (the chunk's KV written first, as a worker does);
+ * D = 128 (64 in SmolLM2's prefill shape), B = 32, the KV written by
+ * kvq_cuda_write from random activations and the blocks of every sequence
+ * scattered over the pool.  decode: one query token per sequence; prefill:
+ * 4 sequences, a 2048- or 512-token chunk over a cached 8192-token prefix,
+ * a cold 8192-token prompt, and the first at 9/3 heads and D = 64 (the
+ * chunk's KV written first, as a worker does; TFLOP/s as FlashAttention
+ * counts them);
  * append: the kvq_cuda_write of a 64 x 2048-token prefill (input read,
  * sealed slices and open rows written) against a device-to-device copy.
  * Time: CUDA events around each launch, median of the runs after warm-up.
