@@ -203,6 +203,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t at = 0;
 
 	FUZZ_ASSERT(inproc_start_conf(&t, fuzz_conf, NULL, 0) == 0);
+	/* refusals log warnings: a line per input costs more than the input */
+	if (!getenv("KVQ_TEST_VERBOSE"))
+		kvq_log_set_level(LOG_ERR);
 	for (int i = 0; i < FUZZ_SLOTS; i++)
 		slot[i] = conn_new(i);
 	while (at < size) {
