@@ -181,6 +181,35 @@ static int inproc_attach(struct inproc *t, struct kvq_conn *c, const char *pool,
 	return inproc_status(t, c, &e);
 }
 
+/* A Publish of ids[n] as a chain of blocks 0, 1, ... of tokens (INPROC_B
+ * each; salted when salt is not NULL) into e, q, b[n] and pb[n]. */
+__attribute__((unused))
+static void inproc_publish_req(Kvq__Envelope *e, Kvq__Publish *q, Kvq__PublishBlock *b, Kvq__PublishBlock **pb,
+			       const uint32_t *ids, size_t n, uint32_t *tokens, const char *salt)
+{
+	kvq__envelope__init(e);
+	kvq__publish__init(q);
+	for (size_t i = 0; i < n; i++) {
+		kvq__publish_block__init(&b[i]);
+		b[i].sealed_id = ids[i];
+		b[i].n_tokens = INPROC_B;
+		b[i].tokens = tokens + i * INPROC_B;
+		if (salt) {
+			b[i].salt.data = (uint8_t *)salt;
+			b[i].salt.len = strlen(salt);
+		}
+		if (i) {
+			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
+			b[i].parent_id = ids[i - 1];
+		}
+		pb[i] = &b[i];
+	}
+	q->n_blocks = n;
+	q->blocks = pb;
+	e->body_case = KVQ__ENVELOPE__BODY_PUBLISH;
+	e->publish = q;
+}
+
 /* A Stats request (of every pool the caller sees). */
 __attribute__((unused))
 static void inproc_stats_req(Kvq__Envelope *e, Kvq__Stats *s)

@@ -190,30 +190,12 @@ static int seal(int s, uint32_t *open, uint32_t *sealed, size_t n)
 static int publish(int s, uint32_t *ids, size_t n, const char *salt)
 {
 	Kvq__PublishBlock b[4], *pb[4];
-	Kvq__Publish q = KVQ__PUBLISH__INIT;
-	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+	Kvq__Publish q;
+	Kvq__Envelope e;
 	struct kvq_reply r;
 	int st;
 
-	for (size_t i = 0; i < n; i++) {
-		kvq__publish_block__init(&b[i]);
-		b[i].sealed_id = ids[i];
-		b[i].n_tokens = INPROC_B;
-		b[i].tokens = tokens + i * INPROC_B;
-		if (salt) {
-			b[i].salt.data = (uint8_t *)salt;
-			b[i].salt.len = strlen(salt);
-		}
-		if (i) {
-			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
-			b[i].parent_id = ids[i - 1];
-		}
-		pb[i] = &b[i];
-	}
-	q.n_blocks = n;
-	q.blocks = pb;
-	e.body_case = KVQ__ENVELOPE__BODY_PUBLISH;
-	e.publish = &q;
+	inproc_publish_req(&e, &q, b, pb, ids, n, tokens, salt);
 	st = call(s, &e, &r);
 	if (st == 0)
 		memcpy(ids, r.e.publish_reply->ids, n * sizeof(uint32_t));
