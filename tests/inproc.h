@@ -46,10 +46,10 @@ static uid_t inproc_other_uid(void)
 	return geteuid() == 4242 ? 4243 : 4242;
 }
 
-/* The state, with the daemon's table unless rows is given; 0 or a negative
- * code (printed). */
+/* The state from the config text conf, with the daemon's table unless rows
+ * is given; 0 or a negative code (printed). */
 __attribute__((unused))
-static int inproc_start(struct inproc *t, const struct kvq_request *rows, size_t n_rows)
+static int inproc_start_conf(struct inproc *t, const char *conf, const struct kvq_request *rows, size_t n_rows)
 {
 	char err[512] = "";
 	int r;
@@ -58,12 +58,19 @@ static int inproc_start(struct inproc *t, const struct kvq_request *rows, size_t
 	t->rows = rows ? rows : kvq_requests;
 	t->n_rows = rows ? n_rows : kvq_requests_n;
 	kvq_log_set_level(getenv("KVQ_TEST_VERBOSE") ? LOG_DEBUG : LOG_WARNING);
-	r = kvq_config_parse_string(inproc_conf, strlen(inproc_conf), "inproc.conf", &t->cfg, err, sizeof(err));
+	r = kvq_config_parse_string(conf, strlen(conf), "inproc.conf", &t->cfg, err, sizeof(err));
 	if (r == 0)
 		r = kvq_state_init(&t->st, t->cfg, "host", 0, err, sizeof(err));
 	if (r < 0)
 		printf("# in-process state: %s\n", err);
 	return r;
+}
+
+/* inproc_start_conf with inproc_conf. */
+__attribute__((unused))
+static int inproc_start(struct inproc *t, const struct kvq_request *rows, size_t n_rows)
+{
+	return inproc_start_conf(t, inproc_conf, rows, n_rows);
 }
 
 /* A connection of uid (its only group: gid 0 for root, else 4242), as accept
@@ -115,14 +122,25 @@ static int inproc_status(struct inproc *t, struct kvq_conn *c, Kvq__Envelope *e)
 	return st;
 }
 
+/* A Hello of protocol version into e, h. */
+__attribute__((unused))
+static void inproc_hello_req(Kvq__Envelope *e, Kvq__Hello *h, uint32_t version)
+{
+	kvq__envelope__init(e);
+	kvq__hello__init(h);
+	h->protocol_version = version;
+	h->client_name = "inproc";
+	e->body_case = KVQ__ENVELOPE__BODY_HELLO;
+	e->hello = h;
+}
+
 __attribute__((unused))
 static int inproc_hello(struct inproc *t, struct kvq_conn *c)
 {
-	Kvq__Hello h = { PROTOBUF_C_MESSAGE_INIT(&kvq__hello__descriptor),
-			 .protocol_version = KVQ_PROTOCOL_VERSION, .client_name = "inproc" };
-	Kvq__Envelope e = { PROTOBUF_C_MESSAGE_INIT(&kvq__envelope__descriptor),
-			    .body_case = KVQ__ENVELOPE__BODY_HELLO, .hello = &h };
+	Kvq__Envelope e;
+	Kvq__Hello h;
 
+	inproc_hello_req(&e, &h, KVQ_PROTOCOL_VERSION);
 	return inproc_status(t, c, &e);
 }
 
@@ -139,18 +157,60 @@ static Kvq__Attach inproc_spec(const char *pool, Kvq__PoolCreate *pc)
 	return a;
 }
 
-/* Attaches to pool (the test geometry, policy int8); with create, creating
- * it with 16 sealed + 4 open slots. */
+/* An Attach to pool (the test geometry, policy int8) into e, a, pc; with
+ * create, creating it with 16 sealed + 4 open slots. */
+__attribute__((unused))
+static void inproc_attach_req(Kvq__Envelope *e, Kvq__Attach *a, Kvq__PoolCreate *pc, const char *pool, bool create)
+{
+	kvq__pool_create__init(pc);
+	pc->n_sealed = 16;
+	pc->n_open = 4;
+	pc->backend = "";
+	pc->device = -1;
+	*a = inproc_spec(pool, create ? pc : NULL);
+	kvq__envelope__init(e);
+	e->body_case = KVQ__ENVELOPE__BODY_ATTACH;
+	e->attach = a;
+}
+
 __attribute__((unused))
 static int inproc_attach(struct inproc *t, struct kvq_conn *c, const char *pool, bool create)
 {
-	Kvq__PoolCreate pc = { PROTOBUF_C_MESSAGE_INIT(&kvq__pool_create__descriptor),
-			       .n_sealed = 16, .n_open = 4, .backend = "", .device = -1 };
-	Kvq__Attach a = inproc_spec(pool, create ? &pc : NULL);
-	Kvq__Envelope e = { PROTOBUF_C_MESSAGE_INIT(&kvq__envelope__descriptor),
-			    .body_case = KVQ__ENVELOPE__BODY_ATTACH, .attach = &a };
+	Kvq__PoolCreate pc;
+	Kvq__Attach a;
+	Kvq__Envelope e;
 
+	inproc_attach_req(&e, &a, &pc, pool, create);
 	return inproc_status(t, c, &e);
+}
+
+/* A Publish of ids[n] as a chain of blocks 0, 1, ... of tokens (INPROC_B
+ * each; salted when salt is not NULL) into e, q, b[n] and pb[n]. */
+__attribute__((unused))
+static void inproc_publish_req(Kvq__Envelope *e, Kvq__Publish *q, Kvq__PublishBlock *b, Kvq__PublishBlock **pb,
+			       const uint32_t *ids, size_t n, uint32_t *tokens, const char *salt)
+{
+	kvq__envelope__init(e);
+	kvq__publish__init(q);
+	for (size_t i = 0; i < n; i++) {
+		kvq__publish_block__init(&b[i]);
+		b[i].sealed_id = ids[i];
+		b[i].n_tokens = INPROC_B;
+		b[i].tokens = tokens + i * INPROC_B;
+		if (salt) {
+			b[i].salt.data = (uint8_t *)salt;
+			b[i].salt.len = strlen(salt);
+		}
+		if (i) {
+			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
+			b[i].parent_id = ids[i - 1];
+		}
+		pb[i] = &b[i];
+	}
+	q->n_blocks = n;
+	q->blocks = pb;
+	e->body_case = KVQ__ENVELOPE__BODY_PUBLISH;
+	e->publish = q;
 }
 
 /* A Stats request (of every pool the caller sees). */

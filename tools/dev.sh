@@ -10,7 +10,8 @@
 #   tools/dev.sh quality install what is missing, build, fetch the model, write the
 #                        KV-format quality table bench/QUALITY.md (long: see tools/quality.sh)
 #   tools/dev.sh deps    only install the Debian packages the build needs
-# Builds go to build/ (and build-asan/ for the sanitizer run) beside this tree.
+# Builds go to build/ (and build-asan/ for the sanitizer run, build-fuzz/ for the
+# libFuzzer targets, built with clang) beside this tree.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,9 +42,11 @@ trap summary EXIT
 
 # mandoc lints the man pages, systemd provides systemd-analyze and
 # systemd-sysusers for the install test (it need not run as PID 1), and
-# man-db the man command systemd-analyze verify runs for each Documentation=
+# man-db the man command systemd-analyze verify runs for each Documentation=;
+# clang builds the fuzzers, and libclang-rt-14-dev holds libFuzzer and the
+# sanitizer runtimes clang links (only recommended by clang on Debian 12)
 packages="build-essential autoconf automake libtool pkg-config libevent-dev libprotobuf-c-dev
-protobuf-c-compiler libsystemd-dev libssl-dev binutils mandoc man-db systemd"
+protobuf-c-compiler libsystemd-dev libssl-dev binutils mandoc man-db systemd clang libclang-rt-14-dev"
 
 deps() {
 	local missing=()
@@ -79,6 +82,16 @@ configure_in() {
 build() {
 	configure_in build --enable-werror
 	make -j"$jobs"
+}
+
+# The fuzzers' build: clang with libFuzzer, or a clear failure (configure
+# checks that a libFuzzer target links).
+fuzz_configure() {
+	if ! command -v clang >/dev/null; then
+		echo "clang not found: the fuzz stages need clang and libclang-rt-14-dev (tools/dev.sh deps)" >&2
+		return 1
+	fi
+	configure_in build-fuzz CC=clang --enable-fuzz --enable-werror --with-cuda=no --disable-shared
 }
 
 # kvqd with its embedded defaults (host backend, create-on-attach) on a
@@ -142,7 +155,14 @@ check)
 	stage "unit tests, portable path" env KVQ_CPU_ISA=portable make -C "$top/build" -j"$jobs" check-unit
 	stage "configure asan" configure_in build-asan --enable-werror --enable-asan --with-cuda=no --disable-shared
 	stage "build asan" make -C "$top/build-asan" -j"$jobs"
-	stage "unit tests under asan" make -C "$top/build-asan" -j"$jobs" check-unit
+	# unit and integration tests (a real kvqd and forked clients, the load
+	# and fault test) with ASan and UBSan in the daemon and the clients
+	stage "tests under asan" make -C "$top/build-asan" -j"$jobs" check-sanitized
+	# each libFuzzer target for a minute from the committed corpus
+	stage "configure fuzzers" fuzz_configure
+	stage "build fuzzers" make -C "$top/build-fuzz" -j"$jobs" fuzz
+	stage "fuzz the frame decoder" make -C "$top/build-fuzz" fuzz-run FUZZ_TARGETS=frame FUZZ_SECONDS=60
+	stage "fuzz the requests" make -C "$top/build-fuzz" fuzz-run FUZZ_TARGETS=request FUZZ_SECONDS=60
 	# the tarball builds, tests, installs and uninstalls on its own (without CUDA)
 	stage "make distcheck" make -C "$top/build" -j"$jobs" distcheck
 	;;

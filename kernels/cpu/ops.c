@@ -8,15 +8,22 @@
 #include "cpu.h"
 #include "ops.h"
 
+#ifdef HAVE_X86_SIMD
+#include <cpuid.h>
+#endif
+
 static const struct kvq_cpu_ops *current;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static int have_avx2(void)
 {
 #ifdef HAVE_X86_SIMD
+	unsigned a, b, c, d;
+
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	       __builtin_cpu_supports("f16c");
+	/* F16C from CPUID leaf 1: clang's __builtin_cpu_supports does not know it */
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __get_cpuid(1, &a, &b, &c, &d) &&
+	       (c & bit_F16C);
 #else
 	return 0;
 #endif

@@ -91,26 +91,12 @@ static uint32_t tokens[2 * INPROC_B];
 static int publish(struct kvq_conn *c, const uint32_t *ids, size_t n, uint32_t *ret_ids)
 {
 	Kvq__Envelope e;
-	Kvq__Publish q = KVQ__PUBLISH__INIT;
+	Kvq__Publish q;
 	Kvq__PublishBlock b[2], *pb[2];
 	struct kvq_reply r;
 	int st;
 
-	for (size_t i = 0; i < n; i++) {
-		kvq__publish_block__init(&b[i]);
-		b[i].sealed_id = ids[i];
-		b[i].n_tokens = INPROC_B;
-		b[i].tokens = tokens + i * INPROC_B;
-		if (i) {
-			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
-			b[i].parent_id = ids[i - 1];
-		}
-		pb[i] = &b[i];
-	}
-	q.n_blocks = n;
-	q.blocks = pb;
-	env(&e, KVQ__ENVELOPE__BODY_PUBLISH);
-	e.publish = &q;
+	inproc_publish_req(&e, &q, b, pb, ids, n, tokens, NULL);
 	st = inproc_call(&t, c, &e, &r);
 	if (st == 0)
 		memcpy(ret_ids, r.e.publish_reply->ids, n * sizeof(uint32_t));
