@@ -38,7 +38,8 @@ static void put(struct buf *b, const void *p, size_t n)
 			exit(1);
 		}
 	}
-	memcpy(b->p + b->len, p, n);
+	if (n)   /* an empty payload may come with p NULL */
+		memcpy(b->p + b->len, p, n);
 	b->len += n;
 }
 
