@@ -585,8 +585,15 @@ static void test_slow_readers(void)
 	     n ? rt[n - 1] * 1e3 : 0);
 	ok(fails == 0 && n >= 500, "the good client's %d requests all answered", n);
 	ok(p99 <= 0.010, "its round trip p99 %.3f ms <= 10 ms", p99 * 1e3);
+#if defined(__SANITIZE_ADDRESS__)
+	/* AddressSanitizer keeps freed memory in its quarantine (256 MiB by
+	 * default) and adds its shadow: kvqd's RSS is not its own then, and
+	 * the bound is checked by the plain build */
+	ok(1, "kvqd's RSS grew %ld KiB # SKIP under AddressSanitizer (quarantine and shadow)", peak - rss0);
+#else
 	ok(peak - rss0 <= caps_kib + 65536, "kvqd's RSS grew %ld KiB <= caps %ld KiB + 64 MiB", peak - rss0,
 	   caps_kib);
+#endif
 	ok(wait_child(nh) == 0 && sh->nh_closed == N_NOHELLO && sh->nh_timedout == N_NOHELLO &&
 	   sh->nh_worst_s < HANDSHAKE_MS / 1000.0 + 1.0,
 	   "connections without a Hello: %d of %d closed with -ETIMEDOUT, the last after %.2f s", sh->nh_timedout,
