@@ -94,4 +94,23 @@ static pid_t test_daemon_start(const char *backend, const char *tag, char *dir, 
 	return test_daemon_start_conf(backend, tag, NULL, dir, dirlen, sock, socklen, bin, binlen);
 }
 
+/* The resident set of process pid in KiB (VmRSS), or -1. */
+__attribute__((unused))
+static long test_rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
 #endif

@@ -70,23 +70,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static long rss_kib(pid_t pid)
-{
-	char path[64], line[256];
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib;
-}
-
 /* User and system CPU seconds of pid. */
 static double cpu_s(pid_t pid)
 {
@@ -542,7 +525,7 @@ static void test_slow_readers(void)
 	}
 	for (int i = 0; i < 50; i++)
 		stats(&good, "good", NULL);
-	rss0 = rss_kib(d);
+	rss0 = test_rss_kib(d);
 
 	memset(sh, 0, sizeof(*sh));
 	nh = fork();
@@ -560,12 +543,12 @@ static void test_slow_readers(void)
 
 		fails += stats(&good, "good", NULL) != 0;
 		rt[n++] = now_s() - t;
-		if (n % 16 == 0 && (rss = rss_kib(d)) > peak)
+		if (n % 16 == 0 && (rss = test_rss_kib(d)) > peak)
 			peak = rss;
 		usleep(500);
 	}
 	{
-		long rss = rss_kib(d);
+		long rss = test_rss_kib(d);
 
 		if (rss > peak)
 			peak = rss;

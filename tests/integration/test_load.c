@@ -465,23 +465,6 @@ static int pool_view(struct kvq_conn *chk, pid_t pid, struct pool_view *v)
 	return 0;
 }
 
-static long rss_kib(pid_t pid)
-{
-	char path[64], line[256];
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib;
-}
-
 static void sleep_ms(unsigned ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
@@ -589,7 +572,7 @@ int main(void)
 				break;
 			sleep_ms(10);
 		}
-		rss[round] = rss_kib(dpid);
+		rss[round] = test_rss_kib(dpid);
 		ok(pool_view(&chk, 0, &v) == 0 && v.n_sealed == N_SEALED &&
 		   v.sealed_free + v.sealed_reserved + v.sealed_held + v.cached == v.n_sealed,
 		   "round %d: free %u + reserved %u + held %u + cached %u = capacity %u", round + 1, v.sealed_free,
