@@ -4,15 +4,14 @@
  * blocks of a multiple of 32 tokens, the pairs of KVQ_CUDA_FAST_PAIRS.
  * dispatch.cu picks it for a step of more than 8 query rows per KV head.
  *
- * One CTA per (KV split, KV head and chunk of 16 query rows per warp,
- * sequence), in the MMA's M dimension
- * (S = Q·Kᵀ, O = P·V, the FlashAttention-2 arrangement: the score
- * accumulator is the A fragment of the PV MMA as it stands).  The rows of a
- * KV head are its GQA group times the query tokens, so every K/V tile a CTA
- * brings in serves them all: 4 warps per CTA and two CTAs per
- * multiprocessor for FP16/BF16 pools (one CTA's copies and barrier overlap
- * the other's MMAs), one CTA of 8 warps for the formats converted
- * (pf_traits::CTAS).
+ * One CTA per (KV split, KV head and chunk of query rows, sequence), 16
+ * rows per warp in the MMA's M dimension (S = Q·Kᵀ, O = P·V, the
+ * FlashAttention-2 arrangement: the score accumulator is the A fragment of
+ * the PV MMA as it stands).  The rows of a KV head are its GQA group times
+ * the query tokens, so every K/V tile a CTA brings in serves them all.
+ * FP16/BF16 pools run 4 warps per CTA and two CTAs per multiprocessor (one
+ * CTA's copies and barrier overlap the other's MMAs), the formats converted
+ * one CTA of 8 warps (pf_traits::CTAS).
  *
  * KV goes in tiles of PF_TILE tokens (two 32-token segments, each inside
  * one block), double-buffered in shared memory as FP16/BF16: a tile's codes
@@ -24,8 +23,8 @@
  * per-token scale (int8, fp8) goes in as its codes, exact in FP16/BF16, and
  * the scale multiplies the score after the MMA; other K (int4's groups,
  * KIVI's channels) is dequantized in fp32 and split into a high and a low
- * FP16/BF16 part, two MMAs.  V is dequantized (one rounding per value).  Open segments are read as they are, tokens
- * past the sequence zeroed.  Fragments come from shared memory by
+ * FP16/BF16 part, two MMAs.  V is dequantized (one rounding per value).
+ * Open segments are read as they are, tokens past the sequence zeroed.  Fragments come from shared memory by
  * ldmatrix (rows padded by 16 bytes: no bank conflicts).  The causal mask
  * is applied only to tiles that reach past the chunk's first query.
  * Online softmax in fp32 (sm_state), log2 units; split-KV partials are
