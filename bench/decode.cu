@@ -3,7 +3,7 @@
  * kvq-bench decode | prefill | append: paged attention and the write on the
  * GPU, per format and shape, on a pool laid out for L = 32 layers (one layer
  * timed: an L = 1 pool would hide the address-range costs), H KV heads,
- * D = 128 (64 in SmolLM2's prefill shape), B = 32, the KV written by
+ * D = 128 (64 in SmolLM2's shapes), B = 32 (--block), the KV written by
  * kvq_cuda_write from random activations and the blocks of every sequence
  * scattered over the pool.  decode: one query token per sequence; prefill:
  * 4 sequences, a 2048- or 512-token chunk over a cached 8192-token prefix,
@@ -12,10 +12,13 @@
  * counts them);
  * append: the kvq_cuda_write of a 64 x 2048-token prefill (input read,
  * sealed slices and open rows written) against a device-to-device copy.
- * Time: CUDA events around each launch, median of the runs after warm-up.
+ * Time: CUDA events around each launch, median of the runs after warm-up,
+ * the L2 flushed before each run; the kernel kvq_cuda_attention chose and
+ * its KV splits are printed beside.
  * Bytes: what the step must read (sealed slices and the open rows up to n).
  * Read bandwidth: a read-only reduction over 4 GiB in the same run.
- * `--sdpa FILE` takes bench/sdpa.py's PyTorch times for the speed-up column.
+ * `--sdpa FILE` takes bench/sdpa.py's PyTorch times for the speed-up column,
+ * `--fi FILE` the FlashInfer anchor programs' output for theirs.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -71,8 +74,26 @@ static float median(float *v, int n)
 	return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* A buffer twice the L2's size, written before every timed call so that no
+ * call finds the previous one's KV in the L2 (a hit is not bandwidth). */
+static void *l2_buf;
+static size_t l2_bytes;
+
+static void l2_flush(int i)
+{
+	if (!l2_buf) {
+		int dev = 0, l2 = 0;
+		CK(cudaGetDevice(&dev));
+		CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+		l2_bytes = 2 * (size_t)(l2 > 0 ? l2 : 64 << 20);
+		CK(cudaMalloc(&l2_buf, l2_bytes));
+	}
+	CK(cudaMemsetAsync(l2_buf, i & 0xff, l2_bytes));
+}
+
 /* Median time (ms) of runs calls of launch() after warm ones, CUDA events
- * around each call; launch returns 0, or a kvq_cuda code that ends the run. */
+ * around each call, the L2 flushed before each; launch returns 0, or a
+ * kvq_cuda code that ends the run. */
 template <typename F> static float median_ms(int warm, int runs, const char *what, F launch)
 {
 	cudaEvent_t e0, e1;
@@ -81,6 +102,7 @@ template <typename F> static float median_ms(int warm, int runs, const char *wha
 	CK(cudaEventCreate(&e0));
 	CK(cudaEventCreate(&e1));
 	for (int i = 0; i < warm + runs; i++) {
+		l2_flush(i);
 		CK(cudaEventRecord(e0));
 		int rc = launch();
 		CK(cudaEventRecord(e1));
@@ -133,14 +155,16 @@ static double step_flop(const struct shape *sh)
 struct result {
 	const char *format;
 	struct shape s;
+	const char *kernel;            /* what kvq_cuda_attention launched */
+	uint32_t splits;
 	double ms, gbps;               /* attention */
 	double write_ms, write_bytes;  /* kvq_cuda_write of the whole context (append/seal) */
 };
 
 /* Times one format on one shape; returns 0, or 1 when it does not fit. */
-static int run_one(const char *fmt, struct shape sh, int runs, struct result *ret)
+static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, struct result *ret)
 {
-	const uint32_t L_ = 32, D = sh.D, B = 32;
+	const uint32_t L_ = 32, D = sh.D;
 	struct kvq_policy pol;
 	struct kvq_layout *L = NULL;
 	char err[256];
@@ -224,7 +248,8 @@ static int run_one(const char *fmt, struct shape sh, int runs, struct result *re
 	if (a.workspace_bytes)
 		CK(cudaMalloc(&ws, a.workspace_bytes));
 	a.workspace = ws;
-	char what[64];
+	ret->kernel = kvq_cuda_attention_plan(&a, sh.batch, &ret->splits);
+	char what[96];
 	snprintf(what, sizeof what, "kvq_cuda_attention (%s)", fmt);
 	ret->ms = median_ms(3, runs, what, [&] {
 		return kvq_cuda_attention(&a, (const struct kvq_seq_table *)dseq, sh.batch, q, out);
@@ -292,14 +317,76 @@ static double sdpa_ms(const char *file, const char *mode, const struct shape *sh
 	return found;
 }
 
+/* FlashInfer's decode times (the JSON lines of the anchor programs fi_attn
+ * and fi_decode, given with --fi): the fastest of its paths at this shape
+ * (D = 128, one query token) for KV "f16" or "fp8"; 0 when none. */
+#define MAX_FI 4
+static const char *fi_files[MAX_FI];
+static int n_fi;
+
+static double fi_ms(const struct shape *sh, const char *kv)
+{
+	double best = 0;
+
+	if (sh->D != 128 || sh->nq != 1)
+		return 0;
+	for (int i = 0; i < n_fi; i++) {
+		FILE *f = fopen(fi_files[i], "r");
+		static char line[1 << 16];
+		if (!f)
+			continue;
+		while (fgets(line, sizeof line, f)) {
+			const char *p = line;
+			while ((p = strstr(p, "{\"kv\":\""))) {
+				char k[16];
+				unsigned b, c, qh = 0, kh = 0;
+				double ms;
+				const char *h = strstr(p, "\"qo_heads\":"), *e = strchr(p, '}');
+				if (sscanf(p, "{\"kv\":\"%15[^\"]\",\"batch\":%u,\"context\":%u,\"ms\":%lf", k, &b, &c, &ms) == 4 &&
+				    h && e && h < e && sscanf(h, "\"qo_heads\":%u,\"kv_heads\":%u", &qh, &kh) == 2 &&
+				    !strcmp(k, kv) && b == sh->batch && c == sh->ctx && qh == sh->q_heads && kh == sh->kv_heads &&
+				    ms > 0 && (!best || ms < best))
+					best = ms;
+				p++;
+			}
+		}
+		fclose(f);
+	}
+	return best;
+}
+
+/* "BATCHxCONTEXTxHQ/HKVxD" into a decode shape; 0, or -1 when malformed. */
+static int parse_shape(const char *arg, struct shape *sh)
+{
+	unsigned b, c, qh, kh, d;
+	char tail;
+
+	if (sscanf(arg, "%ux%ux%u/%ux%u%c", &b, &c, &qh, &kh, &d, &tail) != 5 || b < 1 || b > 4096 || c < 1 ||
+	    c > (1u << 22) || kh < 1 || kh > 64 || qh % kh || qh / kh < 1 || qh / kh > 8 || (d != 64 && d != 128))
+		return -1;
+	*sh = (struct shape){ b, c, qh, kh, 1, d };
+	return 0;
+}
+
+static void usage(const char *mode)
+{
+	fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST] [--runs N (1-200)] [--block B (16-256, "
+			"a multiple of 16)] [--sdpa FILE (bench/sdpa.py's output)]%s\n", mode,
+		strcmp(mode, "decode") ? "" : " [--shape BATCHxCONTEXTxHQ/HKVxD]... [--fi FILE (fi_attn or fi_decode "
+					     "output)]...");
+}
+
 /* kvq-bench decode | prefill | append: the command name is argv[0]. */
 extern "C" int bench_decode(int argc, char **argv)
 {
 	const char *mode = argv[0], *list = "f16,int8,fp8,int4g32,kivi4,kivi2", *sdpa = NULL;
 	int json = 0, quick = 0, runs = 30;
+	uint32_t B = 32;
+	/* FlashInfer's four shapes; one long request (split-KV must fill the
+	 * GPU); SmolLM2-135M's heads (9/3, D = 64) */
 	static const struct shape decode_shapes[] = {
 		{ 64, 8192, 32, 8, 1, 128 }, { 16, 32768, 32, 8, 1, 128 }, { 256, 2048, 32, 8, 1, 128 },
-		{ 4, 131072, 64, 8, 1, 128 },
+		{ 4, 131072, 64, 8, 1, 128 }, { 1, 131072, 32, 8, 1, 128 }, { 64, 8192, 9, 3, 1, 64 },
 	};
 	/* 4 sequences: a 2048-token chunk over a cached 8192-token prefix (the
 	 * first shape, the one --quick runs), a 512-token chunk over 8192, a cold
@@ -312,7 +399,9 @@ extern "C" int bench_decode(int argc, char **argv)
 	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1, 128 } };
 	const int is_prefill = !strcmp(mode, "prefill"), is_append = !strcmp(mode, "append");
 	const struct shape *shapes = is_prefill ? prefill_shapes : is_append ? append_shapes : decode_shapes;
-	const int nshapes_all = is_prefill ? 4 : is_append ? 1 : 4;
+	int nshapes_all = is_prefill ? 4 : is_append ? 1 : 6;
+	struct shape given[16];
+	int ngiven = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json"))
@@ -325,11 +414,22 @@ extern "C" int bench_decode(int argc, char **argv)
 			sdpa = argv[++i];
 		else if (!strcmp(argv[i], "--runs") && i + 1 < argc && atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 200)
 			runs = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--block") && i + 1 < argc && atoi(argv[i + 1]) >= 16 &&
+			 atoi(argv[i + 1]) <= 256 && atoi(argv[i + 1]) % 16 == 0)
+			B = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--shape") && i + 1 < argc && ngiven < 16 &&
+			 !parse_shape(argv[i + 1], &given[ngiven]))
+			ngiven++, i++;
+		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--fi") && i + 1 < argc && n_fi < MAX_FI)
+			fi_files[n_fi++] = argv[++i];
 		else {
-			fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST] [--runs N (1-200)] "
-					"[--sdpa FILE (bench/sdpa.py's output)]\n", mode);
+			usage(mode);
 			return 2;
 		}
+	}
+	if (ngiven) {
+		shapes = given;
+		nshapes_all = ngiven;
 	}
 	int ndev = 0;
 	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
@@ -342,27 +442,34 @@ extern "C" int bench_decode(int argc, char **argv)
 	printf("device: %s, %d SMs; read-only bandwidth %.0f GB/s (4 GiB reduction)", p.name, p.multiProcessorCount, rbw);
 	if (is_append)
 		printf("; copy %.0f GB/s (2 GiB cudaMemcpy, read + written)", cbw);
-	printf("\npool: L=32 (layer 0 timed), B=32, f16 activations; median of %d runs\n", runs);
+	printf("\npool: L=32 (layer 0 timed), B=%u, f16 activations; median of %d runs, L2 flushed before each\n", B,
+	       runs);
 	if (is_append)
 		printf("%-8s %5s %7s %6s %9s %8s %8s\n", "format", "batch", "tokens", "heads", "write ms", "GB/s", "%copy");
 	else
-		printf("%-8s %5s %7s %5s %6s %4s %9s %8s %8s %8s %9s %9s\n", "format", "batch", "context", "nq", "heads",
-		       "D", "ms", "GB/s", "%read", "TFLOP/s", "vs f16", "vs sdpa");
+		printf("%-16s %5s %7s %5s %6s %4s %9s %8s %7s %7s %6s %6s %6s %6s %-8s\n", "format", "batch", "context",
+		       "nq", "heads", "D", "ms", "GB/s", "%read", "TFLOP/s", "vsf16", "vsSDPA", "vsFI16", "vsFI8", "kernel");
 
-	struct result res[64];
+	struct result res[128];
 	int nres = 0;
 	const int nshapes = quick ? 1 : nshapes_all;
 	for (int si = 0; si < nshapes; si++) {
 		double f16_ms = 0;
 		char *save = NULL, buf[256];
 		snprintf(buf, sizeof buf, "%s", list);
-		for (char *f = strtok_r(buf, ",", &save); f && nres < 64; f = strtok_r(NULL, ",", &save)) {
+		for (char *f = strtok_r(buf, ",", &save); f && nres < 128; f = strtok_r(NULL, ",", &save)) {
+			char pair[64];
+			if (!strncmp(f, "k=", 2) || !strncmp(f, "v=", 2)) {   /* k=X,v=Y is one entry */
+				const char *o = strtok_r(NULL, ",", &save);
+				snprintf(pair, sizeof pair, "%s,%s", f, o ? o : "");
+				f = pair;
+			}
 			struct shape sh = shapes[si];
 			if (quick)
 				sh.batch = 2;
 			struct result *r = &res[nres];
-			if (run_one(f, sh, quick ? 5 : runs, r)) {
-				printf("%-8s %5u %7u  (does not fit in device memory)\n", f, sh.batch, sh.ctx);
+			if (run_one(f, sh, B, quick ? 5 : runs, r)) {
+				printf("%-16s %5u %7u  (does not fit in device memory)\n", f, sh.batch, sh.ctx);
 				continue;
 			}
 			r->format = strdup(f);
@@ -373,11 +480,12 @@ extern "C" int bench_decode(int argc, char **argv)
 				printf("%-8s %5u %7u %3u/%-2u %9.3f %8.0f %7.1f%%\n", f, sh.batch, sh.ctx, sh.q_heads, sh.kv_heads,
 				       r->write_ms, g, 100.0 * g / cbw);
 			} else {
-				double sd = sdpa_ms(sdpa, mode, &sh);
-				printf("%-8s %5u %7u %5u %3u/%-2u %4u %9.3f %8.0f %7.1f%% %8.1f %8.2fx %8.2fx\n", f, sh.batch,
-				       sh.ctx, sh.nq, sh.q_heads, sh.kv_heads, sh.D, r->ms, r->gbps, 100.0 * r->gbps / rbw,
-				       step_flop(&sh) / (r->ms * 1e-3) / 1e12, f16_ms > 0 ? f16_ms / r->ms : 0.0,
-				       sd > 0 ? sd / r->ms : 0.0);
+				double sd = sdpa_ms(sdpa, mode, &sh), f1 = fi_ms(&sh, "f16"), f8 = fi_ms(&sh, "fp8");
+				printf("%-16s %5u %7u %5u %3u/%-2u %4u %9.3f %8.0f %6.1f%% %7.1f %5.2fx %5.2fx %5.2fx %5.2fx "
+				       "%s/%u\n", f, sh.batch, sh.ctx, sh.nq, sh.q_heads, sh.kv_heads, sh.D, r->ms, r->gbps,
+				       100.0 * r->gbps / rbw, step_flop(&sh) / (r->ms * 1e-3) / 1e12,
+				       f16_ms > 0 ? f16_ms / r->ms : 0.0, sd > 0 ? sd / r->ms : 0.0, f1 / r->ms, f8 / r->ms,
+				       r->kernel ? r->kernel : "?", r->splits);
 			}
 			fflush(stdout);
 			nres++;
@@ -385,9 +493,11 @@ extern "C" int bench_decode(int argc, char **argv)
 	}
 	if (is_prefill || !is_append)
 		printf("GB/s: bytes of KV the step reads per second; TFLOP/s: 4 x query heads x D per unmasked query-key "
-		       "pair; vs sdpa: PyTorch SDPA FP16 (contiguous K/V) time / ours%s\n", sdpa ? "" : " (no --sdpa file: 0)");
+		       "pair; vsSDPA: PyTorch SDPA FP16 (contiguous K/V) time / ours%s; vsFI16, vsFI8: FlashInfer's "
+		       "fastest decode at the shape with FP16 or FP8 KV / ours%s; kernel: what ran / its KV splits\n",
+		       sdpa ? "" : " (no --sdpa file: 0)", n_fi ? "" : " (no --fi file: 0)");
 	if (json) {
-		printf("{\"read_gbps\":%.1f,", rbw);
+		printf("{\"read_gbps\":%.1f,\"block\":%u,", rbw, B);
 		if (is_append)
 			printf("\"copy_gbps\":%.1f,", cbw);
 		printf("\"%s\":[", mode);
@@ -405,9 +515,12 @@ extern "C" int bench_decode(int argc, char **argv)
 				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f}", res[i].write_ms, g, 100.0 * g / cbw);
 			} else {
 				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_read_bw\":%.1f,\"tflops\":%.1f,\"speedup_vs_f16\":%.3f,"
-				       "\"speedup_vs_sdpa\":%.3f}", res[i].ms, res[i].gbps, 100.0 * res[i].gbps / rbw,
+				       "\"speedup_vs_sdpa\":%.3f,\"speedup_vs_fi_f16\":%.3f,\"speedup_vs_fi_fp8\":%.3f,"
+				       "\"kernel\":\"%s\",\"splits\":%u}", res[i].ms, res[i].gbps, 100.0 * res[i].gbps / rbw,
 				       step_flop(&res[i].s) / (res[i].ms * 1e-3) / 1e12,
-				       f16_ms > 0 ? f16_ms / res[i].ms : 0.0, sd > 0 ? sd / res[i].ms : 0.0);
+				       f16_ms > 0 ? f16_ms / res[i].ms : 0.0, sd > 0 ? sd / res[i].ms : 0.0,
+				       fi_ms(&res[i].s, "f16") / res[i].ms, fi_ms(&res[i].s, "fp8") / res[i].ms,
+				       res[i].kernel ? res[i].kernel : "?", res[i].splits);
 			}
 		}
 		printf("]}\n");

@@ -50,8 +50,9 @@ def main():
     if not torch.cuda.is_available():
         print("sdpa.py: no CUDA device", file=sys.stderr)
         return 1
-    for batch, ctx, qh, kh in ((64, 8192, 32, 8), (16, 32768, 32, 8), (256, 2048, 32, 8), (4, 131072, 64, 8)):
-        run("decode", batch, ctx, qh, kh, 1)
+    for batch, ctx, qh, kh, D in ((64, 8192, 32, 8, 128), (16, 32768, 32, 8, 128), (256, 2048, 32, 8, 128),
+                                  (4, 131072, 64, 8, 128), (1, 131072, 32, 8, 128), (64, 8192, 9, 3, 64)):
+        run("decode", batch, ctx, qh, kh, 1, D)
     for batch, ctx, qh, kh, nq, D in ((4, 10240, 32, 8, 2048, 128), (4, 8704, 32, 8, 512, 128),
                                       (4, 8192, 32, 8, 8192, 128), (4, 10240, 9, 3, 2048, 64)):
         run("prefill", batch, ctx, qh, kh, nq, D)

@@ -584,7 +584,9 @@ __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::
 /* Per pair: whether sealed chunks are double-buffered (8-bit: twice the
  * bytes in flight; single-buffered at 3 CTAs/SM was slower), and the CTAs
  * per multiprocessor the registers are held to (4/2-bit codes: three,
- * single-buffered).  The measurements: bench/RESULTS.md, 2026-11-29. */
+ * single-buffered; KIVI K spills at the 168 registers that leaves, but at
+ * two CTAs and 255 registers it was no faster, and slower at D = 64).  The
+ * measurements: bench/RESULTS.md, 2026-11-29 and 2026-12-02. */
 template <int KF, int VF> struct dec_tune {
 	static constexpr bool sub8 = fmt<KF>::bits < 8 || fmt<VF>::bits < 8;
 	static constexpr bool dbuf = fmt<KF>::bits == 8 && fmt<VF>::bits == 8;

@@ -212,6 +212,32 @@ extern "C" size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, ui
 	return ws_bytes(a, s);
 }
 
+/* The splits the launch uses: those chosen, or one when the workspace
+ * does not hold them (-EINVAL when the caller asked for them). */
+static int launch_splits(const struct kvq_cuda_attn *a, struct shape &s)
+{
+	if (ws_bytes(a, s) > a->workspace_bytes || (s.splits > 1 && !a->workspace)) {
+		if (a->splits)
+			return -EINVAL;
+		s.splits = 1;
+	}
+	return 0;
+}
+
+extern "C" const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, uint32_t nseq, uint32_t *splits)
+{
+	struct shape s;
+
+	if (!a || shape_of(a, nseq, &s) || launch_splits(a, s))
+		return NULL;
+	const struct kvq_layer_layout *ll = &a->L->layer[a->layer];
+	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act))
+		return NULL;
+	if (splits)
+		*splits = s.splits;
+	return s.dec.launch ? "decode" : s.pf.launch ? "prefill" : "generic";
+}
+
 extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
 				  const void *q, void *out)
 {
@@ -227,11 +253,8 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	const struct kvq_layer_layout *ll = &a->L->layer[a->layer];
 	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act))
 		return -ENOTSUP;
-	if (ws_bytes(a, s) > a->workspace_bytes || (s.splits > 1 && !a->workspace)) {
-		if (a->splits)
-			return -EINVAL;
-		s.splits = 1;   /* chosen splits: fall back to one when no workspace fits */
-	}
+	if ((r = launch_splits(a, s)))
+		return r;
 	attn_args x;
 	x.l = layer_of(a->L, a->layer);
 	x.base = (const uint8_t *)a->base;

@@ -67,6 +67,12 @@ size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, uint32_t nseq
 int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
 		       const void *q, void *out);
 
+/* Which kernel kvq_cuda_attention launches for these arguments: "decode"
+ * (decode_kernel), "prefill" (prefill_kernel) or "generic" (attn_kernel),
+ * and in *splits (may be NULL) its KV splits; NULL for arguments it refuses
+ * or a pair without a kernel. */
+const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, uint32_t nseq, uint32_t *splits);
+
 /* 1 if attention has a kernel for this layer's (K, V) formats, head dim and
  * activation dtype, else 0. */
 int kvq_cuda_attention_supported(int kfmt, int vfmt, uint32_t head_dim, int act);

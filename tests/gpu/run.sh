@@ -12,7 +12,9 @@
 # full logs go to OUT_DIR (default $OUT, else /tmp/kvq-gpu), a table of
 # results is printed last.  Exit status 1 when
 # any step failed.  KVQ_GPU_STEP_TIMEOUT bounds each step (seconds, default 600);
-# KVQ_BENCH_ARGS are passed to kvq-bench decode.
+# KVQ_BENCH_ARGS are passed to kvq-bench decode; KVQ_FI_DIR names a directory
+# with FlashInfer's own kernels built into timing programs (fi_attn, fi_decode) for the
+# "vs FlashInfer" columns.
 set -u
 b=${1:?usage: tests/gpu/run.sh BUILD_DIR [OUT_DIR]}
 out=${2:-${OUT:-/tmp/kvq-gpu}}
@@ -56,7 +58,16 @@ sdpa=""
 if python3 -c 'import torch' 2> /dev/null; then
 	python3 "$(dirname "$0")/../../bench/sdpa.py" > "$out/sdpa.txt" 2>&1 && sdpa="--sdpa $out/sdpa.txt"
 fi
-step bench sh -c "\"$b/bench/kvq-bench\" decode $sdpa ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" prefill $sdpa ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" append ${KVQ_BENCH_ARGS:-}"
+# FlashInfer's own decode kernels at the same shapes, where the anchor
+# programs are built (KVQ_FI_DIR: the directory holding fi_attn and fi_decode)
+fi=""
+if [ -n "${KVQ_FI_DIR:-}" ] && [ -x "$KVQ_FI_DIR/fi_attn" ] && [ -x "$KVQ_FI_DIR/fi_decode" ]; then
+	for p in 16 32; do
+		"$KVQ_FI_DIR/fi_attn" --page $p > "$out/fi_attn$p.txt" 2>&1 && fi="$fi --fi $out/fi_attn$p.txt"
+		"$KVQ_FI_DIR/fi_decode" --page $p > "$out/fi_decode$p.txt" 2>&1 && fi="$fi --fi $out/fi_decode$p.txt"
+	done
+fi
+step bench sh -c "\"$b/bench/kvq-bench\" decode $sdpa $fi ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" prefill $sdpa ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" append ${KVQ_BENCH_ARGS:-}"
 # the control plane on this (otherwise idle) machine: a host-backend kvqd
 ctl=$(mktemp -d)
 "$b/daemon/kvqd" --socket "$ctl/kvqd.sock" --backend host --foreground > "$ctl/kvqd.log" 2>&1 &
