@@ -34,6 +34,11 @@ class Array:
     def __init__(self, ptr, dtype, device, stream, obj, shape):
         self.ptr, self.dtype, self.device, self.stream, self.obj, self.shape = ptr, dtype, device, stream, obj, shape
 
+    def dtype_name(self):
+        """The caller's name of its dtype (float32, torch.bfloat16, <f4)."""
+        d = getattr(self.obj, "dtype", None)
+        return str(d) if d is not None else self.dtype
+
 
 def _torch_of(x):
     t = sys.modules.get("torch")
@@ -99,5 +104,5 @@ def check(a, what, shape, dtypes, layout):
     if tuple(a.shape) != tuple(shape):
         raise ValueError(f"{what}: shape {tuple(a.shape)}, expected {tuple(shape)} ({layout})")
     if a.dtype not in dtypes:
-        raise TypeError(f"{what}: dtype {a.dtype}, expected {' or '.join(dtypes)} (no conversion is made: "
+        raise TypeError(f"{what}: dtype {a.dtype_name()}, expected {' or '.join(dtypes)} (no conversion is made: "
                         f"convert it first, a copy)")
