@@ -48,8 +48,10 @@ def backend(a):
 
 
 def kvq_cache(a, m, policy, prompt_ids=None, pool=None, salt=None):
+    # small pools (kvqd's default size is its budget's share): kvq-run ab attaches beside them
     return kvq.hf.KvqCache.attach(m, pool or f"hf-{policy}", "SmolLM2-135M-Instruct.Q4_1", policy=policy,
-                                  prompt_ids=prompt_ids, salt=salt, backend=backend(a), block_tokens=BLOCK)
+                                  prompt_ids=prompt_ids, salt=salt, backend=backend(a), block_tokens=BLOCK,
+                                  n_sealed=2048, n_open=64)
 
 
 def greedy(a, tok, m):
@@ -92,8 +94,9 @@ def ppl(a, tok, m):
             with kvq_cache(a, m, policy, salt=f"ppl-{i}".encode()) as c:
                 lg = window_logits(a, m, w[None].to(a.device), c)
             tot += nll(lg, w)[0]
-            agree += (lg.argmax(-1) == refs[i].argmax(-1)).sum().item()
-            n += len(w)
+            # over the scored positions (each predicts the next token), as kvq-run ab counts them
+            agree += (lg[:-1].argmax(-1) == refs[i][:-1].argmax(-1)).sum().item()
+            n += len(w) - 1
         d = {"ppl_hf": math.exp(base), "ppl_kvq": math.exp(tot / sum(len(w) - 1 for w in wins)),
              "top1_vs_hf": agree / n}
         d["dppl_pct"] = 100 * (d["ppl_kvq"] / d["ppl_hf"] - 1)
@@ -101,7 +104,10 @@ def ppl(a, tok, m):
     if a.kvq_run:
         cmd = [a.kvq_run, "ab", "--model", a.model, "--kv", "int8", "--kv", "kivi4", "--ctx", str(a.ctx), "--limit", str(a.limit),
                "--gen", "0", "--block", str(BLOCK), "--json", a.text] + (["--gpu"] if a.device == "cuda" else [])
-        ab = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
+        ab = json.loads(p.stdout)
         for r in ab["results"]:
             d = res["policies"][r["kv"]]
             d["ab_dppl_pct"], d["ab_top1"] = r["dppl_pct"], r["top1"]
