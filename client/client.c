@@ -38,6 +38,7 @@ int kvq_client_connect(const char *path, const char *name, kvq_client **ret_clie
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	c->device = -1;
 	kvq_conn_init(&c->conn, CLIENT_TIMEOUT_MS);
 	r = kvq_conn_open(&c->conn, path, name ? name : "libkvq");
 	if (r < 0) {
@@ -83,6 +84,34 @@ void *kvq_client_base(const kvq_client *c)
 const char *kvq_client_backend(const kvq_client *c)
 {
 	return c && c->base ? c->backend : NULL;
+}
+
+int kvq_client_device(const kvq_client *c)
+{
+	return c && c->base ? c->device : -1;
+}
+
+int kvq_client_set_trace(kvq_client *c, kvq_trace_fn fn, void *ctx)
+{
+	if (!c)
+		return -EINVAL;
+	c->trace = fn;
+	c->trace_ctx = ctx;
+	return 0;
+}
+
+void client_trace(kvq_client *c, int op, uint32_t layer, bool device, const void *k, const void *v, const void *q,
+		  void *out)
+{
+	const struct kvq_trace t = { .op = op, .layer = layer, .device = device, .k = k, .v = v, .q = q, .out = out };
+
+	if (c->trace)
+		c->trace(c->trace_ctx, &t);
+}
+
+unsigned kvq_protocol_version(void)
+{
+	return KVQ_PROTOCOL_VERSION;
 }
 
 int kvq_client_set_stream(kvq_client *c, void *stream)

@@ -39,6 +39,9 @@ struct kvq_client {
 	size_t map_bytes;
 	void *stream;                   /* a cudaStream_t: where libkvq's CUDA work runs (NULL: legacy default) */
 	struct client_cuda *cuda;       /* a cuda pool's import, or NULL */
+	int device;                     /* a cuda pool's device ordinal in this process, else -1 */
+	kvq_trace_fn trace;             /* kvq_client_set_trace, or NULL */
+	void *trace_ctx;
 	char backend[8];
 	char pool[KVQ_PROTO_MAX_NAME + 1];
 };
@@ -105,6 +108,11 @@ struct client_backend {
 
 extern const struct client_backend client_host;
 extern const struct client_backend client_cuda;
+
+/* Reports one kernel call to the client's trace hook, if any (kvq.h
+ * struct kvq_trace: the addresses the kernel gets). */
+void client_trace(kvq_client *c, int op, uint32_t layer, bool device, const void *k, const void *v, const void *q,
+		  void *out);
 
 /* Leaves the reason in kvq_client_error; returns r. */
 __attribute__((format(printf, 3, 4)))

@@ -120,6 +120,7 @@ void cuda_unimport(kvq_client *c)
 	free(cu_pool);
 	c->cuda = NULL;
 	c->base = NULL;
+	c->device = -1;
 }
 
 int cuda_ready(kvq_client *c)
@@ -138,7 +139,7 @@ int cuda_import(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, const ui
 	CUcontext ctx;
 	CUdevice dev = 0;
 	size_t gran = 0, reserve;
-	int n = 0, found = 0;
+	int n = 0, found = -1;
 	CUresult r;
 
 	pthread_once(&cu_once, cu_load);
@@ -148,14 +149,14 @@ int cuda_import(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, const ui
 	if (r != CUDA_SUCCESS)
 		return cuda_fail(c, "cuDeviceGetCount", r);
 	if (uuid_len == sizeof(CUuuid)) {
-		for (int i = 0; i < n && !found; i++) {
+		for (int i = 0; i < n && found < 0; i++) {
 			CUuuid u;
 
 			if (cu.device_get(&dev, i) == CUDA_SUCCESS && cu.device_uuid(&u, dev) == CUDA_SUCCESS &&
 			    !memcmp(u.bytes, uuid, sizeof(u.bytes)))
-				found = 1;
+				found = i;
 		}
-		if (!found)
+		if (found < 0)
 			return client_fail(c, -ENODEV,
 					   "the pool's device (uuid from kvqd) is not visible to this process");
 	} else {
@@ -164,6 +165,7 @@ int cuda_import(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, const ui
 		r = cu.device_get(&dev, ordinal);
 		if (r != CUDA_SUCCESS)
 			return cuda_fail(c, "cuDeviceGet", r);
+		found = ordinal;
 	}
 	memset(&prop, 0, sizeof(prop));
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -211,6 +213,7 @@ int cuda_import(kvq_client *c, int fd, uint64_t map_bytes, int ordinal, const ui
 	}
 	c->map_bytes = (size_t)map_bytes;
 	c->base = (void *)(uintptr_t)va;
+	c->device = found;
 	memset(&acc, 0, sizeof(acc));
 	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	acc.location.id = dev;

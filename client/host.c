@@ -31,9 +31,11 @@ static void host_unmap(kvq_client *c)
 static int host_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, uint32_t ns, uint32_t no,
 		      const void *k, const void *v)
 {
-	int r = kvq_cpu_write(s->c->L, s->c->base, layer, w, k, v);
+	int r;
 
 	(void)ns, (void)no;
+	client_trace(s->c, KVQ_TRACE_WRITE, layer, false, k, v, NULL, NULL);
+	r = kvq_cpu_write(s->c->L, s->c->base, layer, w, k, v);
 	return r < 0 ? client_fail(s->c, r, "kvq_cpu_write refused the block table") : 0;
 }
 
@@ -42,9 +44,11 @@ static int host_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table
 {
 	const struct kvq_attn a = { .L = s->c->L, .base = s->c->base, .layer = layer, .q_heads = q_heads,
 		.scale = scale, .q_dtype = KVQ_DT_F32, .out_dtype = KVQ_DT_F32 };
-	int r = kvq_cpu_attention(&a, as, 1, q, out);
+	int r;
 
 	(void)ns, (void)no;
+	client_trace(s->c, KVQ_TRACE_ATTENTION, layer, false, NULL, NULL, q, out);
+	r = kvq_cpu_attention(&a, as, 1, q, out);
 	return r < 0 ? client_fail(s->c, r, "attention: bad query counts") : 0;
 }
 

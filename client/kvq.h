@@ -23,6 +23,10 @@ extern "C" {
 /* Version string of the library ("0.1.0"). */
 const char *kvq_version(void);
 
+/* The protocol version this libkvq speaks to kvqd (checked at Hello; a
+ * daemon speaking another one refuses the connection). */
+unsigned kvq_protocol_version(void);
+
 /* ---------------------------------------------------------------- client */
 
 /*
@@ -132,6 +136,32 @@ int kvq_client_set_stream(kvq_client *c, void *stream);
 
 /* Backend of the attached pool ("host" or "cuda"), or NULL before attach. */
 const char *kvq_client_backend(const kvq_client *c);
+
+/* The CUDA device of an attached cuda pool, as this process numbers devices
+ * (the ordinal cudaSetDevice and torch.device("cuda", N) take, after
+ * CUDA_VISIBLE_DEVICES), or -1 for a host pool or before attach. */
+int kvq_client_device(const kvq_client *c);
+
+/*
+ * A debug hook: fn(ctx, t) is called on the calling thread right before each
+ * kernel of a sequence on c (kvq_seq_write, kvq_seq_attention,
+ * kvq_seq_attention_device) with the addresses that kernel gets: the
+ * caller's own arrays, or libkvq's staging buffers where it copied them
+ * (host arrays on a cuda pool).  A binding's test compares them with its
+ * tensors' addresses to show that nothing was copied.  fn NULL turns it
+ * off.  Returns 0, or -EINVAL for a NULL c.
+ */
+enum { KVQ_TRACE_WRITE = 0, KVQ_TRACE_ATTENTION = 1 };
+struct kvq_trace {
+	int op;                  /* KVQ_TRACE_WRITE or KVQ_TRACE_ATTENTION */
+	uint32_t layer;
+	int device;              /* 1: device addresses (a cuda pool's kernels), 0: host (the CPU kernels) */
+	const void *k, *v;       /* a write's K and V; NULL for attention */
+	const void *q;           /* attention's q and out; NULL for a write */
+	void *out;
+};
+typedef void (*kvq_trace_fn)(void *ctx, const struct kvq_trace *t);
+int kvq_client_set_trace(kvq_client *c, kvq_trace_fn fn, void *ctx);
 
 /*
  * Block operations, one request each (kvq.proto documents them).  Ids are

@@ -143,6 +143,7 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, 
 	}
 	if ((r = gpu_table(s, w, ns, no, &rec)) < 0)
 		return r;
+	client_trace(c, KVQ_TRACE_WRITE, layer, true, k, v, NULL, NULL);
 	r = kvq_cuda_write(L, c->base, layer, rec, 1, w->m, k, v, c->stream);
 	return r < 0 ? client_fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
 }
@@ -171,6 +172,7 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table 
 	a.workspace_bytes = ws;
 	if ((r = gpu_table(s, as, ns, no, &rec)) < 0)
 		return r;
+	client_trace(c, KVQ_TRACE_ATTENTION, layer, true, NULL, NULL, q, out);
 	r = kvq_cuda_attention(&a, rec, 1, q, out);
 	if (r == -ENOTSUP)
 		return client_fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),

@@ -1,0 +1,385 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Client (a connection to kvqd, attached to one pool) and Sequence (one
+sequence's block table in it): libkvq's kvq_client and kvq_seq.
+
+Resources: a Client holds a connection, the pool's mapping and every block
+its sequences hold; close() (or the end of a ``with`` block, or garbage
+collection) frees its open sequences, then the client.  A Sequence's close()
+releases its blocks (one Release).  Closing twice is fine.
+
+Threads: one libkvq client may be used by one thread at a time; each Client
+has a lock that its calls (its sequences' too) take, so sharing one across
+threads is safe but serial.  The GIL is released inside every libkvq call.
+
+fork(): a child inherits the parent's Client and Sequence objects but not
+their use.  Every call on them in the child raises InheritedError, and
+closing or collecting them there does nothing: no request goes out on the
+parent's connection and the parent's mapping is left alone (the socket's
+descriptor stays open in the child until it exits or execs; it is
+close-on-exec).  A child opens its own Client.
+"""
+import ctypes
+import errno
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from . import _arrays, _lib
+from .errors import InheritedError, KvqError, error_class
+
+L = _lib.lib
+
+
+def _tokens(tokens, what="tokens"):
+    t = np.asarray(tokens)
+    if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
+        raise TypeError(f"{what}: a 1-D sequence of integer token ids, not {t.dtype} of shape {t.shape}")
+    if t.size and (t.min() < 0 or t.max() > 0xFFFFFFFF):
+        raise ValueError(f"{what}: token ids must be in [0, 2**32)")
+    return np.ascontiguousarray(t, dtype=np.uint32)
+
+
+def _u32p(a):
+    return a.ctypes.data_as(_lib.P_u32)
+
+
+class _Handle:
+    """A kvq_client pointer with its lock, its process and its open
+    sequences; freed once, in the process that opened it."""
+
+    def __init__(self, ptr):
+        self.ptr, self.pid, self.lock, self.seqs = ptr, os.getpid(), threading.RLock(), {}
+
+    def check(self, what):
+        if self.ptr is None:
+            raise ValueError(f"{what}: the client is closed")
+        if os.getpid() != self.pid:
+            raise InheritedError(-errno.EBADF, f"this client was opened by process {self.pid}, before fork(); "
+                                 f"open a new one in this process", what)
+
+    def fail(self, r, what, call=""):
+        """The exception for libkvq's code r, with kvq_client_error (read
+        under the lock, before the next call)."""
+        msg = L.kvq_client_error(self.ptr).decode(errors="replace") if self.ptr else ""
+        return error_class(r, call)(r, msg, what)
+
+    def free(self):
+        if self.ptr is None or os.getpid() != self.pid:
+            return
+        with self.lock:
+            for s in list(self.seqs.values()):
+                s.free()
+            L.kvq_client_free(self.ptr)
+            self.ptr = None
+
+
+class _SeqHandle:
+    def __init__(self, client, ptr):
+        self.client, self.ptr = client, ptr
+        client.seqs[id(self)] = self
+
+    def free(self):
+        c = self.client
+        if self.ptr is None or os.getpid() != c.pid:
+            return
+        with c.lock:
+            if self.ptr is not None and c.ptr is not None:
+                L.kvq_seq_free(self.ptr)
+            self.ptr = None
+            c.seqs.pop(id(self), None)
+
+
+ACTS = {"f16": _lib.KVQ_ACT_F16, "bf16": _lib.KVQ_ACT_BF16}
+
+
+def connect(socket=None, name="python"):
+    """A Client connected to kvqd at socket (None: $KVQ_SOCKET, else the
+    default path libkvq(3) names) with a name kvqctl clients shows.  Raises
+    DaemonUnavailable when kvqd is not there or refuses."""
+    return Client(socket, name)
+
+
+def attach(pool, model_id, layers, kv_heads, head_dim, socket=None, name="python", **kw):
+    """connect() and Client.attach(): a Client attached to pool, closed
+    again if the attach fails."""
+    c = Client(socket, name)
+    try:
+        return c.attach(pool, model_id, layers, kv_heads, head_dim, **kw)
+    except BaseException:
+        c.close()
+        raise
+
+
+class Client:
+    """A connection to kvqd (kvq_client).  A context manager; close() frees
+    it and its sequences."""
+
+    def __init__(self, socket=None, name="python"):
+        ptr = ctypes.c_void_p()
+        path = None if socket is None else os.fsencode(socket)
+        r = L.kvq_client_connect(path, name.encode(), ctypes.byref(ptr))
+        if r < 0:
+            where = socket if socket is not None else os.environ.get("KVQ_SOCKET", "the default socket")
+            raise error_class(r, "connect")(r, f"cannot connect to kvqd at {where}: {_lib.strerror(r)}", "connect")
+        self._h = _Handle(ptr.value)
+        self._fin = weakref.finalize(self, self._h.free)
+        self._trace_fn = None
+        self._stream = 0
+        self.geometry = None
+
+    def close(self):
+        """Frees the open sequences, unmaps the pool and closes the
+        connection; kvqd then drops what it still held."""
+        self._fin()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, what, fn, *args, call="", raw=False):
+        """fn(client, *args) under the lock; raises on a negative return
+        (unless raw: a value, not a code)."""
+        h = self._h
+        with h.lock:
+            h.check(what)
+            r = fn(h.ptr, *args)
+            if not raw and isinstance(r, int) and r < 0:
+                raise h.fail(r, what, call)
+            return r
+
+    @property
+    def id(self):
+        """The daemon's name for this connection (kvqctl clients)."""
+        return self._call("id", L.kvq_client_id)
+
+    @property
+    def backend(self):
+        """'host' or 'cuda' once attached, else None."""
+        b = self._call("backend", L.kvq_client_backend)
+        return b.decode() if b else None
+
+    @property
+    def device(self):
+        """The CUDA device (this process's ordinal) of a cuda pool, else -1."""
+        return self._call("device", L.kvq_client_device, raw=True)
+
+    def attach(self, pool, model_id, layers, kv_heads, head_dim, block_tokens=32, policy="f16", window=0,
+               act="f16", create=True, n_sealed=0, n_open=0, backend=None, device=-1):
+        """Joins pool (created with this geometry and policy when create and
+        kvqd allows it; n_sealed and n_open 0: sized by kvqd's
+        configuration; backend 'host', 'cuda' or None for kvqd's default;
+        device -1 any) and maps it.  act is the open window's and the
+        inputs' dtype, 'f16' or 'bf16'.  Returns self.  Raises PoolRefused
+        with kvqd's message (geometry or model mismatch, bad policy, ...)."""
+        if act not in ACTS:
+            raise ValueError(f"act: 'f16' or 'bf16', not {act!r}")
+        p = _lib.AttachParams(pool=pool.encode(), model_id=model_id.encode(), layers=layers, kv_heads=kv_heads,
+                              head_dim=head_dim, block_tokens=block_tokens, policy=policy.encode(), window=window,
+                              act=ACTS[act], create=1 if create else 0, n_sealed=n_sealed, n_open=n_open,
+                              backend=backend.encode() if backend else None, device=device)
+        self._call(f"attach {pool}", L.kvq_client_attach, ctypes.byref(p), call="attach")
+        self.geometry = {"pool": pool, "model_id": model_id, "layers": layers, "kv_heads": kv_heads,
+                         "head_dim": head_dim, "block_tokens": block_tokens, "act": act}
+        return self
+
+    def stats(self, pool=None):
+        """The figures kvq_client_stats gives for pool (None: the attached
+        one), as a dict with struct kvq_stats' field names."""
+        st = _lib.Stats()
+        self._call("stats", L.kvq_client_stats, pool.encode() if pool else None, ctypes.byref(st))
+        d = {f: getattr(st, f) for f, _ in _lib.Stats._fields_}
+        for f in ("name", "model_id", "backend"):
+            d[f] = d[f].decode(errors="replace")
+        return d
+
+    def sequence(self, salt=None):
+        """A new empty Sequence; salt (bytes, at most 64) separates its
+        cache hits from other salts'."""
+        return Sequence(self, salt)
+
+    def set_trace(self, fn):
+        """Debug hook (kvq_client_set_trace): fn(dict) before each kernel of
+        a sequence, with op ('write' or 'attention'), layer, device (bool)
+        and the addresses the kernel gets: k, v (write), q, out (attention),
+        as ints (0 for none).  None turns it off."""
+        def hook(_ctx, t):
+            t = t.contents
+            fn({"op": "write" if t.op == _lib.KVQ_TRACE_WRITE else "attention", "layer": t.layer,
+                "device": bool(t.device), "k": t.k or 0, "v": t.v or 0, "q": t.q or 0, "out": t.out or 0})
+        cb = _lib.TRACE_FN(hook) if fn else _lib.TRACE_FN()
+        self._call("set_trace", L.kvq_client_set_trace, cb, None)
+        self._trace_fn = cb   # kept alive while libkvq may call it
+
+    def _use_stream(self, stream):
+        """Queues libkvq's CUDA work on stream (the inputs' producer's)."""
+        if stream is not None and stream != self._stream:
+            self._call("set_stream", L.kvq_client_set_stream, ctypes.c_void_p(stream or None))
+            self._stream = stream
+
+
+class Sequence:
+    """One sequence's block table (kvq_seq).  Adding m tokens:
+    begin(tokens), then per layer write(layer, k, v) (and attention of that
+    layer), then commit().  A context manager; close() releases its blocks.
+
+    Arrays: k and v are [m, kv_heads, head_dim] in the pool's act dtype
+    (f16: np.float16 or torch.float16; bf16: torch.bfloat16 or a NumPy
+    bfloat16 dtype); q and out are [n_q, q_heads, head_dim]: float32 host
+    arrays, or on a cuda pool also CUDA tensors (q in the act dtype, out
+    float32 or the act dtype).  On a cuda pool K/V may be in host memory
+    (libkvq copies them to the device first); CUDA tensors are read in place
+    and the work is queued on the tensor's current CUDA stream."""
+
+    def __init__(self, client, salt=None):
+        if client.geometry is None:
+            raise ValueError("sequence: the client is not attached to a pool")
+        salt = bytes(salt or b"")
+        ptr = ctypes.c_void_p()
+        self.client = client
+        client._call("sequence", L.kvq_seq_new, salt or None, len(salt), ctypes.byref(ptr))
+        self._h = _SeqHandle(client._h, ptr.value)
+        self._fin = weakref.finalize(self, self._h.free)
+        self._m = 0
+
+    def close(self):
+        """Releases every block the sequence holds."""
+        self._fin()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, what, fn, *args):
+        h = self._h
+        with h.client.lock:
+            h.client.check(what)
+            if h.ptr is None:
+                raise ValueError(f"{what}: the sequence is closed")
+            r = fn(h.ptr, *args)
+            if isinstance(r, int) and r < 0:
+                raise h.client.fail(r, what)
+            return r
+
+    @property
+    def tokens(self):
+        """Tokens stored (after the last commit, or the prefix lookup() found)."""
+        return self._call("tokens", L.kvq_seq_tokens)
+
+    def lookup(self, tokens):
+        """Takes the longest cached chain of tokens' blocks as the prefix of
+        this empty sequence; returns the tokens it covers (a multiple of the
+        block size, less than len(tokens)).  Append tokens[hit:] next, in
+        one begin()."""
+        t = _tokens(tokens)
+        hit = ctypes.c_uint32()
+        self._call("lookup", L.kvq_seq_from_prompt, _u32p(t), len(t), ctypes.byref(hit))
+        return hit.value
+
+    def begin_prompt(self, tokens):
+        """lookup(tokens), then begin(tokens[hit:]); returns hit."""
+        hit = self.lookup(tokens)
+        self.begin(np.asarray(tokens)[hit:])
+        return hit
+
+    def begin(self, tokens):
+        """Reserves the slots for the new tokens and starts their write."""
+        t = _tokens(tokens)
+        self._call("begin", L.kvq_seq_begin, _u32p(t), len(t))
+        self._m = len(t)
+
+    def _kv(self, x, what):
+        g = self.client.geometry
+        a = _arrays.inspect(x, what)
+        _arrays.check(a, what, (self._m, g["kv_heads"], g["head_dim"]), (g["act"],),
+                      "[new tokens, kv_heads, head_dim] of the current begin()")
+        dev = self.client.device
+        if a.device is not None and a.device >= 0 and a.device != dev:
+            raise ValueError(f"{what}: on cuda:{a.device}, " + (f"the pool is on cuda:{dev}" if dev >= 0 else
+                             "the pool is a host pool (host memory only)"))
+        if a.device is None and dev < 0:
+            raise ValueError(f"{what}: device memory, and the pool is a host pool (host memory only)")
+        return a
+
+    def write(self, layer, k, v):
+        """Writes one layer's K and V of the current begin()'s tokens."""
+        ka, va = self._kv(k, "k"), self._kv(v, "v")
+        self.client._use_stream(ka.stream if ka.stream is not None else va.stream)
+        self._call("write", L.kvq_seq_write, layer, ka.ptr, va.ptr)
+
+    def attention(self, layer, q, out=None, scale=0.0):
+        """Attention of the last n_q stored tokens of layer (causal, over KV
+        as stored); q [n_q, q_heads, head_dim].  out is allocated when None
+        (float32 like q on the host; on the GPU q's dtype).  scale 0:
+        1/sqrt(head_dim).  Host arrays: returns once out is written; CUDA
+        tensors: queued on q's current stream.  Returns out."""
+        g = self.client.geometry
+        qa = _arrays.inspect(q, "q")
+        if len(qa.shape) != 3:
+            raise ValueError(f"q: shape {tuple(qa.shape)}, expected 3 axes [n_q, q_heads, head_dim]")
+        shape = (qa.shape[0], qa.shape[1], g["head_dim"])
+        on_dev = qa.device != -1
+        if out is None:
+            out = self._alloc_out(q, shape, on_dev)
+        oa = _arrays.inspect(out, "out", writable=True)
+        dev = self.client.device
+        if on_dev != (oa.device != -1):
+            raise ValueError("q and out: one in host memory and one on a GPU; both host (float32) or both device")
+        if on_dev:
+            if dev < 0:
+                raise ValueError("q: device memory, and the pool is a host pool (host memory only)")
+            for a, w in ((qa, "q"), (oa, "out")):
+                if a.device is not None and a.device != dev:
+                    raise ValueError(f"{w}: on cuda:{a.device}, the pool is on cuda:{dev}")
+            _arrays.check(qa, "q", shape, (g["act"],), "[n_q, q_heads, head_dim], the pool's act dtype")
+            _arrays.check(oa, "out", shape, ("f32", g["act"]), "[n_q, q_heads, head_dim]")
+            self.client._use_stream(qa.stream)
+            self._call("attention", L.kvq_seq_attention_device, layer, shape[1], shape[0], scale, qa.ptr, oa.ptr,
+                       1 if oa.dtype == "f32" else 0)
+        else:
+            _arrays.check(qa, "q", shape, ("f32",), "[n_q, q_heads, head_dim] in host memory")
+            _arrays.check(oa, "out", shape, ("f32",), "[n_q, q_heads, head_dim] in host memory")
+            self._call("attention", L.kvq_seq_attention, layer, shape[1], shape[0], scale, qa.ptr, oa.ptr)
+        return out
+
+    @staticmethod
+    def _alloc_out(q, shape, on_dev):
+        torch = _arrays._torch_of(q)
+        if torch is not None:
+            return torch.empty(shape, dtype=q.dtype if on_dev else torch.float32, device=q.device)
+        if on_dev:
+            raise ValueError("out: pass an output array for device memory that is not a torch tensor")
+        return np.empty(shape, np.float32)
+
+    def commit(self):
+        """Seals the blocks that left the open window and publishes every
+        new sealed block to the prefix cache (on a cuda pool after its CUDA
+        work finished: this waits, without the GIL)."""
+        self._call("commit", L.kvq_seq_commit)
+        self._m = 0
+
+    def fork(self):
+        """A new Sequence sharing the sealed blocks (by reference) with its
+        own copy of the open window."""
+        ptr = ctypes.c_void_p()
+        self._call("fork", L.kvq_seq_fork, ctypes.byref(ptr))
+        f = Sequence.__new__(Sequence)
+        f.client, f._m = self.client, 0
+        f._h = _SeqHandle(self.client._h, ptr.value)
+        f._fin = weakref.finalize(f, f._h.free)
+        return f
+
+    def blocks(self):
+        """(sealed ids, open ids) of the block table, as lists."""
+        s, o = _lib.P_i32(), _lib.P_i32()
+        ns, no = ctypes.c_uint32(), ctypes.c_uint32()
+        self._call("blocks", L.kvq_seq_blocks, ctypes.byref(s), ctypes.byref(ns), ctypes.byref(o), ctypes.byref(no))
+        return [s[i] for i in range(ns.value)], [o[i] for i in range(no.value)]
+
+
+__all__ = ["Client", "Sequence", "connect", "attach", "KvqError"]

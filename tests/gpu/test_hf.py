@@ -1,0 +1,176 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvq.hf.KvqCache against transformers' own cache, on SmolLM2-135M loaded by
+transformers from the project's GGUF (as tools/model-check-hf.py loads it):
+  greedy   greedy generation with f16 KV in kvqd equals DynamicCache token
+           for token (else the first difference is printed);
+  ppl      int8 and kivi4 KV: perplexity over TEXT in windows of --ctx
+           against DynamicCache (delta PPL %, top-1 agreement); with
+           --kvq-run, `kvq-run ab` on the same windows, and the check that
+           the two deltas are within 0.5 percentage points and the top-1
+           agreements within 1 point;
+  share    two processes with the same system prompt: hit tokens, cold and
+           warm prefill time, equal answers.
+A running kvqd at $KVQ_SOCKET.  Prints a JSON line per part and exits 1 if a
+check failed.
+  python3 test_hf.py --model GGUF --text GPL-3 --share-text Artistic [--device cuda]
+                     [--kvq-run KVQ_RUN] [--ctx 512] [--limit 2048] [--part greedy,ppl,share]
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+
+import kvq.hf  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+BLOCK = 16   # kvq-run's default --block, so the two put the same tokens in sealed blocks
+
+
+def load(a):
+    d, f = os.path.split(os.path.abspath(a.model))
+    dtype = torch.float16 if a.device == "cuda" else torch.float32
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype).to(a.device).eval()
+    return tok, m
+
+
+def backend(a):
+    return "cuda" if a.device == "cuda" else "host"
+
+
+def kvq_cache(a, m, policy, prompt_ids=None, pool=None, salt=None):
+    # small pools (kvqd's default size is its budget's share): kvq-run ab attaches beside them
+    return kvq.hf.KvqCache.attach(m, pool or f"hf-{policy}", "SmolLM2-135M-Instruct.Q4_1", policy=policy,
+                                  prompt_ids=prompt_ids, salt=salt, backend=backend(a), block_tokens=BLOCK,
+                                  n_sealed=2048, n_open=64)
+
+
+def greedy(a, tok, m):
+    ids = tok(open(a.share_text).read()[:3000], return_tensors="pt").input_ids.to(a.device)
+    m.set_attn_implementation("eager")
+    ref = m.generate(ids, past_key_values=DynamicCache(config=m.config), max_new_tokens=a.gen, do_sample=False)
+    m.set_attn_implementation("kvq")
+    with kvq_cache(a, m, "f16", salt=b"greedy") as c:
+        out = m.generate(ids, past_key_values=c, max_new_tokens=a.gen, do_sample=False)
+    r, o = ref[0, ids.shape[1]:].tolist(), out[0, ids.shape[1]:].tolist()
+    first = next((i for i, (x, y) in enumerate(zip(r, o)) if x != y), None)
+    res = {"part": "greedy", "prompt_tokens": ids.shape[1], "new_tokens": len(r), "equal": r == o,
+           "first_difference": first, "hf": tok.decode(r), "kvq": tok.decode(o)}
+    return res, r == o
+
+
+def window_logits(a, m, ids, cache):
+    with torch.no_grad():
+        return m(ids, past_key_values=cache, use_cache=True).logits[0].double()
+
+
+def ppl(a, tok, m):
+    ids = tok(open(a.text).read(), return_tensors="pt").input_ids[0][:a.limit]
+    wins = [ids[i:i + a.ctx] for i in range(0, len(ids) - a.ctx + 1, a.ctx)]
+    refs = []
+    m.set_attn_implementation("eager")
+    for w in wins:
+        refs.append(window_logits(a, m, w[None].to(a.device), DynamicCache(config=m.config)))
+    m.set_attn_implementation("kvq")
+    res, ok = {"part": "ppl", "ctx": a.ctx, "windows": len(wins), "policies": {}}, True
+
+    def nll(logits, w):
+        lp = torch.log_softmax(logits[:-1], -1)
+        return -lp[torch.arange(len(w) - 1), w[1:].to(lp.device)].sum().item(), len(w) - 1
+
+    base = sum(nll(r, w)[0] for r, w in zip(refs, wins)) / sum(len(w) - 1 for w in wins)
+    for policy in ("f16", "int8", "kivi4"):
+        tot, agree, n = 0.0, 0, 0
+        for i, w in enumerate(wins):
+            with kvq_cache(a, m, policy, salt=f"ppl-{i}".encode()) as c:
+                lg = window_logits(a, m, w[None].to(a.device), c)
+            tot += nll(lg, w)[0]
+            # over the scored positions (each predicts the next token), as kvq-run ab counts them
+            agree += (lg[:-1].argmax(-1) == refs[i][:-1].argmax(-1)).sum().item()
+            n += len(w) - 1
+        d = {"ppl_hf": math.exp(base), "ppl_kvq": math.exp(tot / sum(len(w) - 1 for w in wins)),
+             "top1_vs_hf": agree / n}
+        d["dppl_pct"] = 100 * (d["ppl_kvq"] / d["ppl_hf"] - 1)
+        res["policies"][policy] = d
+    if a.kvq_run:
+        cmd = [a.kvq_run, "ab", "--model", a.model, "--kv", "int8", "--kv", "kivi4", "--ctx", str(a.ctx), "--limit", str(a.limit),
+               "--gen", "0", "--block", str(BLOCK), "--json", a.text] + (["--gpu"] if a.device == "cuda" else [])
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
+        ab = json.loads(p.stdout)
+        for r in ab["results"]:
+            d = res["policies"][r["kv"]]
+            d["ab_dppl_pct"], d["ab_top1"] = r["dppl_pct"], r["top1"]
+            d["within"] = abs(d["dppl_pct"] - r["dppl_pct"]) <= 0.5 and abs(d["top1_vs_hf"] - r["top1"]) <= 0.01
+            ok &= d["within"]
+    return res, ok
+
+
+def share_worker(a, question):
+    """One process: the system prompt + question through a KvqCache (int8),
+    prompt ids looked up; prints hit, prefill seconds and the answer."""
+    tok, m = load(a)
+    m.set_attn_implementation("kvq")
+    ids = tok(open(a.share_text).read() + "\n\nQuestion: " + question + "\nAnswer:", return_tensors="pt").input_ids
+    ids = ids.to(a.device)
+    with kvq_cache(a, m, "int8", prompt_ids=ids[0], pool="hf-share") as c:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = m(ids[:, c.hit:], past_key_values=c, use_cache=True)
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        print(json.dumps({"hit": c.hit, "prompt_tokens": ids.shape[1], "prefill_s": dt,
+                          "next": int(out.logits[0, -1].argmax())}))
+
+
+def share(a):
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, __file__, "--worker"] + sys.argv[1:], check=True, capture_output=True,
+                           text=True)
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    ok = cold["hit"] == 0 and warm["hit"] > 0 and warm["next"] == cold["next"]
+    return {"part": "share", "cold": cold, "warm": warm, "speedup": cold["prefill_s"] / warm["prefill_s"]}, ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--share-text", default="/usr/share/common-licenses/Artistic")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--kvq-run")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--limit", type=int, default=2048)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--part", default="greedy,ppl,share")
+    ap.add_argument("--worker", action="store_true")
+    a = ap.parse_args()
+    if a.worker:
+        share_worker(a, "What may I do with the Standard Version?")
+        return 0
+    ok_all = True
+    tok, m = load(a)
+    for part in a.part.split(","):
+        res, ok = {"greedy": lambda: greedy(a, tok, m), "ppl": lambda: ppl(a, tok, m), "share": lambda: share(a)}[part]()
+        res["ok"] = ok
+        print(json.dumps(res))
+        sys.stdout.flush()
+        ok_all &= ok
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

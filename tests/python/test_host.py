@@ -1,0 +1,446 @@
+# SPDX-License-Identifier: Apache-2.0
+"""TAP: the kvq Python package against a real kvqd on a host pool, NumPy only
+(tests/python.sh installs the package into a venv and runs this).
+
+Environment: KVQD (the daemon), KVQCTL, CREF (tests/python/cref.c built),
+KVQ_LIBRARY (the libkvq under test).  Each test is a function test_*; its
+name is the TAP line's.
+"""
+import ctypes
+import errno
+import gc
+import json
+import os
+import shutil
+import signal
+import socket as socketlib
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+import kvq
+from kvq import _lib
+
+KVQD, KVQCTL, CREF = os.environ["KVQD"], os.environ["KVQCTL"], os.environ["CREF"]
+G = dict(layers=2, kv_heads=2, head_dim=64)   # the pools' geometry; q_heads 4 (GQA 2)
+QH = 4
+B = 32
+
+
+def start_kvqd(tmp):
+    conf = os.path.join(tmp, "kvqd.conf")
+    with open(conf, "w") as f:
+        f.write("[kvqd]\nbackend = host\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
+                "log_level = warning\n")
+    sock = os.path.join(tmp, "kvqd.sock")
+    p = subprocess.Popen([KVQD, "--config", conf, "--socket", sock, "--backend", "host", "--foreground"])
+    for _ in range(500):
+        try:
+            with socketlib.socket(socketlib.AF_UNIX) as s:
+                s.connect(sock)
+            return p, sock
+        except OSError:
+            if p.poll() is not None:
+                break
+            time.sleep(0.01)
+    p.kill()
+    raise RuntimeError("kvqd did not start")
+
+
+def rand_kv(rng, m):
+    """K/V with a few outlier tokens (the quantizers' hard case)."""
+    x = rng.standard_normal((m, G["kv_heads"], G["head_dim"]))
+    x[rng.integers(0, m, max(1, m // 16))] *= 50
+    return x.astype(np.float16)
+
+
+def make_case(seed, steps):
+    """Inputs of cref's file: tokens, then per step per layer (k, v, q)."""
+    rng = np.random.default_rng(seed)
+    n = sum(steps)
+    tokens = rng.integers(0, 50000, n, dtype=np.uint32)
+    data = [[(rand_kv(rng, m), rand_kv(rng, m), rng.standard_normal((1 + (m > 1) * 4, QH, G["head_dim"]))
+              .astype(np.float32)) for _ in range(G["layers"])] for m in steps]
+    return tokens, data
+
+
+def n_q(steps):
+    # one query row per decode step, five for a prefill (a causal block of rows)
+    return [1 + (m > 1) * 4 for m in steps]
+
+
+def write_case(path, steps, tokens, data):
+    nq = n_q(steps)
+    assert len(set(nq)) == 1, "cref takes one n_q per file"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<6I", G["layers"], G["kv_heads"], G["head_dim"], QH, nq[0], len(steps)))
+        f.write(np.asarray(steps, "<u4").tobytes())
+        f.write(tokens.astype("<u4").tobytes())
+        for step in data:
+            for k, v, q in step:
+                f.write(k.tobytes() + v.tobytes() + q.tobytes())
+
+
+def run_python(sock, pool, policy, steps, tokens, data, salt=None):
+    """The same steps through the package; the outputs per step per layer."""
+    outs = []
+    with kvq.attach(pool, "python-test", socket=sock, policy=policy, **G) as c, c.sequence(salt) as s:
+        done = 0
+        for m, step in zip(steps, data):
+            s.begin(tokens[done:done + m])
+            for layer, (k, v, q) in enumerate(step):
+                s.write(layer, k, v)
+                outs.append(s.attention(layer, q))
+            s.commit()
+            done += m
+    return outs
+
+
+def reference(steps, data):
+    """float64 causal GQA attention of each step's last query rows over all
+    tokens so far (K/V as given: what f16 KV stores exactly)."""
+    outs, ks, vs = [], [[] for _ in range(G["layers"])], [[] for _ in range(G["layers"])]
+    g = QH // G["kv_heads"]
+    for step in data:
+        for layer, (k, v, q) in enumerate(step):
+            ks[layer].append(k.astype(np.float64))
+            vs[layer].append(v.astype(np.float64))
+            K, V = np.concatenate(ks[layer]), np.concatenate(vs[layer])
+            n, rows = len(K), len(q)
+            o = np.empty(q.shape)
+            for i in range(rows):
+                pos = n - rows + i
+                for h in range(QH):
+                    sc = K[:pos + 1, h // g] @ q[i, h].astype(np.float64) / np.sqrt(G["head_dim"])
+                    w = np.exp(sc - sc.max())
+                    o[i, h] = (w / w.sum()) @ V[:pos + 1, h // g]
+            outs.append(o)
+    return outs
+
+
+# ---------------------------------------------------------------- tests
+
+def test_import_checks_libkvq(ctx):
+    """import: the libkvq found, its version and protocol; a missing one is a clear ImportError."""
+    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == 2, (kvq.libkvq_version, kvq.protocol)
+    assert os.path.samefile(kvq.libkvq_path, os.environ["KVQ_LIBRARY"])
+    if os.environ.get("KVQ_TEST_INSTALLED"):   # the venv's copy, not the source tree's
+        assert "site-packages" in kvq.__file__, kvq.__file__
+    env = dict(os.environ, KVQ_LIBRARY="/nonexistent/libkvq.so.1")
+    p = subprocess.run([sys.executable, "-c", "import kvq"], env=env, capture_output=True, text=True)
+    assert p.returncode != 0 and "ImportError: kvq: libkvq not found" in p.stderr and "KVQ_LIBRARY" in p.stderr, \
+        p.stderr
+
+
+def test_struct_layouts_match_kvq_h(ctx):
+    """the ctypes structures have kvq.h's offsets and sizes (cref layout)"""
+    out = subprocess.run([CREF, "layout"], check=True, capture_output=True, text=True).stdout.split("\n")
+    mine = {"kvq_attach_params": _lib.AttachParams, "kvq_stats": _lib.Stats, "kvq_trace": _lib.Trace}
+    n = 0
+    for line in filter(None, out):
+        s, f, off = line.split()
+        got = ctypes.sizeof(mine[s]) if f == "sizeof" else getattr(mine[s], f).offset
+        assert got == int(off), f"{s}.{f}: ctypes {got}, C {off}"
+        n += 1
+    assert n == sum(len(t._fields_) + 1 for t in mine.values()), n
+
+
+def attention_vs_c(ctx, policy, seed):
+    """Two cases, each through cref and through the package on pools of
+    their own: prefill chunks (70 then 60 tokens: the second seals blocks,
+    five query rows each) and 40 decode steps (one row; crosses a block)."""
+    outs = []
+    for case, steps in (("chunks", [70, 60]), ("decode", [1] * 40)):
+        tokens, data = make_case(seed, steps)
+        pool = f"c-{policy}-{case}"
+        path = os.path.join(ctx["tmp"], f"{pool}.in")
+        write_case(path, steps, tokens, data)
+        subprocess.run([CREF, "attention", ctx["sock"], pool, policy, path, path + ".out"], check=True)
+        c_out = np.fromfile(path + ".out", np.float32)
+        py = run_python(ctx["sock"], pool + "-py", policy, steps, tokens, data)
+        py_flat = np.concatenate([o.ravel() for o in py])
+        assert py_flat.shape == c_out.shape, (py_flat.shape, c_out.shape)
+        assert np.array_equal(py_flat, c_out), f"{pool}: Python differs from C, max {np.abs(py_flat - c_out).max()}"
+        outs.append((py, reference(steps, data)))
+    return outs
+
+
+def test_attention_f16_equals_c_and_float64(ctx):
+    """f16 KV: attention through the package equals the C path bit for bit and a float64 reference to 2e-3"""
+    for py, ref in attention_vs_c(ctx, "f16", 1):
+        for o, r in zip(py, ref):
+            err = np.abs(o - r).max() / max(1.0, np.abs(r).max())
+            assert err < 2e-3, f"f16 vs float64: relative error {err}"
+
+
+def test_attention_int8_equals_c(ctx):
+    """int8 KV (sealed blocks quantized): equal to the C path bit for bit, within 0.25 of float64"""
+    # the int8 kernels' own accuracy is tests/unit's business; the bound only catches a wrong table
+    for py, ref in attention_vs_c(ctx, "int8", 2):
+        for o, r in zip(py, ref):
+            err = np.abs(o - r).max() / max(1.0, np.abs(r).max())
+            assert err < 0.25, f"int8 vs float64: relative error {err}"
+
+
+def test_zero_copy_host(ctx):
+    """the CPU kernels get the arrays' own addresses (kvq_client_set_trace)"""
+    rng = np.random.default_rng(3)
+    calls = []
+    with kvq.attach("zc", "python-test", socket=ctx["sock"], policy="int8", **G) as c, c.sequence() as s:
+        c.set_trace(calls.append)
+        s.begin(np.arange(40))
+        k, v = rand_kv(rng, 40), rand_kv(rng, 40)
+        q = rng.standard_normal((2, QH, 64)).astype(np.float32)
+        out = np.empty_like(q)
+        s.write(1, k, v)
+        s.attention(1, q, out)
+        c.set_trace(None)
+        s.write(0, k, v)
+    assert [x["op"] for x in calls] == ["write", "attention"], calls
+    w, a = calls
+    assert (w["k"], w["v"], w["layer"], w["device"]) == (k.ctypes.data, v.ctypes.data, 1, False), w
+    assert (a["q"], a["out"]) == (q.ctypes.data, out.ctypes.data), a
+
+
+def test_prefix_hit_across_processes(ctx):
+    """a second process finds the first one's published blocks; its attention equals a cold one"""
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, 50000, 100)
+    kv = [(rand_kv(rng, 100), rand_kv(rng, 100)) for _ in range(G["layers"])]
+    q = rng.standard_normal((1, QH, 64)).astype(np.float32)
+    np.save(os.path.join(ctx["tmp"], "prompt.npy"), prompt)
+    np.save(os.path.join(ctx["tmp"], "kv.npy"), np.array(kv))
+    child = f"""
+import numpy as np, kvq
+p = np.load({ctx['tmp']!r} + '/prompt.npy'); kv = np.load({ctx['tmp']!r} + '/kv.npy')
+with kvq.attach('share', 'python-test', socket={ctx['sock']!r}, policy='int8', layers=2, kv_heads=2, head_dim=64) as c:
+    with c.sequence() as s:
+        assert s.begin_prompt(p) == 0
+        for l in range(2): s.write(l, kv[l][0], kv[l][1])
+        s.commit()
+"""
+    subprocess.run([sys.executable, "-c", child], check=True)
+
+    def run(salt):
+        with kvq.attach("share", "python-test", socket=ctx["sock"], policy="int8", **G) as c, c.sequence(salt) as s:
+            hit = s.begin_prompt(prompt)
+            outs = []
+            for layer in range(G["layers"]):
+                s.write(layer, kv[layer][0][hit:], kv[layer][1][hit:])
+                outs.append(s.attention(layer, q))
+            s.commit()
+            st = c.stats()
+            return hit, outs, st
+    hit, warm, st = run(None)
+    assert hit == 96, f"hit {hit}, expected S(100) = 96"
+    assert st["hit_tokens"] >= 96, st
+    cold_hit, cold, _ = run(b"cold")   # another salt: nothing cached
+    assert cold_hit == 0
+    for w, c in zip(warm, cold):
+        assert np.array_equal(w, c), "warm attention differs from a cold recompute"
+
+
+def test_fork_lookup_and_release(ctx):
+    """Sequence.fork shares the sealed blocks; close and garbage collection release what they held"""
+    rng = np.random.default_rng(5)
+    with kvq.attach("rel", "python-test", socket=ctx["sock"], policy="int8", **G) as c:
+        s = c.sequence()
+        s.begin(np.arange(80))
+        for layer in range(2):
+            s.write(layer, rand_kv(rng, 80), rand_kv(rng, 80))
+        s.commit()
+        f = s.fork()
+        (ss, so), (fs, fo) = s.blocks(), f.blocks()
+        assert ss == fs and len(ss) == 2 and len(so) == 1 and len(fo) == 1 and so != fo, (s.blocks(), f.blocks())
+        assert f.tokens == s.tokens == 80
+        st = c.stats()
+        assert st["open_used"] == 2 and st["referenced"] == 2, st
+        s.close()
+        s.close()   # twice is fine
+        del f
+        gc.collect()
+        st = c.stats()
+        assert st["open_used"] == 0 and st["referenced"] == 0 and st["sealed_held"] == 0, st
+        s2 = c.sequence()
+        s2.begin(np.arange(5))
+    # the client's close freed s2 first: a new connection sees nothing held
+    with kvq.connect(ctx["sock"]) as c2:
+        st = c2.stats("rel")
+        assert st["open_used"] == 0 and st["clients"] == 0, st
+
+
+def test_after_fork(ctx):
+    """in a child after fork(), inherited objects raise InheritedError and their close sends nothing"""
+    with kvq.attach("fork", "python-test", socket=ctx["sock"], policy="f16", **G) as c, c.sequence() as s:
+        s.begin(np.arange(3))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            msg = "no error"
+            try:
+                s.tokens
+            except kvq.InheritedError as e:
+                msg = "InheritedError " + str(e)
+            s.close()
+            c.close()
+            os.write(w, msg.encode())
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 1000).decode()
+        os.waitpid(pid, 0)
+        assert got.startswith("InheritedError") and "before fork()" in got, got
+        z = np.zeros((3, 2, 64), np.float16)
+        s.write(0, z, z)   # the parent's connection is intact
+        s.write(1, z, z)
+        s.commit()
+        assert s.tokens == 3
+
+
+def test_error_bad_shape(ctx):
+    """a K of the wrong shape is a ValueError naming it and the expected shape"""
+    with kvq.attach("err", "python-test", socket=ctx["sock"], policy="f16", **G) as c, c.sequence() as s:
+        s.begin(np.arange(4))
+        z = np.zeros((4, 2, 64), np.float16)
+        for bad in (np.zeros((5, 2, 64), np.float16), np.zeros((4, 64, 2), np.float16)):
+            try:
+                s.write(0, bad, z)
+                raise AssertionError("no error")
+            except ValueError as e:
+                assert str(e).startswith(f"k: shape {bad.shape}, expected (4, 2, 64)"), e
+        try:
+            s.write(0, z, np.zeros((8, 2, 64), np.float16)[::2])
+            raise AssertionError("no error")
+        except ValueError as e:
+            assert "v: the array is not C-contiguous" in str(e), e
+        s.write(0, z, z)
+        try:
+            s.attention(0, np.zeros((1, 3, 64), np.float32))
+            raise AssertionError("no error")
+        except kvq.KvqError as e:   # q_heads not a multiple of kv_heads: libkvq's own check
+            assert e.code == -errno.EINVAL and "bad query counts" in e.message, e
+
+
+def test_error_wrong_dtype(ctx):
+    """K in float32 on an f16 pool, q in float16 on the host: TypeErrors; no conversion"""
+    with kvq.attach("err", "python-test", socket=ctx["sock"], policy="f16", **G) as c, c.sequence() as s:
+        s.begin(np.arange(4))
+        z = np.zeros((4, 2, 64), np.float16)
+        try:
+            s.write(0, z.astype(np.float32), z)
+            raise AssertionError("no error")
+        except TypeError as e:
+            assert str(e).startswith("k: dtype float32, expected f16"), e
+        s.write(0, z, z)
+        try:
+            s.attention(0, np.zeros((1, 4, 64), np.float16))
+            raise AssertionError("no error")
+        except TypeError as e:
+            assert str(e).startswith("q: dtype float16, expected f32"), e
+
+
+def test_error_daemon_not_running(ctx):
+    """no kvqd at the socket: DaemonUnavailable (a ConnectionError) with libkvq's code and the path"""
+    path = os.path.join(ctx["tmp"], "none.sock")
+    for setup in ("missing", "refused"):
+        if setup == "refused":
+            s = socketlib.socket(socketlib.AF_UNIX)
+            s.bind(path)
+            s.close()   # a socket file nobody listens on
+        try:
+            kvq.connect(path)
+            raise AssertionError("no error")
+        except kvq.DaemonUnavailable as e:
+            want = errno.ENOENT if setup == "missing" else errno.ECONNREFUSED
+            assert isinstance(e, ConnectionError) and e.errno == want and e.code == -want, (setup, e.errno)
+            assert f"cannot connect to kvqd at {path}: {os.strerror(want)}" in str(e), e
+
+
+def test_error_pool_refused(ctx):
+    """kvqd refuses an attach (geometry mismatch, bad policy): PoolRefused with kvqd's message"""
+    with kvq.attach("ref", "python-test", socket=ctx["sock"], policy="int8", **G):
+        pass
+    cases = [(dict(G, layers=3), "int8", _lib.KVQ_ELAYOUT, "pool ref is model python-test"),
+             (G, "int9", _lib.KVQ_EPOLICY, "int9")]
+    for geo, policy, code, text in cases:
+        try:
+            kvq.attach("ref" if code == _lib.KVQ_ELAYOUT else "ref2", "python-test", socket=ctx["sock"],
+                       policy=policy, **geo)
+            raise AssertionError("no error")
+        except kvq.PoolRefused as e:
+            assert e.code == code and text in e.message, (e.code, e.message)
+    with kvq.connect(ctx["sock"]) as c:   # a failed attach closed its client: none is left
+        assert c.stats("ref")["clients"] == 0
+
+
+def test_error_libkvq_message(ctx):
+    """a refusal inside libkvq carries libkvq's message (commit before every layer is written)"""
+    with kvq.attach("err", "python-test", socket=ctx["sock"], policy="f16", **G) as c, c.sequence() as s:
+        s.begin(np.arange(4))
+        try:
+            s.commit()
+            raise AssertionError("no error")
+        except kvq.KvqError as e:
+            assert e.message == "commit before layer 0 was written" and e.code == -errno.EINVAL, e
+            assert str(e) == "commit: commit before layer 0 was written [Invalid argument]", str(e)
+    try:
+        s.tokens
+        raise AssertionError("no error")
+    except ValueError as e:
+        assert "closed" in str(e)
+
+
+def test_stats_cli_matches_kvqctl(ctx):
+    """python -m kvq --json stats POOL gives kvqctl --json stats' figures for the pool"""
+    with kvq.attach("share", "python-test", socket=ctx["sock"], policy="int8", **G):
+        mine = json.loads(subprocess.run([sys.executable, "-m", "kvq", "--socket", ctx["sock"], "--json", "stats",
+                                          "share"], check=True, capture_output=True, text=True).stdout)
+        ctl = json.loads(subprocess.run([KVQCTL, "--socket", ctx["sock"], "--json", "stats", "share"], check=True,
+                                        capture_output=True, text=True).stdout)
+    pool = next(p for p in ctl["pools"] if p["name"] == "share")
+    for key, val in mine.items():
+        if key == "clients_attached":
+            continue   # the two connections differ by kvqctl's own
+        same = abs(pool[key] - val) < 1e-12 if isinstance(val, float) else pool[key] == val
+        assert same, f"{key}: python -m kvq {val}, kvqctl {pool[key]}"
+    assert len(mine) >= 15
+    text = subprocess.run([sys.executable, "-m", "kvq", "--socket", ctx["sock"], "stats", "share"], check=True,
+                          capture_output=True, text=True).stdout
+    assert "hit rate" in text and "pool share" in text, text
+    p = subprocess.run([sys.executable, "-m", "kvq", "--socket", ctx["sock"], "stats", "nosuch"],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "no pool nosuch" in p.stderr, p.stderr
+
+
+def main():
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_")]
+    tmp = tempfile.mkdtemp(prefix="kvqd-python.")
+    daemon, sock = start_kvqd(tmp)
+    ctx = {"tmp": tmp, "sock": sock}
+    failed = 0
+    try:
+        for i, (name, f) in enumerate(tests, 1):
+            try:
+                f(ctx)
+                print(f"ok {i} - {f.__doc__.splitlines()[0]}")
+            except Exception:
+                failed += 1
+                print(f"not ok {i} - {f.__doc__.splitlines()[0]}")
+                for line in traceback.format_exc().splitlines():
+                    print("# " + line)
+            sys.stdout.flush()
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"1..{len(tests)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
