@@ -53,6 +53,18 @@ static void sample(struct evbuffer *b, const char *name, const char *pool, const
 	evbuffer_add_printf(b, "\"%s%s} %llu\n", extra ? "," : "", extra ? extra : "", (unsigned long long)v);
 }
 
+/* NAME{pool="P",KEY="names[j]"} v[j] for j < n. */
+static void samples(struct evbuffer *b, const char *name, const char *pool, const char *key,
+		    const char *const *names, const uint64_t *v, size_t n)
+{
+	char extra[64];
+
+	for (size_t j = 0; j < n; j++) {
+		snprintf(extra, sizeof(extra), "%s=\"%s\"", key, names[j]);
+		sample(b, name, pool, extra, v[j]);
+	}
+}
+
 struct pool_metric {
 	const char *name, *type, *help;
 	uint64_t (*get)(const struct kvq_pools_info *i);
@@ -155,7 +167,7 @@ static void write_errors(kvq_server *s, struct evbuffer *b)
 static void write_pool_work(kvq_server *s, struct evbuffer *b)
 {
 	struct kvq_pools_info i;
-	char extra[64], labels[256];
+	char labels[256];
 	struct evbuffer *lb;
 
 	family(b, "kvq_resident_tokens", "gauge", "Tokens resident in live sequences: sealed (as the sequences see "
@@ -165,45 +177,48 @@ static void write_pool_work(kvq_server *s, struct evbuffer *b)
 		static const char *const kinds[] = { "sealed", "sealed_distinct", "open_max" };
 		const uint64_t v[] = { i.res.sealed_tokens, i.res.sealed_distinct_tokens, i.res.open_tokens_max };
 
-		for (size_t j = 0; j < sizeof(v) / sizeof(v[0]); j++) {
-			snprintf(extra, sizeof(extra), "kind=\"%s\"", kinds[j]);
-			sample(b, "kvq_resident_tokens", i.name, extra, v[j]);
-		}
+		samples(b, "kvq_resident_tokens", i.name, "kind", kinds, v, sizeof(v) / sizeof(v[0]));
 	}
-	family(b, "kvq_attention_seconds", "histogram", "Attention calls libkvq timed, by pool, phase (decode: one "
-	       "query token; prefill) and K and V format (kvqd.conf attention_timing).");
-	family(b, "kvq_attention_kv_bytes_total", "counter", "KV bytes the timed attention calls read (their blocks of "
-	       "the layer): bytes per second compare across pools and contexts.");
 	family(b, "kvq_attention_bins_total", "counter", "Bins of attention reports: taken as sent, clamped to what "
 	       "kvqd can believe, or dropped.");
-	lb = evbuffer_new();
-	for (uint32_t k = 0; lb && kvq_server_pool_info(s, k, &i) == 0; k++) {
-		const struct kvq_attn *a = i.attn;
-		const uint64_t bins[] = { a->bins_taken, a->bins_clamped, a->bins_dropped };
+	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+		const uint64_t bins[] = { i.attn->bins_taken, i.attn->bins_clamped, i.attn->bins_dropped };
 		static const char *const res[] = { "taken", "clamped", "dropped" };
 
-		for (size_t j = 0; j < 3; j++) {
-			snprintf(extra, sizeof(extra), "result=\"%s\"", res[j]);
-			sample(b, "kvq_attention_bins_total", i.name, extra, bins[j]);
-		}
-		if (!i.attention_report_ms)
-			continue;
-		for (uint32_t h = 0; h < a->n; h++) {
-			const struct kvq_attn_hist *x = &a->h[h];
-			size_t len;
+		samples(b, "kvq_attention_bins_total", i.name, "result", res, bins, 3);
+	}
+	lb = evbuffer_new();
+	for (int fam = 0; lb && fam < 2; fam++) {
+		if (fam == 0)
+			family(b, "kvq_attention_seconds", "histogram", "Attention calls libkvq timed, by pool, phase "
+			       "(decode: one query token; prefill) and K and V format (kvqd.conf attention_timing).");
+		else
+			family(b, "kvq_attention_kv_bytes_total", "counter", "KV bytes the timed attention calls read "
+			       "(their blocks of the layer): bytes per second compare across pools and contexts.");
+		for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+			if (!i.attention_report_ms)
+				continue;
+			for (uint32_t h = 0; h < i.attn->n; h++) {
+				const struct kvq_attn_hist *x = &i.attn->h[h];
+				size_t len;
 
-			evbuffer_drain(lb, evbuffer_get_length(lb));
-			evbuffer_add_printf(lb, "pool=\"");
-			label(lb, i.name);
-			evbuffer_add_printf(lb, "\",phase=\"%s\",k=\"%s\",v=\"%s\"", kvq_attn_phase_name(x->phase),
-					    kvq_fmt_name(x->kfmt), kvq_fmt_name(x->vfmt));
-			len = evbuffer_get_length(lb) < sizeof(labels) - 1 ? evbuffer_get_length(lb) : sizeof(labels) - 1;
-			evbuffer_copyout(lb, labels, len);
-			labels[len] = 0;
-			histogram(b, "kvq_attention_seconds", labels, kvq_timing_le, KVQ_TIMING_BUCKETS, x->bucket,
-				  x->count, x->seconds);
-			evbuffer_add_printf(b, "kvq_attention_kv_bytes_total{%s} %llu\n", labels,
-					    (unsigned long long)x->kv_bytes);
+				evbuffer_drain(lb, evbuffer_get_length(lb));
+				evbuffer_add_printf(lb, "pool=\"");
+				label(lb, i.name);
+				evbuffer_add_printf(lb, "\",phase=\"%s\",k=\"%s\",v=\"%s\"",
+						    kvq_attn_phase_name(x->phase), kvq_fmt_name(x->kfmt),
+						    kvq_fmt_name(x->vfmt));
+				len = evbuffer_get_length(lb);
+				len = len < sizeof(labels) - 1 ? len : sizeof(labels) - 1;
+				evbuffer_copyout(lb, labels, len);
+				labels[len] = 0;
+				if (fam == 0)
+					histogram(b, "kvq_attention_seconds", labels, kvq_timing_le, KVQ_TIMING_BUCKETS,
+						  x->bucket, x->count, x->seconds);
+				else
+					evbuffer_add_printf(b, "kvq_attention_kv_bytes_total{%s} %llu\n", labels,
+							    (unsigned long long)x->kv_bytes);
+			}
 		}
 	}
 	evbuffer_free(lb);
@@ -231,7 +246,6 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 	const char *name;
 	struct kvq_pools_info i;
 	uint32_t live, exiting;
-	char extra[64];
 
 	family(b, "kvq_build_info", "gauge", "kvqd's version (the value is 1).");
 	evbuffer_add_printf(b, "kvq_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
@@ -253,22 +267,18 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 		const uint64_t v[] = { i.st.sealed_free, i.st.sealed_reserved, i.st.sealed_private, i.st.sealed_cached,
 				       i.st.cached_referenced, i.st.open_used, i.st.open_free };
 
-		for (size_t j = 0; j < sizeof(v) / sizeof(v[0]); j++) {
-			snprintf(extra, sizeof(extra), "state=\"%s\"", states[j]);
-			sample(b, "kvq_blocks", i.name, extra, v[j]);
-		}
+		samples(b, "kvq_blocks", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
 	}
 	family(b, "kvq_pool_bytes", "gauge", "Bytes of each pool's slots by state (sealed: held, cached, "
 		  "reserved; open: used).");
 	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
-		snprintf(extra, sizeof(extra), "state=\"held\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_private * i.sealed_block_bytes);
-		snprintf(extra, sizeof(extra), "state=\"cached\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_cached * i.sealed_block_bytes);
-		snprintf(extra, sizeof(extra), "state=\"reserved\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_reserved * i.sealed_block_bytes);
-		snprintf(extra, sizeof(extra), "state=\"open\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.open_used * i.open_block_bytes);
+		static const char *const states[] = { "held", "cached", "reserved", "open" };
+		const uint64_t v[] = { (uint64_t)i.st.sealed_private * i.sealed_block_bytes,
+				       (uint64_t)i.st.sealed_cached * i.sealed_block_bytes,
+				       (uint64_t)i.st.sealed_reserved * i.sealed_block_bytes,
+				       (uint64_t)i.st.open_used * i.open_block_bytes };
+
+		samples(b, "kvq_pool_bytes", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
 	}
 	for (size_t m = 0; m < sizeof(pool_metrics) / sizeof(pool_metrics[0]); m++) {
 		family(b, pool_metrics[m].name, pool_metrics[m].type, pool_metrics[m].help);

@@ -500,14 +500,6 @@ int main(void)
 out:
 	kvq_client_free(a);
 	kvq_client_free(b);
-	kill(d, SIGTERM);
-	waitpid(d, NULL, 0);
-	{
-		char path[200];
-
-		snprintf(path, sizeof(path), "%s/kvqd.conf", tmpdir);
-		unlink(path);
-		rmdir(tmpdir);
-	}
+	test_daemon_stop(d, tmpdir);
 	return done_testing();
 }

@@ -664,14 +664,6 @@ out:
 		worker_finish(&wa);
 	if (wb.pid > 0)
 		worker_finish(&wb);
-	kill(d, SIGTERM);
-	waitpid(d, NULL, 0);
-	{
-		char path[200];
-
-		snprintf(path, sizeof(path), "%s/kvqd.conf", tmpdir);
-		unlink(path);
-		rmdir(tmpdir);
-	}
+	test_daemon_stop(d, tmpdir);
 	return done_testing();
 }
