@@ -49,13 +49,29 @@ int kvq_client_connect(const char *path, const char *name, kvq_client **ret_clie
 	return 0;
 }
 
+/* What was timed and not yet reported goes now, once the pool's work has
+ * completed; never an error. */
+static void flush_timing(kvq_client *c)
+{
+	if (!c->timing.report_ms || c->conn.broken || c->be->drain(c) < 0)
+		return;
+	if (c->be->timing_poll)
+		c->be->timing_poll(c);
+	if (c->timing.any) {
+		c->timing.last_ms = INT64_MIN / 2;   /* due now */
+		kvq_client_seal(c, 0, NULL, NULL);
+	}
+}
+
 void kvq_client_free(kvq_client *c)
 {
 	if (!c)
 		return;
 	/* the backend waits for the work queued on the pool, then unmaps */
-	if (c->be)
+	if (c->be) {
+		flush_timing(c);
 		c->be->unmap(c);
+	}
 	kvq_conn_close(&c->conn);
 	kvq_layout_free(c->L);
 	free(c);
@@ -209,6 +225,8 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	L = NULL;
 	snprintf(c->backend, sizeof(c->backend), "%s", ar->backend);
 	snprintf(c->pool, sizeof(c->pool), "%s", p->pool);
+	c->timing.report_ms = ar->attention_report_ms;
+	timing_sent(c);
 out:
 	if (c->conn.pool_fd >= 0) {
 		close(c->conn.pool_fd);
@@ -256,15 +274,28 @@ int kvq_client_seal(kvq_client *c, uint32_t n, const uint32_t *open_ids, const u
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Seal s = KVQ__SEAL__INIT;
+	Kvq__AttentionReport rep;
+	Kvq__AttentionBin bins[KVQ_PROTO_MAX_TIMING_BINS], *ptrs[KVQ_PROTO_MAX_TIMING_BINS];
+	bool report;
+	int r;
 
 	if (!c || (n && (!open_ids || !sealed_ids)))
 		return -EINVAL;
 	s.n_open_ids = s.n_sealed_ids = n;
 	s.open_ids = (uint32_t *)open_ids;
 	s.sealed_ids = (uint32_t *)sealed_ids;
+	/* the timings ride along once their interval has passed */
+	report = timing_due(c);
+	if (report) {
+		timing_report(c, &rep, bins, ptrs);
+		s.attention = &rep;
+	}
 	e.body_case = KVQ__ENVELOPE__BODY_SEAL;
 	e.seal = &s;
-	return kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_SEAL_REPLY, NULL);
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_SEAL_REPLY, NULL);
+	if (r == 0 && report)
+		timing_sent(c);
+	return r;
 }
 
 int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, int64_t parent, const uint32_t *tokens,

@@ -6,6 +6,7 @@
  *
  *   client.c       the connection, attach and the block requests (RPC)
  *   seq.c          kvq_seq: the backend-neutral block table
+ *   timing.c       attention timings, binned and reported with a Seal
  *   host.c         the host backend: mmap, the CPU kernels
  *   seq_cuda.c     the cuda backend: the CUDA half of the sequence
  *   cuda_import.c  the CUDA driver (through cudart) and a cuda pool's import
@@ -30,6 +31,29 @@ struct client_backend;
 struct client_cuda;        /* a cuda pool's import (cuda_import.c) */
 struct seq_cuda;           /* a sequence's device buffers (seq_cuda.c) */
 
+/*
+ * Attention timing (kvq.proto, "Attention timings"), when the attach reply
+ * asks for it: each timed call goes to the bin of its phase and (K, V)
+ * formats; the bins go with the next Seal once report_ms has passed, then
+ * start again.  The cuda backend times with events it reads later without
+ * waiting (gpu: its own state); the host backend with the CPU clock.
+ */
+struct client_timing_bin {
+	int phase, kfmt, vfmt;
+	uint64_t bucket[KVQ_TIMING_BUCKETS + 1];
+	double seconds;
+	uint64_t kv_bytes;
+};
+
+struct client_timing {
+	uint32_t report_ms;             /* 0: not timing */
+	int64_t last_ms;                /* CLOCK_MONOTONIC of the attach or the last report */
+	uint32_t n;                     /* bins in use (one per phase and format pair seen) */
+	bool any;                       /* a call is binned since the last report */
+	struct client_timing_bin bin[KVQ_PROTO_MAX_TIMING_BINS];
+	void *gpu;                      /* the cuda backend's events in flight */
+};
+
 struct kvq_client {
 	struct kvq_conn conn;           /* its msg: kvq_client_error; its pool_fd: the attach reply's until mapped */
 	struct kvq_policy pol;
@@ -44,6 +68,7 @@ struct kvq_client {
 	void *trace_ctx;
 	char backend[8];
 	char pool[KVQ_PROTO_MAX_NAME + 1];
+	struct client_timing timing;
 };
 
 /*
@@ -104,6 +129,9 @@ struct client_backend {
 	/* before a sequence's slots are released: waits for the work that may
 	 * read them and frees s->cuda */
 	void (*seq_free)(kvq_seq *s);
+	/* bins the timed calls that have completed, without waiting (NULL:
+	 * the backend times calls as they return) */
+	void (*timing_poll)(kvq_client *c);
 };
 
 extern const struct client_backend client_host;
@@ -113,6 +141,20 @@ extern const struct client_backend client_cuda;
  * struct kvq_trace: the addresses the kernel gets). */
 void client_trace(kvq_client *c, int op, uint32_t layer, bool device, const void *k, const void *v, const void *q,
 		  void *out);
+
+/* timing.c: the phase of an attention call of n_q query rows, the KV bytes
+ * one of layer with ns sealed and no open blocks reads, and the CLOCK_MONOTONIC
+ * seconds; a call of seconds into its bin; whether a report is due (the
+ * backend's completed calls binned first); the report into rep, with
+ * bins[] and ptrs[] of the caller's (KVQ_PROTO_MAX_TIMING_BINS each,
+ * pointing into c until timing_sent); once it was sent, the bins emptied. */
+int timing_phase(uint32_t n_q);
+uint64_t timing_kv_bytes(const kvq_client *c, uint32_t layer, uint32_t ns, uint32_t no);
+double timing_now(void);
+void timing_add(kvq_client *c, uint32_t layer, int phase, uint64_t kv_bytes, double seconds);
+bool timing_due(kvq_client *c);
+void timing_report(kvq_client *c, Kvq__AttentionReport *rep, Kvq__AttentionBin *bins, Kvq__AttentionBin **ptrs);
+void timing_sent(kvq_client *c);
 
 /* Leaves the reason in kvq_client_error; returns r. */
 __attribute__((format(printf, 3, 4)))

@@ -2,7 +2,8 @@
 /*
  * The host backend: a host pool is a memfd mapped into this process, the
  * CPU kernels (kernels/cpu) work on it and have finished when they return,
- * so there is never anything to wait for.
+ * so there is never anything to wait for, and an attention call is timed
+ * with the CPU clock around it.
  */
 #include <errno.h>
 #include <string.h>
@@ -44,12 +45,16 @@ static int host_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table
 {
 	const struct kvq_attn a = { .L = s->c->L, .base = s->c->base, .layer = layer, .q_heads = q_heads,
 		.scale = scale, .q_dtype = KVQ_DT_F32, .out_dtype = KVQ_DT_F32 };
+	double t0 = s->c->timing.report_ms ? timing_now() : 0;
 	int r;
 
-	(void)ns, (void)no;
 	client_trace(s->c, KVQ_TRACE_ATTENTION, layer, false, NULL, NULL, q, out);
 	r = kvq_cpu_attention(&a, as, 1, q, out);
-	return r < 0 ? client_fail(s->c, r, "attention: bad query counts") : 0;
+	if (r < 0)
+		return client_fail(s->c, r, "attention: bad query counts");
+	if (s->c->timing.report_ms)
+		timing_add(s->c, layer, timing_phase(as->m), timing_kv_bytes(s->c, layer, ns, no), timing_now() - t0);
+	return 0;
 }
 
 static int host_copy(kvq_client *c, void *to, const void *from, size_t n)

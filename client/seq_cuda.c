@@ -5,7 +5,9 @@
  * order; libkvq drains that stream before it tells kvqd a block is sealed
  * or published (no one may find a block before its bytes are there) and
  * before it releases slots (no kernel of ours may still read them when
- * another client gets them).
+ * another client gets them).  When the pool times attention, a pair of
+ * events brackets each attention kernel and is read once it has completed,
+ * with a query that never waits: timing adds no synchronisation.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -23,6 +25,24 @@
 struct seq_cuda {
 	void *table, *stage, *work;
 	size_t table_cap, stage_cap, work_cap;
+};
+
+/* Attention calls in flight with their events (client.h, struct
+ * client_timing's gpu): a ring, oldest first.  A call finding it full goes
+ * untimed; an event that cannot be made stops the timing of this client. */
+#define GPU_TIMERS 64
+
+struct gpu_timer {
+	cudaEvent_t start, end;
+	uint32_t layer;
+	int phase;
+	uint64_t kv_bytes;
+};
+
+struct gpu_timing {
+	struct gpu_timer t[GPU_TIMERS];
+	uint32_t head, n, made;     /* oldest in flight, in flight, pairs created */
+	bool broken;
 };
 
 static int gpu_err(kvq_client *c, const char *what, cudaError_t e)
@@ -148,6 +168,89 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, 
 	return r < 0 ? client_fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
 }
 
+/* Bins the timed calls whose end event has completed, oldest first; stops
+ * at the first still running. */
+static void gpu_timing_poll(kvq_client *c)
+{
+	struct gpu_timing *g = c->timing.gpu;
+
+	while (g && g->n) {
+		struct gpu_timer *t = &g->t[g->head];
+		cudaError_t e = cudaEventQuery(t->end);
+		float ms = 0;
+
+		if (e == cudaErrorNotReady) {
+			/* not an error; never left for a launch check to find */
+			if (cudaPeekAtLastError() == cudaErrorNotReady)
+				cudaGetLastError();
+			break;
+		}
+		if (e == cudaSuccess && cudaEventElapsedTime(&ms, t->start, t->end) == cudaSuccess)
+			timing_add(c, t->layer, t->phase, t->kv_bytes, (double)ms * 1e-3);
+		g->head = (g->head + 1) % GPU_TIMERS;
+		g->n--;
+	}
+}
+
+/* A free pair for a call about to be queued, or NULL: not timing, the ring
+ * full, the stream being captured into a graph (its events are not
+ * recorded then). */
+static struct gpu_timer *gpu_timer_get(kvq_client *c)
+{
+	struct gpu_timing *g = c->timing.gpu;
+	enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+	struct gpu_timer *t;
+
+	if (!c->timing.report_ms)
+		return NULL;
+	if (!g && !(g = c->timing.gpu = calloc(1, sizeof(*g))))
+		return NULL;
+	gpu_timing_poll(c);
+	if (g->broken || g->n == GPU_TIMERS ||
+	    cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
+		return NULL;
+	/* slots come into use in ring order: the next one is new until all are made */
+	t = &g->t[(g->head + g->n) % GPU_TIMERS];
+	if ((g->head + g->n) % GPU_TIMERS >= g->made) {
+		if (cudaEventCreate(&t->start) != cudaSuccess) {
+			g->broken = true;
+			return NULL;
+		}
+		if (cudaEventCreate(&t->end) != cudaSuccess) {
+			cudaEventDestroy(t->start);
+			g->broken = true;
+			return NULL;
+		}
+		g->made++;
+	}
+	return cudaEventRecord(t->start, c->stream) == cudaSuccess ? t : NULL;
+}
+
+/* The call's kernel is queued: its end is recorded and the pair is in flight. */
+static void gpu_timer_put(kvq_client *c, struct gpu_timer *t, uint32_t layer, int phase, uint64_t kv_bytes)
+{
+	struct gpu_timing *g = c->timing.gpu;
+
+	if (cudaEventRecord(t->end, c->stream) != cudaSuccess)
+		return;
+	t->layer = layer;
+	t->phase = phase;
+	t->kv_bytes = kv_bytes;
+	g->n++;
+}
+
+static void gpu_timing_free(kvq_client *c)
+{
+	struct gpu_timing *g = c->timing.gpu;
+
+	for (uint32_t i = 0; g && i < g->made; i++) {
+		cudaEventDestroy(g->t[i].start);
+		cudaEventDestroy(g->t[i].end);
+	}
+	free(g);
+	c->timing.gpu = NULL;
+}
+
 /* Attention on the GPU with q (activation dtype) and out (f32 or the
  * activation dtype) in device memory, queued on the client's stream. */
 static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
@@ -159,6 +262,7 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table 
 	struct kvq_cuda_attn a = { .L = L, .base = c->base, .layer = layer, .q_heads = q_heads, .scale = scale,
 		.q_dtype = L->act, .out_dtype = out_f32 ? KVQ_DT_F32 : L->act, .max_n = as->n, .max_q = as->m,
 		.total_q = as->row0 + as->m, .stream = c->stream };
+	struct gpu_timer *t;
 	void *rec = NULL;
 	size_t ws;
 	int r;
@@ -173,7 +277,10 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table 
 	if ((r = gpu_table(s, as, ns, no, &rec)) < 0)
 		return r;
 	client_trace(c, KVQ_TRACE_ATTENTION, layer, true, NULL, NULL, q, out);
+	t = gpu_timer_get(c);
 	r = kvq_cuda_attention(&a, rec, 1, q, out);
+	if (t && r == 0)
+		gpu_timer_put(c, t, layer, timing_phase(as->m), timing_kv_bytes(c, layer, ns, no));
 	if (r == -ENOTSUP)
 		return client_fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
 				   kvq_fmt_name(ll->vfmt), L->head_dim);
@@ -227,6 +334,7 @@ static void gpu_unmap(kvq_client *c)
 	/* the CUDA work on the pool is drained before the mapping goes */
 	if (cuda_ready(c) == 0)
 		cudaStreamSynchronize(c->stream);
+	gpu_timing_free(c);
 	cuda_unimport(c);
 }
 
@@ -275,4 +383,5 @@ const struct client_backend client_cuda = {
 	.copy = gpu_copy,
 	.drain = gpu_wait,
 	.seq_free = gpu_seq_free,
+	.timing_poll = gpu_timing_poll,
 };

@@ -47,6 +47,11 @@
 #define KVQ_CONFIG_MSG_MAX 512       /* room for an error message */
 #define KVQ_CONFIG_LISTEN_MAX 63u    /* metrics_listen: "127.0.0.1:9464", "[::1]:9464" */
 
+/* Attention timing (kvq.proto "Attention timings"): off until its cost is
+ * measured on a GPU; reports every 5 s when on. */
+#define KVQ_CONFIG_ATTENTION_TIMING false
+#define KVQ_CONFIG_ATTENTION_REPORT_MS 5000u
+
 /* No quota. */
 #define KVQ_CONFIG_UNLIMITED UINT64_MAX
 
@@ -137,6 +142,7 @@ struct kvq_config_pool {
 	struct kvq_config_acl acl;
 	uint64_t quota_per_uid;          /* bytes, or KVQ_CONFIG_UNLIMITED */
 	bool create_on_attach;           /* allocate at the first attach, not at start */
+	bool attention_timing;           /* clients time attention and report it */
 };
 
 struct kvq_config {
@@ -151,6 +157,8 @@ struct kvq_config {
 	uint64_t quota_per_uid;          /* default of pools, or KVQ_CONFIG_UNLIMITED */
 	struct kvq_config_acl admin_acl; /* who may evict, flush, add and drop pools */
 	char metrics_listen[KVQ_CONFIG_LISTEN_MAX + 1]; /* loopback "ADDR:PORT", "" when off */
+	bool attention_timing;           /* default of pools, and of pools created on attach */
+	uint32_t attention_report_ms;    /* how often clients report timings */
 	struct kvq_config_limits limits; /* KVQ_LIMITS */
 	uint32_t n_pools;
 	struct kvq_config_pool *pools;

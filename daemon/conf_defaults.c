@@ -41,6 +41,8 @@ void conf_defaults(struct kvq_config *c)
 	c->create_capacity.kind = KVQ_AMOUNT_PERCENT;
 	c->create_capacity.percent = DEFAULT_CREATE_PERCENT;
 	c->quota_per_uid = KVQ_CONFIG_UNLIMITED;
+	c->attention_timing = KVQ_CONFIG_ATTENTION_TIMING;
+	c->attention_report_ms = KVQ_CONFIG_ATTENTION_REPORT_MS;
 	/* admin operations: the same default as pool creation */
 	c->admin_acl = c->create_acl;
 	for (size_t i = 0; i < kvq_limit_rows_n; i++)
@@ -65,6 +67,8 @@ void conf_inherit(struct conf_parser *p)
 			pl->device = c->device;
 		if (!p->pool_quota_line[i])
 			pl->quota_per_uid = c->quota_per_uid;
+		if (!p->pool_timing_line[i])
+			pl->attention_timing = c->attention_timing;
 	}
 }
 

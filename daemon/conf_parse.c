@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "conf_parser.h"
+#include "frame.h"
 #include "layout.h"
 
 const struct conf_key conf_keys[K_COUNT] = {
@@ -33,6 +34,8 @@ const struct conf_key conf_keys[K_COUNT] = {
 	[K_ADMIN_UIDS] = { "admin_uids", SEC_KVQD },
 	[K_ADMIN_GIDS] = { "admin_gids", SEC_KVQD },
 	[K_METRICS_LISTEN] = { "metrics_listen", SEC_KVQD },
+	[K_ATTENTION_TIMING] = { "attention_timing", SEC_KVQD | SEC_POOL },
+	[K_ATTENTION_REPORT_MS] = { "attention_report_ms", SEC_KVQD },
 	[K_MODEL] = { "model", SEC_POOL },
 	[K_LAYERS] = { "layers", SEC_POOL },
 	[K_KV_HEADS] = { "kv_heads", SEC_POOL },
@@ -440,6 +443,11 @@ static int set_kvqd(struct conf_parser *p, int k, char *v)
 		strcpy(c->metrics_listen, v);
 		return 0;
 	}
+	case K_ATTENTION_TIMING:
+		return value_bool(p, "attention_timing", v, &c->attention_timing);
+	case K_ATTENTION_REPORT_MS:
+		return value_u32(p, "attention_report_ms", v, KVQ_TIMING_MIN_REPORT_MS, KVQ_TIMING_MAX_REPORT_MS, 1,
+				 &c->attention_report_ms);
 	}
 	return conf_fail(p, p->line, "internal: key %d in [kvqd]", k);
 }
@@ -460,6 +468,9 @@ static int set_pool(struct conf_parser *p, int k, char *v)
 		return 0;
 	case K_CREATE_ON_ATTACH:
 		return value_bool(p, "create_on_attach", v, &pl->create_on_attach);
+	case K_ATTENTION_TIMING:
+		p->pool_timing_line[idx] = p->line;
+		return value_bool(p, "attention_timing", v, &pl->attention_timing);
 	case K_QUOTA_PER_UID:
 		if ((rc = value_quota(p, v, &pl->quota_per_uid)) < 0)
 			return rc;

@@ -21,7 +21,7 @@ enum { SEC_NONE = 0, SEC_KVQD = 1, SEC_POOL = 2 };
 enum key {
 	K_SOCKET, K_BACKEND, K_DEVICE, K_MEMORY_BUDGET, K_LOG_LEVEL, K_CREATE_ON_ATTACH, K_CREATE_UIDS,
 	K_CREATE_GIDS, K_CREATE_CAPACITY, K_CREATE_MEMORY_SHARE, K_QUOTA_PER_UID, K_ADMIN_UIDS, K_ADMIN_GIDS,
-	K_METRICS_LISTEN,
+	K_METRICS_LISTEN, K_ATTENTION_TIMING, K_ATTENTION_REPORT_MS,
 	K_MODEL, K_LAYERS, K_KV_HEADS, K_HEAD_DIM, K_BLOCK_TOKENS, K_POLICY, K_WINDOW, K_WINDOW_DTYPE,
 	K_CAPACITY, K_MEMORY_SHARE, K_ACL_UIDS, K_ACL_GIDS,
 #define K_LIMIT_KEY(key, def, lo, hi, unit, what) K_LIMIT_##key,
@@ -49,6 +49,7 @@ struct conf_parser {
 	struct kvq_config_pool *pool;   /* the open [pool] section */
 	unsigned pool_device_line[KVQ_CONFIG_MAX_POOLS]; /* 0: device comes from [kvqd] */
 	unsigned pool_quota_line[KVQ_CONFIG_MAX_POOLS];
+	unsigned pool_timing_line[KVQ_CONFIG_MAX_POOLS];
 	char policy[KVQ_POLICY_MAX_LEN + 1];  /* kept until layers is known */
 	char buf[KVQ_CONFIG_MAX_LINE + 1];
 };
@@ -77,7 +78,7 @@ void conf_defaults(struct kvq_config *c);
 void conf_pool_defaults(struct kvq_config_pool *pl);
 
 /* What pools take from [kvqd] when they do not set it (device,
- * quota_per_uid): applied after the whole file is read, since [kvqd] may
+ * quota_per_uid, attention_timing): applied after the whole file is read, since [kvqd] may
  * come last. */
 void conf_inherit(struct conf_parser *p);
 

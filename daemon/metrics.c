@@ -12,7 +12,9 @@
 #include <event2/keyvalq_struct.h>
 
 #include "conf.h"
+#include "format.h"
 #include "hist.h"
+#include "kvq_wire.h"
 #include "log.h"
 #include "metrics.h"
 #include "server.h"
@@ -51,6 +53,18 @@ static void sample(struct evbuffer *b, const char *name, const char *pool, const
 	evbuffer_add_printf(b, "\"%s%s} %llu\n", extra ? "," : "", extra ? extra : "", (unsigned long long)v);
 }
 
+/* NAME{pool="P",KEY="names[j]"} v[j] for j < n. */
+static void samples(struct evbuffer *b, const char *name, const char *pool, const char *key,
+		    const char *const *names, const uint64_t *v, size_t n)
+{
+	char extra[64];
+
+	for (size_t j = 0; j < n; j++) {
+		snprintf(extra, sizeof(extra), "%s=\"%s\"", key, names[j]);
+		sample(b, name, pool, extra, v[j]);
+	}
+}
+
 struct pool_metric {
 	const char *name, *type, *help;
 	uint64_t (*get)(const struct kvq_pools_info *i);
@@ -68,6 +82,10 @@ GET(get_hit, i->hit_tokens)
 GET(get_evictions, i->st.evictions)
 GET(get_alloc_failures, i->alloc_failures)
 GET(get_clients, i->clients)
+GET(get_sequences, i->res.sequences)
+GET(get_resident_bytes, i->res.bytes)
+GET(get_resident_f16, i->res.f16_bytes)
+GET(get_report_ms, i->attention_report_ms)
 #undef GET
 
 static const struct pool_metric pool_metrics[] = {
@@ -83,7 +101,128 @@ static const struct pool_metric pool_metrics[] = {
 	{ "kvq_evictions_total", "counter", "Cached blocks evicted.", get_evictions },
 	{ "kvq_alloc_failures_total", "counter", "Allocations refused for lack of room.", get_alloc_failures },
 	{ "kvq_pool_clients", "gauge", "Connections attached to the pool.", get_clients },
+	{ "kvq_resident_sequences", "gauge", "Live sequences: open slots used / (window / block tokens), rounded up "
+	  "(exact when the window is one block).", get_sequences },
+	{ "kvq_resident_bytes", "gauge", "Bytes the resident tokens take: their distinct sealed blocks, open slots "
+	  "and the sealed slots reserved for those.", get_resident_bytes },
+	{ "kvq_resident_f16_bytes", "gauge", "Bytes the same tokens would take in f16 (effective batch gain = this "
+	  "/ kvq_resident_bytes).", get_resident_f16 },
+	{ "kvq_attention_report_interval_ms", "gauge", "Attention timing: how often clients report, milliseconds "
+	  "(0: the pool does not time).", get_report_ms },
 };
+
+/* NAME_bucket{LABELS,le="..."} cumulative, +Inf, NAME_sum, NAME_count:
+ * bucket[n] counts per bound le[n] (not cumulative), count all of them. */
+static void histogram(struct evbuffer *b, const char *name, const char *labels, const double *le, size_t n,
+		      const uint64_t *bucket, uint64_t count, double sum)
+{
+	uint64_t cum = 0;
+
+	for (size_t j = 0; j < n; j++) {
+		cum += bucket[j];
+		evbuffer_add_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, le[j], (unsigned long long)cum);
+	}
+	evbuffer_add_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels,
+			    (unsigned long long)count, name, labels, sum, name, labels, (unsigned long long)count);
+}
+
+/* A reply status as a label: the errno's name, the project's code's, or the
+ * number. */
+static const char *status_name(int code, char *buf, size_t len)
+{
+	const char *s = NULL;
+
+	if (code == KVQ_SERVER_ERR_OTHER)
+		s = "other";
+	else if (code == KVQ_ELAYOUT)
+		s = "KVQ_ELAYOUT";
+	else if (code == KVQ_EPOLICY)
+		s = "KVQ_EPOLICY";
+	else if (code < 0 && code > -KVQ_EBASE)
+		s = strerrorname_np(-code);
+	if (s)
+		return s;
+	snprintf(buf, len, "%d", code);
+	return buf;
+}
+
+/* Error replies by request and status. */
+static void write_errors(kvq_server *s, struct evbuffer *b)
+{
+	const char *req;
+	char buf[16];
+	uint64_t n;
+	int code;
+
+	family(b, "kvq_request_errors_total", "counter", "Error replies, by request type and status (an envelope "
+	       "that does not parse counts as request other).");
+	for (size_t row = 0; kvq_server_latency(s, row, NULL); row++)
+		for (size_t i = 0; kvq_server_request_errors(s, row, i, &req, &code, &n) == 0; i++)
+			evbuffer_add_printf(b, "kvq_request_errors_total{request=\"%s\",code=\"%s\"} %llu\n", req,
+					    status_name(code, buf, sizeof(buf)), (unsigned long long)n);
+}
+
+/* The resident tokens of each pool by kind, and the attention timings of
+ * the pools that time. */
+static void write_pool_work(kvq_server *s, struct evbuffer *b)
+{
+	struct kvq_pools_info i;
+	char labels[256];
+	struct evbuffer *lb;
+
+	family(b, "kvq_resident_tokens", "gauge", "Tokens resident in live sequences: sealed (as the sequences see "
+	       "them: references x block tokens), sealed_distinct (as stored), open_max (open slots x block tokens, "
+	       "an upper bound).  Sharing factor = sealed / sealed_distinct.");
+	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+		static const char *const kinds[] = { "sealed", "sealed_distinct", "open_max" };
+		const uint64_t v[] = { i.res.sealed_tokens, i.res.sealed_distinct_tokens, i.res.open_tokens_max };
+
+		samples(b, "kvq_resident_tokens", i.name, "kind", kinds, v, sizeof(v) / sizeof(v[0]));
+	}
+	family(b, "kvq_attention_bins_total", "counter", "Bins of attention reports: taken as sent, clamped to what "
+	       "kvqd can believe, or dropped.");
+	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+		const uint64_t bins[] = { i.attn->bins_taken, i.attn->bins_clamped, i.attn->bins_dropped };
+		static const char *const res[] = { "taken", "clamped", "dropped" };
+
+		samples(b, "kvq_attention_bins_total", i.name, "result", res, bins, 3);
+	}
+	lb = evbuffer_new();
+	for (int fam = 0; lb && fam < 2; fam++) {
+		if (fam == 0)
+			family(b, "kvq_attention_seconds", "histogram", "Attention calls libkvq timed, by pool, phase "
+			       "(decode: one query token; prefill) and K and V format (kvqd.conf attention_timing).");
+		else
+			family(b, "kvq_attention_kv_bytes_total", "counter", "KV bytes the timed attention calls read "
+			       "(their blocks of the layer): bytes per second compare across pools and contexts.");
+		for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+			if (!i.attention_report_ms)
+				continue;
+			for (uint32_t h = 0; h < i.attn->n; h++) {
+				const struct kvq_attn_hist *x = &i.attn->h[h];
+				size_t len;
+
+				evbuffer_drain(lb, evbuffer_get_length(lb));
+				evbuffer_add_printf(lb, "pool=\"");
+				label(lb, i.name);
+				evbuffer_add_printf(lb, "\",phase=\"%s\",k=\"%s\",v=\"%s\"",
+						    kvq_attn_phase_name(x->phase), kvq_fmt_name(x->kfmt),
+						    kvq_fmt_name(x->vfmt));
+				len = evbuffer_get_length(lb);
+				len = len < sizeof(labels) - 1 ? len : sizeof(labels) - 1;
+				evbuffer_copyout(lb, labels, len);
+				labels[len] = 0;
+				if (fam == 0)
+					histogram(b, "kvq_attention_seconds", labels, kvq_timing_le, KVQ_TIMING_BUCKETS,
+						  x->bucket, x->count, x->seconds);
+				else
+					evbuffer_add_printf(b, "kvq_attention_kv_bytes_total{%s} %llu\n", labels,
+							    (unsigned long long)x->kv_bytes);
+			}
+		}
+	}
+	evbuffer_free(lb);
+}
 
 /* The counters of what the limits did (KVQ_SERVER_COUNTERS). */
 static void write_counters(kvq_server *s, struct evbuffer *b)
@@ -107,7 +246,6 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 	const char *name;
 	struct kvq_pools_info i;
 	uint32_t live, exiting;
-	char extra[64];
 
 	family(b, "kvq_build_info", "gauge", "kvqd's version (the value is 1).");
 	evbuffer_add_printf(b, "kvq_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
@@ -129,22 +267,18 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 		const uint64_t v[] = { i.st.sealed_free, i.st.sealed_reserved, i.st.sealed_private, i.st.sealed_cached,
 				       i.st.cached_referenced, i.st.open_used, i.st.open_free };
 
-		for (size_t j = 0; j < sizeof(v) / sizeof(v[0]); j++) {
-			snprintf(extra, sizeof(extra), "state=\"%s\"", states[j]);
-			sample(b, "kvq_blocks", i.name, extra, v[j]);
-		}
+		samples(b, "kvq_blocks", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
 	}
 	family(b, "kvq_pool_bytes", "gauge", "Bytes of each pool's slots by state (sealed: held, cached, "
 		  "reserved; open: used).");
 	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
-		snprintf(extra, sizeof(extra), "state=\"held\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_private * i.sealed_block_bytes);
-		snprintf(extra, sizeof(extra), "state=\"cached\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_cached * i.sealed_block_bytes);
-		snprintf(extra, sizeof(extra), "state=\"reserved\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.sealed_reserved * i.sealed_block_bytes);
-		snprintf(extra, sizeof(extra), "state=\"open\"");
-		sample(b, "kvq_pool_bytes", i.name, extra, (uint64_t)i.st.open_used * i.open_block_bytes);
+		static const char *const states[] = { "held", "cached", "reserved", "open" };
+		const uint64_t v[] = { (uint64_t)i.st.sealed_private * i.sealed_block_bytes,
+				       (uint64_t)i.st.sealed_cached * i.sealed_block_bytes,
+				       (uint64_t)i.st.sealed_reserved * i.sealed_block_bytes,
+				       (uint64_t)i.st.open_used * i.open_block_bytes };
+
+		samples(b, "kvq_pool_bytes", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
 	}
 	for (size_t m = 0; m < sizeof(pool_metrics) / sizeof(pool_metrics[0]); m++) {
 		family(b, pool_metrics[m].name, pool_metrics[m].type, pool_metrics[m].help);
@@ -152,22 +286,18 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 			sample(b, pool_metrics[m].name, i.name, NULL, pool_metrics[m].get(&i));
 	}
 
+	write_pool_work(s, b);
+
 	family(b, "kvq_request_duration_seconds", "histogram",
 	       "Time from a request's arrival to its reply being queued, by request type.");
 	for (size_t r = 0; (h = kvq_server_latency(s, r, &name)); r++) {
-		uint64_t cum = 0;
+		char labels[64];
 
-		for (int j = 0; j < KVQ_HIST_BUCKETS; j++) {
-			cum += h->bucket[j];
-			evbuffer_add_printf(b, "kvq_request_duration_seconds_bucket{request=\"%s\",le=\"%g\"} %llu\n",
-					    name, kvq_hist_bucket_le[j], (unsigned long long)cum);
-		}
-		evbuffer_add_printf(b, "kvq_request_duration_seconds_bucket{request=\"%s\",le=\"+Inf\"} %llu\n"
-				    "kvq_request_duration_seconds_sum{request=\"%s\"} %.9f\n"
-				    "kvq_request_duration_seconds_count{request=\"%s\"} %llu\n",
-				    name, (unsigned long long)h->count, name, h->sum, name,
-				    (unsigned long long)h->count);
+		snprintf(labels, sizeof(labels), "request=\"%s\"", name);
+		histogram(b, "kvq_request_duration_seconds", labels, kvq_hist_bucket_le, KVQ_HIST_BUCKETS, h->bucket,
+			  h->count, h->sum);
 	}
+	write_errors(s, b);
 }
 
 static void on_request(struct evhttp_request *req, void *arg)

@@ -161,8 +161,16 @@ int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *c
 		p->acl.uids[p->acl.n_uids++] = geteuid();
 	p->quota = cfg->quota_per_uid;
 	p->capacity = cfg->create_capacity;
+	p->attention_report_ms = kvq_pools_report_ms(cfg, p->name);
 	*ret = p;
 	return 0;
+}
+
+uint32_t kvq_pools_report_ms(const struct kvq_config *cfg, const char *name)
+{
+	const struct kvq_config_pool *c = kvq_config_find_pool(cfg, name);
+
+	return (c ? c->attention_timing : cfg->attention_timing) ? cfg->attention_report_ms : 0;
 }
 
 static uint64_t budget_used(const struct kvq_pools *ps, const struct kvq_backend *b, int device)
@@ -231,6 +239,8 @@ static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t wan
 
 void kvq_pools_release(struct kvq_pools_rec *p)
 {
+	kvq_attn_free(p->attn);
+	p->attn = NULL;
 	kvq_prefix_free(p->prefix);
 	p->prefix = NULL;
 	kvq_pool_free(p->pool);
@@ -239,6 +249,45 @@ void kvq_pools_release(struct kvq_pools_rec *p)
 	kvq_layout_free(p->L);
 	p->L = NULL;
 	p->allocated = false;
+}
+
+/* A sealed block of p's geometry with f16 K and V: the baseline of the
+ * resident figures, as the layout lays it out (kvqctl's too). */
+static int f16_block_bytes(const struct kvq_pools_rec *p, uint64_t *ret, char *err, size_t errlen)
+{
+	struct kvq_layout_params q = p->params;
+	struct kvq_policy f16;
+	struct kvq_layout *L = NULL;
+	int r;
+
+	r = kvq_policy_parse("f16", q.layers, &f16, err, errlen);
+	if (r < 0)
+		return r;
+	q.policy = &f16;
+	q.n_sealed = q.n_open = 1;
+	r = kvq_layout_new(&q, &L, err, errlen);
+	if (r < 0)
+		return r;
+	*ret = L->sealed_block_bytes;
+	kvq_layout_free(L);
+	return 0;
+}
+
+/* What is resident (struct kvq_resident) in a pool of i's geometry and books. */
+static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes, struct kvq_resident *o)
+{
+	const struct kvq_pool_stats *st = &i->st;
+	uint32_t B = i->block_tokens, per_seq = i->window / i->block_tokens;
+	uint64_t distinct = (uint64_t)st->sealed_private + st->cached_referenced;
+
+	if (per_seq == 0)
+		per_seq = 1;
+	o->sequences = st->open_used / per_seq + (st->open_used % per_seq != 0);
+	o->sealed_tokens = st->refs * B;
+	o->sealed_distinct_tokens = distinct * B;
+	o->open_tokens_max = (uint64_t)st->open_used * B;
+	o->bytes = distinct * i->sealed_block_bytes + (uint64_t)st->open_used * (i->open_block_bytes + i->sealed_block_bytes);
+	o->f16_bytes = (distinct + st->open_used) * f16_block_bytes;
 }
 
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
@@ -272,6 +321,12 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	if (r < 0)
 		goto fail;
 	r = kvq_prefix_new(p->pool, p->L->block_tokens, p->name, p->model, &p->prefix);
+	if (r < 0)
+		goto fail;
+	r = kvq_attn_new(p->L, &p->attn);
+	if (r < 0)
+		goto fail;
+	r = f16_block_bytes(p, &p->f16_block_bytes, err, errlen);
 	if (r < 0)
 		goto fail;
 	p->allocated = true;
@@ -319,6 +374,9 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 	o->hit_tokens = p->hit_tokens;
 	o->alloc_failures = o->st.alloc_failures + p->alloc_failures;
 	o->clients = p->clients;
+	o->attention_report_ms = p->attention_report_ms;
+	o->attn = p->attn;
+	resident_of(o, p->f16_block_bytes, &o->res);
 }
 
 void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *o)
@@ -355,4 +413,11 @@ void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *o)
 	o->evictions = i.st.evictions;
 	o->alloc_failures = i.alloc_failures;
 	o->clients = i.clients;
+	o->sequences = i.res.sequences;
+	o->sealed_tokens = i.res.sealed_tokens;
+	o->sealed_distinct_tokens = i.res.sealed_distinct_tokens;
+	o->open_tokens_max = i.res.open_tokens_max;
+	o->resident_bytes = i.res.bytes;
+	o->resident_f16_bytes = i.res.f16_bytes;
+	o->attention_report_ms = i.attention_report_ms;
 }

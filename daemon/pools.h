@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "attn.h"
 #include "backend.h"
 #include "conf.h"
 #include "frame.h"
@@ -50,6 +51,9 @@ struct kvq_pools_rec {
 	uint64_t lookup_tokens, hit_tokens;
 	uint64_t alloc_failures;                     /* refused before the pool was asked */
 	uint64_t device_memory;                      /* of its device, when allocated */
+	uint64_t f16_block_bytes;                    /* a sealed block of its geometry in f16, when allocated */
+	struct kvq_attn *attn;                       /* attention timings reported, when allocated */
+	uint32_t attention_report_ms;                /* told to clients at attach; 0: no timing */
 	uint32_t clients;                            /* attached, exiting ones included */
 };
 
@@ -59,6 +63,22 @@ struct kvq_pools {
 	const struct kvq_backend *backend;           /* --backend, else kvqd.conf's */
 	int device;                                  /* its device */
 	char backend_reason[KVQ_BACKEND_MSG_MAX];    /* why that backend, for the log */
+};
+
+/*
+ * What is resident in a pool, derived from its slot books alone (kvq.proto
+ * PoolStats 29-34, kvqctl(1) "Resident figures").  After a commit a live
+ * sequence longer than the window holds window / B open slots and a shorter
+ * one fewer, so sequences is a lower bound (exact when window = B) and
+ * open_used the upper one; every reference on a sealed block is one
+ * sequence's (libkvq takes one per sequence), so sealed_tokens counts
+ * tokens as the sequences see them and sealed_distinct_tokens as stored.
+ */
+struct kvq_resident {
+	uint32_t sequences;
+	uint64_t sealed_tokens, sealed_distinct_tokens, open_tokens_max;
+	uint64_t bytes;                  /* their sealed blocks, open slots and the reservations */
+	uint64_t f16_bytes;              /* distinct sealed and open tokens (at their bound) in f16 */
 };
 
 /* One allocated pool, for Stats and the metrics. */
@@ -72,6 +92,9 @@ struct kvq_pools_info {
 	struct kvq_pool_stats st;
 	uint64_t lookup_tokens, hit_tokens, alloc_failures;   /* alloc_failures: all refusals */
 	uint32_t clients;
+	struct kvq_resident res;
+	uint32_t attention_report_ms;
+	const struct kvq_attn *attn;
 };
 
 /* No records; the daemon's backend from its name ("auto", "host", "cuda")
@@ -108,6 +131,10 @@ int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *c
  * negative code with err set and p not allocated. */
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
 		       uint32_t want_sealed, uint32_t want_open, char *err, size_t errlen);
+
+/* The attention report interval a pool called name gets from cfg: its
+ * section's attention_timing, else [kvqd]'s; 0 when it does not time. */
+uint32_t kvq_pools_report_ms(const struct kvq_config *cfg, const char *name);
 
 /* Gives back the memory and books of p; the record stays (not allocated). */
 void kvq_pools_release(struct kvq_pools_rec *p);

@@ -73,6 +73,22 @@ fail:
 	return ret;
 }
 
+/* A Seal's attention report, into the sender's pool only: never an error
+ * (kvq.proto, "Attention timings"); at most KVQ_TIMING_MAX_CALLS_PER_S
+ * calls for each second since the connection's last report. */
+static void take_timings(struct kvq_conn *c, const Kvq__AttentionReport *rep)
+{
+	struct kvq_pools_rec *p = c->pool;
+	int64_t since = c->active_ms - c->timing_ms;
+
+	if (!p->attention_report_ms || rep->n_bins > KVQ_PROTO_MAX_TIMING_BINS) {
+		kvq_attn_drop(p->attn, rep);
+		return;
+	}
+	kvq_attn_add(p->attn, rep, since > 0 ? (uint64_t)since * (KVQ_TIMING_MAX_CALLS_PER_S / 1000) : 0);
+	c->timing_ms = c->active_ms;
+}
+
 int kvq_req_seal(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
 {
 	const Kvq__Seal *q = req->seal;
@@ -106,6 +122,8 @@ int kvq_req_seal(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply 
 		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_SEALING, q->open_ids[i], 1);
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, q->sealed_ids[i], 1);
 	}
+	if (q->attention)
+		take_timings(c, q->attention);
 out:
 	kvq_lease_free(seen);
 	return ret;

@@ -123,6 +123,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	rep->backend = (char *)p->backend->name;
 	rep->device = p->backend == &kvq_backend_host ? -1 : p->device;
 	rep->model_id = p->model;
+	rep->attention_report_ms = p->attention_report_ms;
+	c->timing_ms = c->active_ms;
 	r->fd = p->mem.fd;
 	kvq_log(LOG_INFO, "client %llu: attached to pool %s", (unsigned long long)c->id, p->name);
 	return 0;

@@ -51,6 +51,7 @@ struct kvq_server {
 	struct event *lev;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];   /* unlinked at exit when set */
 	struct kvq_hist *latency;                                  /* one per row of kvq_requests[] */
+	struct kvq_server_errors *errors;                          /* one per row of kvq_requests[] */
 	struct kvq_peer_limits plim;                               /* the config's, for every peer */
 	uint32_t fd_conns;                                         /* connections the fds allow */
 	int spare_fd;                                              /* closed to refuse at EMFILE */
@@ -68,6 +69,24 @@ static void conn_arm(struct kvq_conn *c);
 static void srv_resume(kvq_server *s);
 
 static const struct kvq_peer_cb conn_cb = { conn_on_frame, conn_on_closed };
+
+/* Error replies of one row by status: the codes seen first, the rest in the
+ * last slot (KVQ_SERVER_ERR_OTHER). */
+struct kvq_server_errors {
+	int code[KVQ_SERVER_ERR_CODES];
+	uint64_t n[KVQ_SERVER_ERR_CODES];
+};
+
+static void count_error(struct kvq_server_errors *e, int status)
+{
+	size_t i;
+
+	for (i = 0; i + 1 < KVQ_SERVER_ERR_CODES; i++)
+		if (e->code[i] == status || e->code[i] == 0)
+			break;
+	e->code[i] = i + 1 < KVQ_SERVER_ERR_CODES ? status : KVQ_SERVER_ERR_OTHER;
+	e->n[i]++;
+}
 
 static kvq_server *server_of(const struct kvq_conn *c)
 {
@@ -193,6 +212,9 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, vo
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	c->active_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
 	parsed = kvq_dispatch_frame(kvq_requests, kvq_requests_n, c, payload, len, &r, &row) == 0;
+	if (r.e.status < 0)
+		/* an envelope that does not parse has no row: "other"'s */
+		count_error(&s->errors[parsed ? row : kvq_requests_n - 1], r.e.status);
 	if (kvq_peer_queue(peer, &r.e, r.fd) < 0) {
 		kvq_log(LOG_ERR, "client %llu: reply to request %llu cannot be encoded", (unsigned long long)c->id,
 			(unsigned long long)r.e.id);
@@ -502,7 +524,8 @@ int kvq_server_new(struct event_base *base, const struct kvq_config *config, con
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->resume = evtimer_new(base, srv_on_resume, s);
 	s->latency = calloc(kvq_requests_n, sizeof(*s->latency));
-	if (!s->latency || !s->resume) {
+	s->errors = calloc(kvq_requests_n, sizeof(*s->errors));
+	if (!s->latency || !s->errors || !s->resume) {
 		kvq_server_free(s);
 		return -ENOMEM;
 	}
@@ -607,6 +630,7 @@ void kvq_server_free(kvq_server *s)
 	if (s->st.cfg)
 		kvq_state_fini(&s->st);
 	free(s->latency);
+	free(s->errors);
 	free(s);
 }
 
@@ -631,6 +655,17 @@ void kvq_server_connections(const kvq_server *s, uint32_t *ret_live, uint32_t *r
 		dying++;
 	*ret_live = s->st.n_conns - dying;
 	*ret_exiting = dying;
+}
+
+int kvq_server_request_errors(const kvq_server *s, size_t row, size_t i, const char **ret_request, int *ret_code,
+			       uint64_t *ret_n)
+{
+	if (row >= kvq_requests_n || i >= KVQ_SERVER_ERR_CODES || !s->errors[row].code[i])
+		return -ENOENT;
+	*ret_request = kvq_requests[row].name;
+	*ret_code = s->errors[row].code[i];
+	*ret_n = s->errors[row].n[i];
+	return 0;
 }
 
 const struct kvq_hist *kvq_server_latency(const kvq_server *s, size_t i, const char **ret_name)

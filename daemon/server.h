@@ -16,6 +16,8 @@
 #ifndef KVQD_SERVER_H
 #define KVQD_SERVER_H
 
+#include <stdint.h>
+
 #include <event2/event.h>
 
 #include "conf.h"
@@ -101,6 +103,16 @@ int kvq_server_pool_info(const kvq_server *s, uint32_t i, struct kvq_pools_info 
 /* Live connections, and connections closed whose exiting peer still holds
  * a lease. */
 void kvq_server_connections(const kvq_server *s, uint32_t *ret_live, uint32_t *ret_exiting);
+
+/* Error replies are counted per row of the request table and status, up to
+ * KVQ_SERVER_ERR_CODES statuses a row; further ones as KVQ_SERVER_ERR_OTHER. */
+#define KVQ_SERVER_ERR_CODES 16u
+#define KVQ_SERVER_ERR_OTHER INT32_MIN
+
+/* The i-th status (0, 1, ...) row's error replies had, with the row's name
+ * and the count.  Returns 0, or -ENOENT past the last status or row. */
+int kvq_server_request_errors(const kvq_server *s, size_t row, size_t i, const char **ret_request, int *ret_code,
+			      uint64_t *ret_n);
 
 /* Latency histogram of the requests of row i of the request table, with
  * the row's name in *ret_name; NULL past the last row. */

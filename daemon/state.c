@@ -28,6 +28,7 @@ int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const cha
 		r = kvq_pools_from_config(&st->pools, &cfg->pools[i], &p, err, errlen);
 		if (r < 0)
 			goto fail;
+		p->attention_report_ms = kvq_pools_report_ms(cfg, p->name);
 		kvq_pools_add(&st->pools, p);
 		if (!cfg->pools[i].create_on_attach) {
 			r = kvq_pools_allocate(&st->pools, cfg, p, 0, 0, err, errlen);
@@ -65,9 +66,12 @@ void kvq_state_set_config(struct kvq_state *st, const struct kvq_config *cfg)
 		p->acl = cp->acl;
 		p->quota = cp->quota_per_uid;
 	}
-	for (struct kvq_pools_rec *p = st->pools.head; p; p = p->next)
+	for (struct kvq_pools_rec *p = st->pools.head; p; p = p->next) {
 		if (!kvq_config_find_pool(cfg, p->name))
 			p->quota = cfg->quota_per_uid;
+		/* clients attached keep the interval they were told */
+		p->attention_report_ms = kvq_pools_report_ms(cfg, p->name);
+	}
 }
 
 /* ---------------------------------------------------------------- connections */

@@ -50,6 +50,7 @@ struct kvq_conn {
 	struct event *pev;                       /* exiting: waits for the pidfd */
 	struct event *tev;                       /* the handshake and idle timeouts */
 	int64_t accepted_ms, active_ms;          /* CLOCK_MONOTONIC: accept, the last request */
+	int64_t timing_ms;                       /* its attach, then its last attention report taken */
 };
 
 struct kvq_state {

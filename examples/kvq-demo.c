@@ -10,6 +10,8 @@
  * with a prefix lookup, skips computing and writing them, and only appends
  * its question.  Both then run decode attention of their last token over
  * the pool (quantized prefix + full-precision window) on the CPU kernels.
+ * While both are attached it runs kvqctl stats: the pool's resident
+ * sequences, effective batch gain against f16 and sharing factor.
  *
  * Usage: kvq-demo [--socket PATH] [--system-tokens N]
  * The socket defaults to $KVQ_SOCKET, else kvqd's default path.
@@ -241,6 +243,54 @@ static void print_stats(const char *when)
 	kvq_client_free(c);
 }
 
+/*
+ * What the operator sees meanwhile: kvqctl stats of the pool (its resident
+ * sequences, effective batch gain against f16, sharing factor).  kvqctl is
+ * $KVQCTL, else the build tree's beside this program
+ * (examples/../kvqctl/kvqctl), else kvqctl on PATH.
+ */
+static void run_kvqctl(void)
+{
+	char self[4096], path[4200];
+	const char *bin = getenv("KVQCTL");
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	pid_t pid;
+	int st;
+
+	if (!bin && n > 0) {
+		char *slash;
+
+		self[n] = 0;
+		slash = strrchr(self, '/');
+		if (slash) {
+			*slash = 0;
+			/* a libtool build runs the program from examples/.libs */
+			n = (ssize_t)strlen(self);
+			if (n > 6 && !strcmp(self + n - 6, "/.libs"))
+				self[n - 6] = 0;
+			snprintf(path, sizeof(path), "%s/../kvqctl/kvqctl", self);
+			if (access(path, X_OK) == 0)
+				bin = path;
+		}
+	}
+	if (!bin)
+		bin = "kvqctl";
+	printf("$ kvqctl stats %s\n", POOL);
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		if (sock)
+			execlp(bin, bin, "--socket", sock, "stats", POOL, (char *)NULL);
+		else
+			execlp(bin, bin, "stats", POOL, (char *)NULL);
+		fprintf(stderr, "kvq-demo: cannot run %s: %s\n", bin, strerror(errno));
+		_exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		printf("(kvqctl stats did not run)\n");
+	printf("\n");
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = { { "socket", required_argument, NULL, 's' },
@@ -318,6 +368,7 @@ int main(int argc, char **argv)
 		       rep[1].verify ? "yes" : "NO", rep[1].sealed);
 	}
 	print_stats("with both workers attached");
+	run_kvqctl();
 	close(p1[1]);
 	close(p2[1]);
 	waitpid(w1, &st1, 0);

@@ -181,6 +181,18 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_u64("evictions", p->evictions);
 	j_u64("alloc_failures", p->alloc_failures);
 	j_u64("clients_attached", p->clients);
+	j_open("resident", '{');
+	j_u64("sequences", p->sequences);
+	j_u64("sequences_max", p->open_used);
+	j_u64("sealed_tokens", p->sealed_tokens);
+	j_u64("sealed_distinct_tokens", p->sealed_distinct_tokens);
+	j_u64("open_tokens_max", p->open_tokens_max);
+	j_u64("bytes", p->resident_bytes);
+	j_u64("f16_bytes", p->resident_f16_bytes);
+	j_num("effective_batch_gain", ratio(p->resident_f16_bytes, p->resident_bytes));
+	j_num("sharing_factor", ratio(p->sealed_tokens, p->sealed_distinct_tokens));
+	j_close('}');
+	j_u64("attention_report_ms", p->attention_report_ms);
 	j_open("clients", '[');
 	for (size_t i = 0; sr && i < sr->n_clients; i++) {
 		const Kvq__ClientStats *c = sr->clients[i];
@@ -258,6 +270,26 @@ static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	printf("  prefix          %llu of %llu tokens looked up were cached: hit rate %.1f%%\n",
 	       (unsigned long long)p->hit_tokens, (unsigned long long)p->lookup_tokens,
 	       p->lookup_tokens ? 100.0 * ratio(p->hit_tokens, p->lookup_tokens) : 0.0);
+	printf("  resident        %u sequences (at most %u), %llu sealed tokens (%llu distinct), at most %llu open\n",
+	       p->sequences, p->open_used, (unsigned long long)p->sealed_tokens,
+	       (unsigned long long)p->sealed_distinct_tokens, (unsigned long long)p->open_tokens_max);
+	if (p->resident_bytes)
+		printf("  batch gain      %.2fx: f16 would take %s for what takes %s here (open window and "
+		       "reservations included)\n", ratio(p->resident_f16_bytes, p->resident_bytes),
+		       human_bytes((double)p->resident_f16_bytes, a, sizeof(a)),
+		       human_bytes((double)p->resident_bytes, b, sizeof(b)));
+	else
+		printf("  batch gain      - (nothing resident)\n");
+	if (p->sealed_distinct_tokens)
+		printf("  sharing         %.2fx: sealed tokens as the sequences see them / as stored\n",
+		       ratio(p->sealed_tokens, p->sealed_distinct_tokens));
+	else
+		printf("  sharing         - (no sealed token resident)\n");
+	if (p->attention_report_ms)
+		printf("  attention       timed, reported every %u ms (kvq_attention_seconds in the metrics)\n",
+		       p->attention_report_ms);
+	else
+		printf("  attention       not timed (kvqd.conf attention_timing)\n");
 	printf("  evictions       %llu\n", (unsigned long long)p->evictions);
 	printf("  alloc failures  %llu\n", (unsigned long long)p->alloc_failures);
 	printf("  clients         %u\n", p->clients);

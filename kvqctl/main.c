@@ -168,7 +168,7 @@ int parse_size(const char *s, double *ret)
 /* ---------------------------------------------------------------- the command table */
 
 static const struct command commands[] = {
-	{ "stats", NULL, "[POOL]", "daemon and pools: blocks, bytes per token, hits, evictions, clients", NULL, NULL,
+	{ "stats", NULL, "[POOL]", "daemon and pools: blocks, resident batch against f16, bytes per token, hits, evictions, clients", NULL, NULL,
 	  cmd_stats },
 	{ "pools", NULL, "", "one line per pool", NULL, NULL, cmd_pools },
 	{ "clients", NULL, "[POOL]", "connections and the blocks they hold", NULL, NULL, cmd_clients },

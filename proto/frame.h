@@ -21,7 +21,7 @@
 
 /* Checked at Hello; bump for any change an older peer would misread
  * (kvq.proto, "The version", says what each one changed). */
-#define KVQ_PROTOCOL_VERSION 2u
+#define KVQ_PROTOCOL_VERSION 3u
 
 #define KVQ_FRAME_HDR 4u                /* the length prefix */
 #define KVQ_FRAME_MAX (4u << 20)        /* largest envelope; a frame is HDR + envelope */
@@ -37,6 +37,23 @@
 #define KVQ_PROTO_MAX_ACL 63u           /* uids, and gids, in a PoolAdd (root is added) */
 #define KVQ_PROTO_MAX_CLIENTS 1024u     /* clients in a StatsReply: the most connections kvqd takes */
 #define KVQ_PROTO_MAX_POOLS 256u        /* pools in a StatsReply: the most pools kvqd holds */
+#define KVQ_PROTO_MAX_TIMING_BINS 64u   /* bins of an attention report (more: dropped, not refused) */
+
+/*
+ * Attention timing (kvq.proto, "Attention timings"): the buckets libkvq
+ * sorts its calls into and kvqd exports, their upper bounds in seconds
+ * (1 us to 1 s, six a decade: a decode call on a GPU takes microseconds),
+ * and what kvqd believes of a report.
+ */
+#define KVQ_TIMING_BUCKETS 37u
+extern const double kvq_timing_le[KVQ_TIMING_BUCKETS];
+#define KVQ_TIMING_MAX_CALLS_PER_S 1000000u  /* calls a connection may report per second */
+#define KVQ_TIMING_MAX_CALL_S 10.0           /* seconds one call past the last bound may take */
+#define KVQ_TIMING_MIN_REPORT_MS 100u        /* kvqd.conf attention_report_ms range */
+#define KVQ_TIMING_MAX_REPORT_MS 600000u
+
+/* The bucket of a call of seconds: 0 .. KVQ_TIMING_BUCKETS (past every bound). */
+unsigned kvq_timing_bucket(double seconds);
 
 /*
  * Memory protobuf-c may allocate to unpack one envelope.  Unpacked size is

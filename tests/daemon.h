@@ -94,6 +94,20 @@ static pid_t test_daemon_start(const char *backend, const char *tag, char *dir, 
 	return test_daemon_start_conf(backend, tag, NULL, dir, dirlen, sock, socklen, bin, binlen);
 }
 
+/* Stops the daemon pid started with test_daemon_start_conf and removes
+ * its config and directory dir. */
+__attribute__((unused))
+static void test_daemon_stop(pid_t pid, const char *dir)
+{
+	char path[256];
+
+	kill(pid, SIGTERM);
+	waitpid(pid, NULL, 0);
+	snprintf(path, sizeof(path), "%s/kvqd.conf", dir);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* The resident set of process pid in KiB (VmRSS), or -1. */
 __attribute__((unused))
 static long test_rss_kib(pid_t pid)

@@ -186,6 +186,34 @@ static int seal(int s, uint32_t *open, uint32_t *sealed, size_t n)
 	return status(s, &e);
 }
 
+/* An empty Seal with an attention report: a bin of the pool's pair and one
+ * of a pair it lacks (dropped). */
+static int seal_report(int s)
+{
+	static uint64_t buckets[2][KVQ_TIMING_BUCKETS + 1] = { { [4] = 3 }, { [10] = 1 } };
+	Kvq__AttentionBin b[2], *pb[2] = { &b[0], &b[1] };
+	Kvq__AttentionReport rep = KVQ__ATTENTION_REPORT__INIT;
+	Kvq__Seal q = KVQ__SEAL__INIT;
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+
+	for (int i = 0; i < 2; i++) {
+		kvq__attention_bin__init(&b[i]);
+		b[i].phase = (uint32_t)i;
+		b[i].k_format = i ? "f16" : "int8";
+		b[i].v_format = i ? "f16" : "int8";
+		b[i].n_buckets = KVQ_TIMING_BUCKETS + 1;
+		b[i].buckets = buckets[i];
+		b[i].seconds = i ? 6e-5 : 1.2e-5;
+		b[i].kv_bytes = 4096;
+	}
+	rep.n_bins = 2;
+	rep.bins = pb;
+	q.attention = &rep;
+	e.body_case = KVQ__ENVELOPE__BODY_SEAL;
+	e.seal = &q;
+	return status(s, &e);
+}
+
 /* ids[n] as a chain of token blocks 0, 1, ... (salted when salt); the ids
  * to use come back in ids. */
 static int publish(int s, uint32_t *ids, size_t n, const char *salt)
@@ -303,8 +331,8 @@ static int admin(int s, Kvq__Envelope__BodyCase body, const char *pool)
 
 /* ---------------------------------------------------------------- sessions */
 
-/* A worker's life: alloc, seal, publish a chain, a second worker hits it,
- * forks and releases; a duplicate publish; Stats. */
+/* A worker's life: alloc, seal, an attention report, publish a chain, a
+ * second worker hits it, forks and releases; a duplicate publish; Stats. */
 static void s_prefix(void)
 {
 	uint32_t open[2], resv[2], sealed[2], chain[3], got[3], dup[1], o[1], r[1];
@@ -314,6 +342,7 @@ static void s_prefix(void)
 	attach(0, INPROC_POOL, false);
 	alloc(0, 2, 2, open, resv, sealed);
 	seal(0, open, resv, 2);
+	seal_report(0);
 	chain[0] = resv[0];
 	chain[1] = resv[1];
 	chain[2] = sealed[0];
