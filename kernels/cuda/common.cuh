@@ -120,6 +120,48 @@ __device__ __forceinline__ float half_bits(const uint8_t *p, uint32_t i)
 	return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t *>(p)[i]));
 }
 
+/* ---------------------------------------------------- asynchronous copies */
+
+/* N bytes (4, 8 or 16, aligned to N) from global to shared memory (dst: a
+ * shared-window address), not waited for. */
+template <int N> __device__ __forceinline__ void cp_async(uint32_t dst, const void *src)
+{
+	static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+	if constexpr (N == 16)
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+	else
+		asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(N));
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+	cp_async<16>((uint32_t)__cvta_generic_to_shared(dst), src);
+}
+
+__device__ __forceinline__ void cp_async8(void *dst, const void *src)
+{
+	cp_async<8>((uint32_t)__cvta_generic_to_shared(dst), src);
+}
+
+/* Closes the group of the copies issued since the last commit. */
+__device__ __forceinline__ void cp_async_commit(void)
+{
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* Waits until at most N of this thread's groups are in flight. */
+template <int N> __device__ __forceinline__ void cp_async_wait_group(void)
+{
+	asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Every copy this thread issued, landed. */
+__device__ __forceinline__ void cp_async_wait(void)
+{
+	cp_async_commit();
+	cp_async_wait_group<0>();
+}
+
 /* ------------------------------------------------- the attention kernels' arguments */
 
 #define ATTN_P_UNIT 16384.0f  /* 2^14: probabilities times a V scale over this stay normal FP16 */

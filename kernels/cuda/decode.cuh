@@ -10,7 +10,8 @@
  * its own online softmax, and the warps are merged through shared memory at
  * the end (the split's result, or its partial for merge_kernel).
  *
- * Codes go from global memory straight into registers, are converted to
+ * Codes go from global memory straight into registers (8-bit K and V at
+ * D = 64: through two stages of shared memory per warp, dec_tune), are converted to
  * exact FP16/BF16 pairs in registers (4- and 2-bit codes with the 0x6400 /
  * 0x4300 magic: one mask-or and one f16x2 subtract or fma per pair) and fed
  * to mma.sync as A fragments: Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·Pᵀ with query rows in N.
@@ -266,12 +267,42 @@ template <int N> __device__ __forceinline__ void dec_ldp(uint32_t *r, const uint
 	}
 }
 
+/* Where dec_load puts a chunk's words: straight into registers (dec_reg),
+ * or (dec_stg) copied asynchronously into the lane's words of a stage in
+ * shared memory, in the order of dec_raw's words: word w at 16-byte unit
+ * w / 4 of the lane, the units of a warp's 32 lanes side by side, so that
+ * every lane reads its own words back (dec_unstage) with conflict-free
+ * 16-byte loads and no barrier. */
+struct dec_reg {
+	template <int N> __device__ __forceinline__ void ld(uint32_t *dst, const uint8_t *p) const
+	{
+		dec_ldp<N>(dst, p);
+	}
+};
+
+struct dec_stg {
+	uint32_t lane_base;     /* shared address of the stage's unit 0 of this lane */
+	const uint32_t *words;  /* the dec_raw the word indices are taken from (never read) */
+	template <int N> __device__ __forceinline__ void ld(uint32_t *dst, const uint8_t *p) const
+	{
+		static_assert(N == 4 || N == 8 || N % 16 == 0, "staged loads copy 4, 8 or 16k bytes");
+		const uint32_t w = (uint32_t)(dst - words);
+		if constexpr (N % 16 == 0) {
+#pragma unroll
+			for (int i = 0; i < N / 16; i++)
+				cp_async<16>(lane_base + (w / 4 + i) * 512, p + 16 * i);
+		} else {
+			cp_async<N>(lane_base + (w / 4) * 512 + (w % 4) * 4, p);
+		}
+	}
+};
+
 /* Issues every load of a chunk (t0: its first token, tb: its offset in the
  * block, n: the sequence's tokens). */
-template <int KF, int VF, int D, bool OPEN, class LY>
+template <int KF, int VF, int D, bool OPEN, class LY, class LD = dec_reg>
 __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *vc,
 					 const uint8_t *kpar, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0,
-					 uint32_t n)
+					 uint32_t n, const LD &ld = LD())
 {
 	typedef dec_raw<KF, VF, D, OPEN, LY> R;
 	constexpr int KBITS = R::KBITS, VBITS = R::VBITS, KPB = R::KPB, VN = R::VN, MT = D / 16;
@@ -284,8 +315,8 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 			const uint8_t *kr = kc + (size_t)(tb + tg * 8 + LY::tok(s, hi, te)) * (D * KBITS / 8);
 #pragma unroll
 			for (int j = 0; j < LY::KPARTS; j++)
-				dec_ldp<KPB>(&r.kw[s][hi][j * (KPB / 4)],
-					     kr + (j * LY::KSPAN + qc * (LY::KSPAN / 4)) * KBITS / 8);
+				ld.template ld<KPB>(&r.kw[s][hi][j * (KPB / 4)],
+						    kr + (j * LY::KSPAN + qc * (LY::KSPAN / 4)) * KBITS / 8);
 		}
 	if constexpr (!OPEN) {
 #pragma unroll
@@ -293,7 +324,7 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 #pragma unroll
 			for (int hi = 0; hi < 2; hi++) {
 				const size_t e = (size_t)(mt * 16 + qn + 8 * hi) * B + tb + qc * 8;
-				dec_ldp<VN>(r.vw[mt][hi], vc + e * VBITS / 8);
+				ld.template ld<VN>(r.vw[mt][hi], vc + e * VBITS / 8);
 			}
 	} else {
 		/* open rows are [token][dim]: 16-bit loads, tokens past n zeroed
@@ -314,15 +345,15 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 			}
 	}
 	if constexpr (R::KTOK)
-		dec_ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
+		ld.template ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
 	if constexpr (R::KGRP)   /* {s, z}[t][part] of the tokens 4·te + 0..3 of the thread's eight */
-		dec_ld<16 * LY::KPARTS>(r.kpw, kpar + (size_t)(tb + tg * 8 + 4 * te) * LY::KPARTS * 4);
+		ld.template ld<16 * LY::KPARTS>(r.kpw, kpar + (size_t)(tb + tg * 8 + 4 * te) * LY::KPARTS * 4);
 	if constexpr (R::VTOK)
-		dec_ld<16>(r.vpw, vpar + (tb + tg * 8) * 2);
+		ld.template ld<16>(r.vpw, vpar + (tb + tg * 8) * 2);
 	if constexpr (R::VGRP) {   /* {s, z}[group][t], the same four tokens */
 #pragma unroll
 		for (int gv = 0; gv < LY::NGV; gv++)
-			dec_ldp<16>(&r.vpw[4 * gv], vpar + ((size_t)gv * B + tb + tg * 8 + 4 * te) * 4);
+			ld.template ld<16>(&r.vpw[4 * gv], vpar + ((size_t)gv * B + tb + tg * 8 + 4 * te) * 4);
 	}
 }
 
@@ -563,6 +594,46 @@ __device__ __forceinline__ void dec_load_sealed(const attn_args &a, dec_raw<KF, 
 		 l.B, t0 % l.B, t0, n);
 }
 
+/* Bytes of one lane's words of a chunk in a stage (16-byte units). */
+template <class R> __host__ __device__ constexpr uint32_t dec_units(void)
+{
+	return (uint32_t)(sizeof(R) + 15) / 16;
+}
+
+/* Copies sealed chunk u into a stage (lane_base: this lane's unit 0 there). */
+template <int KF, int VF, int D, class LY>
+__device__ __forceinline__ void dec_stage(const attn_args &a, uint32_t lane_base, uint32_t slot, uint32_t u, uint32_t h,
+					  uint32_t n)
+{
+	if (slot == DEC_NOSLOT)
+		return;
+	dec_raw<KF, VF, D, false, LY> r;   /* for its word indices only */
+	const layer_dev &l = a.l;
+	const uint8_t *hs = sealed_head(l, a.base, slot, h);
+	const uint32_t t0 = u * DEC_CHUNK;
+	dec_load(r, hs + l.off[KVQ_K_CODES], hs + l.off[KVQ_V_CODES], hs + l.off[KVQ_K_PARAMS], hs + l.off[KVQ_V_PARAMS],
+		 l.B, t0 % l.B, t0, n, dec_stg{ lane_base, reinterpret_cast<const uint32_t *>(&r) });
+}
+
+/* A staged chunk's words back into registers. */
+template <class R> __device__ __forceinline__ void dec_unstage(R &r, uint32_t lane_base)
+{
+	constexpr uint32_t W = sizeof(R) / 4;
+	uint32_t *w = reinterpret_cast<uint32_t *>(&r);
+#pragma unroll
+	for (uint32_t i = 0; i < dec_units<R>(); i++) {
+		uint32_t x[4];
+		asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+			     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+			     : "r"(lane_base + i * 512)
+			     : "memory");
+#pragma unroll
+		for (uint32_t j = 0; j < 4; j++)
+			if (4 * i + j < W)
+				w[4 * i + j] = x[j];
+	}
+}
+
 /* A loaded sealed chunk (slot: its block); KIVI K first folds the block's
  * channel parameters into q when the block changes. */
 template <int KF, int VF, int D, int ACT, class LY>
@@ -581,27 +652,46 @@ __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::
 	dec_compute<KF, VF, D, ACT, false, LY>(st, r, u * DEC_CHUNK, qf, kq, qg, lim, sl2);
 }
 
-/* Per pair: whether sealed chunks are double-buffered (8-bit: twice the
- * bytes in flight; single-buffered at 3 CTAs/SM was slower), and the CTAs
- * per multiprocessor the registers are held to (4/2-bit codes: three,
- * single-buffered; KIVI K spills at the 168 registers that leaves, but at
+/* Per instance: how sealed chunks reach the registers, and the CTAs per
+ * multiprocessor the registers are held to.  8-bit K and V at D = 64: two
+ * stages in shared memory (cp.async; 3 CTAs/SM), 1.37x the register double
+ * buffer; at D = 128 the stages were slower (2 stages, 3 CTAs: 0.78x; 3
+ * stages, 2 CTAs: DRAM 44 % against 64 % under the profiler), so there
+ * 8-bit chunks are double-buffered in registers (twice the bytes in flight;
+ * single-buffered at 3 CTAs/SM was slower).  4/2-bit codes: three CTAs,
+ * single-buffered (KIVI K spills at the 168 registers that leaves, but at
  * two CTAs and 255 registers it was no faster, and slower at D = 64).  The
  * measurements: bench/RESULTS.md, 2026-11-29 and 2026-12-02. */
-template <int KF, int VF> struct dec_tune {
+template <int KF, int VF, int D> struct dec_tune {
 	static constexpr bool sub8 = fmt<KF>::bits < 8 || fmt<VF>::bits < 8;
-	static constexpr bool dbuf = fmt<KF>::bits == 8 && fmt<VF>::bits == 8;
-	static constexpr int minb = sub8 ? 3 : 1;
+	static constexpr bool both8 = fmt<KF>::bits == 8 && fmt<VF>::bits == 8;
+	static constexpr int stages = both8 && D == 64 ? 2 : 0;
+	static constexpr bool dbuf = both8 && !stages;
+	static constexpr int minb = stages || sub8 ? 3 : 1;
 };
 
+/* Dynamic shared memory of an instance: its stages (which hold the warps'
+ * partial results at the end), or none. */
+template <int KF, int VF, int D> __host__ __device__ constexpr uint32_t dec_smem_bytes(void)
+{
+	typedef dec_lay<KF, VF, D> LY;
+	return dec_tune<KF, VF, D>::stages * dec_units<dec_raw<KF, VF, D, false, LY>>() * 512u * DEC_WARPS;
+}
+
 template <int KF, int VF, int D, int ACT>
-__global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) decode_kernel(attn_args a)
+__global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) decode_kernel(attn_args a)
 {
 	constexpr int OF = kvq_act_fmt(ACT);   /* open rows */
 	typedef dec_lay<KF, VF, D> LY;
 	typedef dec_raw<KF, VF, D, false, LY> RS;
 	constexpr int MT = D / 16, SQ = LY::KSPAN / 4, NGV = LY::NGV;
+	constexpr int NS = dec_tune<KF, VF, D>::stages;
+	constexpr uint32_t OSTRIDE = D + 4, UNITS = dec_units<RS>();
+	static_assert(!NS || dec_smem_bytes<KF, VF, D>() >= DEC_WARPS * 8 * OSTRIDE * 4, "the stages hold sm_o");
 	__shared__ float sm_m[DEC_WARPS][8], sm_l[DEC_WARPS][8];
-	__shared__ float sm_o[DEC_WARPS][8][D + 4];
+	__shared__ __align__(16) float sm_os[NS ? 4 : DEC_WARPS * 8 * OSTRIDE];
+	extern __shared__ __align__(16) uint8_t dec_smem[];
+	float *const sm_o = NS ? reinterpret_cast<float *>(dec_smem) : sm_os;   /* [warp][row][OSTRIDE] */
 
 	const layer_dev &l = a.l;
 	const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, qn = lane >> 2, qc = lane & 3;
@@ -679,7 +769,40 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 	 * dec_tune). */
 	const uint32_t us = n_sealed_blk * l.B / DEC_CHUNK < u1 ? n_sealed_blk * l.B / DEC_CHUNK : u1;
 	uint32_t u = u0 + warp;
-	if constexpr (dec_tune<KF, VF>::dbuf) {
+	if constexpr (NS > 0) {
+		/* NS stages per warp: chunk u + (NS - 1)·W is copied in while
+		 * chunk u is computed (W = DEC_WARPS); a lane reads back only the
+		 * words it copied itself, so waiting for its own groups suffices */
+		const uint32_t ring = (uint32_t)__cvta_generic_to_shared(dec_smem) + (warp * NS * UNITS * 32 + lane) * 16;
+		uint32_t sl[NS - 1], cur = 0;   /* slots of chunks u, u + W, ...; the stage of chunk u */
+#pragma unroll
+		for (int j = 0; j < NS - 1; j++) {
+			sl[j] = dec_slot(a, s, u + j * DEC_WARPS, us, n_sealed_blk);
+			dec_stage<KF, VF, D, LY>(a, ring + j * UNITS * 512, sl[j], u + j * DEC_WARPS, h, s.n);
+			cp_async_commit();
+		}
+		for (; u < us; u += DEC_WARPS) {
+			const uint32_t sn = dec_slot(a, s, u + (NS - 1) * DEC_WARPS, us, n_sealed_blk);
+			const uint32_t back = cur ? cur - 1 : NS - 1;   /* the stage chunk u - W was in */
+			dec_stage<KF, VF, D, LY>(a, ring + back * UNITS * 512, sn, u + (NS - 1) * DEC_WARPS, h, s.n);
+			cp_async_commit();
+			cp_async_wait_group<NS - 1>();
+			if (sl[0] != DEC_NOSLOT) {
+				RS r;
+				dec_unstage(r, ring + cur * UNITS * 512);
+				__syncwarp();   /* read before the stage is copied into again */
+				dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl[0], u, h, qf, kq, qg, lim, sl2);
+			}
+#pragma unroll
+			for (int j = 0; j < NS - 2; j++)
+				sl[j] = sl[j + 1];
+			sl[NS - 2] = sn;
+			cur = cur + 1 < NS ? cur + 1 : 0;
+		}
+		cp_async_wait_group<0>();
+		__syncthreads();   /* every warp's copies landed: the stages become sm_o */
+	}
+	if constexpr (dec_tune<KF, VF, D>::dbuf) {
 		if (u < us) {
 			RS A, B;
 			uint32_t sa = dec_slot(a, s, u, us, n_sealed_blk), sb = dec_slot(a, s, u + DEC_WARPS, us, n_sealed_blk);
@@ -738,7 +861,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 	for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 		for (int i = 0; i < 4; i++)
-			sm_o[warp][2 * qc + (i & 1)][mt * 16 + qn + 8 * (i >> 1)] = st.acc[mt][i] * st.unit[mt * 16 / LY::VGS];
+			sm_o[(warp * 8 + 2 * qc + (i & 1)) * OSTRIDE + mt * 16 + qn + 8 * (i >> 1)] =
+				st.acc[mt][i] * st.unit[mt * 16 / LY::VGS];
 	__syncthreads();
 
 	for (uint32_t idx = threadIdx.x; idx < nr * D; idx += DEC_WARPS * 32) {
@@ -750,26 +874,46 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF>::minb)) deco
 		for (int w = 0; w < DEC_WARPS; w++) {
 			float wa, wb;
 			m.merge(sm_state{ sm_m[w][r], sm_l[w][r] }, &wa, &wb);
-			o = o * wa + sm_o[w][r][d] * wb;
+			o = o * wa + sm_o[(w * 8 + r) * OSTRIDE + d] * wb;
 		}
 		emit<D>(a, blockIdx.x, (size_t)(s.row0 + r / g) * a.q_heads + h * g + r % g, d, o, m);
 	}
 }
 
 /* CTAs of one instance that fit on a multiprocessor (0 on error). */
+/* The opt-in to the stages' dynamic shared memory, once per instance;
+ * false on error. */
+template <int KF, int VF, int D, int ACT> bool decode_raise(void)
+{
+	constexpr uint32_t bytes = dec_smem_bytes<KF, VF, D>();
+	static bool raised;
+
+	if (bytes && !raised) {   /* the static arrays count against the 48 KiB too */
+		if (cudaFuncSetAttribute((const void *)decode_kernel<KF, VF, D, ACT>,
+					 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess)
+			return false;
+		raised = true;
+	}
+	return true;
+}
+
 template <int KF, int VF, int D, int ACT> int decode_occupancy(void)
 {
 	static int n;
 
-	if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<KF, VF, D, ACT>, DEC_WARPS * 32,
-								 0) != cudaSuccess)
+	if (!n && (!decode_raise<KF, VF, D, ACT>() ||
+		   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<KF, VF, D, ACT>, DEC_WARPS * 32,
+								 dec_smem_bytes<KF, VF, D>()) != cudaSuccess))
 		n = 0;
 	return n;
 }
 
 template <int KF, int VF, int D, int ACT> int decode_launch(const attn_args &a, uint32_t nseq, void *stream)
 {
-	decode_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H, nseq), DEC_WARPS * 32, 0, (cudaStream_t)stream>>>(a);
+	if (!decode_raise<KF, VF, D, ACT>())
+		return fail_launch();
+	decode_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H, nseq), DEC_WARPS * 32, dec_smem_bytes<KF, VF, D>(),
+					(cudaStream_t)stream>>>(a);
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return fail_launch();
 	return merge_launch<D>(a, nseq, stream);

@@ -42,23 +42,6 @@ namespace kvq {
 #define PF_TILE 64u               /* tokens per tile: two segments */
 #define PF_SEG 32u                /* tokens per segment: B is a multiple */
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-		     "l"(src));
-}
-
-__device__ __forceinline__ void cp_async8(void *dst, const void *src)
-{
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-		     "l"(src));
-}
-
-__device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-
 /* What one (K format, V format, head dim, dtype) needs: sizes in bytes. */
 template <int KF, int VF, int D, int ACT> struct pf_traits {
 	typedef fmt<KF> KT;
