@@ -71,7 +71,9 @@ for r in "${runs[@]}"; do
 		continue
 	fi
 	declare -n pol=$list
-	args=("${run_args[@]}")
+	# the table was made with 16-token blocks (kvq-run's default before it
+	# became 32, kvqd's): kept so that it stays reproducible until re-run
+	args=(--block 16 "${run_args[@]}")
 	case $opt in
 	kc) args+=(--k-center "$kc/kc.bin") ;;
 	rot) args+=(--rotate) ;;

@@ -34,7 +34,7 @@
 
 #include "run.h"
 
-struct opts o = { .block = 16, .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4 };
+struct opts o = { .block = 32, .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4 };
 
 __attribute__((format(printf, 1, 2), noreturn)) void die(const char *fmt, ...)
 {
@@ -60,7 +60,7 @@ static void usage(FILE *f)
 		   "         tokens)  --batch N (prefill chunk, default 128)  --threads N  --limit N (first N\n"
 		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
 		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n"
-		   "         --block N (tokens per KV block, default 16)  --rotate (Hadamard-rotated K, V, q)\n"
+		   "         --block N (tokens per KV block, default 32)  --rotate (Hadamard-rotated K, V, q)\n"
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
 		   "         calibrate's means)\n");
 }
