@@ -192,6 +192,10 @@ static void json(const struct ab_run *r)
 		printf("%s{\"line\":%u,\"tokens\":%u,\"skipped\":%s,\"prompt\":", i ? "," : "", r->p[i].line,
 		       r->tokens[i], r->skipped[i] ? "true" : "false");
 		ab_put_json(stdout, r->p[i].text, strlen(r->p[i].text));
+		if (r->p[i].system) {
+			printf(",\"system\":");
+			ab_put_json(stdout, r->p[i].system, strlen(r->p[i].system));
+		}
 		if (!r->skipped[i]) {
 			printf(",\"f16\":");
 			json_cont(r, 0, &r->c[i * r->rows]);
