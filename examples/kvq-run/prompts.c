@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "run.h"
+#include "utf8.h"
 
 #define JSON_MAX_DEPTH 32
 
@@ -45,30 +46,6 @@ static int hex4(const char *p)
 			return -1;
 	}
 	return v;
-}
-
-static size_t put_utf8(char *out, uint32_t cp)
-{
-	if (cp < 0x80) {
-		out[0] = (char)cp;
-		return 1;
-	}
-	if (cp < 0x800) {
-		out[0] = (char)(0xc0 | cp >> 6);
-		out[1] = (char)(0x80 | (cp & 0x3f));
-		return 2;
-	}
-	if (cp < 0x10000) {
-		out[0] = (char)(0xe0 | cp >> 12);
-		out[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-		out[2] = (char)(0x80 | (cp & 0x3f));
-		return 3;
-	}
-	out[0] = (char)(0xf0 | cp >> 18);
-	out[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-	out[2] = (char)(0x80 | (cp >> 6 & 0x3f));
-	out[3] = (char)(0x80 | (cp & 0x3f));
-	return 4;
 }
 
 /* A JSON string at j->p (its opening quote), decoded; *out (if not NULL)
@@ -140,7 +117,7 @@ static int jp_string(struct jp *j, char **out)
 			goto fail;
 		}
 		if (w)
-			w += put_utf8(w, cp);
+			w += utf8_put(cp, w);
 	}
 	if (j->p >= j->end) {
 		j->err = "a string not closed";
@@ -204,6 +181,66 @@ bad:
 	return -1;
 }
 
+/* The members of an object (obj) or the items of an array at j->p: item
+ * is called for each, with the member's key (NULL in an array), to read
+ * its value.  Returns 0, or -1 with j->err. */
+static int jp_list(struct jp *j, bool obj, int (*item)(struct jp *j, const char *key, void *ctx), void *ctx)
+{
+	char close = obj ? '}' : ']';
+
+	jp_ws(j);
+	if (j->p >= j->end || *j->p != (obj ? '{' : '[')) {
+		j->err = obj ? "an object expected" : "an array expected";
+		return -1;
+	}
+	j->p++;
+	jp_ws(j);
+	if (j->p < j->end && *j->p == close) {
+		j->p++;
+		return 0;
+	}
+	for (;;) {
+		char *key = NULL;
+		int r;
+
+		jp_ws(j);
+		if (obj) {
+			if (jp_string(j, &key) < 0)
+				return -1;
+			jp_ws(j);
+			if (j->p >= j->end || *j->p++ != ':') {
+				free(key);
+				j->err = "':' expected";
+				return -1;
+			}
+			jp_ws(j);
+		}
+		r = item(j, key, ctx);
+		free(key);
+		if (r < 0)
+			return -1;
+		jp_ws(j);
+		if (j->p < j->end && *j->p == ',') {
+			j->p++;
+			continue;
+		}
+		if (j->p < j->end && *j->p == close) {
+			j->p++;
+			return 0;
+		}
+		j->err = obj ? "',' or '}' expected" : "',' or ']' expected";
+		return -1;
+	}
+}
+
+static int jp_skip(struct jp *j, int depth);
+
+static int skip_item(struct jp *j, const char *key, void *depth)
+{
+	(void)key;
+	return jp_skip(j, *(int *)depth + 1);
+}
+
 /* Steps over any JSON value.  Returns 0, or -1 with j->err. */
 static int jp_skip(struct jp *j, int depth)
 {
@@ -215,108 +252,46 @@ static int jp_skip(struct jp *j, int depth)
 	if (*j->p == '"')
 		return jp_string(j, NULL);
 	if (*j->p == '{' || *j->p == '[') {
-		char close = *j->p == '{' ? '}' : ']';
-		bool obj = close == '}', first = true;
-
 		if (depth >= JSON_MAX_DEPTH) {
 			j->err = "nested too deep";
 			return -1;
 		}
-		j->p++;
-		for (;;) {
-			jp_ws(j);
-			if (j->p < j->end && *j->p == close && first) {
-				j->p++;
-				return 0;
-			}
-			if (obj) {
-				if (jp_string(j, NULL) < 0)
-					return -1;
-				jp_ws(j);
-				if (j->p >= j->end || *j->p++ != ':') {
-					j->err = "':' expected";
-					return -1;
-				}
-			}
-			if (jp_skip(j, depth + 1) < 0)
-				return -1;
-			jp_ws(j);
-			first = false;
-			if (j->p < j->end && *j->p == ',') {
-				j->p++;
-				continue;
-			}
-			if (j->p < j->end && *j->p == close) {
-				j->p++;
-				return 0;
-			}
-			j->err = obj ? "',' or '}' expected" : "',' or ']' expected";
-			return -1;
-		}
+		return jp_list(j, *j->p == '{', skip_item, &depth);
 	}
 	return jp_scalar(j);
+}
+
+/* A member of a prompt's line: "prompt" and "system" kept, others
+ * skipped. */
+static int prompt_member(struct jp *j, const char *key, void *ctx)
+{
+	struct prompt *p = ctx;
+	bool is_prompt = !strcmp(key, "prompt"), is_system = !strcmp(key, "system");
+	char **dst = is_prompt ? &p->text : is_system ? &p->system : NULL;
+	int depth = 1;
+
+	if (!dst)
+		return skip_item(j, key, &depth);
+	if (*dst) {
+		j->err = is_prompt ? "\"prompt\" twice" : "\"system\" twice";
+		return -1;
+	}
+	if (is_system && j->end - j->p >= 4 && !strncmp(j->p, "null", 4)) {
+		j->p += 4;
+		return 0;
+	}
+	if (j->p >= j->end || *j->p != '"') {
+		j->err = is_prompt ? "\"prompt\" is not a string" : "\"system\" is not a string or null";
+		return -1;
+	}
+	return jp_string(j, dst);
 }
 
 /* One JSON line into p.  Returns 0, or -1 with j->err. */
 static int jp_prompt(struct jp *j, struct prompt *p)
 {
-	bool first = true;
-
-	jp_ws(j);
-	if (j->p >= j->end || *j->p++ != '{') {
-		j->err = "an object expected";
+	if (jp_list(j, true, prompt_member, p) < 0)
 		return -1;
-	}
-	for (;;) {
-		char *key;
-
-		jp_ws(j);
-		if (first && j->p < j->end && *j->p == '}') {
-			j->p++;
-			break;
-		}
-		if (jp_string(j, &key) < 0)
-			return -1;
-		jp_ws(j);
-		if (j->p >= j->end || *j->p++ != ':') {
-			free(key);
-			j->err = "':' expected";
-			return -1;
-		}
-		jp_ws(j);
-		bool is_prompt = !strcmp(key, "prompt"), is_system = !strcmp(key, "system");
-		char **dst = is_prompt ? &p->text : is_system ? &p->system : NULL;
-
-		free(key);
-		if (dst && *dst) {
-			j->err = is_prompt ? "\"prompt\" twice" : "\"system\" twice";
-			return -1;
-		}
-		if (is_system && j->end - j->p >= 4 && !strncmp(j->p, "null", 4)) {
-			j->p += 4;
-		} else if (dst) {
-			if (j->p >= j->end || *j->p != '"') {
-				j->err = is_prompt ? "\"prompt\" is not a string" : "\"system\" is not a string or null";
-				return -1;
-			}
-			if (jp_string(j, dst) < 0)
-				return -1;
-		} else if (jp_skip(j, 1) < 0) {
-			return -1;
-		}
-		jp_ws(j);
-		first = false;
-		if (j->p < j->end && *j->p == ',') {
-			j->p++;
-			continue;
-		}
-		if (j->p < j->end && *j->p == '}') {
-			j->p++;
-			break;
-		}
-		j->err = "',' or '}' expected";
-		return -1;
-	}
 	jp_ws(j);
 	if (j->p < j->end) {
 		j->err = "more after the object (one object per line)";

@@ -8,38 +8,11 @@
 # the JSON is valid, the bf16 control sits below a 2-bit format, and bad
 # input is refused with the file and line.  Skipped when the model has not
 # been fetched; the checks that read JSON need python3.
-top_builddir=${top_builddir:-.}
-model=${KVQ_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/kvqd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-run=$top_builddir/examples/kvq-run/kvq-run
+. "$(dirname "$0")/lib.sh"
 
-if [ ! -f "$model" ]; then
-	echo "1..0 # SKIP model not fetched (tools/fetch-model.sh; tools/dev.sh check fetches it)"
-	exit 0
-fi
-export KVQ_MODEL=$model
-tmp=$(mktemp -d /tmp/kvqd-ab.XXXXXX)
-"${KVQ_TEST_KVQD:-$top_builddir/daemon/kvqd}" --backend host --socket "$tmp/kvqd.sock" --foreground \
-	--log-level warning &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-i=0
-while [ ! -S "$tmp/kvqd.sock" ] && [ $i -lt 500 ]; do
-	sleep 0.01
-	i=$((i + 1))
-done
-export KVQ_SOCKET=$tmp/kvqd.sock
+model_require
+model_kvqd_start ab
 
-n=0
-check() {   # check DESCRIPTION COMMAND...
-	desc=$1
-	shift
-	n=$((n + 1))
-	if "$@"; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc"
-	fi
-}
 skip() {   # skip DESCRIPTION REASON
 	n=$((n + 1))
 	echo "ok $n - $1 # SKIP $2"
