@@ -92,7 +92,8 @@ int main(int argc, char **argv)
 		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' },
 		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' },
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
-		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
+		{ "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -149,12 +150,12 @@ int main(int argc, char **argv)
 		else
 			o.file = argv[optind];
 	}
+	if (o.prompts && strcmp(cmd, "ab"))
+		die("--prompts is for ab");
 	if (!strcmp(cmd, "generate"))
 		return cmd_generate();
 	if (!strcmp(cmd, "tokenize"))
 		return cmd_tokenize();
-	if (o.prompts && strcmp(cmd, "ab"))
-		die("--prompts is for ab");
 	if (o.prompts && o.file)
 		die("ab --prompts FILE takes no other FILE ('%s')", o.file);
 	if (!strcmp(cmd, "ab") && o.prompts)
