@@ -104,7 +104,8 @@ bool ab_utf8_bad(const char *s, size_t len, bool cut)
 	return false;
 }
 
-/* Writes s[0..len) through put, invalid bytes as U+FFFD. */
+/* Writes s[0..len) to f, invalid bytes as U+FFFD; json: escaped for a
+ * JSON string. */
 static void put_utf8(FILE *f, const char *s, size_t len, bool json)
 {
 	const unsigned char *u = (const unsigned char *)s;
