@@ -3,6 +3,7 @@
  * kvq-run ab: KV policies against f16 KV on the same text, in step: the
  * perplexity, KL divergence and top-1 agreement of their next-token
  * distributions, and greedy continuations (repeated 4-grams, agreement).
+ * With --prompts FILE: ab_prompts.c.
  */
 #include <errno.h>
 #include <math.h>
@@ -11,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run.h"
+#include "ab.h"
 
 struct ab_stat {
 	double nll, kl;
@@ -19,19 +20,6 @@ struct ab_stat {
 	/* greedy continuations */
 	uint64_t ngrams, repeats, gen, match;
 };
-
-/* Repeated 4-grams of x[0..n): those equal to an earlier one. */
-static void rep4(const uint32_t *x, uint32_t n, struct ab_stat *st)
-{
-	for (uint32_t i = 3; i < n; i++) {
-		bool rep = false;
-
-		for (uint32_t j = 3; j < i && !rep; j++)
-			rep = !memcmp(x + i - 3, x + j - 3, 4 * sizeof(*x));
-		st->ngrams++;
-		st->repeats += rep;
-	}
-}
 
 int cmd_ab(void)
 {
@@ -44,6 +32,8 @@ int cmd_ab(void)
 	float **logits;
 	uint32_t *cont[RUN_MAX_KV + 1];
 
+	if (o.prompts)
+		return cmd_ab_prompts();
 	if (o.n_kv == 0)
 		die("ab needs --kv POLICY");
 	load();
@@ -59,7 +49,7 @@ int cmd_ab(void)
 	if (!logits || !lr || !lq || !pref)
 		die("%s", strerror(ENOMEM));
 	for (uint32_t j = 0; j < nk; j++) {
-		kv_open(&k[j], j == 0 ? "f16" : o.kv[j - 1], ctx + o.gen);
+		kv_open(&k[j], j == 0 ? "f16" : o.kv[j - 1], ctx + o.gen, 1);
 		logits[j] = malloc(sizeof(float) * V * (size_t)o.batch);
 		cont[j] = malloc(sizeof(uint32_t) * (o.gen + 1));
 		if (!logits[j] || !cont[j])
@@ -113,8 +103,8 @@ int cmd_ab(void)
 		for (uint32_t j = 0; j < nk; j++) {
 			kv_reset(&k[j]);
 			feed(&k[j], pr, plen, NULL, logits[j]);
-			g[j] = greedy(&k[j], logits[j], o.gen, -1, cont[j], false);
-			rep4(cont[j], g[j], &st[j]);
+			g[j] = greedy(&k[j], logits[j], o.gen, -1, cont[j], false, NULL);
+			ab_rep4(cont[j], g[j], &st[j].ngrams, &st[j].repeats);
 			st[j].gen += g[j];
 			for (uint32_t i = 0; i < g[j] && i < g[0] && cont[j][i] == cont[0][i]; i++)
 				st[j].match++;

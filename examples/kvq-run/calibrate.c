@@ -32,7 +32,7 @@ int cmd_calibrate(void)
 	if (ctx < 2 || ctx > c->ctx)
 		die("--ctx between 2 and the model's context");
 	ids = file_tokens(&n);
-	kv_open(&k, "f16", ctx);
+	kv_open(&k, "f16", ctx, 1);
 	for (size_t a = 0; a < n; a += ctx) {
 		uint32_t w = n - a < ctx ? (uint32_t)(n - a) : ctx;
 

@@ -15,8 +15,6 @@
 #include "mm.h"
 #include "run.h"
 
-#define RUN_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
 static void print_token(uint32_t id)
 {
 	char buf[256];
@@ -27,13 +25,18 @@ static void print_token(uint32_t id)
 }
 
 /* Greedy continuation of g tokens after the logits in last; stops early at
- * stop (>= 0).  Returns the count written to out. */
-uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, bool print)
+ * stop (>= 0) or the end-of-sequence token.  trace (if not NULL) gets the
+ * logits of every choice made, the one of a stop included.  Returns the
+ * count written to out. */
+uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, bool print, float *trace)
 {
 	uint32_t n = 0, V = model_cfg(md)->vocab;
 
 	while (n < g) {
 		uint32_t t = argmax(last, V);
+
+		if (trace)
+			memcpy(trace + (size_t)n * V, last, sizeof(float) * V);
 
 		if ((int)t == stop || t == tok_eos(tk))
 			break;
@@ -66,8 +69,8 @@ int cmd_generate(void)
 {
 	const struct model_cfg *c;
 	struct kv k = { 0 };
-	char *text, *sys = NULL, nocache[64];
-	size_t n, len, sys_len = 0;
+	char *sys = NULL, nocache[64];
+	size_t n, sys_len = 0;
 	uint32_t *ids, *out, g, hit = 0;
 	float *last;
 	int end, r;
@@ -79,23 +82,13 @@ int cmd_generate(void)
 	c = model_cfg(md);
 	if (o.system_file)
 		sys = read_file(o.system_file, &sys_len);
-	len = strlen(o.prompt) + sys_len + strlen(RUN_SYSTEM) + 128;
-	text = malloc(len);
-	if (!text)
-		die("%s", strerror(ENOMEM));
-	if (o.raw)
-		snprintf(text, len, "%s", o.prompt);
-	else
-		snprintf(text, len, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n",
-			 sys ? sys : o.system ? o.system : RUN_SYSTEM, o.prompt);
+	ids = chat_tokens(o.prompt, sys ? sys : o.system, &n);
 	free(sys);
-	ids = encode(text, strlen(text), !o.raw, &n);
-	free(text);
 	if (n == 0 || n + o.max_tokens > c->ctx)
 		die("prompt empty or beyond the context");
-	end = tok_find(tk, "<|im_end|>");
+	end = chat_stop();
 	/* pools sized by class, so workers with different prompts share one */
-	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", n + o.max_tokens <= 2048 ? 2048 : c->ctx);
+	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", n + o.max_tokens <= 2048 ? 2048 : c->ctx, 1);
 	if (o.no_cache) {
 		/* a salt of our own: nothing found, nothing shared */
 		snprintf(nocache, sizeof(nocache), "no-prefix-cache-%ld-%.0f", (long)getpid(), now_s() * 1e6);
@@ -114,7 +107,7 @@ int cmd_generate(void)
 	}
 	feed(&k, ids + hit, (uint32_t)n - hit, NULL, last);
 	t1 = now_s();
-	g = greedy(&k, last, o.max_tokens, end, out, true);
+	g = greedy(&k, last, o.max_tokens, end, out, true, NULL);
 	t2 = now_s();
 	printf("\n");
 	fflush(stdout);

@@ -12,8 +12,9 @@
 #include "run.h"
 
 /* Attaches k to the pool of spec: a policy, optionally followed by @W, its
- * pool's open window in tokens (else --window), sized for max_tokens. */
-void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
+ * pool's open window in tokens (else --window), sized for seqs sequences
+ * of max_tokens at once (kvq-run ab --prompts forks one). */
+void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 {
 	const struct model_cfg *c = model_cfg(md);
 	struct kvq_policy pol;
@@ -33,8 +34,8 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	/* a write of o.batch tokens holds the window's open slots and its own
 	 * until commit, and every open slot reserves a sealed one */
 	win = window ? window : kvq_layout_default_window(&pol, o.block);
-	n_open = (win + o.batch) / o.block + 2;
-	n_sealed = (max_tokens + o.block - 1) / o.block + n_open + 2;
+	n_open = seqs * ((win + o.batch) / o.block + 2);
+	n_sealed = seqs * ((max_tokens + o.block - 1) / o.block) + n_open + 2;
 	/* one pool per (model, policy, window, capacity): pools compare the
 	 * first three at attach, and a pool made for a short run cannot hold a
 	 * long one */
@@ -52,6 +53,8 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens)
 	if (o.block != 16)   /* (pool names of the default stay as they were) */
 		h = (h ^ (o.block << 20)) * 0x100000001b3ull;
 	h = (h ^ n_sealed) * 0x100000001b3ull;
+	if (seqs != 1)
+		h = (h ^ (seqs << 8)) * 0x100000001b3ull;
 	if (o.gpu)   /* a cuda pool is another pool than the host one */
 		h = (h ^ (0x100u + (unsigned)o.device)) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);

@@ -9,6 +9,8 @@
  *     prefix cache unless --no-prefix-cache)
  *   kvq-run perplexity [--kv POLICY] [--ctx N] FILE [--json]
  *   kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] FILE [--json]
+ *   kvq-run ab --prompts FILE [--kv POLICY...] [--gen N] [--raw] [--show N] [--json]
+ *     (each prompt's continuation with f16, bf16 and each policy, ab.h)
  *   kvq-run tokenize [--special] [--decode] TEXT   (ids, or their bytes again)
  *   kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE
  *     (K's per-channel mean over FILE, for --k-center)
@@ -34,7 +36,7 @@
 
 #include "run.h"
 
-struct opts o = { .block = 32, .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4 };
+struct opts o = { .block = 32, .batch = 128, .max_tokens = 128, .threads = 1, .gen = 64, .gen_prompts = 4, .show = 3 };
 
 __attribute__((format(printf, 1, 2), noreturn)) void die(const char *fmt, ...)
 {
@@ -54,6 +56,9 @@ static void usage(FILE *f)
 		   "                [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]\n"
 		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
 		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--json] FILE\n"
+		   "       kvq-run ab --prompts FILE [--kv POLICY...] [--gen N] [--ctx N] [--raw] [--system TEXT |\n"
+		   "                --system-file FILE] [--show N] [--limit N] [--json]   (continuations of FILE's\n"
+		   "                prompts, one a line or JSON lines {\"prompt\", \"system\"}: f16, bf16, each POLICY)\n"
 		   "       kvq-run tokenize [--special] [--decode] TEXT   (ids, or the ids decoded back)\n"
 		   "       kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE   (K means for --k-center)\n"
 		   "options: --model PATH ($KVQ_MODEL)  --socket PATH ($KVQ_SOCKET)  --window N (open window,\n"
@@ -62,7 +67,8 @@ static void usage(FILE *f)
 		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n"
 		   "         --block N (tokens per KV block, default 32)  --rotate (Hadamard-rotated K, V, q)\n"
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
-		   "         calibrate's means)\n");
+		   "         calibrate's means)  --show N (ab --prompts: the N prompts that differ most per\n"
+		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)\n");
 }
 
 uint32_t num(const char *s, const char *opt)
@@ -86,7 +92,8 @@ int main(int argc, char **argv)
 		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' },
 		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' },
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
-		{ "k-center", 1, NULL, 'K' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
+		{ "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -124,6 +131,8 @@ int main(int argc, char **argv)
 		case 'R': o.rotate = true; break;
 		case 'o': o.out = optarg; break;
 		case 'K': o.k_center = optarg; break;
+		case 'P': o.prompts = optarg; break;
+		case 'W': o.show = num(optarg, "--show"); break;
 		case 'U': o.gpu = true; break;
 		case 'V': o.device = (int)num(optarg, "--device"); break;
 		case 'j': o.json = true; break;
@@ -141,10 +150,16 @@ int main(int argc, char **argv)
 		else
 			o.file = argv[optind];
 	}
+	if (o.prompts && strcmp(cmd, "ab"))
+		die("--prompts is for ab");
 	if (!strcmp(cmd, "generate"))
 		return cmd_generate();
 	if (!strcmp(cmd, "tokenize"))
 		return cmd_tokenize();
+	if (o.prompts && o.file)
+		die("ab --prompts FILE takes no other FILE ('%s')", o.file);
+	if (!strcmp(cmd, "ab") && o.prompts)
+		return cmd_ab();
 	if (!o.file)
 		die("%s needs FILE", cmd);
 	if (!strcmp(cmd, "perplexity"))

@@ -28,7 +28,7 @@ int cmd_perplexity(void)
 	if (ctx < 2 || ctx > model_cfg(md)->ctx)
 		die("--ctx between 2 and the model's context");
 	ids = file_tokens(&n);
-	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", ctx);
+	kv_open(&k, o.kv[0] ? o.kv[0] : "f16", ctx, 1);
 	logits = malloc(sizeof(float) * V * ctx);
 	double *lp = malloc(sizeof(double) * V);
 	if (!logits || !lp)

@@ -2,7 +2,8 @@
 /*
  * kvq-run: what its files share: the options (main.c), the loaded model and
  * its K centers (load.c), a policy's pool and sequence (kv.c), text and
- * tokens (text.c), greedy generation (generate.c), and each command.
+ * tokens (text.c), greedy generation (generate.c), ab --prompts' file
+ * (prompts.c), and each command.
  */
 #ifndef KVQ_RUN_H
 #define KVQ_RUN_H
@@ -19,10 +20,10 @@
 #define RUN_MAX_KV 24
 
 struct opts {
-	const char *model, *socket, *prompt, *file, *dump, *system, *system_file, *salt, *out, *k_center;
+	const char *model, *socket, *prompt, *prompts, *file, *dump, *system, *system_file, *salt, *out, *k_center;
 	const char *kv[RUN_MAX_KV];
 	unsigned n_kv;
-	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block;
+	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block, show;
 	unsigned threads;
 	int device;
 	bool json, raw, special, decode, no_cache, stats, rotate, gpu;
@@ -76,7 +77,7 @@ extern bool want_k_sum;
 void load(void);
 
 /* kv.c */
-void kv_open(struct kv *k, const char *spec, uint32_t max_tokens);
+void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs);
 void kv_reset(struct kv *k);
 void kv_close(struct kv *k);
 void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last);
@@ -86,15 +87,31 @@ void log_softmax(const float *x, uint32_t n, double *out);
 /* text.c */
 char *read_file(const char *path, size_t *ret_len);
 uint32_t *encode(const char *text, size_t len, int special, size_t *ret_n);
+/* The ids of prompt in SmolLM2's chat template, with system (NULL: the
+ * default system prompt), control tokens as their ids; with --raw the
+ * prompt alone, as plain text. */
+uint32_t *chat_tokens(const char *prompt, const char *system, size_t *ret_n);
+/* The token that ends the assistant's turn (<|im_end|>), or -ENOENT. */
+int chat_stop(void);
 uint32_t *file_tokens(size_t *ret_n);
 
+/* prompts.c: kvq-run ab --prompts FILE */
+struct prompt {
+	char *text;
+	char *system;    /* NULL: --system, --system-file or the default */
+	unsigned line;   /* in FILE, from 1 */
+};
+/* FILE's prompts (*ret_n >= 1), or die() naming the file and line. */
+struct prompt *prompts_read(const char *path, size_t *ret_n);
+void prompts_free(struct prompt *p, size_t n);
+
 /* generate.c */
-uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, bool print);
+uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, bool print, float *trace);
 
 /* The commands; each returns the exit status. */
 int cmd_generate(void);     /* generate.c */
 int cmd_perplexity(void);   /* perplexity.c */
-int cmd_ab(void);           /* ab.c */
+int cmd_ab(void);           /* ab.c; with --prompts ab_prompts.c (ab.h) */
 int cmd_calibrate(void);    /* calibrate.c */
 int cmd_tokenize(void);     /* text.c */
 

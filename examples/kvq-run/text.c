@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvq-run: text in and out: files read whole, text encoded to token ids,
- * FILE's tokens for the commands that score it, and the tokenize command.
+ * a prompt in the chat template, FILE's tokens for the commands that score
+ * it, and the tokenize command.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -41,6 +42,35 @@ uint32_t *encode(const char *text, size_t len, int special, size_t *ret_n)
 	if (tok_encode(tk, text, len, special, &ids, ret_n) < 0)
 		die("tokenize: %s", strerror(ENOMEM));
 	return ids;
+}
+
+#define RUN_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+uint32_t *chat_tokens(const char *prompt, const char *system, size_t *ret_n)
+{
+	static const char fmt[] = "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n"
+				  "<|im_start|>assistant\n";
+	size_t len;
+	char *text;
+	uint32_t *ids;
+
+	if (o.raw)
+		return encode(prompt, strlen(prompt), 0, ret_n);
+	if (!system)
+		system = RUN_SYSTEM;
+	len = sizeof(fmt) + strlen(system) + strlen(prompt);
+	text = malloc(len);
+	if (!text)
+		die("%s", strerror(ENOMEM));
+	snprintf(text, len, fmt, system, prompt);
+	ids = encode(text, strlen(text), 1, ret_n);
+	free(text);
+	return ids;
+}
+
+int chat_stop(void)
+{
+	return tok_find(tk, "<|im_end|>");
 }
 
 uint32_t *file_tokens(size_t *ret_n)

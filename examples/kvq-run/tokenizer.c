@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tokenizer.h"
+#include "utf8.h"
 #include "unicode_table.h"
 
 /* Control and user-defined tokens (GGUF token types 3 and 4). */
@@ -94,23 +95,6 @@ static size_t utf8_next(const unsigned char *s, size_t n, uint32_t *cp)
 bad:
 	*cp = 0xdc00 + s[0];
 	return 1;
-}
-
-static size_t utf8_put(uint32_t cp, char *out)
-{
-	if (cp < 0x80) {
-		out[0] = (char)cp;
-		return 1;
-	}
-	if (cp < 0x800) {
-		out[0] = (char)(0xc0 | cp >> 6);
-		out[1] = (char)(0x80 | (cp & 0x3f));
-		return 2;
-	}
-	out[0] = (char)(0xe0 | cp >> 12);   /* the byte map stays below 0x10000 */
-	out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-	out[2] = (char)(0x80 | (cp & 0x3f));
-	return 3;
 }
 
 /* GPT-2's byte -> printable code point map. */

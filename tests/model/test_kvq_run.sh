@@ -5,45 +5,16 @@
 # text, a GGUF that is cut short, generation, FP16-KV perplexity in the range
 # the independent reference gives (tools/model-check.py), int8 KV against
 # FP16.  Skipped when the model has not been fetched.
-top_builddir=${top_builddir:-.}
-model=${KVQ_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/kvqd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-run=$top_builddir/examples/kvq-run/kvq-run
+. "$(dirname "$0")/lib.sh"
 text=/usr/share/common-licenses/GPL-3
 
-if [ ! -f "$model" ]; then
-	echo "1..0 # SKIP model not fetched (tools/fetch-model.sh; tools/dev.sh check fetches it)"
-	exit 0
-fi
+model_require
 if [ ! -f "$text" ]; then
 	echo "1..0 # SKIP $text missing (Debian's base-files ships it)"
 	exit 0
 fi
-export KVQ_MODEL=$model
-tmp=$(mktemp -d /tmp/kvqd-model.XXXXXX)
-"${KVQ_TEST_KVQD:-$top_builddir/daemon/kvqd}" --backend host --socket "$tmp/kvqd.sock" --foreground \
-	--log-level warning &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-i=0
-while [ ! -S "$tmp/kvqd.sock" ] && [ $i -lt 500 ]; do
-	sleep 0.01
-	i=$((i + 1))
-done
-export KVQ_SOCKET=$tmp/kvqd.sock
+model_kvqd_start model
 
-n=0
-fails=0
-check() {   # check DESCRIPTION COMMAND...
-	desc=$1
-	shift
-	n=$((n + 1))
-	if "$@"; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc"
-		fails=$((fails + 1))
-	fi
-}
 json_num() {   # json_num KEY FILE: the first number after "KEY":
 	sed -n "s/.*\"$1\":\([-0-9.e]*\).*/\1/p" "$2" | head -n 1
 }
