@@ -45,10 +45,11 @@ trap summary EXIT
 # man-db the man command systemd-analyze verify runs for each Documentation=;
 # clang builds the fuzzers, and libclang-rt-14-dev holds libFuzzer and the
 # sanitizer runtimes clang links (only recommended by clang on Debian 12);
-# python3-venv makes the venv the Python package's test installs it into
+# python3-venv makes the venv the Python package's test installs it into,
+# and ca-certificates lets its pip fetch NumPy over TLS
 packages="build-essential autoconf automake libtool pkg-config libevent-dev libprotobuf-c-dev
 protobuf-c-compiler libsystemd-dev libssl-dev binutils mandoc man-db systemd clang libclang-rt-14-dev
-python3 python3-venv"
+python3 python3-venv ca-certificates"
 
 deps() {
 	local missing=()
