@@ -162,6 +162,8 @@ struct result {
 };
 
 /* Times one format on one shape; returns 0, or 1 when it does not fit. */
+static uint32_t force_splits;   /* --splits: 0 lets kvq_cuda_attention choose */
+
 static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, struct result *ret)
 {
 	const uint32_t L_ = 32, D = sh.D;
@@ -243,7 +245,7 @@ static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, struc
 	CK(cudaMemcpy(dseq, s, sh.batch * sizeof *s, cudaMemcpyHostToDevice));
 
 	struct kvq_cuda_attn a = { L, pool, 0, sh.q_heads, 1.0f / sqrtf((float)D), KVQ_DT_F16, KVQ_DT_F16,
-				   sh.ctx, sh.nq, sh.batch * sh.nq, 0, NULL, 0, NULL };
+				   sh.ctx, sh.nq, sh.batch * sh.nq, force_splits, NULL, 0, NULL };
 	a.workspace_bytes = kvq_cuda_attention_workspace(&a, sh.batch);
 	if (a.workspace_bytes)
 		CK(cudaMalloc(&ws, a.workspace_bytes));
@@ -371,7 +373,7 @@ static int parse_shape(const char *arg, struct shape *sh)
 static void usage(const char *mode)
 {
 	fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST] [--runs N (1-200)] [--block B (16-256, "
-			"a multiple of 16)] [--sdpa FILE (bench/sdpa.py's output)]%s\n", mode,
+			"a multiple of 16)] [--splits N (1-64 KV splits, not chosen)] [--sdpa FILE (bench/sdpa.py's output)]%s\n", mode,
 		strcmp(mode, "decode") ? "" : " [--shape BATCHxCONTEXTxHQ/HKVxD]... [--fi FILE (fi_attn or fi_decode "
 					     "output)]...");
 }
@@ -420,6 +422,8 @@ extern "C" int bench_decode(int argc, char **argv)
 		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--shape") && i + 1 < argc && ngiven < 16 &&
 			 !parse_shape(argv[i + 1], &given[ngiven]))
 			ngiven++, i++;
+		else if (!strcmp(argv[i], "--splits") && i + 1 < argc && atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64)
+			force_splits = (uint32_t)atoi(argv[++i]);
 		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--fi") && i + 1 < argc && n_fi < MAX_FI)
 			fi_files[n_fi++] = argv[++i];
 		else {
