@@ -18,7 +18,8 @@
  * Bytes: what the step must read (sealed slices and the open rows up to n).
  * Read bandwidth: a read-only reduction over 4 GiB in the same run.
  * `--sdpa FILE` takes bench/sdpa.py's PyTorch times for the speed-up column,
- * `--fi FILE` the FlashInfer anchor programs' output for theirs.
+ * `--fi FILE` the output of FlashInfer's timing programs (fi_attn, fi_decode)
+ * for theirs.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -319,7 +320,7 @@ static double sdpa_ms(const char *file, const char *mode, const struct shape *sh
 	return found;
 }
 
-/* FlashInfer's decode times (the JSON lines of the anchor programs fi_attn
+/* FlashInfer's decode times (the JSON lines of its timing programs fi_attn
  * and fi_decode, given with --fi): the fastest of its paths at this shape
  * (D = 128, one query token) for KV "f16" or "fp8"; 0 when none. */
 #define MAX_FI 4

@@ -58,7 +58,7 @@ sdpa=""
 if python3 -c 'import torch' 2> /dev/null; then
 	python3 "$(dirname "$0")/../../bench/sdpa.py" > "$out/sdpa.txt" 2>&1 && sdpa="--sdpa $out/sdpa.txt"
 fi
-# FlashInfer's own decode kernels at the same shapes, where the anchor
+# FlashInfer's own decode kernels at the same shapes, where its timing
 # programs are built (KVQ_FI_DIR: the directory holding fi_attn and fi_decode)
 fi=""
 if [ -n "${KVQ_FI_DIR:-}" ] && [ -x "$KVQ_FI_DIR/fi_attn" ] && [ -x "$KVQ_FI_DIR/fi_decode" ]; then
