@@ -401,12 +401,8 @@ template <int KF, int VF, int D, int ACT> int attn_launch(const attn_args &a, ui
 	const attn_smem sm(a.nrp, a.tt, D);
 	static bool raised;   /* the opt-in above 48 KiB, once per instance */
 
-	if (sm.total > 48 * 1024 && !raised) {
-		if (cudaFuncSetAttribute((const void *)attn_kernel<KF, VF, D, ACT>,
-					 cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) != cudaSuccess)
-			return fail_launch();
-		raised = true;
-	}
+	if (sm.total > 48 * 1024 && !smem_opt_in((const void *)attn_kernel<KF, VF, D, ACT>, 160 * 1024, raised))
+		return fail_launch();
 	attn_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H * a.chunks, nseq), ATTN_THREADS, sm.total,
 				      (cudaStream_t)stream>>>(a);
 	if (cudaPeekAtLastError() != cudaSuccess)

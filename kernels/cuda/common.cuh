@@ -162,6 +162,19 @@ __device__ __forceinline__ void cp_async_wait(void)
 	cp_async_wait_group<0>();
 }
 
+/* The opt-in of kernel f to bytes of dynamic shared memory (needed above
+ * 48 KiB, its static arrays counted), once: raised is the caller's flag for
+ * that kernel.  False on a CUDA error. */
+inline bool smem_opt_in(const void *f, int bytes, bool &raised)
+{
+	if (!raised) {
+		if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+			return false;
+		raised = true;
+	}
+	return true;
+}
+
 /* ------------------------------------------------- the attention kernels' arguments */
 
 #define ATTN_P_UNIT 16384.0f  /* 2^14: probabilities times a V scale over this stay normal FP16 */

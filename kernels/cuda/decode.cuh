@@ -743,13 +743,8 @@ template <int KF, int VF, int D, int ACT> bool decode_raise(void)
 	constexpr uint32_t bytes = dec_smem_bytes<KF, VF, D>();
 	static bool raised;
 
-	if (bytes && !raised) {   /* the static arrays count against the 48 KiB too */
-		if (cudaFuncSetAttribute((const void *)decode_kernel<KF, VF, D, ACT>,
-					 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess)
-			return false;
-		raised = true;
-	}
-	return true;
+	/* any stages at all: the static arrays count against the 48 KiB too */
+	return !bytes || smem_opt_in((const void *)decode_kernel<KF, VF, D, ACT>, (int)bytes, raised);
 }
 
 template <int KF, int VF, int D, int ACT> int decode_occupancy(void)

@@ -547,12 +547,8 @@ template <int KF, int VF, int D, int ACT> int prefill_launch(const attn_args &a,
 	constexpr uint32_t bytes = pf_traits<KF, VF, D, ACT>::SMEM;
 	static bool raised;   /* the opt-in above 48 KiB, once per instance */
 
-	if (bytes > 48 * 1024 && !raised) {
-		if (cudaFuncSetAttribute((const void *)prefill_kernel<KF, VF, D, ACT>,
-					 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess)
-			return fail_launch();
-		raised = true;
-	}
+	if (bytes > 48 * 1024 && !smem_opt_in((const void *)prefill_kernel<KF, VF, D, ACT>, (int)bytes, raised))
+		return fail_launch();
 	prefill_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H * a.chunks, nseq), pf_traits<KF, VF, D, ACT>::THREADS, bytes,
 					 (cudaStream_t)stream>>>(a);
 	if (cudaPeekAtLastError() != cudaSuccess)
