@@ -199,7 +199,8 @@ static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t wan
 		if (r < 0)
 			return r;
 		if (L->total_bytes > capacity) {
-			kvq_seterr(err, errlen, "%u sealed + %u open slots need %llu bytes, capacity is %llu",
+			kvq_seterr(err, errlen,
+				   "%u sealed + %u open slots need %llu bytes, %llu fit in the pool's capacity and the budget",
 				   want_sealed, want_open, (unsigned long long)L->total_bytes,
 				   (unsigned long long)capacity);
 			kvq_layout_free(L);
@@ -293,7 +294,7 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
 		       uint32_t want_sealed, uint32_t want_open, char *err, size_t errlen)
 {
-	uint64_t total = 0, budget, used, capacity;
+	uint64_t total = 0, budget, used, capacity, room;
 	int r;
 
 	r = p->backend->total_memory(p->device, &total, err, errlen);
@@ -302,13 +303,15 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	budget = kvq_config_amount_bytes(&cfg->memory_budget, total);
 	used = budget_used(ps, p->backend, p->device);
 	capacity = kvq_config_amount_bytes(&p->capacity, budget);
-	if (used >= budget || capacity > budget - used) {
+	room = used >= budget ? 0 : budget - used;
+	/* given slot counts need only their layout's bytes; else the whole capacity */
+	if (!(want_sealed && want_open) && capacity > room) {
 		kvq_seterr(err, errlen, "pool of %llu bytes over the memory budget (%llu of %llu used)",
 			   (unsigned long long)capacity, (unsigned long long)used, (unsigned long long)budget);
 		return -ENOSPC;
 	}
 	p->params.policy = &p->policy;
-	r = pool_size(p, want_sealed, want_open, capacity, err, errlen);
+	r = pool_size(p, want_sealed, want_open, capacity < room ? capacity : room, err, errlen);
 	if (r < 0)
 		return r;
 	r = kvq_layout_new(&p->params, &p->L, err, errlen);

@@ -19,6 +19,7 @@ b=$1
 top=$(cd "$(dirname "$0")/../.." && pwd)
 export KVQ_MODEL=$2 KVQ_TEXTS=$3 KVQD=$b/daemon/kvqd KVQ_RUN=$b/examples/kvq-run/kvq-run
 out=${4:-.}
+mkdir -p "$out"
 tmp=$(mktemp -d /tmp/kvq-gpu-model.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 threads=$(nproc)

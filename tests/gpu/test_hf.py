@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # no
 import kvq.hf  # noqa: E402
 
 transformers.logging.set_verbosity_error()
-BLOCK = 16   # kvq-run's default --block, so the two put the same tokens in sealed blocks
+BLOCK = 16   # passed to kvq-run ab too, so the two put the same tokens in sealed blocks
 
 
 def load(a):
@@ -137,8 +137,9 @@ def share_worker(a, question):
 def share(a):
     runs = []
     for _ in range(2):
-        p = subprocess.run([sys.executable, __file__, "--worker"] + sys.argv[1:], check=True, capture_output=True,
-                           text=True)
+        p = subprocess.run([sys.executable, __file__, "--worker"] + sys.argv[1:], capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"share worker: exit {p.returncode}: {p.stderr.strip()[-3000:]}")
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
     cold, warm = runs
     ok = cold["hit"] == 0 and warm["hit"] > 0 and warm["next"] == cold["next"]

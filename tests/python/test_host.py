@@ -32,11 +32,11 @@ QH = 4
 B = 32
 
 
-def start_kvqd(tmp):
+def start_kvqd(tmp, budget="256M", capacity="8M"):
     conf = os.path.join(tmp, "kvqd.conf")
     with open(conf, "w") as f:
-        f.write("[kvqd]\nbackend = host\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
-                "log_level = warning\n")
+        f.write(f"[kvqd]\nbackend = host\nmemory_budget = {budget}\ncreate_on_attach = yes\n"
+                f"create_capacity = {capacity}\nlog_level = warning\n")
     sock = os.path.join(tmp, "kvqd.sock")
     p = subprocess.Popen([KVQD, "--config", conf, "--socket", sock, "--backend", "host", "--foreground"])
     for _ in range(500):
@@ -376,6 +376,29 @@ def test_error_pool_refused(ctx):
             assert e.code == code and text in e.message, (e.code, e.message)
     with kvq.connect(ctx["sock"]) as c:   # a failed attach closed its client: none is left
         assert c.stats("ref")["clients"] == 0
+
+
+def test_given_counts_within_budget(ctx):
+    """an attach that gives slot counts needs their bytes only, not the pool's whole capacity"""
+    with tempfile.TemporaryDirectory() as tmp:
+        daemon, sock = start_kvqd(tmp, budget="64M", capacity="48M")
+        try:
+            with kvq.attach("big", "python-test", socket=sock, **G):   # sized by its capacity: 48M
+                pass
+            for pool, counts, text in (("big2", {}, "over the memory budget"),
+                                       ("huge", dict(n_sealed=2048, n_open=8), "fit in the pool's capacity")):
+                try:
+                    kvq.attach(pool, "python-test", socket=sock, **G, **counts)
+                    raise AssertionError(f"{pool}: no error")
+                except kvq.PoolFull as e:
+                    assert text in e.message, (pool, e.message)
+            with kvq.attach("small", "python-test", socket=sock, n_sealed=16, n_open=4, **G), \
+                    kvq.connect(sock) as s:
+                st = s.stats("small")
+                assert (st["n_sealed"], st["n_open"]) == (16, 4), st
+        finally:
+            daemon.terminate()
+            daemon.wait()
 
 
 def test_error_libkvq_message(ctx):
