@@ -21,7 +21,7 @@ shift 3
 [ $# -ge 1 ] && [ "$1" = -- ] && shift
 [ $# -eq 0 ] && set -- --gpu --kv int8
 port=19464
-tmp=$(mktemp -d /tmp/kvq-timing.XXXXXX)
+tmp=$(mktemp -d /tmp/kvq-timing.XXXXXX)   # mktemp's template; removed at exit
 pid=
 trap '[ -n "$pid" ] && kill -TERM $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 head -c 6000 "$text" > "$tmp/long.txt"
@@ -57,6 +57,7 @@ run() { # $1 = prompt kind, $2 = max tokens, then kvq-run's arguments; prints to
 		--max-tokens "$max" --prompt "$p" > /dev/null 2> "$tmp/run.err" || { cat "$tmp/run.err" >&2; exit 1; }
 	sed -n 's/.* tokens generated in .* (\([0-9.]*\) tok\/s).*/\1/p' "$tmp/run.err"
 }
+range() { sort -n "$1" | sed -n '1p;$p' | paste -sd- -; }   # "least-most" of a file of figures
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 args="$*"
@@ -83,6 +84,5 @@ for kind in short long; do
 	done
 	off=$(median < "$tmp/no.$kind")
 	on=$(median < "$tmp/yes.$kind")
-	range() { sort -n "$1" | sed -n '1p;$p' | paste -sd- -; }
 	echo "$kind ($args, $max tokens, $rounds rounds): median tok/s timing off $off ($(range "$tmp/no.$kind")), on $on ($(range "$tmp/yes.$kind")), on/off $(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.4f", a / b }')"
 done

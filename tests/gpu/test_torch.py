@@ -14,7 +14,7 @@ import torch
 import kvq
 
 G = dict(layers=2, kv_heads=2, head_dim=128)
-SIZE = dict(n_sealed=256, n_open=16)   # slot counts: small pools, whatever kvqd's default capacity
+A = dict(G, n_sealed=256, n_open=16)   # attach: the geometry and slot counts (small pools, whatever kvqd's default capacity)
 QH = 8
 SOCK = os.environ.get("KVQ_SOCKET")
 
@@ -33,8 +33,8 @@ def run_pair(policy, steps, seed):
              for _ in range(G["layers"])] for m in steps]
     calls, outs = [], {"cuda": [], "host": []}
     tag = f"{policy}-{seed}"
-    with kvq.attach(f"t-cuda-{tag}", "gpu-test", socket=SOCK, policy=policy, backend="cuda", **G, **SIZE) as cc, \
-            kvq.attach(f"t-host-{tag}", "gpu-test", socket=SOCK, policy=policy, backend="host", **G, **SIZE) as hc, \
+    with kvq.attach(f"t-cuda-{tag}", "gpu-test", socket=SOCK, policy=policy, backend="cuda", **A) as cc, \
+            kvq.attach(f"t-host-{tag}", "gpu-test", socket=SOCK, policy=policy, backend="host", **A) as hc, \
             cc.sequence() as cs, hc.sequence() as hs:
         assert cc.backend == "cuda" and cc.device == torch.cuda.current_device(), (cc.backend, cc.device)
         cc.set_trace(calls.append)
@@ -79,7 +79,7 @@ def test_side_stream():
     q = torch.randn(1, QH, G["head_dim"], generator=gen).half().cuda()
     res = []
     for use_side in (False, True):
-        with kvq.attach(f"stream-{use_side}", "gpu-test", socket=SOCK, policy="int8", backend="cuda", **G, **SIZE) as c, \
+        with kvq.attach(f"stream-{use_side}", "gpu-test", socket=SOCK, policy="int8", backend="cuda", **A) as c, \
                 c.sequence() as s:
             side = torch.cuda.Stream()
             ctx = torch.cuda.stream(side) if use_side else torch.cuda.stream(torch.cuda.current_stream())
@@ -97,8 +97,8 @@ def test_side_stream():
 
 def test_refusals():
     """a bf16 K on an f16 pool, a CPU q with a CUDA out, CUDA K on a host pool: clear errors"""
-    with kvq.attach("ref-cuda", "gpu-test", socket=SOCK, policy="f16", backend="cuda", **G, **SIZE) as c, c.sequence() as s, \
-            kvq.attach("ref-host", "gpu-test", socket=SOCK, policy="f16", backend="host", **G, **SIZE) as h, \
+    with kvq.attach("ref-cuda", "gpu-test", socket=SOCK, policy="f16", backend="cuda", **A) as c, c.sequence() as s, \
+            kvq.attach("ref-host", "gpu-test", socket=SOCK, policy="f16", backend="host", **A) as h, \
             h.sequence() as hs:
         s.begin(np.arange(4))
         z = torch.zeros(4, 2, 128, dtype=torch.float16, device="cuda")
