@@ -6,10 +6,12 @@
  *   kvq-bench formats [--json] [--quick] [--isa portable|avx2] [--format LIST]
  *   kvq-bench control [--socket PATH] [--pool NAME] [--seconds N] [--json]
  *   kvq-bench decode|prefill|append [OPTIONS]
+ *   kvq-bench timing [OPTIONS]
  *
  * This file: the command table and the usage text of every command.
  * formats: bench/formats.c (with workload.c, memory.c, team.c, report.c);
- * control: bench/control.c; decode, prefill, append: bench/decode.cu.
+ * control: bench/control.c; decode, prefill, append: bench/decode.cu;
+ * timing: bench/timing.cu.
  */
 #include "config.h"
 
@@ -31,6 +33,8 @@ void usage(FILE *f)
 		"            8192, D = 64): ms, TFLOP/s, against SDPA\n"
 		"  append    GPU write (append + seal) of a 64 x 2048-token prefill against copy bandwidth\n"
 		"            (kvq-bench decode|prefill|append --help for their options)\n"
+		"  timing    what libkvq's attention timing costs a GPU worker: a 30-layer token of decode\n"
+		"            calls untimed and with libkvq's event pairs (kvq-bench timing --help)\n"
 		"options of formats:\n"
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"
@@ -52,6 +56,7 @@ void usage(FILE *f)
 
 #ifdef KVQ_WITH_CUDA
 int bench_decode(int argc, char **argv);   /* bench/decode.cu */
+int bench_timing(int argc, char **argv);   /* bench/timing.cu */
 #else
 static int bench_decode(int argc, char **argv)
 {
@@ -59,6 +64,7 @@ static int bench_decode(int argc, char **argv)
 	fprintf(stderr, PROG " %s: this kvq-bench was built without CUDA\n", argv[0]);
 	return 1;
 }
+#define bench_timing bench_decode     /* the same refusal */
 #endif
 
 struct command {
@@ -72,6 +78,7 @@ static const struct command commands[] = {
 	{ "decode", bench_decode },
 	{ "prefill", bench_decode },
 	{ "append", bench_decode },
+	{ "timing", bench_timing },
 };
 
 int main(int argc, char **argv)

@@ -9,11 +9,12 @@
  *   timing.c       attention timings, binned and reported with a Seal
  *   host.c         the host backend: mmap, the CPU kernels
  *   seq_cuda.c     the cuda backend: the CUDA half of the sequence
+ *   gpu_timer.c    event pairs that time the cuda backend's attention calls
  *   cuda_import.c  the CUDA driver (through cudart) and a cuda pool's import
  *   cuda_none.c    the cuda backend of a build without CUDA
  *
- * Only seq_cuda.c and cuda_import.c see CUDA's headers; they are built
- * when CUDA is configured, cuda_none.c when it is not.
+ * Only seq_cuda.c, gpu_timer.c and cuda_import.c see CUDA's headers; they
+ * are built when CUDA is configured, cuda_none.c when it is not.
  */
 #ifndef KVQ_CLIENT_H
 #define KVQ_CLIENT_H

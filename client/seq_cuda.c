@@ -19,30 +19,13 @@
 
 #include "cuda/kvq_cuda.h"
 #include "cuda_import.h"
+#include "gpu_timer.h"
 
 /* A sequence's device memory: the record and block table a kernel reads,
  * staging for inputs and outputs in host memory, the attention workspace. */
 struct seq_cuda {
 	void *table, *stage, *work;
 	size_t table_cap, stage_cap, work_cap;
-};
-
-/* Attention calls in flight with their events (client.h, struct
- * client_timing's gpu): a ring, oldest first.  A call finding it full goes
- * untimed; an event that cannot be made stops the timing of this client. */
-#define GPU_TIMERS 64
-
-struct gpu_timer {
-	cudaEvent_t start, end;
-	uint32_t layer;
-	int phase;
-	uint64_t kv_bytes;
-};
-
-struct gpu_timing {
-	struct gpu_timer t[GPU_TIMERS];
-	uint32_t head, n, made;     /* oldest in flight, in flight, pairs created */
-	bool broken;
 };
 
 static int gpu_err(kvq_client *c, const char *what, cudaError_t e)
@@ -168,86 +151,36 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, 
 	return r < 0 ? client_fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
 }
 
-/* Bins the timed calls whose end event has completed, oldest first; stops
- * at the first still running. */
-static void gpu_timing_poll(kvq_client *c)
+/* Attention timing (client.h, struct client_timing's gpu: a struct
+ * gpu_timing, gpu_timer.h): the pairs whose calls completed go to their
+ * bins. */
+static void gpu_timing_add(void *arg, uint32_t layer, int phase, uint64_t kv_bytes, double seconds)
 {
-	struct gpu_timing *g = c->timing.gpu;
-
-	while (g && g->n) {
-		struct gpu_timer *t = &g->t[g->head];
-		cudaError_t e = cudaEventQuery(t->end);
-		float ms = 0;
-
-		if (e == cudaErrorNotReady) {
-			/* not an error; never left for a launch check to find */
-			if (cudaPeekAtLastError() == cudaErrorNotReady)
-				cudaGetLastError();
-			break;
-		}
-		if (e == cudaSuccess && cudaEventElapsedTime(&ms, t->start, t->end) == cudaSuccess)
-			timing_add(c, t->layer, t->phase, t->kv_bytes, (double)ms * 1e-3);
-		g->head = (g->head + 1) % GPU_TIMERS;
-		g->n--;
-	}
+	timing_add(arg, layer, phase, kv_bytes, seconds);
 }
 
-/* A free pair for a call about to be queued, or NULL: not timing, the ring
- * full, the stream being captured into a graph (its events are not
- * recorded then). */
-static struct gpu_timer *gpu_timer_get(kvq_client *c)
+static void gpu_timing_poll_client(kvq_client *c)
 {
-	struct gpu_timing *g = c->timing.gpu;
-	enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-	struct gpu_timer *t;
+	if (c->timing.gpu)
+		gpu_timing_poll(c->timing.gpu, gpu_timing_add, c);
+}
 
+/* A pair for a call about to be queued, or NULL (not timing, no memory,
+ * gpu_timer_get's reasons). */
+static struct gpu_timer *gpu_timer_begin(kvq_client *c)
+{
 	if (!c->timing.report_ms)
 		return NULL;
-	if (!g && !(g = c->timing.gpu = calloc(1, sizeof(*g))))
+	if (!c->timing.gpu && !(c->timing.gpu = calloc(1, sizeof(struct gpu_timing))))
 		return NULL;
-	gpu_timing_poll(c);
-	if (g->broken || g->n == GPU_TIMERS ||
-	    cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
-		return NULL;
-	/* slots come into use in ring order: the next one is new until all are made */
-	t = &g->t[(g->head + g->n) % GPU_TIMERS];
-	if ((g->head + g->n) % GPU_TIMERS >= g->made) {
-		if (cudaEventCreate(&t->start) != cudaSuccess) {
-			g->broken = true;
-			return NULL;
-		}
-		if (cudaEventCreate(&t->end) != cudaSuccess) {
-			cudaEventDestroy(t->start);
-			g->broken = true;
-			return NULL;
-		}
-		g->made++;
-	}
-	return cudaEventRecord(t->start, c->stream) == cudaSuccess ? t : NULL;
-}
-
-/* The call's kernel is queued: its end is recorded and the pair is in flight. */
-static void gpu_timer_put(kvq_client *c, struct gpu_timer *t, uint32_t layer, int phase, uint64_t kv_bytes)
-{
-	struct gpu_timing *g = c->timing.gpu;
-
-	if (cudaEventRecord(t->end, c->stream) != cudaSuccess)
-		return;
-	t->layer = layer;
-	t->phase = phase;
-	t->kv_bytes = kv_bytes;
-	g->n++;
+	return gpu_timer_get(c->timing.gpu, c->stream, gpu_timing_add, c);
 }
 
 static void gpu_timing_free(kvq_client *c)
 {
-	struct gpu_timing *g = c->timing.gpu;
-
-	for (uint32_t i = 0; g && i < g->made; i++) {
-		cudaEventDestroy(g->t[i].start);
-		cudaEventDestroy(g->t[i].end);
-	}
-	free(g);
+	if (c->timing.gpu)
+		gpu_timing_destroy(c->timing.gpu);
+	free(c->timing.gpu);
 	c->timing.gpu = NULL;
 }
 
@@ -277,10 +210,10 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table 
 	if ((r = gpu_table(s, as, ns, no, &rec)) < 0)
 		return r;
 	client_trace(c, KVQ_TRACE_ATTENTION, layer, true, NULL, NULL, q, out);
-	t = gpu_timer_get(c);
+	t = gpu_timer_begin(c);
 	r = kvq_cuda_attention(&a, rec, 1, q, out);
 	if (t && r == 0)
-		gpu_timer_put(c, t, layer, timing_phase(as->m), timing_kv_bytes(c, layer, ns, no));
+		gpu_timer_put(c->timing.gpu, t, c->stream, layer, timing_phase(as->m), timing_kv_bytes(c, layer, ns, no));
 	if (r == -ENOTSUP)
 		return client_fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
 				   kvq_fmt_name(ll->vfmt), L->head_dim);
@@ -383,5 +316,5 @@ const struct client_backend client_cuda = {
 	.copy = gpu_copy,
 	.drain = gpu_wait,
 	.seq_free = gpu_seq_free,
-	.timing_poll = gpu_timing_poll,
+	.timing_poll = gpu_timing_poll_client,
 };
