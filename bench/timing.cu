@@ -6,9 +6,10 @@
  * one decode attention call per layer on a stream, then a wait for the
  * stream (the worker reads its logits); SmolLM2-135M's heads (9/3, D = 64)
  * over a 1024-token context by default.  Rounds alternate untimed tokens
- * and tokens whose every call is bracketed by a pair (gpu_timer_get before
- * the launch, gpu_timer_put after, the poll that bins completed pairs), as
- * libkvq's cuda backend does; the figures are the medians over the rounds
+ * and tokens whose calls go through libkvq's sampling (gpu_timer_get before
+ * the launch: one call in GPU_TIMING_EVERY gets a pair, after the poll that
+ * bins completed pairs; gpu_timer_put after), as libkvq's cuda backend does;
+ * the figures are the medians over the rounds
  * of the wall time per token, the cost per call, and the ratio.  The calls
  * the pairs binned are counted and must equal the calls timed.
  */
@@ -70,7 +71,8 @@ struct bench {
 
 /* Seconds for `tokens` tokens, each a call per layer and a wait; g: time
  * every call with it (NULL: untimed). */
-static double tokens_s(struct bench *b, int tokens, struct gpu_timing *g, unsigned long *binned)
+static double tokens_s(struct bench *b, int tokens, struct gpu_timing *g, unsigned long *binned,
+		       unsigned long *timed)
 {
 	double t0 = wall_s();
 
@@ -84,8 +86,10 @@ static double tokens_s(struct bench *b, int tokens, struct gpu_timing *g, unsign
 				fprintf(stderr, TPROG ": kvq_cuda_attention: %d (%s)\n", r, kvq_cuda_error());
 				exit(1);
 			}
-			if (t)
+			if (t) {
 				gpu_timer_put(g, t, b->stream, l, 0, 0);
+				++*timed;
+			}
 		}
 		CK(cudaStreamSynchronize(b->stream));
 	}
@@ -131,13 +135,14 @@ extern "C" int bench_timing(int argc, char **argv)
 	}
 	struct cudaDeviceProp p;
 	CK(cudaGetDeviceProperties(&p, 0));
-	printf("device: %s; a token: %u decode attention calls (9/3 heads, D=64, context %u, B=%u) and a stream "
-	       "wait; %d rounds of %d tokens, untimed and timed alternating; medians\n", p.name, layers, ctx, B,
-	       rounds, tokens);
-	printf("%-8s %14s %14s %12s %8s %10s\n", "format", "untimed us/tok", "timed us/tok", "cost us/call", "ratio",
-	       "binned");
+	FILE *tab = json ? stderr : stdout;
+	fprintf(tab, "device: %s; a token: %u decode attention calls (9/3 heads, D=64, context %u, B=%u) and a "
+		"stream wait; %d rounds of %d tokens, untimed and timed (1 call in %d) alternating; medians\n", p.name,
+		layers, ctx, B, rounds, tokens, GPU_TIMING_EVERY);
+	fprintf(tab, "%-8s %14s %14s %12s %8s %s\n", "format", "untimed us/tok", "timed us/tok", "cost us/call",
+		"ratio", "binned/timed");
 	if (json)
-		printf("{\"context\":%u,\"layers\":%u,\"results\":[", ctx, layers);
+		printf("{\"context\":%u,\"layers\":%u,\"every\":%d,\"results\":[", ctx, layers, GPU_TIMING_EVERY);
 
 	char buf[256], *save = NULL;
 	int first = 1;
@@ -202,14 +207,13 @@ extern "C" int bench_timing(int argc, char **argv)
 		struct gpu_timing *g = (struct gpu_timing *)calloc(1, sizeof *g);
 		unsigned long binned = 0, timed = 0;
 		double plain[99], with[99];
-		tokens_s(&b, tokens / 4 + 1, NULL, NULL);    /* warm-up, both ways */
-		tokens_s(&b, tokens / 4 + 1, g, &binned);
+		tokens_s(&b, tokens / 4 + 1, NULL, NULL, NULL);    /* warm-up, both ways */
+		tokens_s(&b, tokens / 4 + 1, g, &binned, &timed);
 		gpu_timing_poll(g, count_call, &binned);
-		binned = 0;
+		binned = timed = 0;
 		for (int r = 0; r < rounds; r++) {
-			plain[r] = tokens_s(&b, tokens, NULL, NULL) / tokens;
-			with[r] = tokens_s(&b, tokens, g, &binned) / tokens;
-			timed += (unsigned long)tokens * layers;
+			plain[r] = tokens_s(&b, tokens, NULL, NULL, NULL) / tokens;
+			with[r] = tokens_s(&b, tokens, g, &binned, &timed) / tokens;
 		}
 		gpu_timing_poll(g, count_call, &binned);
 		if (g->broken || g->n) {
@@ -217,7 +221,8 @@ extern "C" int bench_timing(int argc, char **argv)
 			return 1;
 		}
 		double up = median_of(plain, rounds) * 1e6, ut = median_of(with, rounds) * 1e6;
-		printf("%-8s %14.2f %14.2f %12.3f %8.4f %4lu/%-5lu\n", f, up, ut, (ut - up) / layers, ut / up, binned, timed);
+		fprintf(json ? stderr : stdout, "%-8s %14.2f %14.2f %12.3f %8.4f %lu/%lu\n", f, up, ut, (ut - up) / layers,
+			ut / up, binned, timed);
 		if (json)
 			printf("%s{\"format\":\"%s\",\"untimed_us_per_token\":%.3f,\"timed_us_per_token\":%.3f,"
 			       "\"cost_us_per_call\":%.4f,\"ratio\":%.5f,\"binned\":%lu,\"timed\":%lu}", first ? "" : ",", f,
@@ -242,7 +247,8 @@ extern "C" int bench_timing(int argc, char **argv)
 	}
 	if (json)
 		printf("]}\n");
-	printf("cost us/call: (timed - untimed) / calls per token; a worker's tokens carry the rest of the model "
-	       "too, so its share of a real token is smaller than 1 - ratio here\n");
+	fprintf(tab, "cost us/call: (timed - untimed) / calls per token, averaged over the calls (1 in %d gets a pair);"
+		" a worker's tokens carry the rest of the model too, so its share of a real token is smaller than "
+		"ratio - 1 here\n", GPU_TIMING_EVERY);
 	return 0;
 }

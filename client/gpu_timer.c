@@ -28,6 +28,8 @@ struct gpu_timer *gpu_timer_get(struct gpu_timing *g, cudaStream_t stream, gpu_t
 	struct gpu_timer *t;
 	uint32_t i;
 
+	if (g->calls++ % GPU_TIMING_EVERY)
+		return NULL;
 	gpu_timing_poll(g, add, arg);
 	if (g->broken || g->n == GPU_TIMERS ||
 	    cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
