@@ -13,7 +13,7 @@ transformers from the project's GGUF (as tools/model-check-hf.py loads it):
 A running kvqd at $KVQ_SOCKET.  Prints a JSON line per part and exits 1 if a
 check failed.
   python3 test_hf.py --model GGUF --text GPL-3 --share-text Artistic [--device cuda]
-                     [--kvq-run KVQ_RUN] [--ctx 512] [--limit 2048] [--part greedy,ppl,share]
+                     [--kvq-run KVQ_RUN] [--ctx 512] [--limit 2048] [--batch 128] [--part greedy,ppl,share]
 """
 import argparse
 import json
@@ -69,8 +69,12 @@ def greedy(a, tok, m):
 
 
 def window_logits(a, m, ids, cache):
+    """Logits of a window fed in chunks of --batch tokens, as kvq-run ab
+    feeds it: a chunk's queries see the blocks earlier chunks sealed
+    (quantized) and their own tokens as written."""
     with torch.no_grad():
-        return m(ids, past_key_values=cache, use_cache=True).logits[0].double()
+        return torch.cat([m(ids[:, i:i + a.batch], past_key_values=cache, use_cache=True).logits[0].double()
+                          for i in range(0, ids.shape[1], a.batch)])
 
 
 def ppl(a, tok, m):
@@ -103,7 +107,7 @@ def ppl(a, tok, m):
         res["policies"][policy] = d
     if a.kvq_run:
         cmd = [a.kvq_run, "ab", "--model", a.model, "--kv", "int8", "--kv", "kivi4", "--ctx", str(a.ctx), "--limit", str(a.limit),
-               "--gen", "0", "--block", str(BLOCK), "--json", a.text] + (["--gpu"] if a.device == "cuda" else [])
+               "--gen", "0", "--block", str(BLOCK), "--batch", str(a.batch), "--json", a.text] + (["--gpu"] if a.device == "cuda" else [])
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode:
             raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
@@ -156,6 +160,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--limit", type=int, default=2048)
     ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=128, help="prefill chunk of the ppl part, kvq-run ab's too")
     ap.add_argument("--part", default="greedy,ppl,share")
     ap.add_argument("--worker", action="store_true")
     a = ap.parse_args()
