@@ -104,6 +104,8 @@ class KvqCache(Cache):
         self.act = client.geometry["act"]
         self.on_gpu = client.backend == "cuda"
         self.seq = client.sequence(salt)
+        if prompt_ids is not None and hasattr(prompt_ids, "tolist"):
+            prompt_ids = prompt_ids.tolist()   # a torch.Tensor on any device, or a NumPy array
         self._prompt = None if prompt_ids is None else [int(t) for t in np.asarray(prompt_ids).reshape(-1)]
         self.hit = self.seq.lookup(self._prompt) if self._prompt else 0
         self._steps = 0
