@@ -9,7 +9,8 @@
 # BINDIR holds daemon/kvqd and examples/kvq-run/kvq-run; TEXT is a long text
 # whose first 6000 bytes are the long prompt.  KVQ_RUN_ARGS default to
 # "--gpu --kv int8".  Prints one line per run and a summary: median tok/s
-# with timing off and on, and their ratio.
+# with timing off and on, their ratio, and the median of each round's ratio
+# (off and on run back to back, so a drift between rounds cancels).
 set -u
 b=${1:?usage: bench/timing-cost.sh BINDIR MODEL TEXT [ROUNDS] [-- KVQ_RUN_ARGS...]}
 model=${2:?model}
@@ -66,6 +67,7 @@ for kind in short long; do
 	[ "$kind" = long ] && max=256
 	: > "$tmp/no.$kind"
 	: > "$tmp/yes.$kind"
+	: > "$tmp/ratio.$kind"
 	i=0
 	while [ $i -lt "$rounds" ]; do
 		for t in no yes; do
@@ -77,6 +79,8 @@ for kind in short long; do
 			stop
 			echo "$kind round $i timing=$t: $tps tok/s, kvq_attention_seconds_count $n"
 			echo "$tps" >> "$tmp/$t.$kind"
+			[ "$t" = no ] && last_off=$tps
+			[ "$t" = yes ] && awk -v a="$tps" -v b="$last_off" 'BEGIN { printf "%.4f\n", a / b }' >> "$tmp/ratio.$kind"
 			if [ "$t" = no ] && [ "$n" != 0 ]; then echo "FAIL: timed calls counted with timing off"; exit 1; fi
 			if [ "$t" = yes ] && [ "$n" = 0 ]; then echo "FAIL: no timed calls counted with timing on"; exit 1; fi
 		done
@@ -84,5 +88,5 @@ for kind in short long; do
 	done
 	off=$(median < "$tmp/no.$kind")
 	on=$(median < "$tmp/yes.$kind")
-	echo "$kind ($args, $max tokens, $rounds rounds): median tok/s timing off $off ($(range "$tmp/no.$kind")), on $on ($(range "$tmp/yes.$kind")), on/off $(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.4f", a / b }')"
+	echo "$kind ($args, $max tokens, $rounds rounds): median tok/s timing off $off ($(range "$tmp/no.$kind")), on $on ($(range "$tmp/yes.$kind")), on/off $(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.4f", a / b }'); median of the rounds' on/off $(median < "$tmp/ratio.$kind") ($(range "$tmp/ratio.$kind"))"
 done

@@ -47,9 +47,9 @@
 #define KVQ_CONFIG_MSG_MAX 512       /* room for an error message */
 #define KVQ_CONFIG_LISTEN_MAX 63u    /* metrics_listen: "127.0.0.1:9464", "[::1]:9464" */
 
-/* Attention timing (kvq.proto "Attention timings"): off until its cost is
- * measured on a GPU; reports every 5 s when on. */
-#define KVQ_CONFIG_ATTENTION_TIMING false
+/* Attention timing (kvq.proto "Attention timings"): on (its cost on an
+ * H200: bench/RESULTS.md, 2026-12-04); reports every 5 s. */
+#define KVQ_CONFIG_ATTENTION_TIMING true
 #define KVQ_CONFIG_ATTENTION_REPORT_MS 5000u
 
 /* No quota. */
