@@ -17,13 +17,14 @@
  * taken by a reciprocal is used only where it provably rounds as the true
  * division (rint_by_recip).
  */
+#include <cuda_fp8.h>
 #include <cuda_pipeline_primitives.h>
 
 #include "common.cuh"
 
 namespace kvq {
 
-#define WRITE_THREADS 256
+#define WRITE_THREADS 256   /* a power of two: v_first takes a remainder by it */
 
 /* Halves of padding after each staged row: rows stay 16-byte aligned and
  * eight lanes reading a channel down the rows spread over the banks. */
@@ -142,7 +143,14 @@ struct part {
 	uint8_t *codes, *params; /* its fields in the sealed head slice */
 	uint32_t B, D;
 	int act;
+	uint32_t first;          /* this thread's first word of codes (< blockDim.x) */
 };
+
+/* Elements in one thread's word of codes: 16 bytes, or 8 of 2-bit codes. */
+static constexpr __host__ __device__ uint32_t word_elems(unsigned bits)
+{
+	return 128 / bits < 32 ? 128 / bits : 32;
+}
 
 /* Lanes that reduce one parameter entry: along the head dim (a token, a
  * group) each takes pieces of eight elements, up to eight lanes; down a
@@ -177,15 +185,20 @@ template <int F> struct recip {
 /* rint(y / s) from r, 1 / s rounded: q = y * r is within 2^-12 of y / s
  * rounded while |q| < 512 (two roundings of 2^-24 each), so both round to
  * the same integer unless q lies that close to a half-integer.  Then, and
- * for a NaN or an infinity, false: the caller takes the reference.  Beyond
- * 512 every code clamps either way.  (r = 0 for a zero scale gives 0, code
- * 0, as there.) */
-__device__ __forceinline__ bool rint_by_recip(float y, float r, float *ret_q)
+ * for a NaN or an infinity, false: the caller takes the reference.  The
+ * integer is made by adding 1.5 * 2^23, which rounds q as rintf does (to
+ * nearest, ties to even, while |q| < 2^22) and leaves it in the low bits of
+ * the sum's encoding, two's complement when negative: *ret_bits.  No clamp:
+ * part_finish gives every entry whose codes could leave [-127, 127] (sym)
+ * or [0, qmax] (asym) a NaN reciprocal, which fails here; for the others
+ * |y| / s <= qmax (1 + 2^-22) (the scale rounded up from the range).  (r = 0
+ * for a zero scale gives code 0, as there.) */
+__device__ __forceinline__ bool rint_by_recip(float y, float r, uint32_t *ret_bits)
 {
-	const float q = y * r, n = rintf(q);
+	const float M = 0x1.8p23f, q = __fmul_rn(y, r), t = __fadd_rn(q, M);
 
-	*ret_q = n;
-	return fabsf(q - n) <= 0.5f - 0x1p-12f;
+	*ret_bits = __float_as_uint(t);
+	return fabsf(__fsub_rn(q, __fsub_rn(t, M))) <= 0.5f - 0x1p-12f;
 }
 
 /* A scale as the codes use it: 1 / s (0 for a scale that is not positive,
@@ -195,6 +208,17 @@ template <int F> __device__ __forceinline__ float scale_f(uint16_t h)
 	const float s = kvq_f16_to_f32(h);
 
 	return recip<F>::ok ? (s > 0.0f ? 1.0f / s : 0.0f) : s;
+}
+
+/* Whether codes by the reciprocal stay in range for an entry (see
+ * rint_by_recip): its scale did not saturate, its zero is at or below its
+ * minimum, its range is not empty.  Else its reciprocal is NaN and its codes
+ * are the reference's. */
+__device__ __forceinline__ bool recip_in_range(int kind, float2 range, uint16_t s, uint16_t z)
+{
+	if (s == 0x7bffu)
+		return false;
+	return kind == KVQ_PARAM_TOKEN || (z != 0xfbffu && range.x <= range.y);
 }
 
 /* Parameters of a part, first step: the range of each entry (min and
@@ -275,18 +299,47 @@ template <int F, int IS_V> __device__ void part_finish(const part &p)
 
 		for (uint32_t j = (threadIdx.x + (IS_V ? blockDim.x / 2 : 0)) % blockDim.x; j < np; j += blockDim.x) {
 			const float2 r = p.ps[j];
+			uint16_t s, z = 0;
 			if (kind == KVQ_PARAM_TOKEN) {
-				const uint16_t s = kvq_sym_scale(r.y, qmax);
+				s = kvq_sym_scale(r.y, qmax);
 				reinterpret_cast<uint16_t *>(p.params)[j] = s;
-				p.ps[j] = make_float2(scale_f<F>(s), 0.0f);
 			} else {
-				uint16_t s, z;
 				kvq_asym_params(r.x, r.y, qmax, &s, &z);
 				reinterpret_cast<uint32_t *>(p.params)[j] = s | (uint32_t)z << 16;
-				p.ps[j] = make_float2(scale_f<F>(s), kvq_f16_to_f32(z));
 			}
+			const bool nan = recip<F>::ok && !recip_in_range(kind, r, s, z);
+			p.ps[j] = make_float2(nan ? __int_as_float(0x7fc00000) : scale_f<F>(s), kvq_f16_to_f32(z));
 		}
 	}
+}
+
+/* FP8 codes by the conversion instruction (sm_89 on), else kvq_code_sym. */
+template <int F> struct fp8_hw {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+	static constexpr bool ok = fmt<F>::code == KVQ_CODE_E4M3 || fmt<F>::code == KVQ_CODE_E5M2;
+#else
+	static constexpr bool ok = false;
+#endif
+};
+
+/* kvq_code_sym's FP8 codes of eight elements, s[e].x their scales: the
+ * quotient (the same true division), then cvt.rn.satfinite, which rounds
+ * to nearest even, subnormals included, and saturates at the largest
+ * finite value as kvq_fp8_encode_generic does; a NaN is 0x7f there, of
+ * either sign, and a scale that is not positive gives 0. */
+template <int F> __device__ __forceinline__ void fp8_codes(const float f[8], const float2 s[8], uint32_t code[8])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+	constexpr __nv_fp8_interpretation_t kind = fmt<F>::code == KVQ_CODE_E4M3 ? __NV_E4M3 : __NV_E5M2;
+#pragma unroll
+	for (unsigned e = 0; e < 8; e += 2) {
+		const float q0 = s[e].x > 0.0f ? __fdiv_rn(f[e], s[e].x) : 0.0f;
+		const float q1 = s[e + 1].x > 0.0f ? __fdiv_rn(f[e + 1], s[e + 1].x) : 0.0f;
+		const uint32_t two = __nv_cvt_float2_to_fp8x2(make_float2(q0, q1), __NV_SATFINITE, kind);
+		code[e] = q0 != q0 ? 0x7fu : two & 0xffu;
+		code[e + 1] = q1 != q1 ? 0x7fu : two >> 8;
+	}
+#endif
 }
 
 /* Codes of eight elements that follow each other in storage order from
@@ -348,12 +401,11 @@ __device__ __forceinline__ void chunk_codes(const part &p, uint32_t t, uint32_t 
 			bool sure = true;
 #pragma unroll
 			for (unsigned e = 0; e < 8; e++) {
-				/* as kvq_code_sym/asym: x - z, then the quotient */
-				float n;
-				sure &= rint_by_recip(kind == KVQ_PARAM_TOKEN ? f[e] : f[e] - s[e].y, s[e].x, &n);
-				/* kvq_code_sym/asym's clamps, for n not NaN */
-				code[e] = kind == KVQ_PARAM_TOKEN ? (uint32_t)(uint8_t)(int8_t)(int)fminf(fmaxf(n, -127.0f), 127.0f)
-								  : (uint32_t)fminf(fmaxf(n, 0.0f), qmax);
+				/* as kvq_code_sym/asym: x - z, then the quotient; the
+				 * code in the low bits (an 8-bit one packed by its byte) */
+				sure &= rint_by_recip(kind == KVQ_PARAM_TOKEN ? f[e] : __fsub_rn(f[e], s[e].y), s[e].x, &code[e]);
+				if (fmt<F>::bits < 8)
+					code[e] &= (1u << fmt<F>::bits) - 1u;
 			}
 			if (!sure) {   /* a quotient near a half-integer: the reference, scales from the slice */
 				const uint16_t *w = reinterpret_cast<const uint16_t *>(p.params);
@@ -365,6 +417,8 @@ __device__ __forceinline__ void chunk_codes(const part &p, uint32_t t, uint32_t 
 									  : kvq_code_asym(f[e], sc, s[e].y, qmax);
 				}
 			}
+		} else if constexpr (fp8_hw<F>::ok) {
+			fp8_codes<F>(f, s, code);
 		} else {
 #pragma unroll
 			for (unsigned e = 0; e < 8; e++)
@@ -376,36 +430,70 @@ __device__ __forceinline__ void chunk_codes(const part &p, uint32_t t, uint32_t 
 
 /* Codes of a part: each thread makes whole words of storage order (K
  * [t][d], V [d][t]; kvq_format.h), E elements in E / 8 chunks of eight:
- * 16 bytes, or 8 of 2-bit codes (32 elements, as many words as 4-bit). */
+ * 16 bytes, or 8 of 2-bit codes (32 elements, as many words as 4-bit);
+ * words p.first, p.first + blockDim.x, ... */
 template <int F, int IS_V, int DT> __device__ void part_codes_dt(const part &p)
 {
-	constexpr unsigned bits = fmt<F>::bits, E = 128 / bits < 32 ? 128 / bits : 32, words = E * bits / 32;
+	constexpr unsigned bits = fmt<F>::bits, E = word_elems(bits), words = E * bits / 32;
 	const uint32_t inner = IS_V ? p.B : p.D, nw = p.B * p.D / E;
 	/* storage rows of `inner` elements (a token's D for K, a dim's B for V):
 	 * word w starts at row a0, element b0; stepped, not divided, from one of
 	 * a thread's words to the next */
 	const uint32_t da = blockDim.x * E / inner, db = blockDim.x * E % inner;
-	uint32_t a0 = threadIdx.x * E / inner, b0 = threadIdx.x * E % inner;
+	uint32_t a0 = p.first * E / inner, b0 = p.first * E % inner;
 
-	for (uint32_t w = threadIdx.x; w < nw; w += blockDim.x) {
+	for (uint32_t w = p.first; w < nw; w += blockDim.x) {
 		uint32_t word[words] = {}, a = a0, b = b0;
+		/* 8-, 4- and 2-bit codes: a chunk is 64, 32 or 16 bits of the word,
+		 * shifted in from the top, so that the chunks' loop needs no
+		 * unrolling (one copy of chunk_codes, not two or four: smaller
+		 * kernels, fewer instruction fetches; unrolled, the seal of a
+		 * 4-bit format ran 1.7x slower on an H200) */
+		uint64_t lo = 0, hi = 0;
 		a0 += da;
 		b0 += db;
 		if (b0 >= inner) {
 			b0 -= inner;
 			a0++;
 		}
-#pragma unroll
+#pragma unroll 1
 		for (unsigned c = 0; c < E / 8; c++) {
 			uint32_t code[8];
 			chunk_codes<F, IS_V, DT>(p, IS_V ? b : a, IS_V ? a : b, code);
+			if constexpr (bits == 16) {   /* a code's two bytes */
 #pragma unroll
-			for (unsigned e = 0; e < 8; e++)
-				word[(c * 8 + e) * bits / 32] |= code[e] << ((c * 8 + e) * bits % 32);
+				for (unsigned e = 0; e < 8; e += 2)
+					word[(c * 8 + e) / 2] = __byte_perm(code[e], code[e + 1], 0x5410);
+			} else if constexpr (bits == 8) {   /* a code's low byte */
+				lo = hi;
+				hi = __byte_perm(__byte_perm(code[0], code[1], 0x0040), __byte_perm(code[2], code[3], 0x0040),
+						 0x5410) |
+				     (uint64_t)__byte_perm(__byte_perm(code[4], code[5], 0x0040),
+							   __byte_perm(code[6], code[7], 0x0040), 0x5410) << 32;
+			} else {
+				uint32_t v = 0;
+#pragma unroll
+				for (unsigned e = 0; e < 8; e++)
+					v |= code[e] << (e * bits);
+				if constexpr (bits == 4) {
+					lo = lo >> 32 | hi << 32;
+					hi = hi >> 32 | (uint64_t)v << 32;
+				} else {
+					lo = lo >> 16 | (uint64_t)v << 48;
+				}
+			}
 			b += 8;
 			if (b == inner) {
 				b = 0;
 				a++;
+			}
+		}
+		if constexpr (bits <= 8) {
+			word[0] = (uint32_t)lo;
+			word[1] = (uint32_t)(lo >> 32);
+			if constexpr (words == 4) {
+				word[2] = (uint32_t)hi;
+				word[3] = (uint32_t)(hi >> 32);
 			}
 		}
 		if constexpr (words == 4)
@@ -424,23 +512,34 @@ template <int F, int IS_V> __device__ void part_codes(const part &p)
 		part_codes_dt<F, IS_V, KVQ_DT_F16>(p);
 }
 
-/* Phase 0 (ranges), 1 (parameters) or 2 (codes) of a part, for its format. */
-template <int IS_V> __device__ void part_run(int f, int phase, const part &p)
+/* Phase 0 (ranges), 1 (parameters) or 2 (codes) of a part of format F. */
+template <int F, int IS_V> __device__ __forceinline__ void part_phase(int phase, const part &p)
 {
-	switch (f) {
+	if (phase == 0)
+		part_reduce<F, IS_V>(p);
+	else if (phase == 1)
+		part_finish<F, IS_V>(p);
+	else
+		part_codes<F, IS_V>(p);
+}
+
+/* The same for format FIX, or (FIX = ANY_FMT) for format f, chosen here. */
+#define ANY_FMT (-1)
+template <int IS_V, int FIX> __device__ void part_run(int f, int phase, const part &p)
+{
+	if constexpr (FIX != ANY_FMT) {
+		part_phase<FIX, IS_V>(phase, p);
+	} else {
+		switch (f) {
 #define SEAL_FMT(ID, ...) \
 	case KVQ_FMT_##ID: \
-		if (phase == 0) \
-			part_reduce<KVQ_FMT_##ID, IS_V>(p); \
-		else if (phase == 1) \
-			part_finish<KVQ_FMT_##ID, IS_V>(p); \
-		else \
-			part_codes<KVQ_FMT_##ID, IS_V>(p); \
+		part_phase<KVQ_FMT_##ID, IS_V>(phase, p); \
 		break;
-	KVQ_FORMATS(SEAL_FMT)
+			KVQ_FORMATS(SEAL_FMT)
 #undef SEAL_FMT
-	default:
-		break;
+		default:
+			break;
+		}
 	}
 }
 
@@ -463,8 +562,21 @@ __device__ void zero_gaps(const layer_dev &l, uint8_t *dst)
 	}
 }
 
+/* A thread's first word of V's codes.  With both parts staged, its words
+ * of V's follow its words of K's in one sequence over the CTA: threads with
+ * fewer of K's start on V's, so none idles while others make K's.  (Made
+ * where it is used, from the kernel's parameters: a variable kept across
+ * the phases would take a register.) */
+__device__ __forceinline__ uint32_t v_first(const layer_dev &l, uint32_t parts)
+{
+	const uint32_t nwk = l.B * l.D / word_elems(kvq_fmt_bits(l.kfmt));
+
+	return parts == 2 ? (threadIdx.x - nwk) % WRITE_THREADS : threadIdx.x;
+}
+
 /* Seals one head of one block into the sealed head slice dst, staging
  * `parts` parts (2: K and V together, 1: one after the other). */
+template <int FIX>
 __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uint8_t *smem, uint32_t parts)
 {
 	const uint32_t B = l.B, D = l.D;
@@ -484,11 +596,11 @@ __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uin
 				float2 *p = ps + (size_t)i * seal_max_params(B, D);
 				/* constant field indices: a computed one would copy l to local memory */
 				if (p0 + i)
-					part_run<1>(l.vfmt, phase, { x, p, dst + l.off[KVQ_V_CODES], dst + l.off[KVQ_V_PARAMS],
-								    B, D, l.act });
+					part_run<1, FIX>(l.vfmt, phase, { x, p, dst + l.off[KVQ_V_CODES], dst + l.off[KVQ_V_PARAMS],
+								    B, D, l.act, phase == 2 ? v_first(l, parts) : 0 });
 				else
-					part_run<0>(l.kfmt, phase, { x, p, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS],
-								    B, D, l.act });
+					part_run<0, FIX>(l.kfmt, phase, { x, p, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS],
+								    B, D, l.act, threadIdx.x });
 			}
 			if (phase < 2)
 				__syncthreads();   /* ranges, then parameters, are in shared memory */
@@ -517,7 +629,10 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 	}
 }
 
-/* Six CTAs per SM (40 registers, no spill): more blocks staging at once. */
+/* Six CTAs per SM (40 registers, no spill): more blocks staging at once.
+ * FIX: the format of K and V both, or ANY_FMT (chosen per part inside: a
+ * kernel of every format's code, whose size costs instruction fetches). */
+template <int FIX>
 __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, uint8_t *base,
 								const kvq_seq_table *seqs, const uint8_t *kin,
 								const uint8_t *vin, uint32_t parts)
@@ -550,7 +665,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, ui
 		src.from_open = pos0 < n ? (uint32_t)(n - pos0 < B ? n - pos0 : B) : 0;
 		src.in_row = (uint64_t)s.row0 + (pos0 + src.from_open - n);
 		src.in_stride = stride;
-		seal_head(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+		seal_head<FIX>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 		return;
 	}
 	uint64_t p0 = pos0 > n ? pos0 : n, p1 = pos0 + B < n2 ? pos0 + B : n2;
@@ -561,6 +676,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, ui
 		    s.row0 + (p0 - n), stride);
 }
 
+template <int FIX>
 __global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs,
 							       uint32_t parts)
 {
@@ -576,7 +692,22 @@ __global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_
 	src.from_open = l.B;
 	src.in_row = 0;
 	src.in_stride = 0;
-	seal_head(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+	seal_head<FIX>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+}
+
+/* The write and seal kernels for a layer: one of a single format when K
+ * and V share it, else the one that chooses per part. */
+struct write_fns {
+	const void *write, *seal;
+};
+#define WRITE_FMT(ID, ...) { (const void *)write_kernel<KVQ_FMT_##ID>, (const void *)seal_kernel<KVQ_FMT_##ID> },
+static const write_fns fns_by_fmt[] = { KVQ_FORMATS(WRITE_FMT) };
+#undef WRITE_FMT
+static const write_fns fns_any = { (const void *)write_kernel<ANY_FMT>, (const void *)seal_kernel<ANY_FMT> };
+
+static write_fns fns_for(const layer_dev &l)
+{
+	return l.kfmt == l.vfmt && l.kfmt >= 0 && l.kfmt < KVQ_FMT_COUNT ? fns_by_fmt[l.kfmt] : fns_any;
 }
 
 static int write_args_ok(const struct kvq_layout *L, uint32_t layer)
@@ -610,14 +741,18 @@ extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t l
 	const uint32_t B = L->block_tokens;
 	/* blocks from S(n)/B to the last one holding a new token */
 	const uint32_t nblk = (L->window + max_m) / B + 2;
-	const uint32_t parts = seal_parts(B, L->head_dim);
+	uint32_t parts = seal_parts(B, L->head_dim);
 	const size_t smem = seal_smem(B, L->head_dim, parts);
-	int r = launch_setup((const void *)write_kernel, smem);
+	layer_dev ld = layer_of(L, layer);
+	const void *fn = fns_for(ld).write;
+	int r = launch_setup(fn, smem);
 	if (r)
 		return r;
-	write_kernel<<<dim3(nblk, L->kv_heads, nseq), WRITE_THREADS, smem, (cudaStream_t)stream>>>(
-		layer_of(L, layer), (uint8_t *)base, seqs, (const uint8_t *)k, (const uint8_t *)v, parts);
-	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
+	uint8_t *b = (uint8_t *)base;
+	const uint8_t *kin = (const uint8_t *)k, *vin = (const uint8_t *)v;
+	void *args[] = { &ld, &b, &seqs, &kin, &vin, &parts };
+	return cudaLaunchKernel(fn, dim3(nblk, L->kv_heads, nseq), dim3(WRITE_THREADS), args, smem,
+				(cudaStream_t)stream) == cudaSuccess ? 0 : fail_launch();
 }
 
 extern "C" int kvq_cuda_seal(const struct kvq_layout *L, void *base, uint32_t layer,
@@ -627,12 +762,15 @@ extern "C" int kvq_cuda_seal(const struct kvq_layout *L, void *base, uint32_t la
 		return -EINVAL;
 	if (!npairs)
 		return 0;
-	const uint32_t parts = seal_parts(L->block_tokens, L->head_dim);
+	uint32_t parts = seal_parts(L->block_tokens, L->head_dim);
 	const size_t smem = seal_smem(L->block_tokens, L->head_dim, parts);
-	int r = launch_setup((const void *)seal_kernel, smem);
+	layer_dev ld = layer_of(L, layer);
+	const void *fn = fns_for(ld).seal;
+	int r = launch_setup(fn, smem);
 	if (r)
 		return r;
-	seal_kernel<<<dim3(npairs, L->kv_heads), WRITE_THREADS, smem, (cudaStream_t)stream>>>(
-		layer_of(L, layer), (uint8_t *)base, pairs, parts);
-	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
+	uint8_t *b = (uint8_t *)base;
+	void *args[] = { &ld, &b, &pairs, &parts };
+	return cudaLaunchKernel(fn, dim3(npairs, L->kv_heads), dim3(WRITE_THREADS), args, smem,
+				(cudaStream_t)stream) == cudaSuccess ? 0 : fail_launch();
 }

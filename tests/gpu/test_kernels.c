@@ -11,6 +11,8 @@
  *  - the pools must be byte-identical (sealed codes and parameters, open
  *    rows, untouched junk); a difference is reported by slot and field;
  *  - kvq_cuda_seal of an open block against kvq_cpu_seal, likewise;
+ *    also, for every format, of a block holding NaN, infinities, values past
+ *    the FP16 limit, constant and zero tokens (special_rows);
  *  - attention on the GPU (outputs poisoned with NaN first; one split and
  *    several, merged) against kvq_cpu_attention's fp32 output on the host
  *    pool: max|gpu - cpu| / max|cpu| <= 2e-3 for FP16 output, 1e-2 for BF16
@@ -392,6 +394,77 @@ static void seal_one(const struct kvq_layout *L, uint8_t *host, void *dev, int32
 	CK(cudaFree(dpair));
 }
 
+/* Rows of one head of a block whose seal must still equal the CPU's: by
+ * token, one NaN, +inf, -inf, a constant token, zeros of both signs, values
+ * at and past the FP16 limit (1e30 in BF16), tiny values; channel 5 NaN in
+ * every token (a KIVI channel with no number in it). */
+static uint16_t *special_rows(uint32_t B, uint32_t D, int act)
+{
+	uint16_t *x = xcalloc((size_t)B * D, 2);
+
+	for (uint32_t t = 0; t < B; t++)
+		for (uint32_t d = 0; d < D; d++) {
+			float v = (float)tap_normal();
+			switch (t % 8) {
+			case 1: v = d == (3 * t + 1) % D ? NAN : v; break;
+			case 2: v = d == 7 ? INFINITY : v; break;
+			case 3: v = d == 11 ? -INFINITY : v; break;
+			case 4: v = 0.75f; break;
+			case 5: v = d % 2 ? 0.0f : -0.0f; break;
+			case 6: v *= act == KVQ_DT_BF16 ? 1e30f : 30000.0f; break;
+			case 7: v *= 1e-6f; break;
+			default: break;
+			}
+			put_act(act, x, (size_t)t * D + d, d == 5 ? NAN : v);
+		}
+	return x;
+}
+
+/* kvq_cuda_seal of special_rows against kvq_cpu_seal, for every format
+ * (the seal is not limited to the attention kernels' pairs). */
+static void seal_special(int f, uint32_t D, int act)
+{
+	const uint32_t B = 32, H = 2;
+	struct kvq_policy pol;
+	struct kvq_layout *L = NULL;
+	char err[128], name[80];
+
+	snprintf(name, sizeof name, "%s D=%u %s, special values", kvq_fmt_name(f), D, act == KVQ_DT_BF16 ? "bf16" : "f16");
+	if (kvq_policy_parse(kvq_fmt_name(f), 1, &pol, err, sizeof err) < 0) {
+		ok(0, "%s: policy (%s)", name, err);
+		return;
+	}
+	struct kvq_layout_params lp = { .layers = 1, .kv_heads = H, .head_dim = D, .block_tokens = B,
+		.window = B, .n_sealed = 2, .n_open = 2, .act = act, .policy = &pol };
+	if (kvq_layout_new(&lp, &L, err, sizeof err) < 0) {
+		ok(0, "%s: layout (%s)", name, err);
+		return;
+	}
+	uint8_t *host = xcalloc(1, L->total_bytes);
+	void *dev = dmalloc(L->total_bytes);
+	memset(host, 0x47, L->total_bytes);
+	CK(cudaMemset(dev, 0x47, L->total_bytes));
+	for (uint32_t h = 0; h < H; h++)
+		for (int part = 0; part < 2; part++) {
+			uint64_t off = kvq_layout_off(L, KVQ_OPEN, 1, 0, h, part ? KVQ_V_CODES : KVQ_K_CODES);
+			uint16_t *x = special_rows(B, D, act);
+			memcpy(host + off, x, (size_t)B * D * 2);
+			CK(cudaMemcpy((uint8_t *)dev + off, x, (size_t)B * D * 2, cudaMemcpyHostToDevice));
+			free(x);
+		}
+	int32_t pair[2] = { 1, 0 };
+	void *dpair = dmalloc(sizeof pair);
+	CK(cudaMemcpy(dpair, pair, sizeof pair, cudaMemcpyHostToDevice));
+	int rc = kvq_cuda_seal(L, dev, 0, dpair, 1, NULL), rc2 = kvq_cpu_seal(L, host, 0, 1, 0);
+	CK(cudaDeviceSynchronize());
+	if (ok(!rc && !rc2, "%s: seal (%d, %d)", name, rc, rc2))
+		pools_equal(L, host, dev, "after kvq_cuda_seal", name);
+	CK(cudaFree(dpair));
+	free(host);
+	CK(cudaFree(dev));
+	kvq_layout_free(L);
+}
+
 static void run_case(const struct tcase *tc)
 {
 	const uint32_t B = tc->B, R = tc->rblocks * B, H = tc->H, D = tc->D;
@@ -535,8 +608,11 @@ int main(void)
 		     small ? ", small cases" : "");
 	}
 	check_refusals();
-	for (int f = 0; f < KVQ_FMT_COUNT; f++)
+	for (int f = 0; f < KVQ_FMT_COUNT; f++) {
 		fmts[f] = kvq_fmt_name(f);
+		for (int act = KVQ_DT_F16; act <= KVQ_DT_BF16; act++)
+			seal_special(f, 128, act);
+	}
 	for (int k = 0; k < KVQ_FMT_COUNT; k++)
 		for (int v = 0; v < KVQ_FMT_COUNT; v++)
 			if (kvq_cuda_attention_supported(k, v, 128, KVQ_DT_F16)) {
