@@ -4,6 +4,8 @@
  * head dims 64 and 128 and FP16/BF16 activations.  Two halves, compiled in
  * two files (attn_inst_a.cu, attn_inst_b.cu) so a parallel build splits the
  * work.  A pair not listed is refused with -ENOTSUP; adding one is a line here.
+ * Each listed pair also has its own append/seal kernel (write.cu); others
+ * are written by the one that chooses the format per part.
  */
 #ifndef KVQ_CUDA_INSTANCES_H
 #define KVQ_CUDA_INSTANCES_H

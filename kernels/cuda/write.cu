@@ -21,6 +21,7 @@
 #include <cuda_pipeline_primitives.h>
 
 #include "common.cuh"
+#include "instances.h"
 
 namespace kvq {
 
@@ -523,7 +524,8 @@ template <int F, int IS_V> __device__ __forceinline__ void part_phase(int phase,
 		part_codes<F, IS_V>(p);
 }
 
-/* The same for format FIX, or (FIX = ANY_FMT) for format f, chosen here. */
+/* The same for format FIX, or (FIX = ANY_FMT) for format f, chosen here
+ * (a kernel of every format's code, whose size costs instruction fetches). */
 #define ANY_FMT (-1)
 template <int IS_V, int FIX> __device__ void part_run(int f, int phase, const part &p)
 {
@@ -576,7 +578,7 @@ __device__ __forceinline__ uint32_t v_first(const layer_dev &l, uint32_t parts)
 
 /* Seals one head of one block into the sealed head slice dst, staging
  * `parts` parts (2: K and V together, 1: one after the other). */
-template <int FIX>
+template <int FK, int FV>
 __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uint8_t *smem, uint32_t parts)
 {
 	const uint32_t B = l.B, D = l.D;
@@ -596,10 +598,10 @@ __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uin
 				float2 *p = ps + (size_t)i * seal_max_params(B, D);
 				/* constant field indices: a computed one would copy l to local memory */
 				if (p0 + i)
-					part_run<1, FIX>(l.vfmt, phase, { x, p, dst + l.off[KVQ_V_CODES], dst + l.off[KVQ_V_PARAMS],
+					part_run<1, FV>(l.vfmt, phase, { x, p, dst + l.off[KVQ_V_CODES], dst + l.off[KVQ_V_PARAMS],
 								    B, D, l.act, phase == 2 ? v_first(l, parts) : 0 });
 				else
-					part_run<0, FIX>(l.kfmt, phase, { x, p, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS],
+					part_run<0, FK>(l.kfmt, phase, { x, p, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS],
 								    B, D, l.act, threadIdx.x });
 			}
 			if (phase < 2)
@@ -630,9 +632,8 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 }
 
 /* Six CTAs per SM (40 registers, no spill): more blocks staging at once.
- * FIX: the format of K and V both, or ANY_FMT (chosen per part inside: a
- * kernel of every format's code, whose size costs instruction fetches). */
-template <int FIX>
+ * FK, FV: the formats of K and V, or ANY_FMT (chosen per part inside). */
+template <int FK, int FV>
 __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, uint8_t *base,
 								const kvq_seq_table *seqs, const uint8_t *kin,
 								const uint8_t *vin, uint32_t parts)
@@ -665,7 +666,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, ui
 		src.from_open = pos0 < n ? (uint32_t)(n - pos0 < B ? n - pos0 : B) : 0;
 		src.in_row = (uint64_t)s.row0 + (pos0 + src.from_open - n);
 		src.in_stride = stride;
-		seal_head<FIX>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+		seal_head<FK, FV>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 		return;
 	}
 	uint64_t p0 = pos0 > n ? pos0 : n, p1 = pos0 + B < n2 ? pos0 + B : n2;
@@ -676,7 +677,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, ui
 		    s.row0 + (p0 - n), stride);
 }
 
-template <int FIX>
+template <int FK, int FV>
 __global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs,
 							       uint32_t parts)
 {
@@ -692,22 +693,29 @@ __global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_
 	src.from_open = l.B;
 	src.in_row = 0;
 	src.in_stride = 0;
-	seal_head<FIX>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+	seal_head<FK, FV>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 }
 
-/* The write and seal kernels for a layer: one of a single format when K
- * and V share it, else the one that chooses per part. */
+/* The write and seal kernels for a layer: its pair's own where the pair has
+ * attention kernels (instances.h), else the one that chooses per part. */
 struct write_fns {
+	int k, v;
 	const void *write, *seal;
 };
-#define WRITE_FMT(ID, ...) { (const void *)write_kernel<KVQ_FMT_##ID>, (const void *)seal_kernel<KVQ_FMT_##ID> },
-static const write_fns fns_by_fmt[] = { KVQ_FORMATS(WRITE_FMT) };
-#undef WRITE_FMT
-static const write_fns fns_any = { (const void *)write_kernel<ANY_FMT>, (const void *)seal_kernel<ANY_FMT> };
+#define WRITE_PAIR(K, V) \
+	{ KVQ_FMT_##K, KVQ_FMT_##V, (const void *)write_kernel<KVQ_FMT_##K, KVQ_FMT_##V>, \
+	  (const void *)seal_kernel<KVQ_FMT_##K, KVQ_FMT_##V> },
+static const write_fns fns_by_pair[] = { KVQ_CUDA_PAIRS(WRITE_PAIR) };
+#undef WRITE_PAIR
+static const write_fns fns_any = { ANY_FMT, ANY_FMT, (const void *)write_kernel<ANY_FMT, ANY_FMT>,
+				   (const void *)seal_kernel<ANY_FMT, ANY_FMT> };
 
-static write_fns fns_for(const layer_dev &l)
+static const write_fns &fns_for(const layer_dev &l)
 {
-	return l.kfmt == l.vfmt && l.kfmt >= 0 && l.kfmt < KVQ_FMT_COUNT ? fns_by_fmt[l.kfmt] : fns_any;
+	for (const write_fns &f : fns_by_pair)
+		if (f.k == l.kfmt && f.v == l.vfmt)
+			return f;
+	return fns_any;
 }
 
 static int write_args_ok(const struct kvq_layout *L, uint32_t layer)
