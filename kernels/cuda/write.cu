@@ -9,13 +9,16 @@
  * come from threads that each make one word of storage order (16 bytes, 8
  * of 2-bit codes), eight elements of a row of K or a column of V at a time,
  * and store it at once.  Each format is one instance of the same templates
- * (fmt<F>).  The arithmetic is kvq_format.h's, so the bytes equal the CPU
- * seal's (kernels/cpu/write.c): that header has no expression a compiler
- * could contract into an FMA, min, max and |x| give the same result in any
- * order of reduction (a zero bound's sign, which does depend on it, is
- * dropped by kvq_asym_params), and a quotient
- * taken by a reciprocal is used only where it provably rounds as the true
- * division (rint_by_recip).
+ * (fmt<F>), and each (K, V) pair of instances.h has a kernel of its own:
+ * one holding every format's code was too large for the instruction caches
+ * (pairs not listed still take it).  The arithmetic is kvq_format.h's, so
+ * the bytes equal the CPU seal's (kernels/cpu/write.c): that header has no
+ * expression a compiler could contract into an FMA, min, max and |x| give
+ * the same result in any order of reduction (a zero bound's sign, which
+ * does depend on it, is dropped by kvq_asym_params), a quotient taken by a
+ * reciprocal is used only where it provably rounds as the true division
+ * (rint_by_recip), and FP8 codes come from the conversion instruction only
+ * where it rounds and saturates as kvq_fp8_encode_generic (fp8_codes).
  */
 #include <cuda_fp8.h>
 #include <cuda_pipeline_primitives.h>
@@ -631,7 +634,9 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 	}
 }
 
-/* Six CTAs per SM (40 registers, no spill): more blocks staging at once.
+/* Six CTAs per SM (40 registers; some pairs' kernels spill a few bytes,
+ * and at five CTAs with 48 registers they ran 1-5 % slower): more blocks
+ * staging at once.
  * FK, FV: the formats of K and V, or ANY_FMT (chosen per part inside). */
 template <int FK, int FV>
 __global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, uint8_t *base,
