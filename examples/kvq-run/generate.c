@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "layout.h"
 #include "mm.h"
 #include "run.h"
 
@@ -65,6 +66,30 @@ static void print_stats(struct kv *k)
 		(unsigned long long)st.lookup_tokens, (unsigned long long)st.hit_tokens);
 }
 
+/* The prompt's cached prefix, as kvq_seq_from_prompt finds it, but no
+ * longer than feed()'s first chunk can keep sealed: kvq_seq_begin keeps a
+ * found prefix only if that chunk's end splits at or past it, and feed()
+ * ends chunks at multiples of --batch.  A window wider than the way to the
+ * next multiple (KIVI's 4 blocks) would not: then the lookup asks again
+ * below that hit.  Returns the tokens found. */
+static uint32_t lookup(struct kv *k, const uint32_t *ids, uint32_t n)
+{
+	const struct kvq_layout *L = kvq_client_layout(k->c);
+	uint32_t look = n, hit;
+
+	for (;;) {
+		int r = kvq_seq_from_prompt(k->s, ids, look, &hit);
+		if (r < 0)
+			die("prefix lookup: %s (%s)", kvq_strerror(r), kvq_client_error(k->c));
+		uint32_t end = hit - hit % o.batch + o.batch;
+		if (!hit || kvq_layout_split(L, end < n ? end : n) >= hit)
+			return hit;
+		kv_reset(k);
+		while (kvq_layout_split(L, look) >= hit)
+			look--;
+	}
+}
+
 int cmd_generate(void)
 {
 	const struct model_cfg *c;
@@ -73,7 +98,7 @@ int cmd_generate(void)
 	size_t n, sys_len = 0;
 	uint32_t *ids, *out, g, hit = 0;
 	float *last;
-	int end, r;
+	int end;
 	double t0, t1, t2;
 
 	if (!o.prompt)
@@ -100,11 +125,8 @@ int cmd_generate(void)
 	if (!last || !out)
 		die("%s", strerror(ENOMEM));
 	t0 = now_s();
-	if (!o.no_cache) {
-		r = kvq_seq_from_prompt(k.s, ids, (uint32_t)n, &hit);
-		if (r < 0)
-			die("prefix lookup: %s (%s)", kvq_strerror(r), kvq_client_error(k.c));
-	}
+	if (!o.no_cache)
+		hit = lookup(&k, ids, (uint32_t)n);
 	feed(&k, ids + hit, (uint32_t)n - hit, NULL, last);
 	t1 = now_s();
 	g = greedy(&k, last, o.max_tokens, end, out, true, NULL);

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # kvq-run on the real model (SmolLM2-135M-Instruct, tools/fetch-model.sh)
 # against a kvqd it starts on a temporary socket: the tokenizer on non-ASCII
-# text, a GGUF that is cut short, generation, FP16-KV perplexity in the range
+# text, a GGUF that is cut short, generation (and a prefix hit with KIVI's
+# wide window), FP16-KV perplexity in the range
 # the independent reference gives (tools/model-check.py), int8 KV against
 # FP16.  Skipped when the model has not been fetched.
 . "$(dirname "$0")/lib.sh"
@@ -26,7 +27,7 @@ close_to_f16() {   # close_to_f16 KL TOP1
 	awk -v k="$1" -v t="$2" 'BEGIN { exit !(k != "" && k < 0.01 && t > 0.95) }'
 }
 
-echo "1..13"
+echo "1..14"
 
 # Ids recorded from the tokenizers library (Rust BPE) built from the GGUF's
 # vocabulary and merges with SmolLM2's pre-tokenizer, as tools/model-check.py
@@ -46,6 +47,20 @@ check "a GGUF cut short is refused with a reason" test $rc -ne 0 -a -s "$tmp/cut
 
 "$run" generate --prompt "What is the capital of France?" --max-tokens 24 >"$tmp/gen.out" 2>"$tmp/gen.err"
 check "generate answers a simple question (f16 KV)" grep -q Paris "$tmp/gen.out"
+
+# KIVI's window (4 blocks, 128 tokens) is wider than the way from a hit to
+# the next --batch boundary: a second worker with the same system prompt
+# still gets a hit, and its answer equals the one without the prefix cache
+head -c 2000 /usr/share/common-licenses/Artistic >"$tmp/sys.txt"
+for w in cold warm off; do
+	a=
+	[ $w = off ] && a=--no-prefix-cache
+	"$run" generate --kv kivi4 --system-file "$tmp/sys.txt" --prompt "Who may copy the package?" --max-tokens 8 \
+		$a >"$tmp/kivi.$w" 2>"$tmp/kivi.$w.err" || echo "# $w: $(tail -n 1 "$tmp/kivi.$w.err")"
+done
+kivi_hit=$(sed -n 's/.*: \([0-9]*\) from the prefix cache,.*/\1/p' "$tmp/kivi.warm.err")
+check "kivi4 with a cached system prompt: hit ($kivi_hit tokens), same answer as without the cache" \
+	sh -c "[ '${kivi_hit:-0}' -gt 0 ] && [ -s '$tmp/kivi.off' ] && cmp -s '$tmp/kivi.warm' '$tmp/kivi.off'"
 
 # tools/model-check.py on these 256 tokens: reference perplexity 21.6594,
 # kvq-run 21.6614; allowed: the reference's value +-0.1 %
