@@ -23,6 +23,7 @@
 #include <string.h>
 
 #ifdef __CUDACC__
+#include <cuda_fp16.h>
 #define KVQ_HD static __host__ __device__ __forceinline__
 /* the format table's traits: constant expressions in kernels' templates */
 #define KVQ_HD_CONST static __host__ __device__ constexpr
@@ -292,17 +293,30 @@ KVQ_HD float kvq_f16_to_f32(uint16_t h)
 	return kvq_bits_f32(sgn | ((e + 112u) << 23) | (m << 13));
 }
 
+/* x rounded up (KVQ_RUP) or down (KVQ_RDOWN) to FP16.  On the GPU by the
+ * conversion instruction, which rounds as kvq_f16_from_f32_mode does for
+ * every number (tests/gpu/test_format_gpu compares them); a NaN keeps this
+ * header's quieting. */
+KVQ_HD uint16_t kvq_f16_directed(float x, int mode)
+{
+#ifdef __CUDA_ARCH__
+	if (x == x)
+		return __half_as_ushort(mode == KVQ_RUP ? __float2half_ru(x) : __float2half_rd(x));
+#endif
+	return kvq_f16_from_f32_mode(x, mode);
+}
+
 /* Scale: rounded up to FP16, saturating at the FP16 maximum. */
 KVQ_HD uint16_t kvq_f16_scale(float s)
 {
-	uint16_t h = kvq_f16_from_f32_mode(s, KVQ_RUP);
+	uint16_t h = kvq_f16_directed(s, KVQ_RUP);
 	return h == 0x7c00u ? (uint16_t)0x7bffu : h;
 }
 
 /* Zero: rounded down to FP16, saturating at the FP16 minimum. */
 KVQ_HD uint16_t kvq_f16_zero(float z)
 {
-	uint16_t h = kvq_f16_from_f32_mode(z, KVQ_RDOWN);
+	uint16_t h = kvq_f16_directed(z, KVQ_RDOWN);
 	if (h == 0xfc00u)
 		return 0xfbffu;
 	if (h == 0x7c00u)
