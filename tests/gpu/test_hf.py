@@ -150,7 +150,7 @@ def share_worker(a, question):
     m.set_attn_implementation("kvq")
     ids = tok(open(a.share_text).read() + "\n\nQuestion: " + question + "\nAnswer:", return_tensors="pt").input_ids
     ids = ids.to(a.device)
-    # warm up (CUDA context, kernels, cuBLAS handles) on the question alone,
+    # warm up (CUDA context, kernels, cuBLAS handles) on the prompt's last 16 tokens,
     # in a pool of its own, so that the timed prefill is the prefill
     with torch.no_grad(), kvq_cache(a, m, "int8", pool="hf-share-warmup") as c:
         m(ids[:, -16:], past_key_values=c, use_cache=True)
