@@ -28,7 +28,7 @@
 
 namespace kvq {
 
-#define WRITE_THREADS 256   /* a power of two: v_first takes a remainder by it */
+#define WRITE_THREADS 128   /* a power of two: v_first takes a remainder by it */
 
 /* Halves of padding after each staged row: rows stay 16-byte aligned and
  * eight lanes reading a channel down the rows spread over the banks. */
@@ -634,12 +634,14 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 	}
 }
 
-/* Six CTAs per SM (40 registers; some pairs' kernels spill a few bytes,
- * and at five CTAs with 48 registers they ran 1-5 % slower): more blocks
- * staging at once.
+/* Eleven CTAs of 128 threads per SM, as many as the staged rows' shared
+ * memory allows (40 registers; some pairs' kernels spill a few bytes): the
+ * more blocks in different phases at once, the more their staging, barriers
+ * and arithmetic overlap (on an H200, 6 CTAs of 256 threads were 8-16 %
+ * slower).
  * FK, FV: the formats of K and V, or ANY_FMT (chosen per part inside). */
 template <int FK, int FV>
-__global__ void __launch_bounds__(WRITE_THREADS, 6) write_kernel(layer_dev l, uint8_t *base,
+__global__ void __launch_bounds__(WRITE_THREADS, 11) write_kernel(layer_dev l, uint8_t *base,
 								const kvq_seq_table *seqs, const uint8_t *kin,
 								const uint8_t *vin, uint32_t parts)
 {
