@@ -6,7 +6,9 @@
  *   - the resident figures (kvqctl stats --json, the metrics) against what
  *     the clients hold by their own account (their block tables): live
  *     sequences, sealed tokens logical and distinct, open tokens, bytes,
- *     the f16 bytes from the geometry, batch gain, sharing factor;
+ *     the f16 bytes from the geometry, batch gain, sharing factor; and in
+ *     a pool whose window is 4 blocks, live sequences between kvqctl's
+ *     bounds (exact only at a window of one block);
  *   - the attention histograms against the calls the clients made;
  *   - forged attention reports (a raw protocol client): out-of-range
  *     figures clamped, foreign pairs and bad bins dropped, never an error;
@@ -49,6 +51,10 @@
 
 static char sock_path[108], tmpdir[64], daemon_bin[512], ctl_bin[512];
 static int port;
+/* The pool the next forked worker attaches (created with this window, 0:
+ * the policy's default). */
+static const char *worker_pool = POOL;
+static uint32_t worker_window;
 
 /* ---------------------------------------------------------------- workers */
 
@@ -126,8 +132,9 @@ static int attend(kvq_client *c, kvq_seq *s, uint32_t n_q, struct report *rep)
 
 static int worker_run(const struct seqspec *spec, uint32_t n, int wr, int go)
 {
-	struct kvq_attach_params p = { .pool = POOL, .model_id = MODEL, .layers = L_, .kv_heads = H_, .head_dim = D_,
-		.block_tokens = B_, .policy = "int8", .create = 1, .n_sealed = 64, .n_open = 16, .device = -1 };
+	struct kvq_attach_params p = { .pool = worker_pool, .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .window = worker_window, .create = 1,
+		.n_sealed = 64, .n_open = 16, .device = -1 };
 	static struct report rep;
 	kvq_seq *seqs[MAX_SEQ] = { 0 };
 	kvq_client *c = NULL;
@@ -585,6 +592,49 @@ static void test_dashboard(void)
 	   "the check itself tells a served name from one that is not");
 }
 
+/* A window of 4 blocks: live sequences are only bounded, from below by
+ * the open slots in use / (R/B) (a sequence longer than R holds R/B, a
+ * shorter one fewer), from above by the open slots in use (each holds one). */
+static void test_wide_window(void)
+{
+	static const struct seqspec spec[] = { { 7, 150, 150, 0 }, { 8, 10, 10, 0 }, { 9, 10, 10, 0 } };
+	struct report rep;
+	struct worker w = { 0 };
+	uint64_t open = 0, sealed = 0;
+
+	memset(&rep, 0, sizeof(rep));
+	worker_pool = "wide";
+	worker_window = 4 * B_;
+	if (!ok(worker_start(&w, spec, 3, &rep) == 0 && rep.nseq == 3, "worker C: 150, 10 and 10 tokens in a pool of window 4B (%s)",
+		rep.err)) {
+		if (w.pid > 0)
+			worker_finish(&w);
+		worker_pool = POOL;
+		worker_window = 0;
+		return;
+	}
+	for (uint32_t i = 0; i < rep.nseq; i++) {
+		open += rep.n_open[i];
+		sealed += rep.n_sealed[i];
+	}
+	/* S(150) = 16 ceil(86 / 16) = 96: 6 sealed, 54 open tokens in 4 blocks; 10 tokens: 1 block each */
+	ok(open == 6 && sealed == 6, "worker C holds 6 open and 6 sealed blocks (%llu, %llu)", (unsigned long long)open,
+	   (unsigned long long)sealed);
+	ok(ctl_stats("wide") == 0, "window 4B: kvqctl --json stats runs");
+	ok(jnum(ctl_out, "\"resident\"", "sequences") == (double)((open + 3) / 4) &&
+	   jnum(ctl_out, "\"resident\"", "sequences") < rep.nseq &&
+	   jnum(ctl_out, "\"resident\"", "sequences_max") == (double)open && open >= rep.nseq,
+	   "window 4B: %u live sequences between kvqctl's bounds %g (open slots / 4, rounded up) and %g (open slots)",
+	   rep.nseq, jnum(ctl_out, "\"resident\"", "sequences"), jnum(ctl_out, "\"resident\"", "sequences_max"));
+	ok(jnum(ctl_out, "\"resident\"", "sealed_tokens") == (double)(sealed * B_) &&
+	   jnum(ctl_out, "\"resident\"", "open_tokens_max") == (double)(open * B_),
+	   "window 4B: sealed tokens exact (%g), open tokens at most %g", jnum(ctl_out, "\"resident\"", "sealed_tokens"),
+	   jnum(ctl_out, "\"resident\"", "open_tokens_max"));
+	ok(worker_finish(&w) == 0, "worker C frees its sequences and exits");
+	worker_pool = POOL;
+	worker_window = 0;
+}
+
 int main(void)
 {
 	const char *top = getenv("top_builddir"), *env_ctl = getenv("KVQ_TEST_KVQCTL"), *text;
@@ -656,6 +706,7 @@ int main(void)
 		ok(n > 0, "the exposition parses, the new families included (%d%s)", n, n < 0 ? ": bad line" : " samples");
 	}
 
+	test_wide_window();
 	test_forged(reps[0].region);
 	test_errors();
 	test_dashboard();
