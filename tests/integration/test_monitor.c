@@ -605,8 +605,8 @@ static void test_wide_window(void)
 	memset(&rep, 0, sizeof(rep));
 	worker_pool = "wide";
 	worker_window = 4 * B_;
-	if (!ok(worker_start(&w, spec, 3, &rep) == 0 && rep.nseq == 3, "worker C: 150, 10 and 10 tokens in a pool of window 4B (%s)",
-		rep.err)) {
+	if (!ok(worker_start(&w, spec, 3, &rep) == 0 && rep.nseq == 3,
+		"worker C: 150, 10 and 10 tokens in a pool of window 4B (%s)", rep.err)) {
 		if (w.pid > 0)
 			worker_finish(&w);
 		worker_pool = POOL;
