@@ -151,6 +151,29 @@ static void pools_alloc(const struct kvq_layout *L, uint8_t **host, void **dev)
 	CK(cudaMemset(*dev, 0x47, L->total_bytes));
 }
 
+/* A case's layout of policy (lp's other fields given) and its two pools
+ * (pools_alloc); a failure is a test failure named by name.  0 or -1. */
+static int case_pools(const char *policy, struct kvq_layout_params *lp, const char *name, struct kvq_layout **L,
+		      uint8_t **host, void **dev)
+{
+	struct kvq_policy pol;   /* read by kvq_layout_new only: the layout keeps its formats */
+	char err[256];
+
+	if (kvq_policy_parse(policy, lp->layers, &pol, err, sizeof err) < 0) {
+		ok(0, "%s: policy (%s)", name, err);
+		return -1;
+	}
+	lp->policy = &pol;
+	int r = kvq_layout_new(lp, L, err, sizeof err);
+	lp->policy = NULL;
+	if (r < 0) {
+		ok(0, "%s: layout (%s)", name, err);
+		return -1;
+	}
+	pools_alloc(*L, host, dev);
+	return 0;
+}
+
 /* Sequences of a case relative to the window R (as the CPU test's, plus a
  * long decode that several splits share and a 16-token speculative step). */
 static uint32_t plan_seqs(uint32_t B, uint32_t R, struct seq *s)
@@ -434,24 +457,16 @@ static uint16_t *special_rows(uint32_t B, size_t D, int act)
 static void seal_special(int f, uint32_t D, int act)
 {
 	const uint32_t B = 32, H = 2;
-	struct kvq_policy pol;
 	struct kvq_layout *L = NULL;
-	char err[128], name[80];
-
-	snprintf(name, sizeof name, "%s D=%u %s, special values", kvq_fmt_name(f), D, act == KVQ_DT_BF16 ? "bf16" : "f16");
-	if (kvq_policy_parse(kvq_fmt_name(f), 1, &pol, err, sizeof err) < 0) {
-		ok(0, "%s: policy (%s)", name, err);
-		return;
-	}
 	struct kvq_layout_params lp = { .layers = 1, .kv_heads = H, .head_dim = D, .block_tokens = B,
-		.window = B, .n_sealed = 2, .n_open = 2, .act = act, .policy = &pol };
-	if (kvq_layout_new(&lp, &L, err, sizeof err) < 0) {
-		ok(0, "%s: layout (%s)", name, err);
-		return;
-	}
+		.window = B, .n_sealed = 2, .n_open = 2, .act = act };
 	uint8_t *host;
 	void *dev;
-	pools_alloc(L, &host, &dev);
+	char name[80];
+
+	snprintf(name, sizeof name, "%s D=%u %s, special values", kvq_fmt_name(f), D, act == KVQ_DT_BF16 ? "bf16" : "f16");
+	if (case_pools(kvq_fmt_name(f), &lp, name, &L, &host, &dev) < 0)
+		return;
 	seal_one(L, host, dev, 1, 0, act, name, special_rows);
 	free(host);
 	CK(cudaFree(dev));
@@ -461,18 +476,13 @@ static void seal_special(int f, uint32_t D, int act)
 static void run_case(const struct tcase *tc)
 {
 	const uint32_t B = tc->B, R = tc->rblocks * B, H = tc->H, D = tc->D;
-	struct kvq_policy pol;
 	struct kvq_layout *L = NULL;
 	struct seq s[MAXSEQ];
-	char err[256], name[200];
+	char name[200];
 	uint32_t ns, nsealed = 2, nopen = 2;
 
 	snprintf(name, sizeof name, "%s H=%u g=%u D=%u B=%u R=%u %s%s", tc->policy, H, tc->g, D, B, R,
 		 tc->act == KVQ_DT_BF16 ? "bf16" : "f16", tc->prefill ? " long prefill" : "");
-	if (kvq_policy_parse(tc->policy, tc->layers, &pol, err, sizeof err) < 0) {
-		ok(0, "%s: policy (%s)", name, err);
-		return;
-	}
 	if (tc->prefill) {
 		/* a long chunk attending over 500 cached tokens and itself */
 		memset(s, 0, sizeof s);
@@ -487,14 +497,11 @@ static void run_case(const struct tcase *tc)
 		nopen += (s[i].n + B - 1) / B;
 	}
 	struct kvq_layout_params lp = { .layers = tc->layers, .kv_heads = H, .head_dim = D, .block_tokens = B,
-		.window = R, .n_sealed = nsealed, .n_open = nopen, .act = tc->act, .policy = &pol };
-	if (kvq_layout_new(&lp, &L, err, sizeof err) < 0) {
-		ok(0, "%s: layout (%s)", name, err);
-		return;
-	}
+		.window = R, .n_sealed = nsealed, .n_open = nopen, .act = tc->act };
 	uint8_t *host;
 	void *dev;
-	pools_alloc(L, &host, &dev);
+	if (case_pools(tc->policy, &lp, name, &L, &host, &dev) < 0)
+		return;
 
 	int32_t *sids = xcalloc(nsealed, 4), *oids = xcalloc(nopen, 4);
 	for (uint32_t i = 0; i < nsealed; i++)
