@@ -15,8 +15,15 @@ def label(r):
     return f"`{r['kv']}` (window {r['window']})"
 
 
+def default_window(run, r):
+    """A policy at its block's default window: one block, four with KIVI
+    (results written before kvq-run recorded its block: 16 tokens)."""
+    b = run.get("block", 16)
+    return r["window"] == (4 * b if "kivi" in r["kv"] else b)
+
+
 def title(run):
-    return (f"{os.path.basename(run['file'])}, ctx {run['ctx']}" +
+    return (f"{os.path.basename(run['file'])}, ctx {run['ctx']}" + (f", B {run['block']}" if "block" in run else "") +
             (", Hadamard-rotated" if run.get("rotate") else "") + (", K centered" if run.get("k_center") else ""))
 
 
@@ -71,7 +78,7 @@ def main():
     for run in runs:
         cells = []
         for k, t in TARGETS.items():
-            r = next((r for r in run["results"] if r["kv"] == k and r["window"] in (16, 64)), None)
+            r = next((r for r in run["results"] if r["kv"] == k and default_window(run, r)), None)
             cells.append("-" if r is None else f"{r['dppl_pct']:+.3f}" + (" met" if abs(r["dppl_pct"]) <= t else ""))
         out.append(f"| {title(run)} | {run.get('path', 'cpu')} | " + " | ".join(cells) + " |")
     out.append("")
@@ -89,7 +96,7 @@ def main():
         has_gen = run.get("gen", 1) and run.get("gen_prompts", 1) and (
             "gen" in run or any(r["cont_match"] > 0 for r in run["results"]))
         for r in run["results"]:
-            t = TARGETS.get(r["kv"]) if r["window"] in (16, 64) else None
+            t = TARGETS.get(r["kv"]) if default_window(run, r) else None
             verdict = "" if t is None else ("met" if abs(r["dppl_pct"]) <= t else "MISSED") + f" (<= {t} %)"
             out.append(f"| {label(r)} | {r['bits_per_value'] / 8:.4f} | {r['bits_per_value']:.2f} | {r['ppl']:.4f} | {r['dppl_pct']:+.3f} |"
                        f" {r['kl']:.5f} | {100 * r['top1']:.2f} % | {gen_cell(has_gen, r['rep4'])} |"

@@ -112,10 +112,10 @@ int cmd_ab(void)
 	}
 	double secs = now_s() - t0, ppl_ref = exp(st[0].nll / scored);
 	if (o.json)
-		printf("{\"file\":\"%s\",\"ctx\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
+		printf("{\"file\":\"%s\",\"ctx\":%u,\"block\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
 		       "\"gen_prompts\":%u,\"rotate\":%s,\"k_center\":%s,\"path\":\"%s\",\"ref\":{\"kv\":\"f16\","
 		       "\"window\":%u,\"bits_per_value\":%.4f,\"ppl\":%.6f,\"rep4\":%.4f},\"results\":[",
-		       o.file, ctx, n, (unsigned long long)scored, secs, o.gen, gp, o.rotate ? "true" : "false",
+		       o.file, ctx, o.block, n, (unsigned long long)scored, secs, o.gen, gp, o.rotate ? "true" : "false",
 		       k_center ? "true" : "false", o.gpu ? "gpu" : "cpu", k[0].window, k[0].bits, ppl_ref,
 		       st[0].ngrams ? (double)st[0].repeats / st[0].ngrams : 0.0);
 	else
