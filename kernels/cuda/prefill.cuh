@@ -4,11 +4,14 @@
  * blocks of a multiple of 32 tokens, the pairs of KVQ_CUDA_FAST_PAIRS.
  * dispatch.cu picks it for a step of more than 8 query rows per KV head.
  *
- * One CTA per (KV split, KV head and chunk of query rows, sequence), 16
- * rows per warp in the MMA's M dimension (S = Q·Kᵀ, O = P·V, the
- * FlashAttention-2 arrangement: the score accumulator is the A fragment of
- * the PV MMA as it stands).  The rows of a KV head are its GQA group times
- * the query tokens, so every K/V tile a CTA brings in serves them all.
+ * One CTA per (KV split, KV head and chunk of query rows, sequence), one
+ * or two m-tiles of 16 rows per warp in the MMA's M dimension (S = Q·Kᵀ,
+ * O = P·V, the FlashAttention-2 arrangement: the score accumulator is the A
+ * fragment of the PV MMA as it stands; with two, each K/V fragment read
+ * from shared memory feeds both, and Q's fragments come from shared memory
+ * per k-step; pf_traits::MT says where).  The rows of a KV head are its
+ * GQA group times the query tokens, so every K/V tile a CTA brings in
+ * serves them all.
  * FP16/BF16 pools run 4 warps per CTA and two CTAs per multiprocessor (one
  * CTA's copies and barrier overlap the other's MMAs), the formats converted
  * one CTA of 8 warps (pf_traits::CTAS).
@@ -66,23 +69,34 @@ template <int KF, int VF, int D, int ACT> struct pf_traits {
 				      : KK == KVQ_PARAM_CHANNEL ? D * 4 : 0;
 	static constexpr uint32_t VPB = VK == KVQ_PARAM_TOKEN ? PF_SEG * 2 : VK == KVQ_PARAM_GROUP ? VNG * PF_SEG * 4 : 0;
 	/* shared memory: two MMA buffers of K and V, of K's low part or K's
-	 * scales, then the staged codes and parameters */
+	 * scales, then the staged codes and parameters, then Q (MT = 2) */
 	static constexpr uint32_t K_BUF = PF_TILE * KS * 2, V_BUF = D * VS * 2;
+	static constexpr uint32_t O_V = 2 * K_BUF;
 	static constexpr uint32_t O_KLO = 2 * (K_BUF + V_BUF);
 	static constexpr uint32_t O_KSC = O_KLO + (KSPLIT ? 2 * K_BUF : 0);   /* KEXACT: fp16 scales [2][PF_TILE] */
 	static constexpr uint32_t O_KST = O_KSC + (KEXACT ? 2 * PF_TILE * 2 : 0);
 	static constexpr uint32_t O_VST = O_KST + (KNAT ? 0 : PF_TILE * KROW);
 	static constexpr uint32_t O_KP = O_VST + (VNAT ? 0 : D * 2 * VSEG);
 	static constexpr uint32_t O_VP = O_KP + 2 * KPB;
-	static constexpr uint32_t SMEM = O_VP + 2 * VPB;
+	static constexpr uint32_t O_Q = O_VP + 2 * VPB;
+	/* m-tiles of 16 query rows per warp.  Two, with Q's fragments read
+	 * from shared memory per k-step (in registers they would not fit
+	 * beside two m-tiles' accumulators), where the tiles are converted
+	 * (each conversion then serves twice the rows) or D = 64; one, with
+	 * Q's fragments held in registers, for FP16/BF16 pools read as they
+	 * are at D = 128, where two were slower (254 registers and spills;
+	 * bench/RESULTS.md, 2026-12-04) */
+	static constexpr int MT = KNAT && VNAT && D >= 128 ? 1 : 2;
+	static constexpr uint32_t Q_WARP = MT == 2 ? 16 * MT * KS * 2 : 0;
+	static constexpr uint32_t SMEM2 = O_Q + 4 * Q_WARP;   /* at two CTAs of 4 warps */
 	/* warps per CTA and CTAs per multiprocessor: two CTAs of 4 warps where
 	 * no tile needs the conversion pass and two fit (228 KiB of shared
 	 * memory, 1 KiB of it reserved per CTA), else one of 8; two CTAs were
-	 * faster for f16 but slower at D = 128 for the formats converted, whose
-	 * pass each CTA then repeats for half the rows (bench/RESULTS.md,
-	 * 2026-12-02) */
-	static constexpr int CTAS = KNAT && VNAT && 2 * (SMEM + 1024) <= 228 * 1024 ? 2 : 1;
-	static constexpr int WARPS = CTAS == 2 ? 4 : 8, THREADS = WARPS * 32, ROWS = WARPS * 16;
+	 * faster for f16 but slower at D = 128 for the formats converted
+	 * (bench/RESULTS.md, 2026-12-02 and 2026-12-04) */
+	static constexpr int CTAS = KNAT && VNAT && 2 * (SMEM2 + 1024) <= 228 * 1024 ? 2 : 1;
+	static constexpr int WARPS = CTAS == 2 ? 4 : 8, THREADS = WARPS * 32, ROWS = WARPS * 16 * MT;
+	static constexpr uint32_t SMEM = O_Q + WARPS * Q_WARP;
 	static_assert(KROW % 16 == 0 && (VSEG % 16 == 0 || VSEG == 8), "copy units");
 	static_assert(KPB % 16 == 0 && VPB % 16 == 0, "parameter copy units");
 	static_assert(KK != KVQ_PARAM_GROUP || KT::group_k % 8 == 0, "a dequantized run of 8 dims has one K group");
@@ -142,7 +156,7 @@ __device__ __forceinline__ void pf_issue(const attn_args &a, const pf_tile &x, u
 	const layer_dev &l = a.l;
 	const uint32_t tid = threadIdx.x;
 	uint16_t *Kb = reinterpret_cast<uint16_t *>(smem + buf * TR::K_BUF);
-	uint16_t *Vb = reinterpret_cast<uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+	uint16_t *Vb = reinterpret_cast<uint16_t *>(smem + TR::O_V + buf * TR::V_BUF);
 
 #pragma unroll
 	for (int g = 0; g < 2; g++) {
@@ -237,7 +251,7 @@ __device__ __forceinline__ void pf_pass(const attn_args &a, const pf_tile &x, ui
 	const layer_dev &l = a.l;
 	const uint32_t tid = threadIdx.x;
 	uint16_t *Kb = reinterpret_cast<uint16_t *>(smem + buf * TR::K_BUF);
-	uint16_t *Vb = reinterpret_cast<uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+	uint16_t *Vb = reinterpret_cast<uint16_t *>(smem + TR::O_V + buf * TR::V_BUF);
 	uint16_t *Kl = reinterpret_cast<uint16_t *>(smem + TR::O_KLO + buf * TR::K_BUF);
 	uint16_t *Ks = reinterpret_cast<uint16_t *>(smem + TR::O_KSC + buf * PF_TILE * 2);
 
@@ -349,7 +363,7 @@ prefill_kernel(attn_args a)
 {
 	typedef pf_traits<KF, VF, D, ACT> TR;
 	typedef act<ACT> AT;
-	constexpr int NK = D / 16, NO = D / 8;   /* k-steps of QKᵀ; dim n-tiles of PV */
+	constexpr int NK = D / 16, NO = D / 8, MT = TR::MT;   /* k-steps of QKᵀ; dim n-tiles of PV; m-tiles */
 	extern __shared__ __align__(16) uint8_t smem[];
 
 	const layer_dev &l = a.l;
@@ -365,40 +379,58 @@ prefill_kernel(attn_args a)
 	const uint32_t ntiles = (kv_end + PF_TILE - 1) / PF_TILE, per = (ntiles + a.splits - 1) / a.splits;
 	const uint32_t tile0 = blockIdx.x * per, tile1 = tile0 + per < ntiles ? tile0 + per : ntiles;
 	const uint32_t n_sealed_blk = split_of(l, s.n) / l.B;
+	/* a row of the CTA: its output row (query token times q_heads plus head) */
+#define PF_OROW(R) ((size_t)(s.row0 + (R) / g) * a.q_heads + h * g + (R) % g)
 
-	/* this thread's rows (qn and qn + 8 of the warp's 16): output row and position */
-	uint32_t pos[2];
-	size_t orow[2];
-	bool live[2];
-#pragma unroll
-	for (int j = 0; j < 2; j++) {
-		const uint32_t r = warp * 16 + qn + 8 * j, R = r0 + r;
-		live[j] = r < nr;
-		pos[j] = qpos0 + R / g;
-		orow[j] = (size_t)(s.row0 + R / g) * a.q_heads + h * g + R % g;
-	}
-	/* Q as A fragments, k-step k: dims 16k + 2qc (+1, +8, +9) */
-	uint32_t qa[NK][4];
-	{
+	/* Q: with one m-tile, A fragments in registers (k-step k: dims 16k +
+	 * 2qc, +1, +8, +9 of rows qn and qn + 8); with two, its rows in shared
+	 * memory (rows past the step zero), read back as A fragments per
+	 * k-step, ordered by the first barrier below */
+	uint32_t qreg[MT == 1 ? NK : 1][4];
+	uint16_t *Qs = reinterpret_cast<uint16_t *>(smem + TR::O_Q);
+	if constexpr (MT == 1) {
 		const uint32_t *q32 = reinterpret_cast<const uint32_t *>(a.q);
 #pragma unroll
-		for (int k = 0; k < NK; k++)
+		for (int j = 0; j < 2; j++) {
+			const uint32_t r = warp * 16 + qn + 8 * j;
+			const size_t w = r < nr ? PF_OROW(r0 + r) * D / 2 + qc : 0;
 #pragma unroll
-			for (int i = 0; i < 4; i++) {
-				const int j = i & 1, hi = i >> 1;
-				qa[k][i] = live[j] ? __ldg(q32 + (orow[j] * D + 16 * k + 8 * hi + 2 * qc) / 2) : 0u;
+			for (int k = 0; k < NK; k++)
+#pragma unroll
+				for (int hi = 0; hi < 2; hi++)
+					qreg[k][2 * hi + j] = r < nr ? __ldg(q32 + w + 8 * k + 4 * hi) : 0u;
+		}
+	} else {
+		for (uint32_t i = tid; i < TR::ROWS * (D / 8); i += TR::THREADS) {
+			const uint32_t r = i / (D / 8), c = i % (D / 8);
+			uint4 y = make_uint4(0, 0, 0, 0);
+			if (r < nr) {   /* words: q need not be 16-byte aligned */
+				const uint32_t *q = reinterpret_cast<const uint32_t *>(a.q) + (PF_OROW(r0 + r) * D + 8 * c) / 2;
+				y = make_uint4(__ldg(q), __ldg(q + 1), __ldg(q + 2), __ldg(q + 3));
 			}
+			*reinterpret_cast<uint4 *>(Qs + r * TR::KS + 8 * c) = y;
+		}
 	}
+	/* this thread's rows: m-tile mt's qn and qn + 8; their positions */
+	uint32_t pos[MT][2];
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int j = 0; j < 2; j++)
+			pos[mt][j] = qpos0 + (r0 + (warp * MT + mt) * 16 + qn + 8 * j) / g;
 	const float sl2 = a.scale * KVQ_LOG2E;
-	sm_state st[2];
-	st[0].init();
-	st[1].init();
-	float o[NO][4];
+	sm_state st[MT][2];
+	float o[MT][NO][4];
 #pragma unroll
-	for (int n = 0; n < NO; n++)
+	for (int mt = 0; mt < MT; mt++) {
+		st[mt][0].init();
+		st[mt][1].init();
 #pragma unroll
-		for (int i = 0; i < 4; i++)
-			o[n][i] = 0.0f;
+		for (int n = 0; n < NO; n++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				o[mt][n][i] = 0.0f;
+	}
 
 	pf_tile cur = pf_tile_of(a, s, h, tile0 * PF_TILE, kv_end, n_sealed_blk);
 	if (tile0 < tile1) {
@@ -410,92 +442,119 @@ prefill_kernel(attn_args a)
 			__syncthreads();
 		}
 	}
+	/* lane's row address within an ldmatrix x4: of B (K and V, two n-tiles
+	 * of 8 over a k-step of 16) and of A (Q, a 16 x 16 fragment) */
+	const uint32_t lr = 8 * (lane >> 4) + (lane & 7), lc = 8 * ((lane >> 3) & 1);
+	const uint32_t ar = (lane & 7) + 8 * ((lane >> 3) & 1), ac = 8 * (lane >> 4);
+	const uint16_t *Qw = Qs + (warp * MT * 16 + ar) * TR::KS + ac;
 	for (uint32_t tile = tile0; tile < tile1; tile++) {
-		const uint32_t buf = (tile - tile0) & 1, t0 = tile * PF_TILE;
+		const uint32_t buf = (tile - tile0) & 1, nbuf = buf ^ 1, t0 = tile * PF_TILE;
 		pf_tile nxt;
 		if (tile + 1 < tile1) {
 			nxt = pf_tile_of(a, s, h, t0 + PF_TILE, kv_end, n_sealed_blk);
-			pf_issue<KF, VF, D, ACT>(a, nxt, smem, buf ^ 1);
+			pf_issue<KF, VF, D, ACT>(a, nxt, smem, nbuf);
 		}
 		const uint16_t *Kb = reinterpret_cast<const uint16_t *>(smem + buf * TR::K_BUF);
-		const uint16_t *Vb = reinterpret_cast<const uint16_t *>(smem + 2 * TR::K_BUF + buf * TR::V_BUF);
+		const uint16_t *Vb = reinterpret_cast<const uint16_t *>(smem + TR::O_V + buf * TR::V_BUF);
 		const uint16_t *Kl = reinterpret_cast<const uint16_t *>(smem + TR::O_KLO + buf * TR::K_BUF);
-		/* lane's row address within an ldmatrix x4 of two 8-row matrices pairs */
-		const uint32_t lr = 8 * (lane >> 4) + (lane & 7), lc = 8 * ((lane >> 3) & 1);
 
-		/* ---- S = Q·Kᵀ: 8 token n-tiles */
-		float sc[PF_TILE / 8][4];
+		/* ---- S = Q·Kᵀ: 8 token n-tiles per m-tile */
+		float sc[MT][PF_TILE / 8][4];
 #pragma unroll
-		for (int n = 0; n < (int)PF_TILE / 8; n++)
+		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-			for (int i = 0; i < 4; i++)
-				sc[n][i] = 0.0f;
+			for (int n = 0; n < (int)PF_TILE / 8; n++)
 #pragma unroll
-		for (int k = 0; k < NK; k++)
+				for (int i = 0; i < 4; i++)
+					sc[mt][n][i] = 0.0f;
+#pragma unroll
+		for (int k = 0; k < NK; k++) {
+			uint32_t qa[MT][4];
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++)
+				if constexpr (MT == 1)
+#pragma unroll
+					for (int i = 0; i < 4; i++)
+						qa[mt][i] = qreg[k][i];
+				else
+					ldsm_x4(qa[mt], Qw + mt * 16 * TR::KS + 16 * k);
 #pragma unroll
 			for (int np = 0; np < (int)PF_TILE / 16; np++) {
 				uint32_t b[4];
 				ldsm_x4(b, Kb + (16 * np + lr) * TR::KS + 16 * k + lc);
-				mma16816<ACT>(sc[2 * np], qa[k], b);
-				mma16816<ACT>(sc[2 * np + 1], qa[k], b + 2);
+#pragma unroll
+				for (int mt = 0; mt < MT; mt++) {
+					mma16816<ACT>(sc[mt][2 * np], qa[mt], b);
+					mma16816<ACT>(sc[mt][2 * np + 1], qa[mt], b + 2);
+				}
 				if constexpr (TR::KSPLIT) {
 					ldsm_x4(b, Kl + (16 * np + lr) * TR::KS + 16 * k + lc);
-					mma16816<ACT>(sc[2 * np], qa[k], b);
-					mma16816<ACT>(sc[2 * np + 1], qa[k], b + 2);
+#pragma unroll
+					for (int mt = 0; mt < MT; mt++) {
+						mma16816<ACT>(sc[mt][2 * np], qa[mt], b);
+						mma16816<ACT>(sc[mt][2 * np + 1], qa[mt], b + 2);
+					}
 				}
 			}
+		}
 		if constexpr (TR::KEXACT)   /* K's per-token scales on the scores */
 #pragma unroll
 			for (int n = 0; n < (int)PF_TILE / 8; n++) {
 				const uint32_t t = 8 * n + 2 * qc;
 				const __half2 s2 = *reinterpret_cast<const __half2 *>(smem + TR::O_KSC + buf * PF_TILE * 2 + t * 2);
 				const float2 f = __half22float2(s2);
-				sc[n][0] *= f.x, sc[n][1] *= f.y, sc[n][2] *= f.x, sc[n][3] *= f.y;
+#pragma unroll
+				for (int mt = 0; mt < MT; mt++)
+					sc[mt][n][0] *= f.x, sc[mt][n][1] *= f.y, sc[mt][n][2] *= f.x, sc[mt][n][3] *= f.y;
 			}
 
 		/* ---- scale, mask (tiles that reach past the first query, or
-		 * hold a segment without a valid block), online softmax */
+		 * hold a segment without a valid block), online softmax, then
+		 * O += P·V per m-tile */
 		const bool mask = t0 + PF_TILE - 1 > pos_first || cur.bad;
-		float mx[2] = { -INFINITY, -INFINITY };
+		uint32_t pa[MT][PF_TILE / 16][4];
 #pragma unroll
-		for (int n = 0; n < (int)PF_TILE / 8; n++)
+		for (int mt = 0; mt < MT; mt++) {
+			float mx[2] = { -INFINITY, -INFINITY };
 #pragma unroll
-			for (int i = 0; i < 4; i++) {
-				const int j = i >> 1;
-				float y = sc[n][i];
-				if (mask) {
-					const uint32_t t = t0 + 8 * n + 2 * qc + (i & 1);
-					if (t > pos[j] || (cur.bad && cur.kind[(8 * n) / PF_SEG] == PF_NONE))
-						y = -INFINITY;
+			for (int n = 0; n < (int)PF_TILE / 8; n++)
+#pragma unroll
+				for (int i = 0; i < 4; i++) {
+					const int j = i >> 1;
+					float y = sc[mt][n][i];
+					if (mask) {
+						const uint32_t t = t0 + 8 * n + 2 * qc + (i & 1);
+						if (t > pos[mt][j] || (cur.bad && cur.kind[(8 * n) / PF_SEG] == PF_NONE))
+							y = -INFINITY;
+					}
+					sc[mt][n][i] = y;
+					mx[j] = fmaxf(mx[j], y);
 				}
-				sc[n][i] = y;
-				mx[j] = fmaxf(mx[j], y);
+			float alpha[2], base[2];
+#pragma unroll
+			for (int j = 0; j < 2; j++) {
+				mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+				mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
+				alpha[j] = st[mt][j].raise(mx[j] * sl2);
+				base[j] = st[mt][j].base();
 			}
-		float alpha[2], base[2];
+			if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
 #pragma unroll
-		for (int j = 0; j < 2; j++) {
-			mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
-			mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
-			alpha[j] = st[j].raise(mx[j] * sl2);
-			base[j] = st[j].base();
-		}
-		if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+				for (int n = 0; n < NO; n++)
 #pragma unroll
-			for (int n = 0; n < NO; n++)
+					for (int i = 0; i < 4; i++)
+						o[mt][n][i] *= alpha[i >> 1];
 #pragma unroll
-				for (int i = 0; i < 4; i++)
-					o[n][i] *= alpha[i >> 1];
-		uint32_t pa[PF_TILE / 16][4];
+			for (int n = 0; n < (int)PF_TILE / 8; n++) {
+				float p[4];
 #pragma unroll
-		for (int n = 0; n < (int)PF_TILE / 8; n++) {
-			float p[4];
-#pragma unroll
-			for (int i = 0; i < 4; i++) {
-				p[i] = fast_exp2(fmaf(sc[n][i], sl2, -base[i >> 1]));
-				st[i >> 1].l += p[i];
+				for (int i = 0; i < 4; i++) {
+					p[i] = fast_exp2(fmaf(sc[mt][n][i], sl2, -base[i >> 1]));
+					st[mt][i >> 1].l += p[i];
+				}
+				pa[mt][n / 2][2 * (n & 1)] = AT::pack(p[0], p[1]);
+				pa[mt][n / 2][2 * (n & 1) + 1] = AT::pack(p[2], p[3]);
 			}
-			pa[n / 2][2 * (n & 1)] = AT::pack(p[0], p[1]);
-			pa[n / 2][2 * (n & 1) + 1] = AT::pack(p[2], p[3]);
 		}
 
 		/* ---- O += P·V: k-steps of 16 tokens, dim n-tiles in pairs */
@@ -505,15 +564,18 @@ prefill_kernel(attn_args a)
 			for (int dp = 0; dp < NO / 2; dp++) {
 				uint32_t b[4];
 				ldsm_x4(b, Vb + (16 * dp + lr) * TR::VS + 16 * kt + lc);
-				mma16816<ACT>(o[2 * dp], pa[kt], b);
-				mma16816<ACT>(o[2 * dp + 1], pa[kt], b + 2);
+#pragma unroll
+				for (int mt = 0; mt < MT; mt++) {
+					mma16816<ACT>(o[mt][2 * dp], pa[mt][kt], b);
+					mma16816<ACT>(o[mt][2 * dp + 1], pa[mt][kt], b + 2);
+				}
 			}
 
 		if (tile + 1 < tile1) {
 			cp_async_wait();
 			__syncthreads();
 			if (pf_needs_pass<TR>(nxt)) {
-				pf_pass<KF, VF, D, ACT>(a, nxt, smem, buf ^ 1, t0 + PF_TILE, s.n);
+				pf_pass<KF, VF, D, ACT>(a, nxt, smem, nbuf, t0 + PF_TILE, s.n);
 				__syncthreads();
 			}
 			cur = nxt;
@@ -522,18 +584,27 @@ prefill_kernel(attn_args a)
 
 	/* ---- the rows' sums over the quad, then results or partials */
 #pragma unroll
-	for (int j = 0; j < 2; j++) {
-		st[j].l += __shfl_xor_sync(0xffffffffu, st[j].l, 1);
-		st[j].l += __shfl_xor_sync(0xffffffffu, st[j].l, 2);
-	}
+	for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-	for (int n = 0; n < NO; n++)
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			const int j = i >> 1;
-			if (live[j])
-				emit<D>(a, blockIdx.x, orow[j], 8 * n + 2 * qc + (i & 1), o[n][i], st[j]);
+		for (int j = 0; j < 2; j++) {
+			st[mt][j].l += __shfl_xor_sync(0xffffffffu, st[mt][j].l, 1);
+			st[mt][j].l += __shfl_xor_sync(0xffffffffu, st[mt][j].l, 2);
 		}
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			const uint32_t r = (warp * MT + mt) * 16 + qn + 8 * j;
+			if (r >= nr)
+				continue;
+			const size_t orow = PF_OROW(r0 + r);
+#pragma unroll
+			for (int n = 0; n < NO; n++)
+#pragma unroll
+				for (int i = 0; i < 2; i++)
+					emit<D>(a, blockIdx.x, orow, 8 * n + 2 * qc + i, o[mt][n][2 * j + i], st[mt][j]);
+		}
+#undef PF_OROW
 }
 
 /* Query rows per CTA of an instance. */
