@@ -41,6 +41,8 @@ int cmd_ab(void)
 	ctx = o.ctx ? o.ctx : 2048;
 	if (ctx < 2 || ctx + o.gen > model_cfg(md)->ctx)
 		die("--ctx between 2 and the model's context less --gen");
+	if (o.score_from + 1 >= ctx)
+		die("--score-from %u leaves nothing to score in windows of %u tokens", o.score_from, ctx);
 	ids = file_tokens(&n);
 	logits = calloc(nk, sizeof(*logits));
 	lr = malloc(sizeof(double) * V);
@@ -69,7 +71,7 @@ int cmd_ab(void)
 
 			for (uint32_t j = 0; j < nk; j++)
 				feed(&k[j], ids + a + c0, m, logits[j], NULL);
-			for (uint32_t i = 0; i < m && c0 + i + 1 < w; i++) {
+			for (uint32_t i = c0 < o.score_from ? o.score_from - c0 : 0; i < m && c0 + i + 1 < w; i++) {
 				uint32_t tgt = ids[a + c0 + i + 1];
 				const float *ref = logits[0] + (size_t)i * V;
 				uint32_t top_ref = argmax(ref, V);
@@ -110,12 +112,14 @@ int cmd_ab(void)
 				st[j].match++;
 		}
 	}
+	if (!scored)
+		die("%s: no window reaches --score-from %u", o.file, o.score_from);
 	double secs = now_s() - t0, ppl_ref = exp(st[0].nll / scored);
 	if (o.json)
-		printf("{\"file\":\"%s\",\"ctx\":%u,\"block\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
+		printf("{\"file\":\"%s\",\"ctx\":%u,\"block\":%u,\"score_from\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
 		       "\"gen_prompts\":%u,\"rotate\":%s,\"k_center\":%s,\"path\":\"%s\",\"ref\":{\"kv\":\"f16\","
 		       "\"window\":%u,\"bits_per_value\":%.4f,\"ppl\":%.6f,\"rep4\":%.4f},\"results\":[",
-		       o.file, ctx, o.block, n, (unsigned long long)scored, secs, o.gen, gp, o.rotate ? "true" : "false",
+		       o.file, ctx, o.block, o.score_from, n, (unsigned long long)scored, secs, o.gen, gp, o.rotate ? "true" : "false",
 		       k_center ? "true" : "false", o.gpu ? "gpu" : "cpu", k[0].window, k[0].bits, ppl_ref,
 		       st[0].ngrams ? (double)st[0].repeats / st[0].ngrams : 0.0);
 	else

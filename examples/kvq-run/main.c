@@ -55,7 +55,8 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]\n"
 		   "                [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]\n"
 		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
-		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--json] FILE\n"
+		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--score-from N] [--json] FILE\n"
+		   "                (--score-from N: score only the predictions from position N of each window on)\n"
 		   "       kvq-run ab --prompts FILE [--kv POLICY...] [--gen N] [--ctx N] [--raw] [--system TEXT |\n"
 		   "                --system-file FILE] [--show N] [--limit N] [--json]   (continuations of FILE's\n"
 		   "                prompts, one a line or JSON lines {\"prompt\", \"system\"}: f16, bf16, each POLICY)\n"
@@ -93,7 +94,7 @@ int main(int argc, char **argv)
 		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' },
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
 		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
-		{ "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "score-from", 1, NULL, 'F' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -133,6 +134,7 @@ int main(int argc, char **argv)
 		case 'K': o.k_center = optarg; break;
 		case 'P': o.prompts = optarg; break;
 		case 'W': o.show = num(optarg, "--show"); break;
+		case 'F': o.score_from = num(optarg, "--score-from"); break;
 		case 'U': o.gpu = true; break;
 		case 'V': o.device = (int)num(optarg, "--device"); break;
 		case 'j': o.json = true; break;
@@ -152,6 +154,8 @@ int main(int argc, char **argv)
 	}
 	if (o.prompts && strcmp(cmd, "ab"))
 		die("--prompts is for ab");
+	if (o.score_from && (strcmp(cmd, "ab") || o.prompts))
+		die("--score-from is for ab over a FILE");
 	if (!strcmp(cmd, "generate"))
 		return cmd_generate();
 	if (!strcmp(cmd, "tokenize"))

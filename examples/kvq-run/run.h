@@ -23,7 +23,7 @@ struct opts {
 	const char *model, *socket, *prompt, *prompts, *file, *dump, *system, *system_file, *salt, *out, *k_center;
 	const char *kv[RUN_MAX_KV];
 	unsigned n_kv;
-	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block, show;
+	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block, show, score_from;
 	unsigned threads;
 	int device;
 	bool json, raw, special, decode, no_cache, stats, rotate, gpu;

@@ -27,7 +27,7 @@ close_to_f16() {   # close_to_f16 KL TOP1
 	awk -v k="$1" -v t="$2" 'BEGIN { exit !(k != "" && k < 0.01 && t > 0.95) }'
 }
 
-echo "1..14"
+echo "1..16"
 
 # Ids recorded from the tokenizers library (Rust BPE) built from the GGUF's
 # vocabulary and merges with SmolLM2's pre-tokenizer, as tools/model-check.py
@@ -75,6 +75,15 @@ top8=$(grep '"kv":"int8"' "$tmp/ab.lines" | sed -n 's/.*"top1":\([-0-9.e]*\).*/\
 kl2=$(grep '"kv":"kivi2"' "$tmp/ab.lines" | sed -n 's/.*"kl":\([-0-9.e]*\).*/\1/p')
 check "int8 KV stays close to f16 (KL $kl8, top-1 $top8)" close_to_f16 "$kl8" "$top8"
 check "kivi2 KV moves further from f16 than int8 (KL $kl2 > $kl8)" between "$kl2" "$kl8" 100
+
+# scored as llama-perplexity scores (tools/llama-compare.sh): the second half
+# of each window, predictions at positions 128..254 of two windows of 256
+"$run" ab --kv int8 --ctx 256 --score-from 128 --limit 512 --gen 0 --json "$text" >"$tmp/abh.json" 2>&1
+check "ab --score-from 128 scores 2 x 127 predictions ($(json_num scored "$tmp/abh.json"))" \
+	test "$(json_num scored "$tmp/abh.json")" = 254 -a "$(json_num score_from "$tmp/abh.json")" = 128
+check "ab refuses a --score-from that leaves nothing to score" \
+	sh -c '"$1" ab --kv int8 --ctx 256 --score-from 255 --gen 0 "$2" 2>&1 | grep -q "leaves nothing to score"' \
+	sh "$run" "$text"
 
 # the Hadamard rotation and K centering leave the function alone (f16 KV)
 # and take quantization error out of per-token K
