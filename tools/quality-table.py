@@ -12,7 +12,8 @@ TARGETS = {"int8": 0.1, "fp8": 0.5, "kivi4": 1.5, "int4g32": 2.0}
 
 
 def label(r):
-    return f"`{r['kv']}` (window {r['window']})"
+    """A kvq-run policy with its open window; another tool's KV type (window 0) as named."""
+    return f"`{r['kv']}` (window {r['window']})" if r["window"] else f"`{r['kv']}`"
 
 
 def default_window(run, r):
@@ -24,6 +25,9 @@ def default_window(run, r):
 
 def title(run):
     return (f"{os.path.basename(run['file'])}, ctx {run['ctx']}" + (f", B {run['block']}" if "block" in run else "") +
+            (f", scored from {run['score_from']}" if run.get("score_from") else "") +
+            (f", beside llama.cpp (llama-cpp-python {run['llama']['version']}, llama.cpp {run['llama']['commit']};"
+             f" its FP16-KV perplexity {run['llama']['ppl_f16']:.4f})" if "llama" in run else "") +
             (", Hadamard-rotated" if run.get("rotate") else "") + (", K centered" if run.get("k_center") else ""))
 
 
