@@ -78,7 +78,9 @@ mkdir -p "$out"
 for text in "$@"; do
 	name=$(basename "$text" | tr 'A-Z.' 'a-z-')
 	# the same ids from both tokenizers, for the windows scored
-	"$bin/llama-tokenize" -m "$KVQ_MODEL" -f "$text" --ids --log-disable 2>/dev/null >"$tmp/ids.llama"
+	# (--no-escape: llama.cpp's tools otherwise turn "\x08" and the like in
+	# the text into the bytes they name, and score another text)
+	"$bin/llama-tokenize" -m "$KVQ_MODEL" -f "$text" --ids --no-escape --log-disable 2>/dev/null >"$tmp/ids.llama"
 	"$run_bin" tokenize "$(cat "$text")" >"$tmp/ids.kvq"
 	chunks=$(python3 - "$tmp/ids.llama" "$tmp/ids.kvq" "$ctx" <<'PY'
 import ast, sys
@@ -95,7 +97,7 @@ print(n // ctx)
 PY
 ) || { echo "llama-compare: $text: the comparison needs the same token ids" >&2; exit 1; }
 	echo "=== $text: $chunks windows of $ctx tokens, identical ids in both tools" >&2
-	ppl=("$bin/llama-perplexity" -m "$KVQ_MODEL" -c "$ctx" -b "$ctx" --chunks "$chunks" -fa on -t "$threads")
+	ppl=("$bin/llama-perplexity" -m "$KVQ_MODEL" -c "$ctx" -b "$ctx" --chunks "$chunks" -fa on -t "$threads" --no-escape)
 	"${ppl[@]}" -f "$text" --kl-divergence-base "$tmp/base.kld" >"$tmp/base.log" 2>&1
 	for p in "${pairs[@]}"; do
 		read -r _ type _ <<<"$p"
