@@ -57,6 +57,7 @@ def main():
            "of 128 tokens; every policy's forward runs in step with the FP16-KV one and",
            "attention reads KV as stored (sealed blocks quantized, the open window FP16).",
            "",
+           "- B: tokens per block, 16 unless a run's title gives it (kvq-run's default before it became 32).",
            "- bytes/value, bits/value: bytes of one sealed block (K and V codes, FP16 scales and zeros,",
            "  16-byte alignment) x 8 / values in it; the FP16 open window is not counted.",
            "- ppl: perplexity of the text under that KV policy; d%: its change against",
