@@ -12,8 +12,8 @@
 # window), after checking that both tokenizers give the same ids.  Both
 # FP16-KV perplexities, dPPL, KL and top-1 go to a JSON per text under
 # OUTDIR (bench/quality by default) that tools/quality-table.py reads.
-# Needs a build (build/), the model (tools/fetch-model.sh), cmake and a
-# C++ compiler (installed with apt-get when missing).  Not part of CI.
+# Needs a build (build/), the model (tools/fetch-model.sh) and cmake
+# (installed with apt-get when missing); texts of at most 128 KiB.  Not part of CI.
 #   tools/llama-compare.sh TEXT [TEXT...]
 # Environment: KVQ_CTX (tokens per window, default 2048; a text needs two
 # windows at least), KVQ_COMPARE_OUT (OUTDIR), KVQ_THREADS (default 2),
@@ -39,17 +39,14 @@ pairs=("int8 q8_0 8.5" "fp8 q5_1 6" "int4g32 q4_1 5" "int4g64 q4_0 4.5")
 kvq_model_env "$top" llama-compare || exit 1
 . "$top/tools/kvqd-temp.sh"
 
-# cmake, a C++ compiler and pip, from Debian when missing
-missing=()
-command -v cmake >/dev/null || missing+=(cmake)
-command -v g++ >/dev/null || missing+=(g++)
-python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
-if [ ${#missing[@]} -gt 0 ]; then
-	echo "installing: ${missing[*]}" >&2
+# cmake from Debian when missing (the C++ compiler comes with the project's
+# build dependencies, pip with tools/fetch-model.sh above)
+if ! command -v cmake >/dev/null; then
+	echo "installing: cmake" >&2
 	sudo=
 	[ "$(id -u)" -eq 0 ] || sudo=sudo
 	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends cmake >&2
 fi
 
 # llama-perplexity and llama-tokenize, once per version
@@ -77,6 +74,11 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
 for text in "$@"; do
 	name=$(basename "$text" | tr 'A-Z.' 'a-z-')
+	# kvq-run tokenize takes the text as one argument (at most 128 KiB)
+	if [ "$(wc -c <"$text")" -gt 131000 ]; then
+		echo "llama-compare: $text is over 128 KiB; give its first part" >&2
+		exit 1
+	fi
 	# the same ids from both tokenizers, for the windows scored
 	# (--no-escape: llama.cpp's tools otherwise turn "\x08" and the like in
 	# the text into the bytes they name, and score another text)
