@@ -56,7 +56,7 @@ static uint32_t align16(uint32_t x)
 double kvq_fmt_bytes_per_value(int fmt, int is_v, uint32_t B, uint32_t D)
 {
 	int kind = kvq_fmt_param_kind(fmt, is_v);
-	uint32_t codes = align16(B * D * kvq_fmt_bits(fmt) / 8u);
+	uint32_t codes = align16(B * (D / kvq_fmt_subdim(fmt)) * kvq_fmt_bits(fmt) / 8u);
 	uint32_t params = align16(kvq_param_count(kind, kvq_fmt_group(fmt, is_v), B, D) *
 				  kvq_param_entry_bytes(kind));
 

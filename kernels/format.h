@@ -31,7 +31,8 @@ int kvq_fmt_from_name(const char *s, size_t len);
 char *kvq_fmt_names(char *buf, size_t len);
 
 /* Bytes per element of a format, scales and zeros included, for a block of
- * B tokens and head dim D, as stored by the layout (K or V). */
+ * B tokens and head dim D, as stored by the layout (K or V); a codebook
+ * format's codebooks are the pool's, not the block's, and not counted. */
 double kvq_fmt_bytes_per_value(int fmt, int is_v, uint32_t B, uint32_t D);
 
 #ifdef __cplusplus

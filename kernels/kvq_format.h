@@ -52,6 +52,9 @@
  *   SUBDIM    head-dim elements one code stands for (a codebook format's
  *             subspace dimension, KVQ_PARAM_CODEBOOK), else 1
  *
+ * pq2 and pq1 are product quantization (codebook.h): an 8-bit index into
+ * 256 centroids per 4 (pq2: 2 bits per value) or 8 (pq1: 1 bit) values.
+ *
  * KVQ_FORMATS_EXTRA, when a build defines it, appends rows (the test of
  * the table adds a throwaway format that way).
  */
@@ -69,6 +72,8 @@
 	X(INT4G128, "int4g128", 4, UINT, GROUP, GROUP, 128, 128, 1)                    \
 	X(KIVI4, "kivi4", 4, UINT, CHANNEL, GROUP, 0, KVQ_KIVI_V_GROUP, 1)             \
 	X(KIVI2, "kivi2", 2, UINT, CHANNEL, GROUP, 0, KVQ_KIVI_V_GROUP, 1)             \
+	X(PQ2, "pq2", 8, INDEX, CODEBOOK, CODEBOOK, 0, 0, 4)                           \
+	X(PQ1, "pq1", 8, INDEX, CODEBOOK, CODEBOOK, 0, 0, 8)                           \
 	KVQ_FORMATS_EXTRA(X)
 
 /* Other names a policy may use: X(NAME, ID). */
@@ -488,13 +493,18 @@ KVQ_HD float kvq_decode_sym(int f, uint32_t c)
  *   V params  PARAM_TOKEN: fp16 s[t]; PARAM_GROUP: {s, z}[g][t]
  * Elements of 4 and 2 bits are packed little-end first within a byte
  * (element i in bits (i % per_byte) * bits).  F16/BF16 codes are 16-bit words.
+ * A codebook format (SUBDIM d > 1) stores one code per subvector, as if the
+ * head dim were M = D / d: K codes B x M (code of subspace m of token t at
+ * t * M + m), V codes M x B (at m * B + t), no parameters; its centroids
+ * are the pool's (codebook.h).
  * Each array starts 16-byte aligned (layout.c).  Changing any of this changes
  * KVQ_LAYOUT_VERSION.  The CPU vector path (kernels/cpu/ops_avx2.c) reads a
  * row as consecutive elements from kvq_k_elem(t, 0) (K of token t) or
  * kvq_v_elem(0, d) (V of dimension d), 16 at a time: a reorder that breaks
  * that must change its dec16() too (test_attention compares both paths).
  */
-#define KVQ_LAYOUT_VERSION 1u
+/* 2: the codebook formats and the pool's codebook region (layout.h). */
+#define KVQ_LAYOUT_VERSION 2u
 
 KVQ_HD uint32_t kvq_k_elem(uint32_t t, uint32_t d, uint32_t B, uint32_t D)
 {
@@ -589,6 +599,35 @@ KVQ_HD float kvq_dequant(int f, int kind, uint32_t c, uint16_t s, uint16_t z)
 	default:
 		return (float)c * kvq_f16_to_f32(s) + kvq_f16_to_f32(z);
 	}
+}
+
+/* Product quantization: the code of subvector x[0 .. d-1] is the index of
+ * the nearest of 256 centroids cb[c * d + j] (FP16 bits), by squared
+ * distance summed over j in order without fused operations (so host and
+ * device agree), the lowest index among equals; a NaN distance never wins
+ * (all-NaN input: code 0). */
+KVQ_HD uint32_t kvq_pq_encode(const float *x, const uint16_t *cb, unsigned d)
+{
+	float best = INFINITY;
+	uint32_t code = 0;
+
+	for (uint32_t c = 0; c < 256u; c++) {
+		float dist = 0.0f;
+		for (unsigned j = 0; j < d; j++) {
+#ifdef __CUDA_ARCH__
+			float e = __fsub_rn(x[j], kvq_f16_to_f32(cb[c * d + j]));
+			dist = __fadd_rn(dist, __fmul_rn(e, e));
+#else
+			float e = x[j] - kvq_f16_to_f32(cb[c * d + j]);
+			dist = dist + e * e;   /* the host builds with -ffp-contract=off */
+#endif
+		}
+		if (dist < best) {
+			best = dist;
+			code = c;
+		}
+	}
+	return code;
 }
 
 /* Activation element -> float. */

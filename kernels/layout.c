@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "codebook.h"
 #include "layout.h"
 
 static uint64_t align_up(uint64_t x, uint64_t a)
@@ -22,6 +23,11 @@ static int check_fmt(int f, int is_v, uint32_t D, uint32_t layer, char *err, siz
 
 	if (f < 0 || f >= KVQ_FMT_COUNT) {
 		kvq_seterr(err, errlen, "layer %u: invalid format %d", layer, f);
+		return -EINVAL;
+	}
+	if (D % kvq_fmt_subdim(f)) {
+		kvq_seterr(err, errlen, "layer %u: %s needs a head dim that is a multiple of %u, not %u",
+		       layer, kvq_fmt_name(f), kvq_fmt_subdim(f), D);
 		return -EINVAL;
 	}
 	if (g && D % g) {
@@ -108,7 +114,7 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 			uint32_t sz;
 
 			if (fld == KVQ_K_CODES || fld == KVQ_V_CODES)
-				sz = B * D * kvq_fmt_bits(f) / 8u;
+				sz = B * (D / kvq_fmt_subdim(f)) * kvq_fmt_bits(f) / 8u;
 			else
 				sz = kvq_param_count(kind, kvq_fmt_group(f, is_v), B, D) * kvq_param_entry_bytes(kind);
 			ll->off[fld] = o;
@@ -140,6 +146,20 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 		L->sealed_block_bytes += ll->sealed_slice;
 		L->open_block_bytes += ll->open_slice;
 	}
+	L->codebook_off = pos;
+	L->codebook_bytes = kvq_codebook_bytes(p->policy, H, D);
+	for (uint32_t l = 0; l < p->layers; l++)
+		for (int is_v = 0; is_v < 2; is_v++) {
+			uint64_t o = kvq_codebook_off(p->policy, H, D, l, is_v);
+			L->layer[l].codebook[is_v] = o == UINT64_MAX ? UINT64_MAX : pos + o;
+		}
+	if (pos > UINT64_MAX - 255 - L->codebook_bytes) {
+		kvq_seterr(err, errlen, "pool of %u layers with %llu bytes of codebooks exceeds 2^64 bytes",
+			   p->layers, (unsigned long long)L->codebook_bytes);
+		free(L);
+		return -EINVAL;
+	}
+	pos = align_up(pos + L->codebook_bytes, 256);
 	L->total_bytes = pos;
 	*ret = L;
 	return 0;

@@ -10,7 +10,9 @@
  * head slice holds B rows of K then B rows of V in the activation dtype
  * ([token][dim]).  Every array starts 16-byte aligned, each region 256-byte
  * aligned; there is no per-token padding.  All offsets are 64-bit and come
- * from kvq_layout_off().
+ * from kvq_layout_off().  After the last layer's region, when the policy
+ * uses a codebook format, comes the codebook region: the pool's codebooks
+ * in codebook.h's order, written once when the pool is created.
  */
 #ifndef KVQ_LAYOUT_H
 #define KVQ_LAYOUT_H
@@ -54,6 +56,10 @@ struct kvq_layer_layout {
 	uint32_t open_head;            /* bytes of one open head slice */
 	uint32_t off[KVQ_NFIELDS];     /* field offsets inside a sealed head slice */
 	uint32_t size[KVQ_NFIELDS];    /* field sizes (unpadded) */
+	/* byte offsets of the layer's K (0) and V (1) codebooks in the pool's
+	 * codebook region (codebook.h's order), or UINT64_MAX where that format
+	 * is not a codebook format */
+	uint64_t codebook[2];
 	/* the pool's geometry (struct kvq_layout), repeated here */
 	uint32_t B, D, H, window, n_sealed, n_open;
 	int kfmt, vfmt, act;
@@ -67,6 +73,8 @@ struct kvq_layout {
 	uint64_t total_bytes;          /* bytes of the whole pool */
 	uint64_t sealed_block_bytes;   /* one sealed block, all layers */
 	uint64_t open_block_bytes;     /* one open block, all layers */
+	uint64_t codebook_off;         /* the codebook region: after the last layer's, 256-byte */
+	uint64_t codebook_bytes;       /* aligned; kvq_codebook_bytes() bytes, 0 when no codebook format */
 	struct kvq_layer_layout layer[];
 };
 

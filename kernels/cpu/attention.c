@@ -6,6 +6,13 @@
  * times the query tokens) form tiles of up to TM rows, processed four at a
  * time, with an online softmax per block and fp32 accumulation.
  *
+ * Codebook formats (pq2, pq1) never decode a centroid per token: a tile
+ * builds, once, a table per query row and K subspace of q . centroid for
+ * all 256 codes, so a token's score is a sum of M table entries; V adds
+ * each token's probability to a histogram per row and V subspace of its
+ * codes, rescaled with the accumulator, and the tile's end multiplies the
+ * histograms by the codebooks.
+ *
  * Order of work: when each KV head's rows fit in one tile (decode, short
  * speculative steps) every block is visited once for all heads in turn, so a
  * block's slice (all heads, contiguous) streams from memory in address order;
@@ -19,6 +26,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "../codebook.h"
 #include "cpu.h"
 #include "ops.h"
 
@@ -36,6 +44,8 @@ struct tile {
 	float *qf;                /* [nq * 4][D] queries, pre-scaled */
 	float *accT;              /* per quad: [D][4] */
 	float *sc;                /* [nq * 4][B] scores, then probabilities */
+	float *lut;               /* codebook K: [nq * 4][Mk][256] q . centroid */
+	float *hist;              /* codebook V: [nq * 4][Mv][256] probability per code */
 	float mrow[TM], lsum[TM], alpha[TM];
 	uint32_t pos[TM];
 };
@@ -47,21 +57,117 @@ struct work {
 	struct kvq_blk blk;
 	int act_fmt;
 	uint32_t split;   /* S(n) of the sequence being worked on */
+	uint32_t mk, mv;  /* subspaces of K and V when codebook formats, else 0 */
+	const uint16_t *cbk, *cbv;   /* the layer's K and V codebooks (head 0), or NULL */
 	float row[MAXD];
 	float ks[MAXP], kz[MAXP], vs[MAXP], vz[MAXP];
 };
 
-/* Floats of a tile's arrays for head dim D and block size B. */
-static size_t tile_floats(uint32_t D, uint32_t B)
+/* Floats of a tile's arrays for query rows of up to rows4 (a multiple of 4). */
+static size_t tile_floats(const struct work *w, uint32_t rows4)
 {
-	return (size_t)TM * D * 2 + (size_t)TM * B;
+	return (size_t)TM * w->L->head_dim * 2 + (size_t)TM * w->L->block_tokens +
+	       (size_t)rows4 * KVQ_CB_CENTROIDS * (w->mk + w->mv);
 }
 
-static void tile_bind(struct tile *t, float *mem, uint32_t D)
+static void tile_bind(const struct work *w, struct tile *t, float *mem, uint32_t rows4)
 {
 	t->qf = mem;
-	t->accT = t->qf + TM * D;
-	t->sc = t->accT + TM * D;
+	t->accT = t->qf + TM * w->L->head_dim;
+	t->sc = t->accT + TM * w->L->head_dim;
+	t->lut = t->sc + TM * w->L->block_tokens;
+	t->hist = t->lut + (size_t)rows4 * KVQ_CB_CENTROIDS * w->mk;
+}
+
+/* Head h's codebooks from a layer's (head 0), 256 centroids of D values per head. */
+static const uint16_t *head_cb(const struct work *w, const uint16_t *cb, uint32_t h)
+{
+	return cb + (size_t)h * KVQ_CB_CENTROIDS * w->L->head_dim;
+}
+
+/* The K tables of tile t's rows: lut[i][m][c] = q_i . centroid c of subspace m. */
+static void pq_tables(const struct work *w, struct tile *t)
+{
+	uint32_t D = w->L->head_dim, d = D / w->mk, rows = t->nq * 4;
+	const uint16_t *cb = head_cb(w, w->cbk, t->h);
+	float cent[KVQ_MAX_HEAD_DIM];
+
+	for (uint32_t m = 0; m < w->mk; m++)
+		for (uint32_t c = 0; c < KVQ_CB_CENTROIDS; c++) {
+			const uint16_t *e = cb + ((size_t)m * KVQ_CB_CENTROIDS + c) * d;
+			for (uint32_t j = 0; j < d; j++)
+				cent[j] = kvq_f16_to_f32(e[j]);
+			for (uint32_t i = 0; i < rows; i++) {
+				const float *q = t->qf + (size_t)i * D + m * d;
+				float s = 0.0f;
+				for (uint32_t j = 0; j < d; j++)
+					s += q[j] * cent[j];
+				t->lut[((size_t)i * w->mk + m) * KVQ_CB_CENTROIDS + c] = s;
+			}
+		}
+}
+
+/* Scores of a quad's rows (first row r0) for tokens < tmax of a sealed
+ * block with codebook K. */
+static void pq_scores(const struct work *w, const struct tile *t, uint32_t r0, const uint8_t *kc, uint32_t tmax,
+		      float *sc)
+{
+	uint32_t M = w->mk, B = w->L->block_tokens;
+
+	for (uint32_t r = 0; r < w->blk.rows; r++) {
+		const float *lut = t->lut + (size_t)(r0 + r) * M * KVQ_CB_CENTROIDS;
+		for (uint32_t tok = 0; tok < tmax; tok++) {
+			const uint8_t *code = kc + (size_t)tok * M;
+			float s = 0.0f;
+			for (uint32_t m = 0; m < M; m++)
+				s += lut[m * KVQ_CB_CENTROIDS + code[m]];
+			sc[r * B + tok] = s;
+		}
+	}
+}
+
+/* Adds a quad's probabilities (first row r0) over the block's tokens to
+ * its rows' histograms of codebook V codes. */
+static void pq_hist(const struct work *w, struct tile *t, uint32_t r0, const uint8_t *vc, const float *p,
+		    uint32_t tmax)
+{
+	uint32_t M = w->mv, B = w->L->block_tokens;
+
+	for (uint32_t r = 0; r < w->blk.rows; r++) {
+		float *hist = t->hist + (size_t)(r0 + r) * M * KVQ_CB_CENTROIDS;
+		for (uint32_t tok = 0; tok < tmax; tok++) {
+			float pr = p[r * B + tok];
+			if (pr == 0.0f)
+				continue;
+			for (uint32_t m = 0; m < M; m++)
+				hist[m * KVQ_CB_CENTROIDS + vc[(size_t)m * B + tok]] += pr;
+		}
+	}
+}
+
+/* accT += the histograms times the V codebooks, for tile t's real rows. */
+static void pq_finish(const struct work *w, struct tile *t)
+{
+	uint32_t D = w->L->head_dim, M = w->mv, d = D / M;
+	const uint16_t *cb = head_cb(w, w->cbv, t->h);
+
+	for (uint32_t i = 0; i < t->mt; i++) {
+		float *accT = t->accT + (i / 4) * D * 4;
+		const float *hist = t->hist + (size_t)i * M * KVQ_CB_CENTROIDS;
+		for (uint32_t m = 0; m < M; m++) {
+			float o[KVQ_MAX_HEAD_DIM] = { 0 };
+			for (uint32_t c = 0; c < KVQ_CB_CENTROIDS; c++) {
+				float h = hist[m * KVQ_CB_CENTROIDS + c];
+				if (h == 0.0f)
+					continue;
+				const uint16_t *e = cb + ((size_t)m * KVQ_CB_CENTROIDS + c) * d;
+				for (uint32_t j = 0; j < d; j++)
+					o[j] += h * kvq_f16_to_f32(e[j]);
+			}
+			for (uint32_t j = 0; j < d; j++)
+				accT[(m * d + j) * 4 + i % 4] += o[j];
+		}
+	}
 }
 
 /* Per-thread scratch for the tile states of the heads-inside-blocks order,
@@ -143,6 +249,10 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_seq_tabl
 	}
 	memset(t->accT, 0, sizeof(float) * rows * D);
 	t->last = t->pos[t->mt - 1];
+	if (w->mk)
+		pq_tables(w, t);
+	if (w->mv)
+		memset(t->hist, 0, sizeof(float) * rows * w->mv * KVQ_CB_CENTROIDS);
 }
 
 static void tile_end(struct work *w, struct tile *t, void *out, size_t qrow0)
@@ -150,6 +260,8 @@ static void tile_end(struct work *w, struct tile *t, void *out, size_t qrow0)
 	const struct kvq_attn *a = w->a;
 	uint32_t D = w->L->head_dim, g = a->q_heads / w->L->kv_heads;
 
+	if (w->mv)
+		pq_finish(w, t);
 	for (uint32_t i = 0; i < t->mt; i++)
 		store_row(a->out_dtype, out, row_index(a, D, g, qrow0, t, i), t->accT + (i / 4) * D * 4, i % 4,
 			  1.0f / t->lsum[i], D);
@@ -241,7 +353,9 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_seq_tabl
 		const float *qf = t->qf + qd * 4 * D;
 		w->blk.rows = quad_rows(t, qd);
 		w->blk.next = qd == 0 ? next : NULL;   /* one prefetch per block */
-		if (sealed) {
+		if (sealed && w->mk) {
+			pq_scores(w, t, qd * 4, w->blk.kc, tmax, sc);
+		} else if (sealed) {
 			w->ops->k_scores4(&w->blk, qf, tmax, sc, B);
 		} else {
 			for (uint32_t tok = 0; tok < tmax; tok++) {
@@ -256,8 +370,14 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_seq_tabl
 		softmax_row(w, t, i, blk * B, tmax);
 	for (uint32_t qd = 0; qd < t->nq; qd++) {
 		const float *al = t->alpha + qd * 4;
-		if (al[0] != 1.0f || al[1] != 1.0f || al[2] != 1.0f || al[3] != 1.0f)
+		if (al[0] != 1.0f || al[1] != 1.0f || al[2] != 1.0f || al[3] != 1.0f) {
 			w->ops->scale4(t->accT + qd * D * 4, al, D);
+			for (uint32_t r = 0; w->mv && r < 4; r++) {
+				float *hist = t->hist + (size_t)(qd * 4 + r) * w->mv * KVQ_CB_CENTROIDS;
+				for (uint32_t c = 0; al[r] != 1.0f && c < w->mv * KVQ_CB_CENTROIDS; c++)
+					hist[c] *= al[r];
+			}
+		}
 	}
 
 	/* values */
@@ -266,6 +386,10 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_seq_tabl
 		float *accT = t->accT + qd * D * 4;
 		w->blk.rows = quad_rows(t, qd);
 		w->blk.next = qd == 0 ? next : NULL;
+		if (sealed && w->mv) {
+			pq_hist(w, t, qd * 4, w->blk.vc, p, tmax);
+			continue;
+		}
 		if (sealed) {
 			w->ops->v_accum4(&w->blk, p, B, accT);
 			continue;
@@ -294,8 +418,8 @@ static int seq_heads_inside(struct work *w, const struct kvq_seq_table *s, uint3
 			    void *out, size_t qrow0)
 {
 	const struct kvq_layout *L = w->L;
-	uint32_t H = L->kv_heads, D = L->head_dim, B = L->block_tokens;
-	size_t tf = tile_floats(D, B);
+	uint32_t H = L->kv_heads, B = L->block_tokens, rows4 = (rows + 3) / 4 * 4;
+	size_t tf = tile_floats(w, rows4);
 	struct tile tiles[KVQ_MAX_HEADS];
 	float *mem = scratch_get(tf * H);
 	uint32_t nblk;
@@ -307,7 +431,7 @@ static int seq_heads_inside(struct work *w, const struct kvq_seq_table *s, uint3
 		tiles[h].r0 = 0;
 		tiles[h].mt = rows;
 		tiles[h].nq = (rows + 3) / 4;
-		tile_bind(&tiles[h], mem + tf * h, D);
+		tile_bind(w, &tiles[h], mem + tf * h, rows4);
 		tile_begin(w, &tiles[h], s, q, qrow0);
 	}
 	nblk = tiles[0].last / B + 1;
@@ -320,16 +444,21 @@ static int seq_heads_inside(struct work *w, const struct kvq_seq_table *s, uint3
 	return 0;
 }
 
-/* Any sequence: head by head, tile by tile, with one tile state on the stack. */
-static void seq_tiles(struct work *w, const struct kvq_seq_table *s, uint32_t rows, const void *q, void *out,
-		      size_t qrow0)
+/* Any sequence: head by head, tile by tile, with one tile state on the stack
+ * (in the scratch with a codebook format's tables: -ENOMEM when it cannot
+ * be had). */
+static int seq_tiles(struct work *w, const struct kvq_seq_table *s, uint32_t rows, const void *q, void *out,
+		     size_t qrow0)
 {
 	const struct kvq_layout *L = w->L;
-	uint32_t D = L->head_dim, B = L->block_tokens;
-	float mem[TM * MAXD * 2 + TM * MAXB] __attribute__((aligned(32)));
+	uint32_t B = L->block_tokens;
+	float stack[TM * MAXD * 2 + TM * MAXB] __attribute__((aligned(32)));
+	float *mem = w->mk || w->mv ? scratch_get(tile_floats(w, TM)) : stack;
 	struct tile t;
 
-	tile_bind(&t, mem, D);
+	if (!mem)
+		return -ENOMEM;
+	tile_bind(w, &t, mem, TM);
 	for (uint32_t h = 0; h < L->kv_heads; h++)
 		for (uint32_t r0 = 0; r0 < rows; r0 += TM) {
 			t.h = h;
@@ -341,6 +470,7 @@ static void seq_tiles(struct work *w, const struct kvq_seq_table *s, uint32_t ro
 				tile_block(w, &t, s, blk, sealed_slice(w, s, blk + 1, h));
 			tile_end(w, &t, out, qrow0);
 		}
+	return 0;
 }
 
 static int ids_ok(const int32_t *ids, uint32_t count, uint32_t limit)
@@ -391,14 +521,19 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_seq_table *seqs
 	w.blk.rows = 4;
 	w.blk.next_bytes = L->layer[a->layer].sealed_head;
 	w.act_fmt = kvq_act_fmt(L->act);
+	w.mk = w.blk.kkind == KVQ_PARAM_CODEBOOK ? L->head_dim / kvq_fmt_subdim(w.blk.kfmt) : 0;
+	w.mv = w.blk.vkind == KVQ_PARAM_CODEBOOK ? L->head_dim / kvq_fmt_subdim(w.blk.vfmt) : 0;
+	w.cbk = w.mk ? (const uint16_t *)((const uint8_t *)a->base + L->layer[a->layer].codebook[0]) : NULL;
+	w.cbv = w.mv ? (const uint16_t *)((const uint8_t *)a->base + L->layer[a->layer].codebook[1]) : NULL;
 
 	for (uint32_t i = 0; i < nseq; i++) {
 		const struct kvq_seq_table *s = &seqs[i];
 		uint32_t rows = s->m * (a->q_heads / L->kv_heads);
-		size_t need = tile_floats(L->head_dim, L->block_tokens) * L->kv_heads * sizeof(float);
+		size_t need = tile_floats(&w, (rows + 3) / 4 * 4) * L->kv_heads * sizeof(float);
 		w.split = kvq_layout_split(L, s->n);
-		if (rows > TM || need > SCRATCH_MAX || seq_heads_inside(&w, s, rows, q, out, s->row0) < 0)
-			seq_tiles(&w, s, rows, q, out, s->row0);
+		if ((rows > TM || need > SCRATCH_MAX || seq_heads_inside(&w, s, rows, q, out, s->row0) < 0) &&
+		    seq_tiles(&w, s, rows, q, out, s->row0) < 0)
+			return -ENOMEM;
 	}
 	return 0;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "../codebook.h"
 #include "cpu.h"
 
 static void put_param(uint8_t *params, uint32_t idx, int kind, uint16_t s, uint16_t z)
@@ -20,15 +21,29 @@ static uint32_t elem(int is_v, uint32_t t, uint32_t d, uint32_t B, uint32_t D)
 	return is_v ? kvq_v_elem(t, d, B, D) : kvq_k_elem(t, d, B, D);
 }
 
-/* Quantizes B rows of D activations (K or V of one head) into codes/params. */
+/* Quantizes B rows of D activations (K or V of one head) into codes/params;
+ * cb: the head's codebooks for a codebook format (codebook.h), else NULL. */
 static void seal_part(int f, int is_v, uint32_t B, uint32_t D, int act, const void *const *rows,
-		      uint8_t *codes, uint8_t *params)
+		      const uint16_t *cb, uint8_t *codes, uint8_t *params)
 {
 	int kind = kvq_fmt_param_kind(f, is_v);
 	unsigned bits = kvq_fmt_bits(f), G = kvq_fmt_group(f, is_v);
 	float qmax = kvq_fmt_qmax(f);
 
 	switch (kind) {
+	case KVQ_PARAM_CODEBOOK: {
+		unsigned d = kvq_fmt_subdim(f);
+		uint32_t M = D / d;
+		float x[KVQ_MAX_HEAD_DIM];
+		for (uint32_t t = 0; t < B; t++) {
+			for (uint32_t i = 0; i < D; i++)
+				x[i] = kvq_act_to_f32(act, rows[t], i);
+			for (uint32_t m = 0; m < M; m++)
+				codes[elem(is_v, t, m, B, M)] =
+					(uint8_t)kvq_pq_encode(x + m * d, cb + (size_t)m * KVQ_CB_CENTROIDS * d, d);
+		}
+		break;
+	}
 	case KVQ_PARAM_NONE:
 		for (uint32_t t = 0; t < B; t++)
 			for (uint32_t d = 0; d < D; d++) {
@@ -92,16 +107,29 @@ static void seal_part(int f, int is_v, uint32_t B, uint32_t D, int act, const vo
 	}
 }
 
-/* Seals one head of one layer's block from row pointers. */
-static void seal_head(const struct kvq_layout *L, uint32_t layer, uint8_t *dst,
+/* Head h's codebooks of (layer, K or V) in the pool at base, or NULL where
+ * that format has none. */
+static const uint16_t *codebooks(const struct kvq_layout *L, const uint8_t *base, uint32_t layer, int is_v,
+				 uint32_t h)
+{
+	uint64_t off = L->layer[layer].codebook[is_v];
+
+	if (off == UINT64_MAX)
+		return NULL;
+	return (const uint16_t *)(base + off + (uint64_t)h * KVQ_CB_CENTROIDS * L->head_dim * 2u);
+}
+
+/* Seals head h of one layer's block from row pointers into the pool at base. */
+static void seal_head(const struct kvq_layout *L, uint8_t *base, uint32_t layer, uint32_t h, uint32_t sealed_id,
 		      const void *const *krows, const void *const *vrows)
 {
 	const struct kvq_layer_layout *ll = &L->layer[layer];
+	uint8_t *dst = base + kvq_layout_off(L, KVQ_SEALED, sealed_id, layer, h, KVQ_K_CODES);
 
 	memset(dst, 0, ll->sealed_head);
-	seal_part(ll->kfmt, 0, L->block_tokens, L->head_dim, L->act, krows,
+	seal_part(ll->kfmt, 0, L->block_tokens, L->head_dim, L->act, krows, codebooks(L, base, layer, 0, h),
 		  dst + ll->off[KVQ_K_CODES], dst + ll->off[KVQ_K_PARAMS]);
-	seal_part(ll->vfmt, 1, L->block_tokens, L->head_dim, L->act, vrows,
+	seal_part(ll->vfmt, 1, L->block_tokens, L->head_dim, L->act, vrows, codebooks(L, base, layer, 1, h),
 		  dst + ll->off[KVQ_V_CODES], dst + ll->off[KVQ_V_PARAMS]);
 }
 
@@ -126,8 +154,7 @@ int kvq_cpu_seal(const struct kvq_layout *L, void *base, uint32_t layer, uint32_
 			krows[t] = k + t * row;
 			vrows[t] = v + t * row;
 		}
-		seal_head(L, layer, b + kvq_layout_off(L, KVQ_SEALED, sealed_id, layer, h, KVQ_K_CODES),
-			  krows, vrows);
+		seal_head(L, b, layer, h, sealed_id, krows, vrows);
 	}
 	return 0;
 }
@@ -173,9 +200,7 @@ int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 					vrows[r] = vin + i;
 				}
 			}
-			seal_head(L, layer,
-				  b + kvq_layout_off(L, KVQ_SEALED, (uint32_t)w->sealed[blk], layer, h, KVQ_K_CODES),
-				  krows, vrows);
+			seal_head(L, b, layer, h, (uint32_t)w->sealed[blk], krows, vrows);
 		}
 	}
 	for (uint64_t pos = n > s1 ? n : s1; pos < n2; pos++) {

@@ -9,7 +9,9 @@
  * asynchronous on the given stream (NULL: the legacy default stream).
  *
  * Returns 0, -EINVAL (bad arguments; nothing launched), -ENOTSUP (a
- * combination without an instantiated kernel; nothing launched) or -EIO (a
+ * combination without an instantiated kernel, and any layer with a codebook
+ * format (pq2, pq1), whose CUDA kernels are not written yet; nothing
+ * launched) or -EIO (a
  * CUDA error; kvq_cuda_error() names it).
  *
  * Block ids in the tables are trusted to be in range (the caller owns them

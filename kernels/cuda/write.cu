@@ -538,7 +538,8 @@ template <int IS_V, int FIX> __device__ void part_run(int f, int phase, const pa
 		switch (f) {
 #define SEAL_FMT(ID, ...) \
 	case KVQ_FMT_##ID: \
-		part_phase<KVQ_FMT_##ID, IS_V>(phase, p); \
+		if constexpr (kvq_fmt_param_kind(KVQ_FMT_##ID, IS_V) != KVQ_PARAM_CODEBOOK) \
+			part_phase<KVQ_FMT_##ID, IS_V>(phase, p); \
 		break;
 			KVQ_FORMATS(SEAL_FMT)
 #undef SEAL_FMT
@@ -732,6 +733,13 @@ static int write_args_ok(const struct kvq_layout *L, uint32_t layer)
 	return 1;
 }
 
+/* The codebook formats (pq2, pq1) have no CUDA write yet: -ENOTSUP. */
+static int write_fmts_ok(const struct kvq_layout *L, uint32_t layer)
+{
+	return kvq_fmt_param_kind(L->layer[layer].kfmt, 0) != KVQ_PARAM_CODEBOOK &&
+	       kvq_fmt_param_kind(L->layer[layer].vfmt, 1) != KVQ_PARAM_CODEBOOK;
+}
+
 static int launch_setup(const void *fn, size_t smem)
 {
 	if (smem > 48 * 1024 &&
@@ -751,6 +759,8 @@ extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t l
 	if (!write_args_ok(L, layer) || !base || (nseq && !seqs) || (max_m && (!k || !v)) ||
 	    max_m > (1u << 24) || nseq > 65535 || L->kv_heads > 65535)
 		return -EINVAL;
+	if (!write_fmts_ok(L, layer))
+		return -ENOTSUP;
 	if (!nseq)
 		return 0;
 	const uint32_t B = L->block_tokens;
@@ -775,6 +785,8 @@ extern "C" int kvq_cuda_seal(const struct kvq_layout *L, void *base, uint32_t la
 {
 	if (!write_args_ok(L, layer) || !base || (npairs && !pairs) || npairs > (1u << 30) || L->kv_heads > 65535)
 		return -EINVAL;
+	if (!write_fmts_ok(L, layer))
+		return -ENOTSUP;
 	if (!npairs)
 		return 0;
 	uint32_t parts = seal_parts(L->block_tokens, L->head_dim);

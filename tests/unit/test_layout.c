@@ -215,6 +215,25 @@ static void test_hand_regions(void)
 		kvq_layout_free(L);
 
 	/*
+	 * Codebook formats: 0:k=pq2,v=int8;1:pq1, B=16, D=32, H=1, 1 + 1 slots.
+	 * layer 0: K pq2 16 x 32/4 = 128 bytes of codes, no parameters; V int8
+	 * 512 + 32: head 672, + open 2048 = 2720 -> layer 1 at 2816.  layer 1:
+	 * pq1 16 x 32/8 = 64 each: head 128, + 2048 ends at 4992 -> codebook
+	 * region at 5120: layer 0 K, layer 1 K, layer 1 V, 256 x 32 x 2 =
+	 * 16384 bytes each, 49152 in all -> 54272 bytes.
+	 */
+	policy("0:k=pq2,v=int8;1:pq1", 2, &p);
+	lp = params(&p, 1, 32, 16, 1, 1);
+	rc = kvq_layout_new(&lp, &L, NULL, 0);
+	ok(rc == 0 && L->layer[0].sealed_head == 672 && L->layer[1].region == 2816 && L->layer[1].sealed_head == 128 &&
+	   L->codebook_off == 5120 && L->codebook_bytes == 49152 && L->total_bytes == 54272 &&
+	   L->layer[0].codebook[0] == 5120 && L->layer[0].codebook[1] == UINT64_MAX &&
+	   L->layer[1].codebook[0] == 21504 && L->layer[1].codebook[1] == 37888,
+	   "0:k=pq2,v=int8;1:pq1 B=16 D=32 H=1 1+1 slots: codebooks at 5120, 21504, 37888; 54272 bytes");
+	if (rc == 0)
+		kvq_layout_free(L);
+
+	/*
 	 * The byte-map pool: 0:int8;1:k=kivi4,v=int4g32;2:fp8, B=32, D=64,
 	 * H=3, 5 sealed + 3 open slots, bf16 window.
 	 * layer 0 (int8, head 4224): 5 x 3 x 4224 = 63360 sealed, 3 x 3 x 8192 =
@@ -281,7 +300,7 @@ static void test_all_formats(void)
 						int is_v = f >= KVQ_V_CODES, fm = is_v ? vf : kf;
 						int kind = kvq_fmt_param_kind(fm, is_v);
 						uint32_t want = f == KVQ_K_CODES || f == KVQ_V_CODES ?
-							B * D * kvq_fmt_bits(fm) / 8 :
+							B * (D / kvq_fmt_subdim(fm)) * kvq_fmt_bits(fm) / 8 :
 							kvq_param_count(kind, kvq_fmt_group(fm, is_v), B, D) *
 							kvq_param_entry_bytes(kind);
 						e += ll->size[f] != want || ll->off[f] != o || ll->off[f] % 16;
@@ -412,17 +431,29 @@ static void byte_map(const struct kvq_layout *L, struct mapstats *st)
 				claim(map, L->total_bytes, kvq_layout_off(L, KVQ_OPEN, s, l, h, KVQ_V_CODES), rows, st);
 				st->want_claimed += 2 * rows;
 			}
-		/* between the layer's last slice and the next region only the
-		 * rounding to 256 may be left, and nothing of it claimed */
+		/* this layer's codebooks: 256 centroids of D FP16 values per head */
+		for (int is_v = 0; is_v < 2; is_v++)
+			if (ll->codebook[is_v] != UINT64_MAX) {
+				uint64_t n = 256ull * L->kv_heads * L->head_dim * 2;
+				claim(map, L->total_bytes, ll->codebook[is_v], n, st);
+				st->want_claimed += n;
+				st->tail_bad += ll->codebook[is_v] < L->codebook_off ||
+						ll->codebook[is_v] + n > L->codebook_off + L->codebook_bytes;
+			}
+		/* between the layer's last slice and the next region (or the
+		 * codebook region) only the rounding to 256 may be left, and
+		 * nothing of it claimed */
 		end = ll->region + (uint64_t)L->n_sealed * ll->sealed_slice + (uint64_t)L->n_open * ll->open_slice;
 		{
-			uint64_t next = l + 1 < L->layers ? L->layer[l + 1].region : L->total_bytes;
+			uint64_t next = l + 1 < L->layers ? L->layer[l + 1].region : L->codebook_off;
 			if (next < end || next - end >= 256 || next != up(end, 256))
 				st->tail_bad++;
 			for (uint64_t i = end; i < next && i < L->total_bytes; i++)
 				st->tail_bad += map[i];
 		}
 	}
+	/* the codebook region ends the pool, rounded to 256 */
+	st->tail_bad += L->codebook_off % 256 != 0 || L->total_bytes != up(L->codebook_off + L->codebook_bytes, 256);
 	free(map);
 }
 
