@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "codebook.h"
 #include "format.h"
 #include "formats.h"
 
@@ -238,6 +239,14 @@ int cmd_formats(int argc, char **argv)
 			r->fmt = f;
 			r->bpt = (double)w.L->sealed_block_bytes / BLOCK_TOKENS;
 			r->bpt_layer = (double)w.L->layer[w.layer].sealed_slice / BLOCK_TOKENS;
+			r->codebook_bytes = (double)w.L->codebook_bytes;
+			if (w.L->codebook_bytes)
+				snprintf(notes[nnotes++], sizeof notes[0],
+					 "%s at %s: the pool's codebooks, %.1f MiB, are not in its bytes per token "
+					 "(a 1 GiB pool: %.1f bytes per token with them)", kvq_fmt_name(f), g->name,
+					 (double)w.L->codebook_bytes / (1 << 20),
+					 kvq_codebook_amortised(w.L->sealed_block_bytes, w.L->codebook_bytes,
+								KVQ_CB_POOL_BYTES) / BLOCK_TOKENS);
 			if (f == KVQ_FMT_F16)
 				f16_bpt = r->bpt;
 			r->ratio_f16 = r->bpt / f16_bpt;

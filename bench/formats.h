@@ -52,6 +52,7 @@ struct result {
 	const struct geom *g;
 	int fmt;
 	double bpt, bpt_layer, ratio_f16;
+	double codebook_bytes;   /* the pool's codebooks (pq2, pq1): not in bpt */
 	double step_bytes;
 	uint32_t nseq, n;
 	double dec1, decn;   /* GB/s of KV read */

@@ -112,10 +112,11 @@ void print_json(const struct cfg *c, const struct membw *m, const struct result 
 		       "\"cpu_decode_gbps_1t\":%.4f,\"ratio_to_read_bw_1t\":%.4f,\"threads\":%u,"
 		       "\"read_gbps\":%.4f,\"read_gbps_1t\":%.4f,\"memcpy_gbps\":%.4f,\"memcpy_gbps_1t\":%.4f,"
 		       "\"kv_bytes_per_step\":%.0f,\"sequences\":%u,\"tokens_per_seq\":%u,\"isa\":\"%s\","
-		       "\"cpu_share\":%.3f",
+		       "\"cpu_share\":%.3f,\"codebook_bytes\":%.0f",
 		       i ? "," : "", kvq_fmt_name(r->fmt), r->g->name, r->bpt, r->ratio_f16, r->decn,
 		       r->decn / m->readn, r->bpt_layer, r->dec1, r->dec1 / m->read1, c->threads, m->readn,
-		       m->read1, m->copyn, m->copy1, r->step_bytes, r->nseq, r->n, kvq_cpu_isa(), r->cpu_share);
+		       m->read1, m->copyn, m->copy1, r->step_bytes, r->nseq, r->n, kvq_cpu_isa(), r->cpu_share,
+		       r->codebook_bytes);
 		if (m->fman > 0.0) {
 			double fb = fma_bound(r, m->fman);
 			printf(",\"fma_gvec_per_s\":%.4f,\"fma_bound_gbps\":%.4f,\"ratio_to_fma_bound\":%.4f", m->fman,

@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 
 #include "bench.h"
+#include "codebook.h"
 #include "policy.h"
 #include "formats.h"
 
@@ -173,6 +174,14 @@ int workload_init(struct workload *w, const struct geom *g, int fmt, const struc
 		w->map_len = 0;
 		goto fail;
 	}
+
+	/* a codebook format's centroids for the timed layer: normal, as the values */
+	for (int is_v = 0; is_v < 2; is_v++)
+		if (ll->codebook[is_v] != UINT64_MAX)
+			for (size_t i = 0; i < (size_t)KVQ_CB_CENTROIDS * H * D; i++) {
+				uint16_t c = kvq_f16_from_f32(rng_normal(&seed));
+				memcpy(w->base + ll->codebook[is_v] + 2 * i, &c, 2);
+			}
 
 	/* paging: every sequence gets shuffled, scattered block ids */
 	w->sealed_ids = malloc((size_t)n_sealed * sizeof *w->sealed_ids);

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "codebook.h"
+#include "memfd.h"
 
 /* A daemon that stops answering must not hang a worker forever. */
 #define CLIENT_TIMEOUT_MS 30000
@@ -150,12 +152,19 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	const Kvq__AttachReply *ar;
 	const struct client_backend *be;
 	char err[256];
-	int r;
+	int r, cb_fd = -1;
 
 	if (!c || !p || !p->pool || !p->model_id || !p->policy)
 		return -EINVAL;
 	if (c->base || c->L)
 		return client_fail(c, -EISCONN, "already attached to pool %s", c->pool);
+	/* sealed: what kvqd checks is what it copies into the pool */
+	if (p->codebooks) {
+		r = kvq_memfd_from_file(p->codebooks, KVQ_CB_MAX_FILE, "kvq-codebooks", &cb_fd, err, sizeof(err));
+		if (r < 0)
+			return client_fail(c, r, "codebooks: %s", err);
+		a.codebooks = true;
+	}
 	a.pool = (char *)p->pool;
 	a.model_id = (char *)p->model_id;
 	a.layers = p->layers;
@@ -175,7 +184,7 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	}
 	e.body_case = KVQ__ENVELOPE__BODY_ATTACH;
 	e.attach = &a;
-	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_ATTACH_REPLY, &rep);
+	r = kvq_conn_call_fd(&c->conn, &e, cb_fd, KVQ__ENVELOPE__BODY_ATTACH_REPLY, &rep);
 	if (r < 0)
 		goto out;
 	ar = rep->attach_reply;
@@ -228,6 +237,8 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	c->timing.report_ms = ar->attention_report_ms;
 	timing_sent(c);
 out:
+	if (cb_fd >= 0)
+		close(cb_fd);
 	if (c->conn.pool_fd >= 0) {
 		close(c->conn.pool_fd);
 		c->conn.pool_fd = -1;

@@ -46,7 +46,17 @@ enum { KVQ_ACT_F16 = 0, KVQ_ACT_BF16 = 1 };
  * window 0 accepts the pool's (or the default for a new pool).  create:
  * nonzero lets the daemon create the pool with n_sealed / n_open slots
  * (both 0: sized by the daemon's configuration) on backend ("host", "cuda",
- * NULL or "" for the daemon's default) and device (-1 any). */
+ * NULL or "" for the daemon's default) and device (-1 any).  codebooks:
+ * the path of a codebook file (kvq-codebook(5), at most 1 GiB) or NULL;
+ * libkvq copies it into a sealed memfd sent with the Attach.  A pool whose
+ * policy uses a codebook format (pq2, pq1) is created only with it; joining
+ * a pool, codebooks sent must be the pool's (KVQ_ELAYOUT otherwise) and
+ * NULL takes the pool's.
+ *
+ * The library reads every field, so a field added here changes libkvq's
+ * interface incompatibly (a new soname): a program runs with the libkvq
+ * whose kvq.h it was built with.  Zero-initialise the fields it does not
+ * set (a designated initialiser does). */
 struct kvq_attach_params {
 	const char *pool;
 	const char *model_id;
@@ -58,6 +68,7 @@ struct kvq_attach_params {
 	uint32_t n_sealed, n_open;
 	const char *backend;
 	int device;
+	const char *codebooks;          /* interface 3 */
 };
 
 /* One pool as Stats reports it (kvq.proto PoolStats). */
@@ -103,9 +114,13 @@ uint64_t kvq_client_id(const kvq_client *c);
 /*
  * Joins (and maybe creates) a pool and maps its memory.  The reply's
  * geometry is rebuilt with kvq_layout_new on this side and must give the
- * daemon's byte count.  Returns 0; the daemon's codes (KVQ_ELAYOUT,
- * KVQ_EPOLICY, -ENOENT (no pool the caller may see), -EACCES (may not
- * create one), -EEXIST, -EISCONN, -ENOSPC, ...); KVQ_EPROTOCOL
+ * daemon's byte count.  Returns 0; for p->codebooks, the file's open(2) or
+ * read(2) error, or -EFBIG (over 1 GiB); the daemon's codes (KVQ_ELAYOUT
+ * (also: codebooks other than the pool's), KVQ_EPOLICY, -EINVAL (also:
+ * codebooks missing for a codebook policy, sent for another, or a file
+ * that does not parse or fit the pool), -ENOENT (no pool the caller may
+ * see), -EACCES (may not create one), -EEXIST, -EISCONN, -ENOSPC, ...);
+ * KVQ_EPROTOCOL
  * when the reply is inconsistent (no descriptor, sizes that disagree);
  * for a pool on the cuda backend: -ENOTSUP when this libkvq was built
  * without CUDA, -ENODEV (with a message) where no usable driver or the

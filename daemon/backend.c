@@ -89,6 +89,23 @@ int kvq_backend_mem_create(const struct kvq_backend *b, uint64_t size, int devic
 	return b->create(size, device, label ? label : "", ret_mem, err, len);
 }
 
+int kvq_backend_mem_write(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
+			  size_t errlen)
+{
+	if (!mem || !mem->backend) {
+		kvq_seterr(err, errlen, "no memory to write to");
+		return -EINVAL;
+	}
+	if (off > mem->size || len > mem->size - off) {
+		kvq_seterr(err, errlen, "%s: %zu bytes at %llu are outside the pool's %llu", mem->backend->name, len,
+			   (unsigned long long)off, (unsigned long long)mem->size);
+		return -EINVAL;
+	}
+	if (len == 0)
+		return 0;
+	return mem->backend->write(mem, off, src, len, err, errlen);
+}
+
 void kvq_backend_mem_destroy(struct kvq_backend_mem *mem)
 {
 	if (!mem || !mem->backend)

@@ -4,8 +4,10 @@
  *
  * A backend creates one memory object per pool and hands out a file
  * descriptor for it; the daemon sends that descriptor to each worker with the
- * attach reply (SCM_RIGHTS) and never touches KV bytes itself.  Both backends
- * serve the same layout (kernels/layout.h): only the memory differs.
+ * attach reply (SCM_RIGHTS) and never touches KV bytes itself: it writes
+ * only a pool's codebooks (kernels/codebook.h), once, at its creation
+ * (write).  Both backends serve the same layout (kernels/layout.h): only the
+ * memory differs.
  *
  *  - host: a sealed memfd (memfd_create + ftruncate + F_SEAL_SHRINK |
  *    F_SEAL_GROW | F_SEAL_SEAL), fully allocated up front, mapped MAP_SHARED
@@ -35,7 +37,10 @@
  * once per process (cuInit through cudart); the daemon creates no CUDA
  * context (cuMemCreate needs none) and runs no kernels, so its device
  * footprint is its pools plus what the driver keeps for an initialised
- * process.  Figures: bench/RESULTS.md, "CUDA backend in the daemon".
+ * process.  Figures: bench/RESULTS.md, "CUDA backend in the daemon".  The
+ * one exception is a pool with codebooks: write retains the device's primary
+ * context for the copy (a temporary mapping of the pool, cuMemcpyHtoD) and
+ * releases it at once.
  *
  * Functions return 0 or a negative errno-style code; messages go into a
  * caller's buffer (library code never prints).
@@ -86,6 +91,12 @@ struct kvq_backend {
 	/* Releases everything create made; the memory itself lives on while a
 	 * worker still has it mapped or holds a descriptor. */
 	void (*destroy)(struct kvq_backend_mem *mem);
+
+	/* Copies src[len] to byte off of mem (inside its size: the caller
+	 * checks), complete on return.  Returns 0, or a negative code with err
+	 * set. */
+	int (*write)(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
+		     size_t errlen);
 };
 
 extern const struct kvq_backend kvq_backend_host;
@@ -109,6 +120,10 @@ int kvq_backend_pick(const char *name, int device, const struct kvq_backend **re
 /* b->create with the common checks (size > 0, rounding without overflow). */
 int kvq_backend_mem_create(const struct kvq_backend *b, uint64_t size, int device, const char *label,
 			   struct kvq_backend_mem *ret_mem, char *err, size_t len);
+
+/* mem->backend->write with the bounds checked (-EINVAL outside mem). */
+int kvq_backend_mem_write(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
+			  size_t errlen);
 
 /* Destroys mem through its backend and leaves it empty (fd -1, backend NULL);
  * accepts NULL and an empty mem. */

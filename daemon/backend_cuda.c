@@ -16,7 +16,9 @@
  * cuMemExportToShareableHandle and cuMemRelease need none (checked on an
  * H200 with driver 580: no context current after create, nvidia-smi lists no
  * compute process for the daemon).  cudart 13 needs a 580 driver or later,
- * so no older driver that might want one can run this code.
+ * so no older driver that might want one can run this code.  Only writing a
+ * pool's codebooks at its creation (cuda_write) needs one, for as long as
+ * the copy takes: the device's primary context, retained and released.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -30,6 +32,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <unistd.h>
 
@@ -57,6 +60,18 @@ static struct cuda_driver {
 	PFN_cuMemCreate_v10020 mem_create;
 	PFN_cuMemExportToShareableHandle_v10020 mem_export;
 	PFN_cuMemRelease_v10020 mem_release;
+	/* cuda_write: a temporary mapping of a pool and a copy into it */
+	PFN_cuDevicePrimaryCtxRetain_v7000 ctx_retain;
+	PFN_cuDevicePrimaryCtxRelease_v11000 ctx_release;
+	PFN_cuCtxPushCurrent_v4000 ctx_push;
+	PFN_cuCtxPopCurrent_v4000 ctx_pop;
+	PFN_cuCtxSynchronize_v2000 ctx_sync;
+	PFN_cuMemAddressReserve_v10020 addr_reserve;
+	PFN_cuMemAddressFree_v10020 addr_free;
+	PFN_cuMemMap_v10020 mem_map;
+	PFN_cuMemUnmap_v10020 mem_unmap;
+	PFN_cuMemSetAccess_v10020 mem_access;
+	PFN_cuMemcpyHtoD_v3020 memcpy_htod;
 } drv;
 
 static const struct {
@@ -77,6 +92,17 @@ static const struct {
 	SYM(cuMemCreate, mem_create),
 	SYM(cuMemExportToShareableHandle, mem_export),
 	SYM(cuMemRelease, mem_release),
+	SYM(cuDevicePrimaryCtxRetain, ctx_retain),
+	SYM(cuDevicePrimaryCtxRelease, ctx_release),
+	SYM(cuCtxPushCurrent, ctx_push),
+	SYM(cuCtxPopCurrent, ctx_pop),
+	SYM(cuCtxSynchronize, ctx_sync),
+	SYM(cuMemAddressReserve, addr_reserve),
+	SYM(cuMemAddressFree, addr_free),
+	SYM(cuMemMap, mem_map),
+	SYM(cuMemUnmap, mem_unmap),
+	SYM(cuMemSetAccess, mem_access),
+	SYM(cuMemcpyHtoD, memcpy_htod),
 #undef SYM
 };
 
@@ -358,6 +384,71 @@ static void cuda_destroy(struct kvq_backend_mem *mem)
 	mem->handle = 0;
 }
 
+/*
+ * Copies src[len] to byte off of the pool: in the device's primary context
+ * (retained for the copy only), the whole allocation mapped at a reserved
+ * range (cuMemMap maps from offset 0 only), the copy, a synchronize so it is
+ * complete before the mapping goes, then everything undone in reverse.
+ */
+static int cuda_write(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
+		      size_t errlen)
+{
+	CUmemAccessDesc acc;
+	CUcontext ctx = NULL, popped = NULL;
+	CUdeviceptr va = 0;
+	CUdevice dev;
+	CUresult r = CUDA_SUCCESS;
+	const char *what = NULL;
+	bool retained = false, pushed = false, mapped = false;
+	uint64_t g;
+	int rc;
+
+	if ((rc = cuda_device(mem->device, &dev, err, errlen)) < 0 ||
+	    (rc = cuda_granularity_of(mem->device, &g, err, errlen)) < 0)
+		return rc;
+	memset(&acc, 0, sizeof acc);
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = mem->device;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	if ((r = drv.ctx_retain(&ctx, dev)) != CUDA_SUCCESS) {
+		what = "cuDevicePrimaryCtxRetain";
+		goto out;
+	}
+	retained = true;
+	if ((r = drv.ctx_push(ctx)) != CUDA_SUCCESS) {
+		what = "cuCtxPushCurrent";
+		goto out;
+	}
+	pushed = true;
+	if ((r = drv.addr_reserve(&va, (size_t)mem->size, (size_t)g, 0, 0)) != CUDA_SUCCESS) {
+		what = "cuMemAddressReserve";
+		va = 0;
+		goto out;
+	}
+	if ((r = drv.mem_map(va, (size_t)mem->size, 0, (CUmemGenericAllocationHandle)mem->handle, 0)) !=
+	    CUDA_SUCCESS) {
+		what = "cuMemMap";
+		goto out;
+	}
+	mapped = true;
+	if ((r = drv.mem_access(va, (size_t)mem->size, &acc, 1)) != CUDA_SUCCESS)
+		what = "cuMemSetAccess";
+	else if ((r = drv.memcpy_htod(va + off, src, len)) != CUDA_SUCCESS)
+		what = "cuMemcpyHtoD";
+	else if ((r = drv.ctx_sync()) != CUDA_SUCCESS)
+		what = "cuCtxSynchronize";
+out:
+	if (mapped)
+		drv.mem_unmap(va, (size_t)mem->size);
+	if (va)
+		drv.addr_free(va, (size_t)mem->size);
+	if (pushed)
+		drv.ctx_pop(&popped);
+	if (retained)
+		drv.ctx_release(dev);
+	return what ? cuda_fail(err, errlen, what, r) : 0;
+}
+
 #else /* !KVQ_WITH_CUDA */
 
 static int cuda_off(char *err, size_t len)
@@ -391,6 +482,12 @@ static void cuda_destroy(struct kvq_backend_mem *mem)
 {
 }
 
+static int cuda_write(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
+		      size_t errlen)
+{
+	return cuda_off(err, errlen);
+}
+
 #endif /* KVQ_WITH_CUDA */
 
 const struct kvq_backend kvq_backend_cuda = {
@@ -403,4 +500,5 @@ const struct kvq_backend kvq_backend_cuda = {
 	.total_memory = cuda_total,
 	.create = cuda_create,
 	.destroy = cuda_destroy,
+	.write = cuda_write,
 };

@@ -152,6 +152,13 @@ static void host_destroy(struct kvq_backend_mem *mem)
 	mem->fd = -1;
 }
 
+static int host_write(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
+		      size_t errlen)
+{
+	memcpy((uint8_t *)mem->map + off, src, len);
+	return 0;
+}
+
 const struct kvq_backend kvq_backend_host = {
 	.name = "host",
 	.compiled = 1,
@@ -160,4 +167,5 @@ const struct kvq_backend kvq_backend_host = {
 	.total_memory = host_total,
 	.create = host_create,
 	.destroy = host_destroy,
+	.write = host_write,
 };

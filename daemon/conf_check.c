@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "codebook.h"
 #include "conf_parser.h"
 #include "layout.h"
 
@@ -43,6 +44,12 @@ int conf_check_pool(struct conf_parser *p)
 
 	if (kvq_policy_parse(p->policy, pl->layers, &pl->policy, msg, sizeof msg) < 0)
 		return conf_fail(p, p->seen[K_POLICY], "policy: %s", msg);
+	/* codebooks come only with a request (kvq.proto, "File descriptors") */
+	if (kvq_codebook_bytes(&pl->policy, pl->kv_heads, pl->head_dim) > 0)
+		return conf_fail(p, p->seen[K_POLICY],
+				 "pool '%s': policy %s uses a codebook format: pools with codebook formats are created "
+				 "by a client that sends the codebooks (kvqctl pool create --codebooks)", pl->name,
+				 p->policy);
 
 	lp = (struct kvq_layout_params){
 		.layers = pl->layers, .kv_heads = pl->kv_heads, .head_dim = pl->head_dim,

@@ -12,11 +12,12 @@
 const struct kvq_request kvq_requests[] = { KVQ_REQUESTS(KVQ_REQUEST_ROW) KVQ_REQUEST_OTHER };
 const size_t kvq_requests_n = sizeof(kvq_requests) / sizeof(kvq_requests[0]);
 
-static void reply_init(struct kvq_reply *r)
+static void reply_init(struct kvq_reply *r, int req_fd)
 {
 	memset(r, 0, sizeof(*r));
 	kvq__envelope__init(&r->e);
 	r->fd = -1;
+	r->req_fd = req_fd;
 }
 
 void kvq_reply_fini(struct kvq_reply *r)
@@ -83,14 +84,14 @@ static void reply_error(struct kvq_conn *c, struct kvq_reply *r, int status)
 }
 
 size_t kvq_dispatch(const struct kvq_request *rows, size_t n, struct kvq_conn *c, const Kvq__Envelope *req,
-		    struct kvq_reply *r)
+		    int req_fd, struct kvq_reply *r)
 {
 	const struct kvq_request *row = row_of(rows, n, req->body_case);
 	char *err = r->message;
 	size_t errlen = sizeof(r->message);
 	int ret;
 
-	reply_init(r);
+	reply_init(r, req_fd);
 	r->e.id = req->id;
 	ret = kvq_frame_check(req, 1, err, errlen);
 	if (ret == 0)
@@ -111,17 +112,17 @@ size_t kvq_dispatch(const struct kvq_request *rows, size_t n, struct kvq_conn *c
 }
 
 int kvq_dispatch_frame(const struct kvq_request *rows, size_t n, struct kvq_conn *c, const uint8_t *payload,
-		       size_t len, struct kvq_reply *r, size_t *ret_row)
+		       size_t len, int req_fd, struct kvq_reply *r, size_t *ret_row)
 {
 	Kvq__Envelope *req = NULL;
 
 	if (kvq_frame_unpack(payload, len, &req) < 0) {
-		reply_init(r);
+		reply_init(r, -1);
 		snprintf(r->message, sizeof(r->message), "the envelope does not parse");
 		reply_error(c, r, -EBADMSG);
 		return -EBADMSG;
 	}
-	*ret_row = kvq_dispatch(rows, n, c, req, r);
+	*ret_row = kvq_dispatch(rows, n, c, req, req_fd, r);
 	r->req = req;
 	return 0;
 }

@@ -224,7 +224,7 @@ static void decode(kvq_peer *p)
 	unsigned budget = p->lim->frames_per_wakeup;
 	const uint8_t *payload;
 	size_t len;
-	int r;
+	int r, fd;
 
 	p->more = false;
 	for (;;) {
@@ -245,7 +245,10 @@ static void decode(kvq_peer *p)
 			p->cb->closed(p, "framing fault", p->arg);
 			return;
 		}
-		p->cb->frame(p, payload, len, p->arg);
+		fd = kvq_frame_decoder_take_fd(&p->dec);
+		p->cb->frame(p, payload, len, fd, p->arg);
+		if (fd >= 0)
+			close(fd);
 		budget--;
 	}
 	flush(p);
@@ -256,7 +259,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
 	kvq_peer *p = arg;
 	int n;
 
-	n = kvq_frame_recv(p->fd, &p->dec, NULL);
+	n = kvq_frame_recv_fds(p->fd, &p->dec);
 	if (n == -EAGAIN)
 		return;
 	if (n == 0) {
@@ -269,7 +272,8 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	if (p->dec.fds_dropped) {
-		kvq_log(LOG_DEBUG, "%s: closed %u descriptors it sent", p->label, p->dec.fds_dropped);
+		kvq_log(LOG_DEBUG, "%s: closed %u descriptors it sent beyond one a request", p->label,
+			p->dec.fds_dropped);
 		p->dec.fds_dropped = 0;
 	}
 	decode(p);

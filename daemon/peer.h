@@ -13,7 +13,9 @@
  * frames are decoded nor bytes read until the client has read enough; after
  * frames_per_wakeup frames the peer yields to the others and goes on at the
  * loop's next turn.  Input is one frame plus one read at most, since
- * nothing more is read while complete frames wait.
+ * nothing more is read while complete frames wait, and one descriptor at
+ * most: the one that came with the frame being read (proto/frame.h,
+ * kvq_frame_recv_fds); every other is closed on receipt.
  */
 #ifndef KVQD_PEER_H
 #define KVQD_PEER_H
@@ -36,9 +38,11 @@ struct kvq_peer_limits {
 };
 
 struct kvq_peer_cb {
-	/* One frame's payload, valid during the call.  It may queue frames and
-	 * ask for the close after them, but not free the peer. */
-	void (*frame)(kvq_peer *p, const uint8_t *payload, size_t len, void *arg);
+	/* One frame's payload, valid during the call, and the descriptor that
+	 * came with it (kvq.proto, "File descriptors") or -1: the peer's, which
+	 * closes it after the call.  It may queue frames and ask for the close
+	 * after them, but not free the peer. */
+	void (*frame)(kvq_peer *p, const uint8_t *payload, size_t len, int fd, void *arg);
 	/* The peer is done: end of stream, an error, a framing fault, or its
 	 * last frame sent after kvq_peer_close_after().  why says which; the
 	 * callee frees the peer (kvq_peer_free) and must not use it otherwise. */

@@ -238,6 +238,57 @@ static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t wan
 	return -ENOSPC;
 }
 
+/* The first codebook format of policy, by name, or NULL when it has none. */
+static const char *codebook_format(const struct kvq_policy *pol)
+{
+	for (uint32_t l = 0; l < pol->n_layers && l < KVQ_MAX_LAYERS; l++)
+		for (int v = 0; v < 2; v++) {
+			int f = v ? pol->v[l] : pol->k[l];
+
+			if (f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, v) == KVQ_PARAM_CODEBOOK)
+				return kvq_fmt_name(f);
+		}
+	return NULL;
+}
+
+int kvq_pools_codebooks(const struct kvq_pools_rec *p, bool created, const Kvq__Attach *a, int fd,
+			struct kvq_codebooks *ret, char *err, size_t errlen)
+{
+	const char *fmt = codebook_format(&p->policy);
+	char sent[KVQ_CODEBOOKS_HEX], have[KVQ_CODEBOOKS_HEX];
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	if (a->codebooks && fd < 0)
+		return kvq_seterr(err, errlen, "codebooks announced but no descriptor came with the request"), -EINVAL;
+	if (!a->codebooks && fd >= 0)
+		return kvq_seterr(err, errlen, "a descriptor came with the request, which announces no codebooks"),
+		       -EINVAL;
+	if (fd >= 0 && !fmt)
+		return kvq_seterr(err, errlen, "policy %s has no codebook format: it takes no codebooks", p->policy_str),
+		       -EINVAL;
+	if (fd < 0) {
+		if (created && fmt)
+			return kvq_seterr(err, errlen,
+					  "policy %s uses %s: the pool's codebooks must come with the request (kvqctl "
+					  "pool create --codebooks, kvq_attach_params.codebooks)", p->policy_str, fmt),
+			       -EINVAL;
+		return 0;
+	}
+	r = kvq_codebooks_open(fd, &p->policy, p->params.kv_heads, p->params.head_dim, ret, err, errlen);
+	if (r < 0)
+		return r;
+	if (!created && (!p->has_codebooks || memcmp(ret->sha256, p->codebooks_sha256, KVQ_PROTO_SHA256))) {
+		kvq_codebooks_hex(ret->sha256, KVQ_CODEBOOKS_SHORT, sent);
+		kvq_codebooks_hex(p->codebooks_sha256, KVQ_CODEBOOKS_SHORT, have);
+		kvq_seterr(err, errlen, "codebooks differ from pool %s's (sha256 %s..., the pool's %s...)", p->name,
+			   sent, p->has_codebooks ? have : "(none yet)");
+		kvq_codebooks_close(ret);
+		return KVQ_ELAYOUT;
+	}
+	return 0;
+}
+
 void kvq_pools_release(struct kvq_pools_rec *p)
 {
 	kvq_attn_free(p->attn);
@@ -250,6 +301,8 @@ void kvq_pools_release(struct kvq_pools_rec *p)
 	kvq_layout_free(p->L);
 	p->L = NULL;
 	p->allocated = false;
+	p->has_codebooks = false;
+	memset(p->codebooks_sha256, 0, sizeof(p->codebooks_sha256));
 }
 
 /* A sealed block of p's geometry with f16 K and V: the baseline of the
@@ -292,11 +345,23 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 }
 
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
-		       uint32_t want_sealed, uint32_t want_open, char *err, size_t errlen)
+		       uint32_t want_sealed, uint32_t want_open, const struct kvq_codebooks *cb, char *err,
+		       size_t errlen)
 {
 	uint64_t total = 0, budget, used, capacity, room;
+	const char *fmt = codebook_format(&p->policy);
+	bool have_cb = cb && cb->map;
+	char hex[KVQ_CODEBOOKS_HEX];
 	int r;
 
+	/* never a codebook pool without its codebooks (kvq_pools_codebooks
+	 * refused the request already; this is the pool's own guarantee) */
+	if (fmt && !have_cb)
+		return kvq_seterr(err, errlen, "policy %s uses %s: the pool's codebooks must come with the request",
+				  p->policy_str, fmt), -EINVAL;
+	if (!fmt && have_cb)
+		return kvq_seterr(err, errlen, "policy %s has no codebook format: it takes no codebooks",
+				  p->policy_str), -EINVAL;
 	r = p->backend->total_memory(p->device, &total, err, errlen);
 	if (r < 0)
 		return r;
@@ -332,6 +397,23 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	r = f16_block_bytes(p, &p->f16_block_bytes, err, errlen);
 	if (r < 0)
 		goto fail;
+	if (have_cb) {
+		if (cb->file.data_bytes != p->L->codebook_bytes) {
+			kvq_seterr(err, errlen, "codebooks: %llu bytes of data, the pool's region holds %llu",
+				   (unsigned long long)cb->file.data_bytes, (unsigned long long)p->L->codebook_bytes);
+			r = -EINVAL;
+			goto fail;
+		}
+		r = kvq_backend_mem_write(&p->mem, p->L->codebook_off, cb->file.data, (size_t)cb->file.data_bytes, err,
+					  errlen);
+		if (r < 0)
+			goto fail;
+		memcpy(p->codebooks_sha256, cb->sha256, KVQ_PROTO_SHA256);
+		p->has_codebooks = true;
+		kvq_codebooks_hex(cb->sha256, KVQ_PROTO_SHA256, hex);
+		kvq_log(LOG_INFO, "pool %s: codebooks of %llu bytes, sha256 %s", p->name,
+			(unsigned long long)cb->file.data_bytes, hex);
+	}
 	p->allocated = true;
 	p->device_memory = total;
 	kvq_log(LOG_INFO, "pool %s: %s on %s, %u layers, %u kv heads, head dim %u, %u tokens/block, window %u, "
@@ -379,6 +461,7 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 	o->clients = p->clients;
 	o->attention_report_ms = p->attention_report_ms;
 	o->attn = p->attn;
+	o->codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL;
 	resident_of(o, p->f16_block_bytes, &o->res);
 }
 
@@ -423,4 +506,8 @@ void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *o)
 	o->resident_bytes = i.res.bytes;
 	o->resident_f16_bytes = i.res.f16_bytes;
 	o->attention_report_ms = i.attention_report_ms;
+	if (i.codebooks_sha256) {
+		o->codebooks_sha256.data = (uint8_t *)i.codebooks_sha256;
+		o->codebooks_sha256.len = KVQ_PROTO_SHA256;
+	}
 }

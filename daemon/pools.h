@@ -10,6 +10,12 @@
  * Sizing: each (backend, device) has a budget, kvqd.conf's memory_budget of
  * the device's memory; a pool's capacity is bytes or a share of it.  Slot
  * counts are given (Attach create, PoolAdd) or come from the capacity.
+ *
+ * Codebooks: a pool whose policy uses a codebook format gets its codebooks
+ * from the request that creates it (daemon/codebooks.h), written into its
+ * codebook region once, when it is allocated; their SHA-256 is part of the
+ * pool's identity for its life: an Attach that sends codebooks must send
+ * the same.  kvqd.conf cannot name such a pool (conf_check.c).
  */
 #ifndef KVQD_POOLS_H
 #define KVQD_POOLS_H
@@ -20,6 +26,7 @@
 
 #include "attn.h"
 #include "backend.h"
+#include "codebooks.h"
 #include "conf.h"
 #include "frame.h"
 #include "layout.h"
@@ -55,6 +62,8 @@ struct kvq_pools_rec {
 	struct kvq_attn *attn;                       /* attention timings reported, when allocated */
 	uint32_t attention_report_ms;                /* told to clients at attach; 0: no timing */
 	uint32_t clients;                            /* attached, exiting ones included */
+	bool has_codebooks;                          /* allocated with codebooks (a codebook policy) */
+	uint8_t codebooks_sha256[KVQ_PROTO_SHA256];  /* theirs, when has_codebooks */
 };
 
 /* The records, newest first, and the daemon's backend. */
@@ -95,6 +104,7 @@ struct kvq_pools_info {
 	struct kvq_resident res;
 	uint32_t attention_report_ms;
 	const struct kvq_attn *attn;
+	const uint8_t *codebooks_sha256;  /* KVQ_PROTO_SHA256 bytes, or NULL: no codebooks */
 };
 
 /* No records; the daemon's backend from its name ("auto", "host", "cuda")
@@ -125,12 +135,29 @@ int kvq_pools_from_config(const struct kvq_pools *ps, const struct kvq_config_po
 int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *cfg, const Kvq__Attach *a,
 			  uid_t creator, struct kvq_pools_rec **ret, char *err, size_t errlen);
 
+/*
+ * The codebooks a request brings for p (kvq.proto, "File descriptors"):
+ * created says whether the request creates p (an Attach that creates it, a
+ * PoolAdd) or joins it; a->codebooks whether it announces them; fd the
+ * descriptor that came with it, or -1.  Returns 0 and *ret (opened, or empty
+ * when none came: kvq_codebooks_close either way), or -EINVAL (announced
+ * without a descriptor or the reverse; sent for a policy without codebook
+ * formats; missing where created with one; a descriptor or file that is
+ * bad), -E2BIG (over KVQ_CB_MAX_FILE) or, joining, KVQ_ELAYOUT (they differ
+ * from p's), with the reason in err.
+ */
+int kvq_pools_codebooks(const struct kvq_pools_rec *p, bool created, const Kvq__Attach *a, int fd,
+			struct kvq_codebooks *ret, char *err, size_t errlen);
+
 /* Allocates memory and books of p within its device's budget (cfg's
  * memory_budget less the pools there): want_sealed and want_open slots when
- * both are given, else as many as its capacity holds.  Returns 0, or a
- * negative code with err set and p not allocated. */
+ * both are given, else as many as its capacity holds; and writes cb's data
+ * (kvq_pools_codebooks) into its codebook region, which a policy with a
+ * codebook format needs and one without refuses (cb NULL or empty: none).
+ * Returns 0, or a negative code with err set and p not allocated. */
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
-		       uint32_t want_sealed, uint32_t want_open, char *err, size_t errlen);
+		       uint32_t want_sealed, uint32_t want_open, const struct kvq_codebooks *cb, char *err,
+		       size_t errlen);
 
 /* The attention report interval a pool called name gets from cfg: its
  * section's attention_timing, else [kvqd]'s; 0 when it does not time. */

@@ -49,7 +49,8 @@ int kvq_req_pool_add(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_re
 	struct kvq_state *st = c->st;
 	const Kvq__Attach *a = q->spec;
 	struct kvq_pools_rec *p = NULL;
-	Kvq__PoolStats *ps;
+	struct kvq_codebooks cb = { 0 };
+	Kvq__PoolStats *ps = NULL;
 	int ret;
 
 	if (kvq_pools_find(&st->pools, a->pool))
@@ -70,23 +71,29 @@ int kvq_req_pool_add(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_re
 	}
 	if (q->capacity)
 		p->capacity = (struct kvq_config_amount){ .kind = KVQ_AMOUNT_BYTES, .bytes = q->capacity };
+	ret = kvq_pools_codebooks(p, true, a, r->req_fd, &cb, err, errlen);
+	if (ret < 0)
+		goto fail;
 	ps = calloc(1, sizeof(*ps));
 	if (!ps) {
-		kvq_pools_rec_free(p);
-		return -ENOMEM;
+		ret = -ENOMEM;
+		goto fail;
 	}
-	ret = kvq_pools_allocate(&st->pools, st->cfg, p, a->create->n_sealed, a->create->n_open, err, errlen);
-	if (ret < 0) {
-		free(ps);
-		kvq_pools_rec_free(p);
-		return ret;
-	}
+	ret = kvq_pools_allocate(&st->pools, st->cfg, p, a->create->n_sealed, a->create->n_open, &cb, err, errlen);
+	if (ret < 0)
+		goto fail;
+	kvq_codebooks_close(&cb);
 	kvq_pools_add(&st->pools, p);
 	kvq_log(LOG_NOTICE, "pool %s added by uid %u", p->name, (unsigned)c->uid);
 	kvq_pools_stats(p, ps);
 	rep->pool = ps;
 	r->mem[0] = ps;
 	return 0;
+fail:
+	kvq_codebooks_close(&cb);
+	free(ps);
+	kvq_pools_rec_free(p);
+	return ret;
 }
 
 int kvq_req_pool_drop(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)

@@ -48,6 +48,7 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	Kvq__AttachReply *rep = r->e.attach_reply;
 	struct kvq_state *st = c->st;
 	struct kvq_pools_rec *p = kvq_pools_find(&st->pools, a->pool);
+	struct kvq_codebooks cb = { 0 };
 	struct kvq_policy pol;
 	bool created = false;
 	int ret;
@@ -84,25 +85,25 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	}
 	if (created && a->layout_version != KVQ_LAYOUT_VERSION) {
 		kvq_seterr(err, errlen, "layout version %u, this daemon has %u", a->layout_version, KVQ_LAYOUT_VERSION);
-		kvq_pools_rec_free(p);
-		return KVQ_ELAYOUT;
+		ret = KVQ_ELAYOUT;
+		goto fail;
 	}
+	/* checked (and, joining, compared) before any memory is allocated */
+	ret = kvq_pools_codebooks(p, created, a, r->req_fd, &cb, err, errlen);
+	if (ret < 0)
+		goto fail;
 	if (!p->allocated) {
 		ret = kvq_pools_allocate(&st->pools, st->cfg, p, created ? a->create->n_sealed : 0,
-					 created ? a->create->n_open : 0, err, errlen);
+					 created ? a->create->n_open : 0, created ? &cb : NULL, err, errlen);
 		if (ret < 0) {
 			kvq_log(LOG_WARNING, "pool %s: not created: %s", p->name, err);
-			if (created)
-				kvq_pools_rec_free(p);
-			return ret;
+			goto fail;
 		}
 	}
+	kvq_codebooks_close(&cb);
 	ret = kvq_lease_new(&c->lease);
-	if (ret < 0) {
-		if (created)
-			kvq_pools_rec_free(p);
-		return ret;
-	}
+	if (ret < 0)
+		goto fail;
 	if (created)
 		kvq_pools_add(&st->pools, p);
 	c->pool = p;
@@ -124,10 +125,19 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	rep->device = p->backend == &kvq_backend_host ? -1 : p->device;
 	rep->model_id = p->model;
 	rep->attention_report_ms = p->attention_report_ms;
+	if (p->has_codebooks) {
+		rep->codebooks_sha256.data = p->codebooks_sha256;
+		rep->codebooks_sha256.len = KVQ_PROTO_SHA256;
+	}
 	c->timing_ms = c->active_ms;
 	r->fd = p->mem.fd;
 	kvq_log(LOG_INFO, "client %llu: attached to pool %s", (unsigned long long)c->id, p->name);
 	return 0;
+fail:
+	kvq_codebooks_close(&cb);
+	if (created)
+		kvq_pools_rec_free(p);
+	return ret;
 }
 
 static void fill_client_stats(const struct kvq_conn *c, bool exiting, Kvq__ClientStats *o)

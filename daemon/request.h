@@ -30,10 +30,13 @@ enum {
 };
 
 /* A reply being made.  The dispatcher sets the body its row names
- * (r->e.NAME_reply, initialised); handlers fill it, may set fd and
- * close_after, and leave what they allocate for the reply in mem. */
+ * (r->e.NAME_reply, initialised) and req_fd; handlers fill the body, may
+ * set fd and close_after, and leave what they allocate for the reply in
+ * mem. */
 struct kvq_reply {
 	Kvq__Envelope e;
+	int req_fd;                             /* came with the request (kvq.proto, "File descriptors"),
+						   or -1: the caller's, closed after the request */
 	char message[KVQ_PROTO_MAX_MESSAGE];    /* e.message on an error */
 	int fd;                                 /* sent with the reply (SCM_RIGHTS), or -1 */
 	bool close_after;                       /* close the connection once it is sent */
@@ -94,18 +97,20 @@ extern const size_t kvq_requests_n;
 
 /*
  * Answers req from c with the table rows[n] (a table ends with
- * KVQ_REQUEST_OTHER; the first row naming req's body takes it): fills *r
+ * KVQ_REQUEST_OTHER; the first row naming req's body takes it), req_fd
+ * being the descriptor that came with it (-1: none; not taken: only Attach
+ * and PoolAdd look at it, every other request ignores it): fills *r
  * (kvq_reply_fini() after sending) and returns the index of the row that
  * took it, the one whose latency it counts as.
  */
 size_t kvq_dispatch(const struct kvq_request *rows, size_t n, struct kvq_conn *c, const Kvq__Envelope *req,
-		    struct kvq_reply *r);
+		    int req_fd, struct kvq_reply *r);
 
 /* kvq_dispatch() of one frame's payload.  Returns 0 and *ret_row, or
  * -EBADMSG for an envelope that does not parse (r holds its error reply,
  * which no row counts). */
 int kvq_dispatch_frame(const struct kvq_request *rows, size_t n, struct kvq_conn *c, const uint8_t *payload,
-		       size_t len, struct kvq_reply *r, size_t *ret_row);
+		       size_t len, int req_fd, struct kvq_reply *r, size_t *ret_row);
 
 /* Frees what r holds (not r). */
 void kvq_reply_fini(struct kvq_reply *r);

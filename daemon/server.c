@@ -60,7 +60,7 @@ struct kvq_server {
 	uint64_t counters[KVQ_SERVER_N_COUNTERS];
 };
 
-static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, void *arg);
+static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, int fd, void *arg);
 static void conn_on_closed(kvq_peer *peer, const char *why, void *arg);
 static void conn_on_pidfd(evutil_socket_t fd, short what, void *arg);
 static void srv_on_accept(evutil_socket_t fd, short what, void *arg);
@@ -198,8 +198,9 @@ static void conn_on_pidfd(evutil_socket_t fd, short what, void *arg)
 	conn_free(c);
 }
 
-/* One frame of c: the request's reply is queued, its time counted. */
-static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, void *arg)
+/* One frame of c, with the descriptor that came with it (-1: none; the
+ * peer closes it after): the request's reply is queued, its time counted. */
+static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, int fd, void *arg)
 {
 	struct kvq_conn *c = arg;
 	kvq_server *s = server_of(c);
@@ -211,7 +212,7 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, vo
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	c->active_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
-	parsed = kvq_dispatch_frame(kvq_requests, kvq_requests_n, c, payload, len, &r, &row) == 0;
+	parsed = kvq_dispatch_frame(kvq_requests, kvq_requests_n, c, payload, len, fd, &r, &row) == 0;
 	if (r.e.status < 0)
 		/* an envelope that does not parse has no row: "other"'s */
 		count_error(&s->errors[parsed ? row : kvq_requests_n - 1], r.e.status);

@@ -31,7 +31,7 @@ int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const cha
 		p->attention_report_ms = kvq_pools_report_ms(cfg, p->name);
 		kvq_pools_add(&st->pools, p);
 		if (!cfg->pools[i].create_on_attach) {
-			r = kvq_pools_allocate(&st->pools, cfg, p, 0, 0, err, errlen);
+			r = kvq_pools_allocate(&st->pools, cfg, p, 0, 0, NULL, err, errlen);
 			if (r < 0) {
 				char m[KVQ_BACKEND_MSG_MAX];
 

@@ -1,48 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Codebooks of the product-quantized formats: their size and place in the
- * codebook data, and their file, kvq-codebook(5) (codebook.h). */
+/* The codebook file of the product-quantized formats, kvq-codebook(5)
+ * (codebook.h). */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "codebook.h"
-#include "layout.h"
-
-/* Bytes of one (layer, K or V)'s codebooks: 256 centroids of D FP16 values per head. */
-static uint64_t part_bytes(uint32_t H, uint32_t D)
-{
-	return (uint64_t)KVQ_CB_CENTROIDS * H * D * 2u;
-}
-
-static int is_codebook(const struct kvq_policy *p, uint32_t layer, int is_v)
-{
-	int f = is_v ? p->v[layer] : p->k[layer];
-
-	return f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, is_v) == KVQ_PARAM_CODEBOOK;
-}
-
-uint64_t kvq_codebook_off(const struct kvq_policy *p, uint32_t H, uint32_t D, uint32_t layer, int is_v)
-{
-	uint64_t off = 0;
-
-	if (layer >= p->n_layers || !is_codebook(p, layer, is_v))
-		return UINT64_MAX;
-	for (uint32_t l = 0; l <= layer; l++)
-		for (int v = 0; v < 2 && (l < layer || v < is_v); v++)
-			off += is_codebook(p, l, v) ? part_bytes(H, D) : 0;
-	return off;
-}
-
-uint64_t kvq_codebook_bytes(const struct kvq_policy *p, uint32_t H, uint32_t D)
-{
-	uint64_t n = 0;
-
-	for (uint32_t l = 0; l < p->n_layers && l < KVQ_MAX_LAYERS; l++)
-		for (int v = 0; v < 2; v++)
-			n += is_codebook(p, l, v) ? part_bytes(H, D) : 0;
-	return n;
-}
 
 /* ------------------------------------------------------------------ the file */
 
@@ -88,7 +52,9 @@ static int is_subdim(unsigned d)
 /* Subspace dim of (layer, K or V) of a policy: 0 where not a codebook format. */
 static unsigned pool_subdim(const struct kvq_policy *p, uint32_t layer, int is_v)
 {
-	return is_codebook(p, layer, is_v) ? kvq_fmt_subdim(is_v ? p->v[layer] : p->k[layer]) : 0;
+	int f = is_v ? p->v[layer] : p->k[layer];
+
+	return f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, is_v) == KVQ_PARAM_CODEBOOK ? kvq_fmt_subdim(f) : 0;
 }
 
 /* Header fields after the magic: geometry, subspace dims and sizes.  *ret_hdr
@@ -107,7 +73,7 @@ static int check_header(const uint8_t *b, size_t len, uint64_t *ret_hdr, uint64_
 		return -EINVAL;
 	}
 	if (version != KVQ_CB_VERSION) {
-		kvq_seterr(err, errlen, "codebook file: version %u, this kvqd reads %u", version, KVQ_CB_VERSION);
+		kvq_seterr(err, errlen, "codebook file: version %u, not %u", version, KVQ_CB_VERSION);
 		return -EINVAL;
 	}
 	if (bom != KVQ_CB_BOM) {
@@ -163,7 +129,7 @@ static int check_header(const uint8_t *b, size_t len, uint64_t *ret_hdr, uint64_
 			return -EINVAL;
 		}
 		any = 1;
-		want += part_bytes(H, D);
+		want += kvq_codebook_part(H, D);
 	}
 	if (!any) {
 		kvq_seterr(err, errlen, "codebook file: no layer has codebooks (every subspace dim is 0)");
@@ -187,8 +153,8 @@ static int check_header(const uint8_t *b, size_t len, uint64_t *ret_hdr, uint64_
 		return -EINVAL;
 	}
 	if (len > total) {
-		kvq_seterr(err, errlen, "codebook file: %llu bytes after the data (%zu bytes, the header says %llu)",
-			   (unsigned long long)(len - total), len, (unsigned long long)total);
+		kvq_seterr(err, errlen, "codebook file: bytes after the data: %zu bytes, the header says %llu", len,
+			   (unsigned long long)total);
 		return -EINVAL;
 	}
 	*ret_hdr = hdr;

@@ -39,16 +39,16 @@
 #ifndef KVQ_CODEBOOK_H
 #define KVQ_CODEBOOK_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policy.h"
+#include "layout.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define KVQ_CB_CENTROIDS 256u
 #define KVQ_CB_MAGIC "KVQCBOOK"
 #define KVQ_CB_VERSION 1u
 #define KVQ_CB_BOM 0x01020304u
@@ -58,13 +58,20 @@ extern "C" {
 /* The largest file kvqd takes (and so the largest codebook data): 1 GiB. */
 #define KVQ_CB_MAX_FILE (1ull << 30)
 
-/* Bytes of the codebook data of a policy at H KV heads and head dim D: 0
- * when no layer uses a codebook format. */
-uint64_t kvq_codebook_bytes(const struct kvq_policy *p, uint32_t H, uint32_t D);
+/* The pool size bits per value are quoted at: codebooks amortised over a
+ * pool of 1 GiB (kvq-bench formats, kvq-run, bench/QUALITY.md). */
+#define KVQ_CB_POOL_BYTES (1ull << 30)
 
-/* Byte offset, inside the codebook data, of (layer, K or V)'s codebooks,
- * or UINT64_MAX when that format is not a codebook format. */
-uint64_t kvq_codebook_off(const struct kvq_policy *p, uint32_t H, uint32_t D, uint32_t layer, int is_v);
+/* Bytes of one sealed block with its share of the codebooks, in a pool of
+ * pool_bytes that holds the codebooks and as many blocks as fit in the
+ * rest: block * pool / (pool - codebooks).  The block alone when there are
+ * no codebooks; infinity when they fill the pool. */
+static inline double kvq_codebook_amortised(uint64_t block_bytes, uint64_t codebook_bytes, uint64_t pool_bytes)
+{
+	if (codebook_bytes >= pool_bytes)
+		return codebook_bytes ? (double)INFINITY : (double)block_bytes;
+	return (double)block_bytes * (double)pool_bytes / (double)(pool_bytes - codebook_bytes);
+}
 
 /* A file's header, parsed. */
 struct kvq_cb_file {
@@ -76,7 +83,7 @@ struct kvq_cb_file {
 };
 
 /*
- * Parses and checks a file image of len bytes: magic, version, byte order,
+ * Parses and checks a file image of len bytes: magic, byte order, version,
  * header fields in range, sizes that add up to exactly len, and every value
  * finite.  When want is not NULL the file must also fit a pool of that policy
  * and geometry (layers, kv_heads, head_dim; the codebook formats of every
@@ -99,7 +106,8 @@ int kvq_codebook_write(int fd, const struct kvq_policy *p, uint32_t kv_heads, ui
  * k-means over n points of dimension d (row-major floats) into k centroids
  * cent[k][d]: k-means++ seeding from a PRNG seeded with seed, then at most
  * iters Lloyd iterations (stopping early when no assignment changes); an
- * empty cluster is re-seeded with the point farthest from its centroid.
+ * empty cluster is re-seeded with the point farthest from its centroid
+ * among those not alone in their cluster (none such: it stays empty).
  * Distances are squared Euclidean, ties go to the lower centroid index (as
  * kvq_pq_encode's).  loss, when not NULL, gets iters + 1 entries: the mean
  * squared distance after seeding and after each iteration (entries past an

@@ -84,6 +84,24 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 
 void kvq_layout_free(struct kvq_layout *L);
 
+/* Centroids of a codebook format's codebook (one per subspace). */
+#define KVQ_CB_CENTROIDS 256u
+
+/* Bytes of one (layer, K or V)'s codebooks: 256 centroids of D FP16 values
+ * per KV head, whatever the subspace dim. */
+static inline uint64_t kvq_codebook_part(uint32_t H, uint32_t D)
+{
+	return (uint64_t)KVQ_CB_CENTROIDS * H * D * 2u;
+}
+
+/* Bytes of the codebook data of a policy at H KV heads and head dim D
+ * (codebook.h's order): 0 when no layer uses a codebook format. */
+uint64_t kvq_codebook_bytes(const struct kvq_policy *p, uint32_t H, uint32_t D);
+
+/* Byte offset, inside the codebook data, of (layer, K or V)'s codebooks,
+ * or UINT64_MAX when that format is not a codebook format. */
+uint64_t kvq_codebook_off(const struct kvq_policy *p, uint32_t H, uint32_t D, uint32_t layer, int is_v);
+
 /* Default open window: 4B when any layer uses KIVI, else B. */
 uint32_t kvq_layout_default_window(const struct kvq_policy *p, uint32_t block_tokens);
 

@@ -11,10 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "codebook.h"
 #include "conn.h"
 #include "json.h"
 #include "kvqctl.h"
 #include "layout.h"
+#include "memfd.h"
 
 #define TIMEOUT_MS 10000
 
@@ -70,9 +74,10 @@ static int conn_fault(const struct kvq_conn *c, int r)
 	}
 }
 
-/* One request on a new connection: 0 with *ret (the reply of type want),
- * or 1 after printing why. */
-static int request(const struct cmdline *cl, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
+/* One request on a new connection, with fd (-1: none; not taken) sent with
+ * it: 0 with *ret (the reply of type want), or 1 after printing why. */
+static int request_fd(const struct cmdline *cl, Kvq__Envelope *req, int fd, Kvq__Envelope__BodyCase want,
+		      Kvq__Envelope **ret)
 {
 	struct kvq_conn c;
 	int r;
@@ -80,11 +85,16 @@ static int request(const struct cmdline *cl, Kvq__Envelope *req, Kvq__Envelope__
 	kvq_conn_init(&c, TIMEOUT_MS);
 	r = kvq_conn_open(&c, cl->socket, PROG);
 	if (r == 0)
-		r = kvq_conn_call(&c, req, want, ret);
+		r = kvq_conn_call_fd(&c, req, fd, want, ret);
 	if (r < 0)
 		r = conn_fault(&c, r);
 	kvq_conn_close(&c);
 	return r;
+}
+
+static int request(const struct cmdline *cl, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
+{
+	return request_fd(cl, req, -1, want, ret);
 }
 
 /* stats, pools, clients: the global options and at most max arguments
@@ -131,6 +141,28 @@ static void pool_figures(const Kvq__PoolStats *p, struct pool_fig *f)
 		  (uint64_t)p->open_used * p->open_block_bytes;
 }
 
+/* A pool's codebooks_sha256 in hex, its first n bytes (all: 32), or "-"
+ * when it has none. */
+static const char *sha_str(const ProtobufCBinaryData *h, size_t n, char *buf, size_t len)
+{
+	static const char digits[] = "0123456789abcdef";
+
+	if (!h->len || len < 2) {
+		snprintf(buf, len, "-");
+		return buf;
+	}
+	if (n > h->len)
+		n = h->len;
+	if (2 * n + 1 > len)
+		n = (len - 1) / 2;
+	for (size_t i = 0; i < n; i++) {
+		buf[2 * i] = digits[h->data[i] >> 4];
+		buf[2 * i + 1] = digits[h->data[i] & 15];
+	}
+	buf[2 * n] = 0;
+	return buf;
+}
+
 static const char *dev_str(int device, char *buf, size_t len)
 {
 	if (device < 0)
@@ -143,12 +175,16 @@ static const char *dev_str(int device, char *buf, size_t len)
 static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 {
 	struct pool_fig f;
+	char h[2 * KVQ_PROTO_SHA256 + 1];
 
 	pool_figures(p, &f);
 	j_open(NULL, '{');
 	j_str("name", p->name);
 	j_str("model_id", p->model_id);
 	j_str("policy", p->policy);
+	/* "" without codebooks */
+	j_str("codebooks_sha256", p->codebooks_sha256.len ? sha_str(&p->codebooks_sha256, KVQ_PROTO_SHA256, h, sizeof(h))
+							   : "");
 	j_str("backend", p->backend);
 	j_i64("device", p->device);
 	j_u64("layers", p->layers);
@@ -248,12 +284,14 @@ static void print_daemon(const Kvq__StatsReply *sr)
 static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 {
 	struct pool_fig f;
-	char a[32], b[32], d[16];
+	char a[32], b[32], d[16], h[2 * KVQ_PROTO_SHA256 + 1];
 
 	pool_figures(p, &f);
 	printf("\npool %s\n", p->name);
 	printf("  model           %s\n", p->model_id);
 	printf("  policy          %s\n", p->policy);
+	if (p->codebooks_sha256.len)
+		printf("  codebooks       sha256 %s...\n", sha_str(&p->codebooks_sha256, 8, h, sizeof(h)));
 	printf("  geometry        %u layers, %u KV heads, head dim %u, %u tokens/block, window %u (%s)\n", p->layers,
 	       p->kv_heads, p->head_dim, p->block_tokens, p->window,
 	       p->act == KVQ__DTYPE__DTYPE_BF16 ? "bf16" : "f16");
@@ -332,7 +370,7 @@ int cmd_pools(struct cmdline *cl)
 {
 	Kvq__Envelope *rep = NULL;
 	const Kvq__StatsReply *sr;
-	char a[32], b[32], d[16];
+	char a[32], b[32], d[16], h[2 * KVQ_PROTO_SHA256 + 1];
 	int r = stats_request(cl, 0, &rep);
 
 	if (r >= 0)
@@ -341,17 +379,18 @@ int cmd_pools(struct cmdline *cl)
 	if (cl->json) {
 		json_stats(sr, false);
 	} else {
-		printf("%-20s %-8s %-4s %-24s %12s %12s %7s %7s %7s\n", "POOL", "BACKEND", "DEV", "POLICY",
-		       "CAPACITY", "IN USE", "CACHED", "HIT%", "CLIENTS");
+		printf("%-20s %-8s %-4s %-24s %12s %12s %7s %7s %7s %-9s\n", "POOL", "BACKEND", "DEV", "POLICY",
+		       "CAPACITY", "IN USE", "CACHED", "HIT%", "CLIENTS", "CODEBOOKS");
 		for (size_t i = 0; i < sr->n_pools; i++) {
 			const Kvq__PoolStats *p = sr->pools[i];
 			struct pool_fig f;
 
 			pool_figures(p, &f);
-			printf("%-20s %-8s %-4s %-24s %12s %12s %7u %7.1f %7u\n", p->name, p->backend,
+			printf("%-20s %-8s %-4s %-24s %12s %12s %7u %7.1f %7u %-9s\n", p->name, p->backend,
 			       dev_str(p->device, d, sizeof(d)), p->policy, human_bytes((double)p->total_bytes, a, sizeof(a)),
 			       human_bytes((double)f.used, b, sizeof(b)), p->cached,
-			       p->lookup_tokens ? 100.0 * ratio(p->hit_tokens, p->lookup_tokens) : 0.0, p->clients);
+			       p->lookup_tokens ? 100.0 * ratio(p->hit_tokens, p->lookup_tokens) : 0.0, p->clients,
+			       sha_str(&p->codebooks_sha256, 4, h, sizeof(h)));
 		}
 	}
 	kvq_frame_envelope_free(rep);
@@ -468,7 +507,8 @@ const struct option pool_create_opts[] = {
 	{ "capacity", required_argument, NULL, 'c' },    { "sealed", required_argument, NULL, 'S' },
 	{ "open", required_argument, NULL, 'O' },        { "backend", required_argument, NULL, 'b' },
 	{ "device", required_argument, NULL, 'd' },      { "acl-uids", required_argument, NULL, 'u' },
-	{ "acl-gids", required_argument, NULL, 'g' },    { NULL, 0, NULL, 0 },
+	{ "acl-gids", required_argument, NULL, 'g' },    { "codebooks", required_argument, NULL, 'k' },
+	{ NULL, 0, NULL, 0 },
 };
 CTL_OPTS_FIT(pool_create_opts);
 
@@ -480,8 +520,10 @@ int cmd_pool_create(struct cmdline *cl)
 	Kvq__Attach a = KVQ__ATTACH__INIT;
 	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;
 	uint32_t uids[KVQ_PROTO_MAX_ACL], gids[KVQ_PROTO_MAX_ACL], dev;
+	const char *codebooks = NULL;
+	char err[512];
 	size_t nu = 0, ng = 0;
-	int ch, r;
+	int ch, r, cb_fd = -1;
 
 	a.block_tokens = 32;
 	a.layout_version = KVQ_LAYOUT_VERSION;
@@ -533,6 +575,7 @@ int cmd_pool_create(struct cmdline *cl)
 			if (r == -ENOENT)
 				return 1;
 			break;
+		case 'k': codebooks = optarg; break;
 		}
 		if (r < 0)
 			return die("pool create: bad value '%s' for --%s", optarg, opt_name(lo, ch)), 2;
@@ -546,6 +589,13 @@ int cmd_pool_create(struct cmdline *cl)
 		return die("pool create needs --model, --layers, --kv-heads, --head-dim and --policy"), 2;
 	if (!pc.n_sealed != !pc.n_open)
 		return die("pool create: give both --sealed and --open, or neither"), 2;
+	/* sealed: what kvqd checks is what it copies into the pool */
+	if (codebooks) {
+		r = kvq_memfd_from_file(codebooks, KVQ_CB_MAX_FILE, "kvq-codebooks", &cb_fd, err, sizeof(err));
+		if (r < 0)
+			return die("pool create: codebooks: %s", err);
+		a.codebooks = true;
+	}
 	add.spec = &a;
 	add.acl_uids = uids;
 	add.n_acl_uids = nu;
@@ -553,7 +603,9 @@ int cmd_pool_create(struct cmdline *cl)
 	add.n_acl_gids = ng;
 	e.body_case = KVQ__ENVELOPE__BODY_POOL_ADD;
 	e.pool_add = &add;
-	r = request(cl, &e, KVQ__ENVELOPE__BODY_POOL_ADD_REPLY, &rep);
+	r = request_fd(cl, &e, cb_fd, KVQ__ENVELOPE__BODY_POOL_ADD_REPLY, &rep);
+	if (cb_fd >= 0)
+		close(cb_fd);
 	if (r)
 		return r;
 	if (cl->json) {
@@ -563,11 +615,14 @@ int cmd_pool_create(struct cmdline *cl)
 		j_close(']');
 		j_close('}');
 	} else {
-		char b[32];
+		const Kvq__PoolStats *p = rep->pool_add_reply->pool;
+		char b[32], h[2 * KVQ_PROTO_SHA256 + 1];
 
-		printf("pool %s created: %s, %u sealed + %u open slots\n", a.pool,
-		       human_bytes((double)rep->pool_add_reply->pool->total_bytes, b, sizeof(b)),
-		       rep->pool_add_reply->pool->n_sealed, rep->pool_add_reply->pool->n_open);
+		printf("pool %s created: %s, %u sealed + %u open slots", a.pool,
+		       human_bytes((double)p->total_bytes, b, sizeof(b)), p->n_sealed, p->n_open);
+		if (p->codebooks_sha256.len)
+			printf(", codebooks sha256 %s...", sha_str(&p->codebooks_sha256, 8, h, sizeof(h)));
+		printf("\n");
 	}
 	kvq_frame_envelope_free(rep);
 	return 0;

@@ -177,7 +177,7 @@ static const struct command commands[] = {
 	{ "pool", "create", "NAME --model ID --layers L --kv-heads H --head-dim D --policy P\n"
 	  "       [--block-tokens B] [--window R] [--window-dtype f16|bf16] [--capacity SIZE]\n"
 	  "       [--sealed N --open N] [--backend host|cuda] [--device N]\n"
-	  "       [--acl-uids LIST] [--acl-gids LIST]",
+	  "       [--acl-uids LIST] [--acl-gids LIST] [--codebooks FILE]",
 	  "create a pool (admin)",
 	  "  --block-tokens B     tokens per block (default 32)\n"
 	  "  --window R           the open window in tokens (default: the policy's)\n"
@@ -186,7 +186,9 @@ static const struct command commands[] = {
 	  "  --sealed N --open N  slot counts instead of --capacity (both or neither)\n"
 	  "  --backend B          host or cuda;  --device N  the GPU\n"
 	  "  --acl-uids LIST      users who may attach (names or numbers, comma-separated)\n"
-	  "  --acl-gids LIST      groups who may attach (default: the caller, root and kvqd)\n",
+	  "  --acl-gids LIST      groups who may attach (default: the caller, root and kvqd)\n"
+	  "  --codebooks FILE     the pool's codebooks (kvq-codebook(5)): needed by a policy with\n"
+	  "                       pq2 or pq1, sent to kvqd as a sealed memfd\n",
 	  pool_create_opts, cmd_pool_create },
 	{ "pool", "drop", "NAME", "free a pool nobody is attached to (admin)", NULL, NULL, cmd_pool_drop },
 	{ "plan", NULL, "[--model Llama-3-8B|Llama-3-70B|SmolLM2-135M] [--layers L] [--kv-heads H]\n"

@@ -36,6 +36,7 @@ struct plan_row {
 	char policy[KVQ_POLICY_MAX_LEN + 1];
 	double bytes_per_value;      /* K and V averaged over layers (kvq_fmt_bytes_per_value) */
 	double bytes_per_token;      /* sealed, all layers (layout) */
+	double codebook_bytes;       /* the pool's codebooks (pq2, pq1), once per pool, out of the budget */
 	double seq_bytes;            /* one sequence of the context length, as the pool counts it */
 	double tokens;               /* sealed tokens the KV budget holds */
 	uint64_t sequences;
@@ -68,9 +69,11 @@ static int plan_policy(const struct model *m, uint32_t B, const char *policy, ui
 		       kvq_fmt_bytes_per_value(pol.v[l], 1, B, m->head_dim);
 	row->bytes_per_value = bpv / (2.0 * m->layers);
 	row->bytes_per_token = (double)L->sealed_block_bytes / B;
+	row->codebook_bytes = (double)L->codebook_bytes;
 	S = kvq_layout_split(L, n);
 	row->seq_bytes = (double)(S / B) * (double)L->sealed_block_bytes +
 			 (double)((n - S + B - 1) / B) * (double)(L->open_block_bytes + L->sealed_block_bytes);
+	budget -= row->codebook_bytes;
 	row->tokens = budget > 0 ? budget / row->bytes_per_token : 0;
 	row->sequences = budget > 0 ? (uint64_t)floor(budget / row->seq_bytes) : 0;
 	kvq_layout_free(L);
@@ -267,6 +270,7 @@ static void plan_json(const struct plan *p)
 		j_str("policy", rows[i].policy);
 		j_num("bytes_per_value", rows[i].bytes_per_value);
 		j_num("kv_bytes_per_token", rows[i].bytes_per_token);
+		j_num("codebook_bytes", rows[i].codebook_bytes);
 		j_num("ratio_to_f16", rows[i].bytes_per_token / rows[0].bytes_per_token);
 		j_num("kv_bytes_per_sequence", rows[i].seq_bytes);
 		j_num("tokens_in_budget", floor(rows[i].tokens));
@@ -290,15 +294,15 @@ static void plan_print(const struct plan *p)
 	printf("context   %u tokens, blocks of %u tokens\n", p->context, p->B);
 	if (p->budget <= 0)
 		printf("the weights do not fit: no room for KV\n");
-	printf("\n%-26s %9s %12s %7s %13s %14s %10s\n", "POLICY", "B/VALUE", "KV/TOKEN", "VS F16", "KV/SEQUENCE",
-	       "TOKENS", "SEQUENCES");
+	printf("\n%-26s %9s %12s %7s %13s %10s %14s %10s\n", "POLICY", "B/VALUE", "KV/TOKEN", "VS F16",
+	       "KV/SEQUENCE", "CODEBOOKS", "TOKENS", "SEQUENCES");
 	for (size_t i = 0; i < p->n_pol; i++) {
 		if (!rows[i].policy[0])
 			continue;
-		printf("%-26s %9.4f %10.0f B %6.2fx %10.2f MB %14.0f %10llu\n", rows[i].policy,
+		printf("%-26s %9.4f %10.0f B %6.2fx %10.2f MB %7.1f MB %14.0f %10llu\n", rows[i].policy,
 		       rows[i].bytes_per_value, rows[i].bytes_per_token,
-		       rows[0].bytes_per_token / rows[i].bytes_per_token, rows[i].seq_bytes / 1e6, floor(rows[i].tokens),
-		       (unsigned long long)rows[i].sequences);
+		       rows[0].bytes_per_token / rows[i].bytes_per_token, rows[i].seq_bytes / 1e6,
+		       rows[i].codebook_bytes / 1e6, floor(rows[i].tokens), (unsigned long long)rows[i].sequences);
 	}
 }
 

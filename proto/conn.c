@@ -126,13 +126,19 @@ int kvq_conn_open(struct kvq_conn *c, const char *path, const char *name)
 
 int kvq_conn_call(struct kvq_conn *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
 {
+	return kvq_conn_call_fd(c, req, -1, want, ret);
+}
+
+int kvq_conn_call_fd(struct kvq_conn *c, Kvq__Envelope *req, int fd, Kvq__Envelope__BodyCase want,
+		     Kvq__Envelope **ret)
+{
 	int64_t deadline = c->timeout_ms < 0 ? -1 : conn_now_ms() + c->timeout_ms;
 	int r;
 
 	if (c->broken)
 		return conn_fail(c, KVQ_CONN_TRANSPORT, -ENOTCONN, "connection to kvqd lost earlier");
 	req->id = ++c->next_id;
-	r = kvq_frame_send_envelope(c->fd, req, -1, c->timeout_ms);
+	r = kvq_frame_send_envelope(c->fd, req, fd, c->timeout_ms);
 	if (r == -EPIPE || r == -ECONNRESET) {
 		/* kvqd may have said why it closed (a refusal at a limit) */
 		int n = conn_reply_within(c, 0, KVQ__ENVELOPE__BODY__NOT_SET, 0, NULL);

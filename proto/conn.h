@@ -77,6 +77,12 @@ int kvq_conn_open(struct kvq_conn *c, const char *path, const char *name);
  * transport error (the connection is broken then). */
 int kvq_conn_call(struct kvq_conn *c, Kvq__Envelope *req, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret);
 
+/* kvq_conn_call with fd (not taken; -1: none) sent with the request's first
+ * byte (kvq.proto, "File descriptors": the codebooks of an Attach or a
+ * PoolAdd).  Send it when no reply is outstanding, as kvq_conn_call is. */
+int kvq_conn_call_fd(struct kvq_conn *c, Kvq__Envelope *req, int fd, Kvq__Envelope__BodyCase want,
+		     Kvq__Envelope **ret);
+
 /* The reply to request id, for a caller that sent its requests itself
  * (kvq_frame_send_envelope, or frames of several requests at once):
  * kvq_conn_call without the send. */

@@ -126,6 +126,10 @@ void kvq_frame_decoder_fini(struct kvq_frame_decoder *d)
 {
 	if (!d)
 		return;
+	if (d->has_fd)
+		close(d->fd);
+	if (d->has_frame_fd)
+		close(d->frame_fd);
 	free(d->buf);
 	memset(d, 0, sizeof(*d));
 }
@@ -181,14 +185,22 @@ int kvq_frame_decoder_feed(struct kvq_frame_decoder *d, const void *data, size_t
 		return r;
 	memcpy(d->buf + d->end, data, len);
 	d->end += len;
+	d->taken += len;
 	return 0;
 }
 
 int kvq_frame_decoder_next(struct kvq_frame_decoder *d, const uint8_t **ret_payload, size_t *ret_len)
 {
 	size_t avail = d->end - d->start;
+	uint64_t at = d->taken - avail;     /* stream offset of the next frame */
 	uint32_t len;
 
+	if (d->has_frame_fd) {
+		/* the previous frame's, not wanted */
+		close(d->frame_fd);
+		d->has_frame_fd = false;
+		d->fds_dropped++;
+	}
 	if (d->err)
 		return d->err;
 	if (avail < KVQ_FRAME_HDR)
@@ -202,10 +214,26 @@ int kvq_frame_decoder_next(struct kvq_frame_decoder *d, const uint8_t **ret_payl
 		return 0;
 	*ret_payload = d->buf + d->start + KVQ_FRAME_HDR;
 	*ret_len = len;
+	/* the descriptor is this frame's when the read that brought it began
+	 * inside the frame (never before it: frames before that read were
+	 * complete, and returned, first) */
+	if (d->has_fd && d->fd_at < at + KVQ_FRAME_HDR + len) {
+		d->frame_fd = d->fd;
+		d->has_frame_fd = true;
+		d->has_fd = false;
+	}
 	/* Only the indices move: the payload stays where it is until the next
 	 * feed or read. */
 	d->start += KVQ_FRAME_HDR + (size_t)len;
 	return 1;
+}
+
+int kvq_frame_decoder_take_fd(struct kvq_frame_decoder *d)
+{
+	if (!d->has_frame_fd)
+		return -1;
+	d->has_frame_fd = false;
+	return d->frame_fd;
 }
 
 size_t kvq_frame_decoder_pending(const struct kvq_frame_decoder *d)
@@ -424,8 +452,17 @@ static int check_request(const Kvq__Envelope *e, char *err, size_t errlen)
 	}
 }
 
+/* A codebooks_sha256: empty, or a SHA-256. */
+static int check_sha256(const ProtobufCBinaryData *h, const char *what, char *err, size_t errlen)
+{
+	if (h->len != 0 && h->len != KVQ_PROTO_SHA256)
+		return fail(-EINVAL, err, errlen, "%s: %zu bytes, not %u", what, h->len, KVQ_PROTO_SHA256);
+	return 0;
+}
+
 static int check_pool_stats(const Kvq__PoolStats *p, char *err, size_t errlen)
 {
+	TRY(check_sha256(&p->codebooks_sha256, "pools[].codebooks_sha256", err, errlen));
 	TRY(check_str(p->name, KVQ_PROTO_MAX_NAME, 1, 0, "pools[].name", err, errlen));
 	TRY(check_str(p->model_id, KVQ_PROTO_MAX_MODEL_ID, 1, 0, "pools[].model_id", err, errlen));
 	TRY(check_str(p->policy, KVQ_PROTO_MAX_POLICY, 1, 1, "pools[].policy", err, errlen));
@@ -457,7 +494,7 @@ static int check_reply(const Kvq__Envelope *e, char *err, size_t errlen)
 				    a->device_uuid.len);
 		if (a->map_bytes < a->total_bytes)
 			return fail(-EINVAL, err, errlen, "attach_reply.map_bytes under total_bytes");
-		return 0;
+		return check_sha256(&a->codebooks_sha256, "attach_reply.codebooks_sha256", err, errlen);
 	}
 	case KVQ__ENVELOPE__BODY_ALLOC_REPLY: {
 		const Kvq__AllocReply *a = e->alloc_reply;
@@ -561,8 +598,15 @@ int kvq_frame_send(int sock, const void *buf, size_t len, int fd)
 	return send_flags(sock, buf, len, fd, 0);
 }
 
-/* Descriptors in one control message, closed or kept per fd_slot. */
-static void take_fds(struct kvq_frame_decoder *d, struct cmsghdr *c, int *fd_slot, int keep)
+/* Where the descriptors of a read go: into the caller's slot (the first,
+ * while it is empty), to the decoder for their frame (the first, while it
+ * holds none), or all closed. */
+enum recv_fds { RECV_FDS_SLOT, RECV_FDS_FRAME, RECV_FDS_CLOSE };
+
+/* Descriptors in one control message of a read that began at stream offset
+ * at, kept per how (none when keep is 0) or closed. */
+static void take_fds(struct kvq_frame_decoder *d, struct cmsghdr *c, enum recv_fds how, int *fd_slot, int keep,
+		     uint64_t at)
 {
 	size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 
@@ -570,8 +614,12 @@ static void take_fds(struct kvq_frame_decoder *d, struct cmsghdr *c, int *fd_slo
 		int fd;
 
 		memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-		if (keep && fd_slot && *fd_slot < 0) {
+		if (keep && how == RECV_FDS_SLOT && *fd_slot < 0) {
 			*fd_slot = fd;
+		} else if (keep && how == RECV_FDS_FRAME && !d->has_fd) {
+			d->fd = fd;
+			d->fd_at = at;
+			d->has_fd = true;
 		} else {
 			close(fd);
 			d->fds_dropped++;
@@ -579,7 +627,7 @@ static void take_fds(struct kvq_frame_decoder *d, struct cmsghdr *c, int *fd_slo
 	}
 }
 
-static int recv_flags(int sock, struct kvq_frame_decoder *d, int *fd_slot, int flags)
+static int recv_flags(int sock, struct kvq_frame_decoder *d, enum recv_fds how, int *fd_slot, int flags)
 {
 	union {
 		char buf[CMSG_SPACE(KVQ_FRAME_RECV_FDS * sizeof(int))];
@@ -621,8 +669,9 @@ static int recv_flags(int sock, struct kvq_frame_decoder *d, int *fd_slot, int f
 	truncated = !!(msg.msg_flags & MSG_CTRUNC);
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
 		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-			take_fds(d, c, fd_slot, !truncated);
+			take_fds(d, c, how, fd_slot, !truncated, d->taken);
 	d->end += (size_t)n;
+	d->taken += (uint64_t)n;
 	/* Some descriptor did not fit and the kernel dropped it: whichever was
 	 * meant to be kept may be among them. */
 	if (truncated)
@@ -632,7 +681,12 @@ static int recv_flags(int sock, struct kvq_frame_decoder *d, int *fd_slot, int f
 
 int kvq_frame_recv(int sock, struct kvq_frame_decoder *d, int *fd_slot)
 {
-	return recv_flags(sock, d, fd_slot, 0);
+	return recv_flags(sock, d, fd_slot ? RECV_FDS_SLOT : RECV_FDS_CLOSE, fd_slot, 0);
+}
+
+int kvq_frame_recv_fds(int sock, struct kvq_frame_decoder *d)
+{
+	return recv_flags(sock, d, RECV_FDS_FRAME, NULL, 0);
 }
 
 static int64_t now_ms(void)
@@ -718,7 +772,7 @@ int kvq_frame_recv_envelope(int sock, struct kvq_frame_decoder *d, int *fd_slot,
 			return r;
 		if (r == 1)
 			return kvq_frame_unpack(payload, len, ret);
-		r = recv_flags(sock, d, fd_slot, MSG_DONTWAIT);
+		r = recv_flags(sock, d, fd_slot ? RECV_FDS_SLOT : RECV_FDS_CLOSE, fd_slot, MSG_DONTWAIT);
 		if (r == 0)
 			return -ECONNRESET;
 		if (r == -EAGAIN)

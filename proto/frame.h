@@ -13,6 +13,7 @@
 #ifndef KVQ_FRAME_H
 #define KVQ_FRAME_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,7 +22,7 @@
 
 /* Checked at Hello; bump for any change an older peer would misread
  * (kvq.proto, "The version", says what each one changed). */
-#define KVQ_PROTOCOL_VERSION 3u
+#define KVQ_PROTOCOL_VERSION 4u
 
 #define KVQ_FRAME_HDR 4u                /* the length prefix */
 #define KVQ_FRAME_MAX (4u << 20)        /* largest envelope; a frame is HDR + envelope */
@@ -38,6 +39,7 @@
 #define KVQ_PROTO_MAX_CLIENTS 1024u     /* clients in a StatsReply: the most connections kvqd takes */
 #define KVQ_PROTO_MAX_POOLS 256u        /* pools in a StatsReply: the most pools kvqd holds */
 #define KVQ_PROTO_MAX_TIMING_BINS 64u   /* bins of an attention report (more: dropped, not refused) */
+#define KVQ_PROTO_SHA256 32u            /* bytes of codebooks_sha256 when set */
 
 /*
  * Attention timing (kvq.proto, "Attention timings"): the buckets libkvq
@@ -91,7 +93,13 @@ int kvq_frame_encode_alloc(const Kvq__Envelope *e, uint8_t **ret_buf, size_t *re
  * Incremental decoder: bytes go in (kvq_frame_decoder_feed, kvq_frame_recv)
  * in pieces of any size, frames come out (kvq_frame_decoder_next).  It never
  * allocates more than the bytes given to it, so a hostile length costs
- * nothing.  Fields are private; embed it (no allocation until bytes arrive).
+ * nothing.  Fields are private; embed it (no allocation until bytes arrive;
+ * all zero is an empty decoder too).
+ *
+ * Read with kvq_frame_recv_fds, it also keeps the descriptor that came with
+ * the bytes (one at most) and hands it to its frame: the one whose bytes
+ * include the first byte of the read that brought it (kvq.proto, "File
+ * descriptors").  Stream offsets count every byte taken since init.
  */
 struct kvq_frame_decoder {
 	uint8_t *buf;
@@ -99,7 +107,13 @@ struct kvq_frame_decoder {
 	size_t start;           /* first byte not yet returned */
 	size_t end;             /* one past the last byte buffered */
 	int err;                /* sticky framing fault */
-	unsigned fds_dropped;   /* descriptors kvq_frame_recv closed (for logs) */
+	unsigned fds_dropped;   /* descriptors closed on receipt or unclaimed (for logs) */
+	uint64_t taken;         /* stream offset of buf[end] */
+	bool has_fd;            /* fd waits for its frame ... */
+	int fd;
+	uint64_t fd_at;         /* ... the one holding this stream offset */
+	bool has_frame_fd;      /* frame_fd came with the frame last returned */
+	int frame_fd;
 };
 
 /* Most bytes a decoder buffers (-ENOBUFS beyond): two largest frames.  A
@@ -109,7 +123,8 @@ struct kvq_frame_decoder {
 
 void kvq_frame_decoder_init(struct kvq_frame_decoder *d);
 
-/* Frees the buffer; the decoder can be initialised again.  NULL is fine. */
+/* Frees the buffer and closes the descriptors it holds; the decoder can be
+ * initialised again.  NULL is fine. */
 void kvq_frame_decoder_fini(struct kvq_frame_decoder *d);
 
 /* Appends data[len]; returns 0, -ENOBUFS (over KVQ_FRAME_DECODER_MAX
@@ -121,9 +136,15 @@ int kvq_frame_decoder_feed(struct kvq_frame_decoder *d, const void *data, size_t
  * bytes, valid until the next call on d), 0 when more bytes are needed, or
  * a framing fault: -EPROTO (length 0) or -EMSGSIZE (length over
  * KVQ_FRAME_MAX).  A fault is reported as soon as the prefix is in and
- * sticks: the stream cannot be resynchronised.
+ * sticks: the stream cannot be resynchronised.  The previous frame's
+ * descriptor, when not taken, is closed here.
  */
 int kvq_frame_decoder_next(struct kvq_frame_decoder *d, const uint8_t **ret_payload, size_t *ret_len);
+
+/* The descriptor that came with the frame kvq_frame_decoder_next returned
+ * last (kvq_frame_recv_fds), now the caller's; -1 when none came (or it was
+ * taken already). */
+int kvq_frame_decoder_take_fd(struct kvq_frame_decoder *d);
 
 /* Bytes buffered but not returned as frames: nonzero at end of stream means
  * a truncated frame. */
@@ -175,6 +196,16 @@ int kvq_frame_send(int sock, const void *buf, size_t len, int fd);
  * connection: a descriptor was lost), or another negative errno.
  */
 int kvq_frame_recv(int sock, struct kvq_frame_decoder *d, int *fd_slot);
+
+/*
+ * kvq_frame_recv for a reader that gives each frame the descriptor that came
+ * with it (kvqd): the first descriptor of a read, while d holds none, is
+ * kept in d for the frame that holds the read's first byte
+ * (kvq_frame_decoder_take_fd after that frame); every other one is closed
+ * (counted in fds_dropped), so d never holds more than one.  Returns as
+ * kvq_frame_recv.
+ */
+int kvq_frame_recv_fds(int sock, struct kvq_frame_decoder *d);
 
 /*
  * For blocking callers (libkvq, kvqctl, tests), on blocking or nonblocking

@@ -107,7 +107,7 @@ __attribute__((unused))
 static int inproc_call(struct inproc *t, struct kvq_conn *c, Kvq__Envelope *e, struct kvq_reply *r)
 {
 	e->id = ++t->next_req;
-	t->last_row = kvq_dispatch(t->rows, t->n_rows, c, e, r);
+	t->last_row = kvq_dispatch(t->rows, t->n_rows, c, e, -1, r);
 	return r->e.status;
 }
 

@@ -22,7 +22,7 @@ rm -f "$dest.log"
 
 for f in "$kvq_sbindir/kvqd" "$kvq_bindir/kvqctl" "$kvq_libdir/libkvq.so" "$kvq_includedir/kvq.h" \
 	"$kvq_includedir/kvq_wire.h" "$kvq_pkgconfigdir/kvq.pc" "$kvq_mandir/man8/kvqd.8" "$kvq_mandir/man1/kvqctl.1" \
-	"$kvq_mandir/man5/kvqd.conf.5" "$kvq_mandir/man3/libkvq.3" "$kvq_docdir/kvqd.conf.example" \
+	"$kvq_mandir/man5/kvqd.conf.5" "$kvq_mandir/man3/libkvq.3" "$kvq_mandir/man5/kvq-codebook.5" "$kvq_docdir/kvqd.conf.example" \
 	"$kvq_docdir/DESIGN.md" "$kvq_docdir/kvqd-grafana.json"; do
 	[ -e "$dest$f" ]
 	t $? "installed $f"

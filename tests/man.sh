@@ -10,7 +10,7 @@ set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
 man=$top_srcdir/man
 
-for page in kvqd.8 kvqctl.1 kvqd.conf.5 libkvq.3; do
+for page in kvqd.8 kvqctl.1 kvqd.conf.5 libkvq.3 kvq-codebook.5; do
 	if command -v mandoc >/dev/null 2>&1; then
 		out=$(mandoc -T lint -W warning "$man/$page" 2>&1)
 		st=$?

@@ -7,7 +7,7 @@
 # (default python3).  About 20 s, most of it pip.
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
-lib=$top_builddir/.libs/libkvq.so.1
+lib=$top_builddir/.libs/libkvq.so.3
 if [ ! -e "$lib" ]; then
 	echo "1..0 # SKIP no shared libkvq in this build (configured with --disable-shared)"
 	exit 0
@@ -24,6 +24,6 @@ if ! { "${PYTHON:-python3}" -m venv "$work/venv" && "$work/venv/bin/pip" install
 	echo "1..1"
 	exit 1
 fi
-KVQ_LIBRARY=$(cd "$top_builddir/.libs" && pwd)/libkvq.so.1 KVQD=$top_builddir/daemon/kvqd \
+KVQ_LIBRARY=$(cd "$top_builddir/.libs" && pwd)/libkvq.so.3 KVQD=$top_builddir/daemon/kvqd \
 	KVQCTL=$top_builddir/kvqctl/kvqctl CREF=$top_builddir/tests/python/cref KVQ_TEST_INSTALLED=1 \
 	exec "$work/venv/bin/python" "$top_srcdir/tests/python/test_host.py"

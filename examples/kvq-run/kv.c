@@ -6,10 +6,103 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
+#include "codebook.h"
 #include "layout.h"
 #include "run.h"
+
+/* Whether codebook file f holds the codebooks policy pol needs (maybe more:
+ * K's where pol keeps V's only, or the reverse). */
+static bool codebooks_cover(const struct kvq_cb_file *f, const struct kvq_policy *pol)
+{
+	for (uint32_t l = 0; l < pol->n_layers; l++)
+		for (int is_v = 0; is_v < 2; is_v++) {
+			int fmt = is_v ? pol->v[l] : pol->k[l];
+			unsigned have = is_v ? f->v_subdim[l] : f->k_subdim[l];
+			if (kvq_fmt_param_kind(fmt, is_v) == KVQ_PARAM_CODEBOOK && have != kvq_fmt_subdim(fmt))
+				return false;
+		}
+	return true;
+}
+
+/* The codebooks of pol taken from f (which covers it) as a file of their
+ * own, in a memfd: its path (/proc/self/fd/N, kept open for the run). */
+static const char *codebooks_subset(const struct kvq_cb_file *f, const struct kvq_policy *pol, uint32_t H,
+				    uint32_t D, const char *from)
+{
+	static char path[64];
+	uint64_t part = (uint64_t)KVQ_CB_CENTROIDS * H * D * 2, bytes = kvq_codebook_bytes(pol, H, D), in = 0, out = 0;
+	uint8_t *data = malloc(bytes);
+	int fd = memfd_create("kvq-run-codebooks", 0), r;
+
+	if (!data || fd < 0)
+		die("codebooks from %s: %s", from, strerror(data ? errno : ENOMEM));
+	for (uint32_t l = 0; l < pol->n_layers; l++)
+		for (int is_v = 0; is_v < 2; is_v++) {
+			int fmt = is_v ? pol->v[l] : pol->k[l];
+			if (kvq_fmt_param_kind(fmt, is_v) == KVQ_PARAM_CODEBOOK) {
+				memcpy(data + out, f->data + in, part);
+				out += part;
+			}
+			in += (is_v ? f->v_subdim[l] : f->k_subdim[l]) ? part : 0;
+		}
+	r = kvq_codebook_write(fd, pol, H, D, f->transforms, (const uint16_t *)data, bytes);
+	if (r < 0)
+		die("codebooks from %s: %s", from, strerror(-r));
+	free(data);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	return path;
+}
+
+/* The codebooks for policy pol from the first --codebooks file that covers
+ * it (kvq-codebook(5)): its path (or, when the file holds more, a file of
+ * just pol's), and their data's hash into *hash; NULL when pol has no
+ * codebook format.  A file calibrated with other transforms than this
+ * run's is refused. */
+static const char *codebooks_for(const struct kvq_policy *pol, const char *policy, uint64_t *hash)
+{
+	const struct model_cfg *c = model_cfg(md);
+	uint32_t transforms = (o.rotate ? KVQ_CB_ROTATE : 0u) | (k_center ? KVQ_CB_K_CENTER : 0u);
+	struct kvq_cb_file *f = malloc(sizeof(*f));
+	char err[256] = "";
+
+	if (!f)
+		die("%s", strerror(ENOMEM));
+	if (!kvq_codebook_bytes(pol, c->kv_heads, c->head_dim)) {
+		free(f);
+		return NULL;
+	}
+	for (unsigned i = 0; i < o.n_codebooks; i++) {
+		const char *path = o.codebooks[i];
+		size_t len;
+		char *img = read_file(path, &len);
+
+		if (kvq_codebook_parse(img, len, NULL, 0, 0, f, err, sizeof(err)) < 0)
+			die("--codebooks %s: %s", path, err);
+		if (f->layers != c->layers || f->kv_heads != c->kv_heads || f->head_dim != c->head_dim ||
+		    !codebooks_cover(f, pol)) {
+			free(img);
+			continue;
+		}
+		if (f->transforms != transforms)
+			die("--codebooks %s was calibrated %s--rotate and %s--k-center; this run has %s and %s", path,
+			    f->transforms & KVQ_CB_ROTATE ? "with " : "without ",
+			    f->transforms & KVQ_CB_K_CENTER ? "with " : "without ", o.rotate ? "it" : "not",
+			    k_center ? "it" : "not");
+		if (f->data_bytes != kvq_codebook_bytes(pol, c->kv_heads, c->head_dim))
+			path = codebooks_subset(f, pol, c->kv_heads, c->head_dim, path);
+		for (uint64_t j = 0; j < f->data_bytes; j++)
+			*hash = (*hash ^ f->data[j]) * 0x100000001b3ull;
+		free(img);
+		free(f);
+		return path;
+	}
+	die("--kv %s uses a codebook format: give --codebooks FILE with its codebooks (kvq-run calibrate --kv %s "
+	    "--out FILE TEXT)", policy, policy);
+}
 
 /* Attaches k to the pool of spec: a policy, optionally followed by @W, its
  * pool's open window in tokens (else --window), sized for seqs sequences
@@ -24,6 +117,7 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	uint64_t h = 0xcbf29ce484222325ull;
 	uint32_t n_sealed, n_open, win;
 	const struct kvq_layout *L;
+	const char *cb;
 	int r;
 
 	snprintf(policy, sizeof(policy), "%.*s", at ? (int)(at - spec) : (int)strlen(spec), spec);
@@ -50,6 +144,7 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	for (const char *p = k->canon; *p; p++)
 		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
 	h = (h ^ window) * 0x100000001b3ull;
+	cb = codebooks_for(&pol, policy, &h);   /* other codebooks, another pool */
 	if (o.block != 16)   /* (pool names of the default stay as they were) */
 		h = (h ^ (o.block << 20)) * 0x100000001b3ull;
 	h = (h ^ n_sealed) * 0x100000001b3ull;
@@ -62,7 +157,7 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = policy,
 		.window = window, .act = KVQ_ACT_F16, .create = 1,
 		.n_sealed = n_sealed, .n_open = n_open,
-		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1 };
+		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1, .codebooks = cb };
 	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
 	if (r < 0)
 		die("connect to kvqd: %s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r));
@@ -75,7 +170,7 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 		    o.gpu ? "--gpu" : "the CPU path", o.gpu ? "cuda" : "host");
 	L = kvq_client_layout(k->c);
 	k->window = L->window;
-	k->bits = 8.0 * (double)L->sealed_block_bytes /
+	k->bits = 8.0 * kvq_codebook_amortised(L->sealed_block_bytes, L->codebook_bytes, KVQ_CB_POOL_BYTES) /
 		  ((double)L->block_tokens * L->layers * L->kv_heads * L->head_dim * 2);
 }
 

@@ -23,6 +23,8 @@ float *k_center;       /* --k-center */
 uint32_t k_center_hash;
 double *k_sum;         /* calibrate */
 bool want_k_sum;
+void (*kv_tap)(void *arg, uint32_t layer, uint32_t n, const uint16_t *k, const uint16_t *v);
+void *kv_tap_arg;
 static struct model_cfg cfg;  /* the model file's shape (before the model loads) */
 
 /* Reads --k-center for this model (geometry, fingerprint and --rotate must
@@ -90,7 +92,7 @@ void load(void)
 	if (want_k_sum && !(k_sum = calloc((size_t)cfg.layers * cfg.kv_heads * cfg.head_dim, sizeof(double))))
 		die("%s", strerror(ENOMEM));
 	struct model_opts mo = { .max_batch = o.batch, .rotate = o.rotate, .k_center = k_center, .k_sum = k_sum,
-		.gpu = o.gpu ? o.device : -1 };
+		.kv_tap = kv_tap, .kv_tap_arg = kv_tap_arg, .gpu = o.gpu ? o.device : -1 };
 	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, &mo, &md, err, sizeof(err)) < 0)
 		die("%s: %s", path, err);
 	if (gguf_get_str(gf, "general.name", &name) < 0 || name.len == 0)

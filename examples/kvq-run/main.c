@@ -14,13 +14,16 @@
  *   kvq-run tokenize [--special] [--decode] TEXT   (ids, or their bytes again)
  *   kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE
  *     (K's per-channel mean over FILE, for --k-center)
+ *   kvq-run calibrate --kv POLICY [--ctx N] [--rotate] [--k-center PATH] --out PATH FILE
+ *     (k-means codebooks for POLICY's pq2/pq1 layers over FILE, for --codebooks)
  *
  * Common: --model PATH ($KVQ_MODEL), --socket PATH ($KVQ_SOCKET), --window N
  * (open window in tokens, 0: the pool's default), --batch N (prefill chunk),
  * --threads N, --limit N (use the first N tokens of FILE), --rotate (K, V
  * and q per head through a Hadamard transform, model.h), --gpu [--device N]
  * (the layers on a GPU with the KV in cuda pools, model_gpu.h), --k-center
- * PATH (K centered by calibrate's means, model.h).
+ * PATH (K centered by calibrate's means, model.h), --codebooks PATH (the
+ * codebooks of policies with pq2/pq1, kv.c).
  *
  * This file: the options, the usage text and the choice of command.  The
  * model is loaded in load.c, a policy's pool and sequence is kv.c, text and
@@ -62,6 +65,8 @@ static void usage(FILE *f)
 		   "                prompts, one a line or JSON lines {\"prompt\", \"system\"}: f16, bf16, each POLICY)\n"
 		   "       kvq-run tokenize [--special] [--decode] TEXT   (ids, or the ids decoded back)\n"
 		   "       kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE   (K means for --k-center)\n"
+		   "       kvq-run calibrate --kv POLICY [--ctx N] [--limit N] [--rotate] [--k-center PATH] --out PATH\n"
+		   "                FILE   (k-means codebooks of POLICY's pq2/pq1 layers, for --codebooks)\n"
 		   "options: --model PATH ($KVQ_MODEL)  --socket PATH ($KVQ_SOCKET)  --window N (open window,\n"
 		   "         tokens)  --batch N (prefill chunk, default 128)  --threads N  --limit N (first N\n"
 		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
@@ -69,7 +74,8 @@ static void usage(FILE *f)
 		   "         --block N (tokens per KV block, default 32)  --rotate (Hadamard-rotated K, V, q)\n"
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
 		   "         calibrate's means)  --show N (ab --prompts: the N prompts that differ most per\n"
-		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)\n");
+		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)  --codebooks PATH\n"
+		   "         (codebooks for policies with pq2/pq1; repeat it: each policy takes the file that fits)\n");
 }
 
 uint32_t num(const char *s, const char *opt)
@@ -94,7 +100,7 @@ int main(int argc, char **argv)
 		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' },
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
 		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
-		{ "score-from", 1, NULL, 'F' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "score-from", 1, NULL, 'F' }, { "codebooks", 1, NULL, 'C' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -132,6 +138,11 @@ int main(int argc, char **argv)
 		case 'R': o.rotate = true; break;
 		case 'o': o.out = optarg; break;
 		case 'K': o.k_center = optarg; break;
+		case 'C':
+			if (o.n_codebooks == RUN_MAX_KV)
+				die("at most %d codebook files", RUN_MAX_KV);
+			o.codebooks[o.n_codebooks++] = optarg;
+			break;
 		case 'P': o.prompts = optarg; break;
 		case 'W': o.show = num(optarg, "--show"); break;
 		case 'F': o.score_from = num(optarg, "--score-from"); break;

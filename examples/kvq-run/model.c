@@ -137,8 +137,8 @@ int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_mo
 		snprintf(err, errlen, "model: the Hadamard rotation needs a power-of-two head dim (%u)", c->head_dim);
 		goto fail;
 	}
-	if (opts->gpu >= 0 && opts->k_sum) {
-		snprintf(err, errlen, "model: K sums are taken on the CPU path only");
+	if (opts->gpu >= 0 && (opts->k_sum || opts->kv_tap)) {
+		snprintf(err, errlen, "model: K sums and K/V samples are taken on the CPU path only");
 		goto fail;
 	}
 	if (opts->gpu >= 0) {
@@ -301,6 +301,8 @@ static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 			m->k16[i] = kvq_f16_from_f32(m->k[i]);
 			m->v16[i] = kvq_f16_from_f32(m->v[i]);
 		}
+		if (m->opt.kv_tap)
+			m->opt.kv_tap(m->opt.kv_tap_arg, l, n, m->k16, m->v16);
 		r = kvq_seq_write(s, l, m->k16, m->v16);
 		if (r < 0)
 			return r;

@@ -44,6 +44,11 @@ struct model_opts {
 	/* [layers][kv_heads * head_dim] or NULL: every K (after the rotation
 	 * and centering) is added here (CPU path), for kvq-run calibrate */
 	double *k_sum;
+	/* called with each layer's K and V as stored ([n][kv_heads *
+	 * head_dim] FP16, after the rotation and centering; CPU path), for
+	 * kvq-run calibrate's codebooks */
+	void (*kv_tap)(void *arg, uint32_t layer, uint32_t n, const uint16_t *k, const uint16_t *v);
+	void *kv_tap_arg;
 	/* >= 0: the layers run on this GPU (model_gpu.h); every sequence
 	 * must then be on a cuda pool */
 	int gpu;

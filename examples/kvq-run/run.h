@@ -23,6 +23,8 @@ struct opts {
 	const char *model, *socket, *prompt, *prompts, *file, *dump, *system, *system_file, *salt, *out, *k_center;
 	const char *kv[RUN_MAX_KV];
 	unsigned n_kv;
+	const char *codebooks[RUN_MAX_KV];   /* --codebooks, for the policies with pq2/pq1 */
+	unsigned n_codebooks;
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block, show, score_from;
 	unsigned threads;
 	int device;
@@ -35,7 +37,8 @@ struct kv {
 	char canon[256];
 	kvq_client *c;
 	kvq_seq *s;
-	double bits;         /* stored bits per value of a sealed block, scales included */
+	double bits;         /* stored bits per value of a sealed block, scales included, and codebooks
+	                      * amortised over a 1 GiB pool (kvq_codebook_amortised) */
 	uint32_t window;
 };
 
@@ -74,6 +77,9 @@ extern float *k_center;       /* --k-center */
 extern uint32_t k_center_hash;
 extern double *k_sum;         /* calibrate */
 extern bool want_k_sum;
+/* calibrate --kv: K/V as stored, layer by layer (struct model_opts) */
+extern void (*kv_tap)(void *arg, uint32_t layer, uint32_t n, const uint16_t *k, const uint16_t *v);
+extern void *kv_tap_arg;
 void load(void);
 
 /* kv.c */

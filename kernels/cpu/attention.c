@@ -26,7 +26,6 @@
 #include <string.h>
 
 #include "config.h"
-#include "../codebook.h"
 #include "cpu.h"
 #include "ops.h"
 

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "config.h"
-#include "../codebook.h"
 #include "cpu.h"
 
 static void put_param(uint8_t *params, uint32_t idx, int kind, uint16_t s, uint16_t z)

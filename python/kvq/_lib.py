@@ -3,10 +3,10 @@
 the C structures of kvq.h and every function's prototype (one table).
 
 Where libkvq is looked for, in order (the first that loads is used):
-  1. $KVQ_LIBRARY, a path to libkvq.so.1 (a build tree's: build/.libs/libkvq.so.1);
+  1. $KVQ_LIBRARY, a path to libkvq.so.3 (a build tree's: build/.libs/libkvq.so.3);
   2. the libdir that ``pkg-config --variable=libdir kvq`` names (an installed
      kvqd, before or without ldconfig);
-  3. ``libkvq.so.1`` through the dynamic loader (LD_LIBRARY_PATH, ld.so.cache).
+  3. ``libkvq.so.3`` through the dynamic loader (LD_LIBRARY_PATH, ld.so.cache).
 No rpath: the package is pure Python and holds no binary.
 
 ctypes.CDLL releases the GIL around every foreign call, so the calls that wait
@@ -20,8 +20,8 @@ import subprocess
 # What this package was written against: libkvq's version (major.minor must
 # be equal), the protocol libkvq speaks to kvqd, the soname.
 VERSION = "0.1.0"
-PROTOCOL = 3
-SONAME = "libkvq.so.1"
+PROTOCOL = 4
+SONAME = "libkvq.so.3"
 
 # kvq_wire.h's project codes (beyond errno)
 KVQ_ELAYOUT, KVQ_EPOLICY, KVQ_EPROTOCOL = -1001, -1002, -1003
@@ -38,7 +38,7 @@ class AttachParams(ctypes.Structure):
     _fields_ = [("pool", c_char_p), ("model_id", c_char_p), ("layers", c_u32), ("kv_heads", c_u32),
                 ("head_dim", c_u32), ("block_tokens", c_u32), ("policy", c_char_p), ("window", c_u32),
                 ("act", c_int), ("create", c_int), ("n_sealed", c_u32), ("n_open", c_u32),
-                ("backend", c_char_p), ("device", c_int)]
+                ("backend", c_char_p), ("device", c_int), ("codebooks", c_char_p)]
 
 
 class Stats(ctypes.Structure):
@@ -113,7 +113,7 @@ def _load():
         except OSError as e:
             tried.append(f"{path}: {e}")
     raise ImportError("kvq: libkvq not found (" + "; ".join(tried) + "); install kvqd (make install), or set "
-                      "KVQ_LIBRARY to its libkvq.so.1 (in a build tree: build/.libs/libkvq.so.1)")
+                      "KVQ_LIBRARY to its libkvq.so.3 (in a build tree: build/.libs/libkvq.so.3)")
 
 
 def _check(lib, path):

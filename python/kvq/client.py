@@ -168,19 +168,23 @@ class Client:
         return self._call("device", L.kvq_client_device, raw=True)
 
     def attach(self, pool, model_id, layers, kv_heads, head_dim, block_tokens=32, policy="f16", window=0,
-               act="f16", create=True, n_sealed=0, n_open=0, backend=None, device=-1):
+               act="f16", create=True, n_sealed=0, n_open=0, backend=None, device=-1, codebooks=None):
         """Joins pool (created with this geometry and policy when create and
         kvqd allows it; n_sealed and n_open 0: sized by kvqd's
         configuration; backend 'host', 'cuda' or None for kvqd's default;
         device -1 any) and maps it.  act is the open window's and the
-        inputs' dtype, 'f16' or 'bf16'.  Returns self.  Raises PoolRefused
-        with kvqd's message (geometry or model mismatch, bad policy, ...)."""
+        inputs' dtype, 'f16' or 'bf16'.  codebooks: the path of a codebook
+        file, which a policy with pq2 or pq1 needs to create the pool (and
+        which, joining one, must be the pool's).  Returns self.  Raises
+        PoolRefused with kvqd's message (geometry or model mismatch, bad
+        policy, codebooks, ...)."""
         if act not in ACTS:
             raise ValueError(f"act: 'f16' or 'bf16', not {act!r}")
         p = _lib.AttachParams(pool=pool.encode(), model_id=model_id.encode(), layers=layers, kv_heads=kv_heads,
                               head_dim=head_dim, block_tokens=block_tokens, policy=policy.encode(), window=window,
                               act=ACTS[act], create=1 if create else 0, n_sealed=n_sealed, n_open=n_open,
-                              backend=backend.encode() if backend else None, device=device)
+                              backend=backend.encode() if backend else None, device=device,
+                              codebooks=os.fsencode(codebooks) if codebooks is not None else None)
         self._call(f"attach {pool}", L.kvq_client_attach, ctypes.byref(p), call="attach")
         self.geometry = {"pool": pool, "model_id": model_id, "layers": layers, "kv_heads": kv_heads,
                          "head_dim": head_dim, "block_tokens": block_tokens, "act": act}

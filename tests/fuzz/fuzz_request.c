@@ -175,7 +175,7 @@ static bool request(struct kvq_conn *c, const uint8_t *payload, size_t len)
 	/* the request as the dispatcher will see it, for its id */
 	if (kvq_frame_unpack(payload, len, &req) < 0)
 		req = NULL;
-	parsed = kvq_dispatch_frame(t.rows, t.n_rows, c, payload, len, &r, &row) == 0;
+	parsed = kvq_dispatch_frame(t.rows, t.n_rows, c, payload, len, -1, &r, &row) == 0;
 	FUZZ_ASSERT(parsed == (req != NULL));
 	FUZZ_ASSERT(!parsed || (row < t.n_rows && r.e.id == req->id));
 	FUZZ_ASSERT(parsed || (r.e.id == 0 && r.e.status == -EBADMSG));

@@ -93,7 +93,7 @@ static int call(int s, Kvq__Envelope *e, struct kvq_reply *r)
 	}
 	record((uint8_t)s, b + KVQ_FRAME_HDR, n - KVQ_FRAME_HDR);
 	put(&frames, b, n);
-	kvq_dispatch_frame(t.rows, t.n_rows, slot[s], b + KVQ_FRAME_HDR, n - KVQ_FRAME_HDR, r, &row);
+	kvq_dispatch_frame(t.rows, t.n_rows, slot[s], b + KVQ_FRAME_HDR, n - KVQ_FRAME_HDR, -1, r, &row);
 	free(b);
 	frame_of(&r->e);
 	if (getenv("KVQ_TEST_VERBOSE"))
@@ -148,6 +148,21 @@ static int attach(int s, const char *pool, bool create)
 	Kvq__Envelope e;
 
 	inproc_attach_req(&e, &a, &pc, pool, create);
+	return status(s, &e);
+}
+
+/* An Attach that creates pool with policy, announcing codebooks or not: no
+ * descriptor comes in process, so a codebook policy is refused either way
+ * (kvq.proto, "File descriptors"), and so is an announcement. */
+static int attach_codebooks(int s, const char *pool, const char *policy, bool announce)
+{
+	Kvq__PoolCreate pc;
+	Kvq__Attach a;
+	Kvq__Envelope e;
+
+	inproc_attach_req(&e, &a, &pc, pool, true);
+	a.policy = (char *)policy;
+	a.codebooks = announce;
 	return status(s, &e);
 }
 
@@ -424,7 +439,7 @@ static void s_faults(void)
 	event(1, 5);
 }
 
-/* Refusals: order, versions, rights, ids not held. */
+/* Refusals: order, versions, rights, ids not held, codebooks. */
 static void s_refused(void)
 {
 	uint32_t open[1], resv[1], sealed[1], bogus[2] = { 3, 3 };
@@ -442,6 +457,10 @@ static void s_refused(void)
 	alloc(2, 4096, 0, open, resv, sealed);
 	admin(2, KVQ__ENVELOPE__BODY_EVICT, INPROC_POOL);
 	record(2, (const uint8_t *)"\x0a\x05junk", 7);
+	hello(0, KVQ_PROTOCOL_VERSION);
+	attach_codebooks(0, "pq", "k=int8,v=pq2", false);
+	attach_codebooks(0, "pq", "k=int8,v=pq2", true);
+	attach_codebooks(0, "pq", "int8", true);
 }
 
 static int write_file(const char *dir, const char *name, const struct buf *b)

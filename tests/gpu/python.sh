@@ -4,7 +4,7 @@
 # The Python package's GPU checks, on a machine with a GPU, torch and
 # transformers 5.x (no network needed):
 #   tests/gpu/python.sh BUILD_DIR MODEL.gguf [OUT_DIR]
-# BUILD_DIR: a CUDA build (daemon/kvqd, .libs/libkvq.so.1,
+# BUILD_DIR: a CUDA build (daemon/kvqd, .libs/libkvq.so.3,
 # examples/kvq-run/kvq-run); MODEL: SmolLM2-135M-Instruct.Q4_1.gguf.
 # Runs, against a kvqd of BUILD_DIR on a temporary socket:
 #   tests/gpu/test_torch.py  the torch path on cuda pools against the host
@@ -32,7 +32,7 @@ tmp=$(mktemp -d /tmp/kvqd-gpu-python.XXXXXX)
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 500); do [ -S "$tmp/kvqd.sock" ] && break; sleep 0.01; done
-export KVQ_SOCKET=$tmp/kvqd.sock KVQ_LIBRARY=$b/.libs/libkvq.so.1 PYTHONPATH=$top/python${PYTHONPATH:+:$PYTHONPATH}
+export KVQ_SOCKET=$tmp/kvqd.sock KVQ_LIBRARY=$b/.libs/libkvq.so.3 PYTHONPATH=$top/python${PYTHONPATH:+:$PYTHONPATH}
 rc=0
 "$py" "$top/tests/gpu/test_torch.py" > "$out/torch.log" 2>&1 || rc=1
 # shellcheck disable=SC2086

@@ -154,6 +154,10 @@ static const struct bad {
 	  "3: policy: layer 3 is not covered by any clause" },
 	{ "[pool p]\nmodel = m\nlayers = 4\nkv_heads = 2\nhead_dim = 64\npolicy = int4g128\ncapacity = 64M\n",
 	  "6: policy: layer 0: int4g128 needs a head dim that is a multiple of 128, not 64" },
+	{ "[pool p]\nmodel = m\nlayers = 4\nkv_heads = 2\nhead_dim = 64\npolicy = 0-1:int8;2-:k=int8,v=pq2\n"
+	  "capacity = 64M\n",
+	  "6: pool 'p': policy 0-1:int8;2-:k=int8,v=pq2 uses a codebook format: pools with codebook formats are "
+	  "created by a client that sends the codebooks (kvqctl pool create --codebooks)" },
 	{ POOL("window = 48\n"), "8: window 48 is not a multiple of block_tokens (32) up to 64 blocks" },
 	{ POOL("window = 4096\n"), "8: window 4096 is not a multiple of block_tokens (32) up to 64 blocks" },
 	{ POOL("window = 0\n"), "8: window '0' is not a number in 1-16384" },

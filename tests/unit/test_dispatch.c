@@ -110,7 +110,7 @@ int main(void)
 		   "a reply sent as a request: %d, counted as other", st);
 		kvq_reply_fini(&r);
 	}
-	ok(kvq_dispatch_frame(table, N_ROWS, admin, junk, sizeof(junk), &r, &row) == -EBADMSG &&
+	ok(kvq_dispatch_frame(table, N_ROWS, admin, junk, sizeof(junk), -1, &r, &row) == -EBADMSG &&
 	   r.e.status == -EBADMSG && r.e.id == 0 && !strcmp(r.e.message, "the envelope does not parse") && row == 99,
 	   "a frame that does not parse: -EBADMSG for id 0, no row");
 	kvq_reply_fini(&r);

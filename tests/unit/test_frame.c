@@ -29,6 +29,9 @@ static uint32_t ids_b[] = { 3, 4, 1000000, 0xffffffffu, 42, 9 };
 static uint32_t toks_a[16], toks_b[16], toks_lookup[48];
 static uint8_t salt[] = { 0, 1, 2, 0xff, 'x' };
 static uint8_t uuid[16] = { 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
+static uint8_t sha[KVQ_PROTO_SHA256] = { 0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
+					  0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
+					  0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad };
 
 static Kvq__Hello hello;
 static Kvq__HelloReply hello_reply;
@@ -92,6 +95,7 @@ static void messages_init(void)
 	attach.act = KVQ__DTYPE__DTYPE_BF16;
 	attach.layout_version = 1;
 	attach.create = &pool_create;
+	attach.codebooks = true;
 
 	kvq__attach_reply__init(&attach_reply);
 	attach_reply.layout_version = 1;
@@ -111,6 +115,8 @@ static void messages_init(void)
 	attach_reply.device_uuid.data = uuid;
 	attach_reply.device_uuid.len = sizeof(uuid);
 	attach_reply.model_id = "llama-3.1-8b@5206a32";
+	attach_reply.codebooks_sha256.data = sha;
+	attach_reply.codebooks_sha256.len = sizeof(sha);
 
 	kvq__alloc__init(&alloc_req);
 	alloc_req.n_open = 6;
@@ -182,6 +188,10 @@ static void messages_init(void)
 
 		kvq__pool_stats__init(p);
 		p->name = i ? "second" : "main";
+		if (i == 0) {
+			p->codebooks_sha256.data = sha;
+			p->codebooks_sha256.len = sizeof(sha);
+		}
 		p->model_id = "m@1";
 		p->policy = "int8";
 		p->backend = i ? "cuda" : "host";
@@ -285,7 +295,8 @@ static int pool_stats_eq(const Kvq__PoolStats *a, const Kvq__PoolStats *b)
 	       a->sealed_reserved == b->sealed_reserved && a->sealed_held == b->sealed_held &&
 	       a->cached == b->cached && a->referenced == b->referenced && a->open_used == b->open_used &&
 	       a->lookup_tokens == b->lookup_tokens && a->hit_tokens == b->hit_tokens &&
-	       a->evictions == b->evictions && a->alloc_failures == b->alloc_failures && a->clients == b->clients;
+	       a->evictions == b->evictions && a->alloc_failures == b->alloc_failures && a->clients == b->clients &&
+	       bin_eq(a->codebooks_sha256, b->codebooks_sha256);
 }
 
 static int publish_block_eq(const Kvq__PublishBlock *a, const Kvq__PublishBlock *b)
@@ -323,7 +334,8 @@ static int envelope_eq(const Kvq__Envelope *a, const Kvq__Envelope *b)
 		return str_eq(x->pool, y->pool) && str_eq(x->model_id, y->model_id) && x->layers == y->layers &&
 		       x->kv_heads == y->kv_heads && x->head_dim == y->head_dim &&
 		       x->block_tokens == y->block_tokens && str_eq(x->policy, y->policy) &&
-		       x->window == y->window && x->act == y->act && x->layout_version == y->layout_version;
+		       x->window == y->window && x->act == y->act && x->layout_version == y->layout_version &&
+		       x->codebooks == y->codebooks;
 	}
 	case KVQ__ENVELOPE__BODY_ATTACH_REPLY: {
 		const Kvq__AttachReply *x = a->attach_reply, *y = b->attach_reply;
@@ -334,7 +346,8 @@ static int envelope_eq(const Kvq__Envelope *a, const Kvq__Envelope *b)
 		       x->n_sealed == y->n_sealed && x->n_open == y->n_open && str_eq(x->policy, y->policy) &&
 		       x->total_bytes == y->total_bytes && x->map_bytes == y->map_bytes &&
 		       str_eq(x->backend, y->backend) && x->device == y->device &&
-		       bin_eq(x->device_uuid, y->device_uuid) && str_eq(x->model_id, y->model_id);
+		       bin_eq(x->device_uuid, y->device_uuid) && str_eq(x->model_id, y->model_id) &&
+		       bin_eq(x->codebooks_sha256, y->codebooks_sha256);
 	}
 	case KVQ__ENVELOPE__BODY_ALLOC:
 		return a->alloc->n_open == b->alloc->n_open && a->alloc->n_sealed == b->alloc->n_sealed;
@@ -1063,6 +1076,24 @@ static void test_check(void)
 	r = kvq_frame_check(&e, 1, err, sizeof(err));
 	ok(r == -E2BIG, "release of KVQ_PROTO_MAX_IDS + 1 ids: -E2BIG (%s)", err);
 
+	/* codebooks_sha256 (version 4): empty or a SHA-256 */
+	envelope_make(&e, 3);
+	ok(kvq_frame_check(&e, 0, NULL, 0) == 0, "attach reply with a 32-byte codebooks_sha256: fine");
+	attach_reply.codebooks_sha256.len = 31;
+	r = kvq_frame_check(&e, 0, err, sizeof(err));
+	ok(r == -EINVAL && strstr(err, "codebooks_sha256"), "attach reply with a 31-byte codebooks_sha256: -EINVAL (%s)",
+	   err);
+	attach_reply.codebooks_sha256.len = 0;
+	ok(kvq_frame_check(&e, 0, NULL, 0) == 0, "attach reply without codebooks_sha256: fine");
+	attach_reply.codebooks_sha256.len = sizeof(sha);
+	envelope_make(&e, 17);
+	pool_stats[1].codebooks_sha256.data = sha;
+	pool_stats[1].codebooks_sha256.len = 16;
+	r = kvq_frame_check(&e, 0, err, sizeof(err));
+	ok(r == -EINVAL && strstr(err, "pools[].codebooks_sha256"), "stats with a 16-byte codebooks_sha256: -EINVAL (%s)",
+	   err);
+	pool_stats[1].codebooks_sha256.len = 0;
+
 	kvq__envelope__init(&e);
 	e.id = 3;
 	e.status = -EPROTO;
@@ -1217,6 +1248,150 @@ static void test_fd_passing(void)
 	close(mfd);
 }
 
+/* Reads what sv has now into d as kvqd does (kvq_frame_recv_fds), then
+ * takes every complete frame with its descriptor: fds[i] for frame i (-1:
+ * none) into fds[*n ...].  Returns the last read's result. */
+static int read_frames(int sock, struct kvq_frame_decoder *d, int *fds, int *n)
+{
+	const uint8_t *p;
+	size_t len;
+	int r = kvq_frame_recv_fds(sock, d);
+
+	while (kvq_frame_decoder_next(d, &p, &len) == 1)
+		fds[(*n)++] = kvq_frame_decoder_take_fd(d);
+	return r;
+}
+
+/* Whether a and b are the same open file. */
+static int same_file(int a, int b)
+{
+	struct stat s1, s2;
+
+	return a >= 0 && b >= 0 && fstat(a, &s1) == 0 && fstat(b, &s2) == 0 && s1.st_ino == s2.st_ino &&
+	       s1.st_dev == s2.st_dev;
+}
+
+/* The daemon's side (kvq_frame_recv_fds): a descriptor goes to the frame
+ * whose bytes include the first byte of the read that brought it; one at
+ * most is held; what is not taken is closed. */
+static void test_fd_frames(void)
+{
+	int sv[2], mfd = make_memfd(), other = make_memfd(), fds[8], n, nnew, newfd, r;
+	struct kvq_frame_decoder d;
+	uint8_t before[FD_SCAN];
+	uint8_t *f;
+	size_t flen;
+	Kvq__Envelope e;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		abort();
+	envelope_make(&e, 2);   /* an Attach that announces codebooks */
+	if (kvq_frame_encode_alloc(&e, &f, &flen) < 0)
+		abort();
+
+	/* a frame without, then one with a descriptor, read as they come */
+	kvq_frame_decoder_init(&d);
+	n = 0;
+	r = kvq_frame_send(sv[0], f, flen, -1);
+	r = r == (int)flen ? read_frames(sv[1], &d, fds, &n) : -1;
+	r = r > 0 && kvq_frame_send(sv[0], f, flen, mfd) == (int)flen ? read_frames(sv[1], &d, fds, &n) : -1;
+	ok(r > 0 && n == 2 && fds[0] == -1 && same_file(fds[1], mfd),
+	   "a frame without a descriptor, then one with: the second frame's (%d)", n == 2 ? fds[1] : -2);
+	if (n == 2 && fds[1] >= 0)
+		close(fds[1]);
+
+	/* the frame in two sends, the descriptor with its first byte, read apart */
+	n = 0;
+	r = kvq_frame_send(sv[0], f, 7, mfd);
+	r = r == 7 ? read_frames(sv[1], &d, fds, &n) : -1;
+	r = r > 0 && n == 0 && kvq_frame_send(sv[0], f + 7, flen - 7, -1) == (int)flen - 7
+		    ? read_frames(sv[1], &d, fds, &n) : -1;
+	ok(r > 0 && n == 1 && same_file(fds[0], mfd), "a frame read in two pieces: its descriptor waits for it");
+	if (n == 1 && fds[0] >= 0)
+		close(fds[0]);
+
+	/* two frames, each with a descriptor: each its own, as the peer reads
+	 * (the kernel ends a read after the bytes that carry descriptors) */
+	n = 0;
+	r = kvq_frame_send(sv[0], f, flen, mfd);
+	r = r == (int)flen && kvq_frame_send(sv[0], f, flen, other) == (int)flen ? read_frames(sv[1], &d, fds, &n) : -1;
+	r = r > 0 ? read_frames(sv[1], &d, fds, &n) : -1;
+	ok(r > 0 && n == 2 && same_file(fds[0], mfd) && same_file(fds[1], other),
+	   "two frames with a descriptor each: each frame its own");
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+
+	/* one frame's worth of reads bringing two descriptors: the second closed */
+	fd_census(before);
+	n = 0;
+	d.fds_dropped = 0;
+	r = kvq_frame_send(sv[0], f, 5, mfd);
+	r = r == 5 ? read_frames(sv[1], &d, fds, &n) : -1;
+	r = r > 0 && kvq_frame_send(sv[0], f + 5, flen - 5, other) == (int)flen - 5 ? read_frames(sv[1], &d, fds, &n)
+										   : -1;
+	ok(r > 0 && n == 1 && same_file(fds[0], mfd) && d.fds_dropped == 1,
+	   "a second descriptor for the same frame: closed, the first kept");
+	if (n == 1 && fds[0] >= 0)
+		close(fds[0]);
+	nnew = fds_new(before, &newfd);
+	ok(nnew == 0, "nothing else left open (%d new)", nnew);
+
+	/* three descriptors in one message: one kept, two closed */
+	fd_census(before);
+	n = 0;
+	d.fds_dropped = 0;
+	r = send_with_fds(sv[0], f, flen, mfd, 3);
+	r = r == (int)flen ? read_frames(sv[1], &d, fds, &n) : -1;
+	ok(r > 0 && n == 1 && same_file(fds[0], mfd) && d.fds_dropped == 2,
+	   "three descriptors with one frame: one for the frame, two closed");
+	if (n == 1 && fds[0] >= 0)
+		close(fds[0]);
+	ok(fds_new(before, &newfd) == 0, "and none left open");
+
+	/* a frame's descriptor not taken: closed by the next call */
+	fd_census(before);
+	r = kvq_frame_send(sv[0], f, flen, mfd);
+	r = r == (int)flen ? kvq_frame_recv_fds(sv[1], &d) : -1;
+	{
+		const uint8_t *p;
+		size_t len;
+
+		r = r > 0 ? kvq_frame_decoder_next(&d, &p, &len) : -1;
+		r = r == 1 ? kvq_frame_decoder_next(&d, &p, &len) : -1;
+	}
+	ok(r == 0 && fds_new(before, &newfd) == 0 && kvq_frame_decoder_take_fd(&d) == -1,
+	   "a descriptor its frame's reader did not take: closed by the next kvq_frame_decoder_next");
+
+	/* a descriptor held for a frame still incomplete: closed by fini */
+	fd_census(before);
+	r = kvq_frame_send(sv[0], f, flen / 2, mfd);
+	r = r == (int)flen / 2 ? kvq_frame_recv_fds(sv[1], &d) : -1;
+	nnew = fds_new(before, &newfd);
+	kvq_frame_decoder_fini(&d);
+	ok(r > 0 && nnew == 1 && fds_new(before, &newfd) == 0,
+	   "a descriptor waiting for the rest of its frame: held (%d), closed by fini", nnew);
+
+	/* Why a client sends a descriptor only when every earlier request is
+	 * answered (kvq.proto): bytes still unread before it join the read
+	 * that brings it, and it goes to their frame. */
+	kvq_frame_decoder_init(&d);
+	n = 0;
+	r = kvq_frame_send(sv[0], f, flen, -1);
+	r = r == (int)flen && kvq_frame_send(sv[0], f, flen, mfd) == (int)flen ? read_frames(sv[1], &d, fds, &n) : -1;
+	ok(r == 2 * (int)flen && n == 2 && same_file(fds[0], mfd) && fds[1] == -1,
+	   "a descriptor sent behind an unread frame: one read, the descriptor the first frame's");
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	kvq_frame_decoder_fini(&d);
+	free(f);
+	close(sv[0]);
+	close(sv[1]);
+	close(mfd);
+	close(other);
+}
+
 /* A 3 MiB frame with an fd through nonblocking sockets: partial sends, the
  * fd with the first byte, the rest without. */
 static void test_nonblocking(void)
@@ -1290,6 +1465,7 @@ int main(void)
 	test_budget();
 	test_check();
 	test_fd_passing();
+	test_fd_frames();
 	test_nonblocking();
 	return done_testing();
 }
