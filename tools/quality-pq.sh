@@ -14,7 +14,8 @@
 # Environment: KVQ_THREADS (default 2), KVQ_QUALITY_RUNS (a subset of the run
 # names below), KVQ_RUN and KVQD (the programs, default build/'s), KVQ_TEXTS
 # (a directory holding the texts under their base names), KVQ_CB_TOKENS
-# (calibration tokens, default 8192).
+# (calibration tokens, default 8192), KVQ_CB_DIR (keep the K means and
+# codebooks there, and take those already there instead of calibrating again).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,8 +48,13 @@ runs=(
 
 . "$top/tools/kvqd-temp.sh"
 mkdir -p "$out"
-tmp=$(mktemp -d /tmp/kvq-quality-pq.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+if [ -n "${KVQ_CB_DIR:-}" ]; then
+	tmp=$KVQ_CB_DIR
+	mkdir -p "$tmp"
+else
+	tmp=$(mktemp -d /tmp/kvq-quality-pq.XXXXXX)
+	trap 'rm -rf "$tmp"' EXIT
+fi
 if [ -n "${KVQ_TEXTS:-}" ]; then
 	for i in "${!calib[@]}"; do calib[i]=$KVQ_TEXTS/$(basename "${calib[i]}"); done
 	perldiag=$KVQ_TEXTS/$(basename "$perldiag")
@@ -56,12 +62,15 @@ fi
 { cat "${calib[@]}"; head -c 60000 "$perldiag"; } >"$tmp/calib.txt"
 (
 	kvqd_temp_start "$top" calibrate-pq
-	"$run_bin" calibrate --threads "$threads" --rotate --out "$tmp/kc-rot.bin" "${calib[0]}" >&2
+	[ -f "$tmp/kc-rot.bin" ] ||
+		"$run_bin" calibrate --threads "$threads" --rotate --out "$tmp/kc-rot.bin" "${calib[0]}" >&2
 	for f in pq2 pq1; do
-		"$run_bin" calibrate --kv "$f" --threads "$threads" --limit "${KVQ_CB_TOKENS:-8192}" \
-			--out "$tmp/cb-$f.bin" "$tmp/calib.txt" >&2
-		"$run_bin" calibrate --kv "$f" --threads "$threads" --limit "${KVQ_CB_TOKENS:-8192}" --rotate \
-			--k-center "$tmp/kc-rot.bin" --out "$tmp/cb-$f-rotkc.bin" "$tmp/calib.txt" >&2
+		[ -f "$tmp/cb-$f.bin" ] ||
+			"$run_bin" calibrate --kv "$f" --threads "$threads" --limit "${KVQ_CB_TOKENS:-8192}" \
+				--out "$tmp/cb-$f.bin" "$tmp/calib.txt" >&2
+		[ -f "$tmp/cb-$f-rotkc.bin" ] ||
+			"$run_bin" calibrate --kv "$f" --threads "$threads" --limit "${KVQ_CB_TOKENS:-8192}" --rotate \
+				--k-center "$tmp/kc-rot.bin" --out "$tmp/cb-$f-rotkc.bin" "$tmp/calib.txt" >&2
 	done
 )
 for r in "${runs[@]}"; do

@@ -5,7 +5,8 @@
  * window, seal full blocks, prefill straight into sealed slots) and paged
  * attention that reads KV as stored.  All functions are reentrant; none
  * allocates in its loops.  Stack use is about 100 KiB; attention keeps up
- * to 4 MiB of per-thread scratch between calls (decode-sized tiles of all heads).
+ * to 4 MiB of per-thread scratch between calls (decode-sized tiles of all
+ * heads, or a codebook format's tables).
  */
 #ifndef KVQ_CPU_H
 #define KVQ_CPU_H
@@ -36,7 +37,9 @@ struct kvq_attn {
 
 /* q and out: rows of [q_heads][head_dim]; sequence i's m queries are rows
  * seqs[i].row0 .. seqs[i].row0 + seqs[i].m - 1 (struct kvq_seq_table).
- * Returns 0 or -EINVAL (nothing written). */
+ * Returns 0, -EINVAL (nothing written) or, for a layer with a codebook
+ * format, -ENOMEM when its per-thread tables cannot be allocated (the rows
+ * of earlier sequences may be written). */
 int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
 		      const void *q, void *out);
 

@@ -473,6 +473,32 @@ static void seal_special(int f, uint32_t D, int act)
 	kvq_layout_free(L);
 }
 
+/* A codebook format (pq2, pq1) has no CUDA kernels yet: write, seal and
+ * attention refuse it before launching anything. */
+static void codebook_refused(int f)
+{
+	struct kvq_layout *L = NULL;
+	struct kvq_layout_params lp = { .layers = 1, .kv_heads = 2, .head_dim = 64, .block_tokens = 32,
+		.window = 32, .n_sealed = 2, .n_open = 2, .act = KVQ_DT_F16 };
+	const int32_t sealed[1] = { 0 }, open[1] = { 0 };
+	struct kvq_seq_table w = { .n = 0, .m = 1, .sealed = sealed, .open = open };
+	uint8_t *host;
+	void *dev;
+	char name[80];
+
+	snprintf(name, sizeof name, "%s: no CUDA kernels yet", kvq_fmt_name(f));
+	if (case_pools(kvq_fmt_name(f), &lp, name, &L, &host, &dev) < 0)
+		return;
+	ok(kvq_cuda_seal(L, dev, 0, (const int32_t *)dev, 1, NULL) == -ENOTSUP &&
+	   kvq_cuda_write(L, dev, 0, &w, 1, 1, dev, dev, NULL) == -ENOTSUP &&
+	   !kvq_cuda_attention_supported(f, f, 64, KVQ_DT_F16) &&
+	   !kvq_cuda_attention_supported(KVQ_FMT_INT8, f, 64, KVQ_DT_F16),
+	   "%s: write, seal and attention answer -ENOTSUP", kvq_fmt_name(f));
+	free(host);
+	CK(cudaFree(dev));
+	kvq_layout_free(L);
+}
+
 static void run_case(const struct tcase *tc)
 {
 	const uint32_t B = tc->B, R = tc->rblocks * B, H = tc->H, D = tc->D;
@@ -609,6 +635,10 @@ int main(void)
 	check_refusals();
 	for (int f = 0; f < KVQ_FMT_COUNT; f++) {
 		fmts[f] = kvq_fmt_name(f);
+		if (kvq_fmt_param_kind(f, 0) == KVQ_PARAM_CODEBOOK) {
+			codebook_refused(f);
+			continue;
+		}
 		for (int act = KVQ_DT_F16; act <= KVQ_DT_BF16; act++)
 			seal_special(f, 128, act);
 	}
