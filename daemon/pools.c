@@ -189,7 +189,7 @@ static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t wan
 {
 	struct kvq_layout_params q = p->params;
 	struct kvq_layout *L = NULL;
-	uint64_t per;
+	uint64_t per, room;
 	int r;
 
 	if (want_sealed && want_open) {
@@ -215,10 +215,12 @@ static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t wan
 	if (r < 0)
 		return r;
 	per = L->sealed_block_bytes * KVQ_POOLS_SEALED_PER_OPEN + L->open_block_bytes;
+	/* the codebooks (pq2, pq1) come out of the capacity first */
+	room = capacity > L->codebook_bytes ? capacity - L->codebook_bytes : 0;
 	kvq_layout_free(L);
-	q.n_open = capacity / per > KVQ_MAX_SLOTS / KVQ_POOLS_SEALED_PER_OPEN
+	q.n_open = room / per > KVQ_MAX_SLOTS / KVQ_POOLS_SEALED_PER_OPEN
 			   ? KVQ_MAX_SLOTS / KVQ_POOLS_SEALED_PER_OPEN
-			   : (uint32_t)(capacity / per);
+			   : (uint32_t)(room / per);
 	q.n_sealed = q.n_open * KVQ_POOLS_SEALED_PER_OPEN;
 	/* region alignment can push the total just over: step down until it fits */
 	while (q.n_open > 0) {

@@ -39,8 +39,8 @@ perldiag=/usr/share/perl/5.36.0/pod/perldiag.pod
 # name  text  ctx  policy-list  -|rot,kc
 runs=(
 	"pq-gpl3-2048 $gpl3 2048 short -"
-	"pq-gfdl-2048 $gfdl 2048 short -"
 	"pq-rotkc-gpl3-2048 $gpl3 2048 short rot,kc"
+	"pq-gfdl-2048 $gfdl 2048 short -"
 	"pq-rotkc-gfdl-2048 $gfdl 2048 short rot,kc"
 	"pq-gpl3-8192 $gpl3 8192 long -"
 	"pq-rotkc-gpl3-8192 $gpl3 8192 long rot,kc"
