@@ -5,7 +5,7 @@
 # text, a GGUF that is cut short, generation (and a prefix hit with KIVI's
 # wide window), FP16-KV perplexity in the range
 # the independent reference gives (tools/model-check.py), int8 KV against
-# FP16.  Skipped when the model has not been fetched.
+# FP16, product quantization with calibrated codebooks.  Skipped when the model has not been fetched.
 . "$(dirname "$0")/lib.sh"
 text=/usr/share/common-licenses/GPL-3
 
@@ -27,7 +27,7 @@ close_to_f16() {   # close_to_f16 KL TOP1
 	awk -v k="$1" -v t="$2" 'BEGIN { exit !(k != "" && k < 0.01 && t > 0.95) }'
 }
 
-echo "1..16"
+echo "1..19"
 
 # Ids recorded from the tokenizers library (Rust BPE) built from the GGUF's
 # vocabulary and merges with SmolLM2's pre-tokenizer, as tools/model-check.py
@@ -110,6 +110,26 @@ kl4=$(sed -n 's/.*"results":.*"kl":\([-0-9.e]*\).*/\1/p' "$tmp/ab4.json")
 kl4r=$(sed -n 's/.*"results":.*"kl":\([-0-9.e]*\).*/\1/p' "$tmp/ab4r.json")
 check "rotated, centered int4g32 KV is closer to f16 (KL $kl4r < $kl4)" \
 	awk -v a="$kl4r" -v b="$kl4" 'BEGIN { exit !(a != "" && b != "" && a < 0.75 * b) }'
+# product quantization: codebooks calibrated on another text (512 tokens, k-means
+# of 256 centroids: overfit, enough to show the path), a run with them; a policy
+# without its codebooks, and codebooks of other transforms, refused with reasons
+"$run" calibrate --kv k=int8,v=pq2 --limit 512 --out "$tmp/cb.bin" "$calib" >"$tmp/cb.out" 2>&1
+"$run" ab --kv k=int8,v=pq2 --codebooks "$tmp/cb.bin" --ctx 256 --limit 256 --gen 0 --json "$text" \
+	>"$tmp/abpq.json" 2>&1
+klpq=$(sed -n 's/.*"results":.*"kl":\([-0-9.e]*\).*/\1/p' "$tmp/abpq.json")
+bpq=$(sed -n 's/.*"results":.*"bits_per_value":\([-0-9.e]*\).*/\1/p' "$tmp/abpq.json")
+check "k=int8,v=pq2 with calibrated codebooks runs ($bpq bits per value, KL $klpq: above int8's $kl8, below 0.5)" \
+	awk -v k="$klpq" -v lo="$kl8" -v b="$bpq" 'BEGIN { exit !(k != "" && k > lo && k < 0.5 && b >= 5.1 && b <= 5.2) }'
+rc=0
+"$run" ab --kv pq2 --codebooks "$tmp/cb.bin" --ctx 256 --limit 256 --gen 0 "$text" >/dev/null 2>"$tmp/pq.err" || rc=$?
+check "a policy whose codebooks no --codebooks file holds is refused with a reason" \
+	sh -c "test $rc -ne 0 && grep -q 'give --codebooks FILE' '$tmp/pq.err'"
+rc=0
+"$run" ab --rotate --kv k=int8,v=pq2 --codebooks "$tmp/cb.bin" --ctx 256 --limit 256 --gen 0 "$text" >/dev/null \
+	2>"$tmp/pqr.err" || rc=$?
+check "codebooks calibrated without --rotate are refused with --rotate" \
+	sh -c "test $rc -ne 0 && grep -q 'calibrated without --rotate' '$tmp/pqr.err'"
+
 # --gpu: the GPU path where a GPU is usable (tests/gpu/model.sh compares
 # it with this path), else a refusal that names the reason
 rc=0
