@@ -245,10 +245,8 @@ static const char *codebook_format(const struct kvq_policy *pol)
 {
 	for (uint32_t l = 0; l < pol->n_layers && l < KVQ_MAX_LAYERS; l++)
 		for (int v = 0; v < 2; v++) {
-			int f = v ? pol->v[l] : pol->k[l];
-
-			if (f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, v) == KVQ_PARAM_CODEBOOK)
-				return kvq_fmt_name(f);
+			if (kvq_policy_subdim(pol, l, v))
+				return kvq_fmt_name(v ? pol->v[l] : pol->k[l]);
 		}
 	return NULL;
 }

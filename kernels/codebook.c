@@ -49,14 +49,6 @@ static int is_subdim(unsigned d)
 	return 0;
 }
 
-/* Subspace dim of (layer, K or V) of a policy: 0 where not a codebook format. */
-static unsigned pool_subdim(const struct kvq_policy *p, uint32_t layer, int is_v)
-{
-	int f = is_v ? p->v[layer] : p->k[layer];
-
-	return f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, is_v) == KVQ_PARAM_CODEBOOK ? kvq_fmt_subdim(f) : 0;
-}
-
 /* Header fields after the magic: geometry, subspace dims and sizes.  *ret_hdr
  * gets the bytes before the padding, *ret_total the file's size they imply. */
 static int check_header(const uint8_t *b, size_t len, uint64_t *ret_hdr, uint64_t *ret_total, char *err,
@@ -183,7 +175,7 @@ static int check_want(const uint8_t *b, const struct kvq_policy *want, uint32_t 
 	for (uint32_t i = 0; i < 2 * layers; i++) {
 		uint32_t l = i % layers;
 		int is_v = i >= layers;
-		unsigned file = b[HDR_FIXED + i], pool = pool_subdim(want, l, is_v);
+		unsigned file = b[HDR_FIXED + i], pool = kvq_policy_subdim(want, l, is_v);
 		int f = is_v ? want->v[l] : want->k[l];
 		const char *kv = is_v ? "V" : "K", *name = kvq_fmt_name(f);
 
@@ -358,8 +350,8 @@ int kvq_codebook_write(int fd, const struct kvq_policy *p, uint32_t kv_heads, ui
 	put32(hdr + 36, (uint32_t)plen);
 	put64(hdr + 40, data_bytes);
 	for (uint32_t l = 0; l < layers; l++) {
-		hdr[HDR_FIXED + l] = (uint8_t)pool_subdim(p, l, 0);
-		hdr[HDR_FIXED + layers + l] = (uint8_t)pool_subdim(p, l, 1);
+		hdr[HDR_FIXED + l] = (uint8_t)kvq_policy_subdim(p, l, 0);
+		hdr[HDR_FIXED + layers + l] = (uint8_t)kvq_policy_subdim(p, l, 1);
 	}
 	memcpy(hdr + HDR_FIXED + 2 * layers, pol, (size_t)plen);
 	r = write_all(fd, hdr, (size_t)align16(HDR_FIXED + 2ull * layers + (uint64_t)plen));

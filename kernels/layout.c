@@ -16,22 +16,15 @@ uint32_t kvq_layout_default_window(const struct kvq_policy *p, uint32_t block_to
 	return kvq_policy_uses_kivi(p) ? 4 * block_tokens : block_tokens;
 }
 
-static int is_codebook(const struct kvq_policy *p, uint32_t layer, int is_v)
-{
-	int f = is_v ? p->v[layer] : p->k[layer];
-
-	return f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, is_v) == KVQ_PARAM_CODEBOOK;
-}
-
 uint64_t kvq_codebook_off(const struct kvq_policy *p, uint32_t H, uint32_t D, uint32_t layer, int is_v)
 {
 	uint64_t off = 0;
 
-	if (layer >= p->n_layers || !is_codebook(p, layer, is_v))
+	if (!kvq_policy_subdim(p, layer, is_v))
 		return UINT64_MAX;
 	for (uint32_t l = 0; l <= layer; l++)
 		for (int v = 0; v < 2 && (l < layer || v < is_v); v++)
-			off += is_codebook(p, l, v) ? kvq_codebook_part(H, D) : 0;
+			off += kvq_policy_subdim(p, l, v) ? kvq_codebook_part(H, D) : 0;
 	return off;
 }
 
@@ -41,7 +34,7 @@ uint64_t kvq_codebook_bytes(const struct kvq_policy *p, uint32_t H, uint32_t D)
 
 	for (uint32_t l = 0; l < p->n_layers && l < KVQ_MAX_LAYERS; l++)
 		for (int v = 0; v < 2; v++)
-			n += is_codebook(p, l, v) ? kvq_codebook_part(H, D) : 0;
+			n += kvq_policy_subdim(p, l, v) ? kvq_codebook_part(H, D) : 0;
 	return n;
 }
 

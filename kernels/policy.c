@@ -274,6 +274,16 @@ int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len)
 	return (int)used;
 }
 
+unsigned kvq_policy_subdim(const struct kvq_policy *p, uint32_t layer, int is_v)
+{
+	int f;
+
+	if (layer >= p->n_layers || layer >= KVQ_MAX_LAYERS)
+		return 0;
+	f = is_v ? p->v[layer] : p->k[layer];
+	return f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, is_v) == KVQ_PARAM_CODEBOOK ? kvq_fmt_subdim(f) : 0;
+}
+
 int kvq_policy_uses_kivi(const struct kvq_policy *p)
 {
 	for (uint32_t l = 0; l < p->n_layers; l++)

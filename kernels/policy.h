@@ -44,6 +44,11 @@ int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len);
  * parameters per channel (KVQ_PARAM_CHANNEL in the format table). */
 int kvq_policy_uses_kivi(const struct kvq_policy *p);
 
+/* The subspace dim of (layer, K or V)'s format when it is a codebook format
+ * (KVQ_PARAM_CODEBOOK: pq2, pq1), else 0 (also for a layer past the policy's
+ * or an unknown format). */
+unsigned kvq_policy_subdim(const struct kvq_policy *p, uint32_t layer, int is_v);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,9 +20,8 @@ static bool codebooks_cover(const struct kvq_cb_file *f, const struct kvq_policy
 {
 	for (uint32_t l = 0; l < pol->n_layers; l++)
 		for (int is_v = 0; is_v < 2; is_v++) {
-			int fmt = is_v ? pol->v[l] : pol->k[l];
-			unsigned have = is_v ? f->v_subdim[l] : f->k_subdim[l];
-			if (kvq_fmt_param_kind(fmt, is_v) == KVQ_PARAM_CODEBOOK && have != kvq_fmt_subdim(fmt))
+			unsigned want = kvq_policy_subdim(pol, l, is_v);
+			if (want && want != (is_v ? f->v_subdim[l] : f->k_subdim[l]))
 				return false;
 		}
 	return true;
@@ -34,7 +33,7 @@ static const char *codebooks_subset(const struct kvq_cb_file *f, const struct kv
 				    uint32_t D, const char *from)
 {
 	static char path[64];
-	uint64_t part = (uint64_t)KVQ_CB_CENTROIDS * H * D * 2, bytes = kvq_codebook_bytes(pol, H, D), in = 0, out = 0;
+	uint64_t part = kvq_codebook_part(H, D), bytes = kvq_codebook_bytes(pol, H, D), in = 0, out = 0;
 	uint8_t *data = malloc(bytes);
 	int fd = memfd_create("kvq-run-codebooks", 0), r;
 
@@ -42,8 +41,7 @@ static const char *codebooks_subset(const struct kvq_cb_file *f, const struct kv
 		die("codebooks from %s: %s", from, strerror(data ? errno : ENOMEM));
 	for (uint32_t l = 0; l < pol->n_layers; l++)
 		for (int is_v = 0; is_v < 2; is_v++) {
-			int fmt = is_v ? pol->v[l] : pol->k[l];
-			if (kvq_fmt_param_kind(fmt, is_v) == KVQ_PARAM_CODEBOOK) {
+			if (kvq_policy_subdim(pol, l, is_v)) {
 				memcpy(data + out, f->data + in, part);
 				out += part;
 			}
