@@ -201,6 +201,9 @@ static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, struc
 	CK(cudaMalloc(&out, qel * 2));
 	CK(cudaMalloc(&dids, (size_t)sh.batch * nb * sizeof(int32_t)));
 	CK(cudaMalloc(&doids, (size_t)sh.batch * nb * sizeof(int32_t)));
+	/* a codebook format's centroids: values of the activations' range */
+	if (L->codebook_bytes)
+		fill_kernel<<<256, 256>>>((uint16_t *)((uint8_t *)pool + L->codebook_off), L->codebook_bytes / 2, 4);
 	fill_kernel<<<4096, 256>>>((uint16_t *)kin, rows * per, 1);
 	fill_kernel<<<4096, 256>>>((uint16_t *)vin, rows * per, 2);
 	fill_kernel<<<64, 256>>>((uint16_t *)q, qel, 3);

@@ -9,7 +9,8 @@
  * and the transposed V of a sealed slice is the A operand as stored.
  *
  * Per tile of TT tokens (TT divides B): codes are staged in shared memory as
- * exact FP16/BF16 values (raw codes: scales and zeros stay out of the MMA);
+ * exact FP16/BF16 values (raw codes: scales and zeros stay out of the MMA;
+ * a codebook format's centroids, rounded to BF16 with BF16 activations);
  * scores get the per-token K scale after the MMA (per group for int4, whose
  * zero adds Σ_g z·Σ_{c∈g} q_c), KIVI's per-channel K scale goes into q once
  * per tile, split into high and low FP16 parts (plus the bias q·z); probabilities get V's per-token (or
@@ -55,6 +56,15 @@ struct attn_smem {
 		total = o;
 	}
 };
+
+/* Element d of the centroid that code i of a codebook part stands for
+ * (cb: the head's codebooks, codebook_of). */
+template <unsigned SD>
+__device__ __forceinline__ float centroid(const uint16_t *cb, const uint8_t *codes, uint32_t i, uint32_t d)
+{
+	return half_bits(reinterpret_cast<const uint8_t *>(cb),
+			 ((d / SD) * KVQ_CB_CENTROIDS + codes[i]) * SD + d % SD);
+}
 
 template <int KF, int VF, int D, int ACT>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
@@ -155,12 +165,22 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 			const uint8_t *kpar = hs + l.off[KVQ_K_PARAMS], *vpar = hs + l.off[KVQ_V_PARAMS];
 			for (uint32_t i = tid; i < tt * D; i += ATTN_THREADS) {
 				uint32_t t = i / D, d = i % D;
-				float x = t < nvalid ? KT::raw(code_at<KT::bits>(kc, kvq_k_elem(tb + t, d, l.B, D))) : 0.0f;
+				float x = 0.0f;
+				if (t < nvalid && KK == KVQ_PARAM_CODEBOOK)
+					x = centroid<KT::subdim>(codebook_of(l, a.base, 0, h), kc,
+								 kvq_k_elem(tb + t, d / KT::subdim, l.B, D / KT::subdim), d);
+				else if (t < nvalid)
+					x = KT::raw(code_at<KT::bits>(kc, kvq_k_elem(tb + t, d, l.B, D)));
 				reinterpret_cast<typename AT::T *>(Ks)[t * QS + d] = AT::from_f(x);
 			}
 			for (uint32_t i = tid; i < tt * D; i += ATTN_THREADS) {
 				uint32_t d = i / tt, t = i % tt;
-				float x = t < nvalid ? VT::raw(code_at<VT::bits>(vc, kvq_v_elem(tb + t, d, l.B, D))) : 0.0f;
+				float x = 0.0f;
+				if (t < nvalid && VK == KVQ_PARAM_CODEBOOK)
+					x = centroid<VT::subdim>(codebook_of(l, a.base, 1, h), vc,
+								 kvq_v_elem(tb + t, d / VT::subdim, l.B, D / VT::subdim), d);
+				else if (t < nvalid)
+					x = VT::raw(code_at<VT::bits>(vc, kvq_v_elem(tb + t, d, l.B, D)));
 				reinterpret_cast<typename AT::T *>(Vs)[d * VS + t] = AT::from_f(x);
 			}
 			if (KK == KVQ_PARAM_TOKEN)

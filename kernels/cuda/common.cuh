@@ -35,6 +35,17 @@ __device__ __forceinline__ const uint8_t *open_head(const layer_dev &l, const ui
 	return base + kvq_head_off(l.open_base, l.open_slice, l.open_head, id, h);
 }
 
+/* Head h's codebooks of the layer's K (is_v 0) or V (1): [subspace][256]
+ * [subdim] FP16 (codebook.h), or NULL where that format has none.  Call
+ * it with a constant is_v: a computed index would copy l to local memory. */
+__device__ __forceinline__ const uint16_t *codebook_of(const layer_dev &l, const uint8_t *base, int is_v, uint32_t h)
+{
+	const uint64_t off = l.codebook[is_v];
+
+	return off == UINT64_MAX ? NULL
+				 : reinterpret_cast<const uint16_t *>(base + off + (uint64_t)h * KVQ_CB_CENTROIDS * l.D * 2u);
+}
+
 /* S(n): tokens of a sequence of n that are sealed (kvq_split). */
 __device__ __forceinline__ uint32_t split_of(const layer_dev &l, uint32_t n)
 {
@@ -70,7 +81,10 @@ template <> struct act<KVQ_DT_BF16> {
  * how K and V keep their parameters, the group along the head dim, and
  * raw(): the value of a code before its scale and zero, exact in FP16 and
  * BF16, by what the code is (code_raw, one per enum kvq_code). */
-template <int C> struct code_raw;   /* KVQ_CODE_INDEX has none: a codebook's kernel reads its own */
+template <int C> struct code_raw;
+template <> struct code_raw<KVQ_CODE_INDEX> {   /* the index itself: kernels look its centroid up (codebook_of) */
+	static __device__ __forceinline__ float raw(uint32_t c) { return (float)c; }
+};
 template <> struct code_raw<KVQ_CODE_UINT> {
 	static __device__ __forceinline__ float raw(uint32_t c) { return (float)c; }
 };
@@ -101,6 +115,7 @@ template <> struct code_raw<KVQ_CODE_E5M2> {
 template <int F> struct fmt : code_raw<kvq_fmt_code(F)> {
 	static constexpr unsigned bits = kvq_fmt_bits(F), group_k = kvq_fmt_group(F, 0), group_v = kvq_fmt_group(F, 1);
 	static constexpr int code = kvq_fmt_code(F), kind_k = kvq_fmt_param_kind(F, 0), kind_v = kvq_fmt_param_kind(F, 1);
+	static constexpr unsigned subdim = kvq_fmt_subdim(F);   /* head-dim elements per code */
 };
 
 /* Code i of a packed array of BITS-bit codes. */

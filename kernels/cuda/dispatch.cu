@@ -5,9 +5,11 @@
  * turned into an instance of instances.h, or -ENOTSUP.  In blocks of a
  * multiple of 32 tokens, pairs of KVQ_CUDA_FAST_PAIRS whose groups fit the
  * head dim go to decode_kernel for a step of at most 8 query rows per KV
- * head and to prefill_kernel for more; the rest to attn_kernel. */
+ * head and to prefill_kernel for more, pairs of KVQ_CUDA_PQ_PAIRS to
+ * pq_decode_kernel for such a step; the rest to attn_kernel. */
 #include "attention.cuh"
 #include "decode.cuh"
+#include "decode_pq.cuh"
 #include "instances.h"
 #include "prefill.cuh"
 
@@ -39,7 +41,21 @@ KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_DEC_PAIR)
 #define KVQ_EXTERN_PF_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_PF, K, V)
 KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_PF_PAIR)
 
+#define KVQ_EXTERN_PQ(KF, VF, D, ACT) extern template int pq_decode_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
+#define KVQ_EXTERN_PQ_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_PQ, K, V)
+KVQ_CUDA_PQ_PAIRS(KVQ_EXTERN_PQ_PAIR)
+
 typedef int (*attn_fn)(const attn_args &, uint32_t, void *);
+
+static attn_fn pq_find(int kf, int vf, uint32_t D, int act)
+{
+#define KVQ_QCASE(KF, VF, DD, ACT) \
+	if (kf == KF && vf == VF && D == DD && act == ACT) \
+		return pq_decode_launch<KF, VF, DD, ACT>;
+#define KVQ_QCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_QCASE, K, V)
+	KVQ_CUDA_PQ_PAIRS(KVQ_QCASE_PAIR)
+	return NULL;
+}
 
 struct decode_fn {
 	attn_fn launch;
@@ -91,6 +107,7 @@ struct shape {
 	uint32_t g, nrp, chunks, tt, splits;
 	decode_fn dec;   /* launch set: decode_kernel */
 	prefill_fn pf;   /* launch set: prefill_kernel */
+	attn_fn pq;      /* set: pq_decode_kernel */
 };
 
 /* Splits for decode_kernel: CTAs of equal work fill the GPU in whole waves,
@@ -132,13 +149,19 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	uint32_t rows = a->max_q * s.g;
 	s.dec = decode_fn{ NULL, NULL };
 	s.pf = prefill_fn{ NULL, NULL };
-	if (fast && rows <= 8)
+	s.pq = NULL;
+	if (fast && rows <= 8) {
 		s.dec = decode_find(kf, vf, L->head_dim, L->act);
-	else if (fast)
+		s.pq = pq_find(kf, vf, L->head_dim, L->act);
+	} else if (fast) {
 		s.pf = prefill_find(kf, vf, L->head_dim, L->act);
+	}
 	if (s.pf.launch) {
 		s.nrp = (uint32_t)s.pf.rows();
 		s.tt = PF_TILE;
+	} else if (s.pq) {
+		s.nrp = PQ_ROWS;
+		s.tt = PQ_CHUNK;
 	} else {
 		s.nrp = rows >= ATTN_MAX_ROWS ? ATTN_MAX_ROWS : (rows + 7) / 8 * 8;
 		s.tt = tile_tokens(L->block_tokens);
@@ -147,16 +170,17 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	if ((uint64_t)s.chunks * L->kv_heads > 65535)
 		return -EINVAL;
 	uint32_t ntiles = (a->max_n + s.tt - 1) / s.tt;
-	if (s.dec.launch) {
+	if (s.dec.launch || s.pq) {
 		uint32_t nch = (a->max_n + DEC_CHUNK - 1) / DEC_CHUNK;
 		if (a->splits) {
 			s.splits = a->splits < nch ? a->splits : nch;
 		} else {
-			int dev = 0, sms = 132, occ = s.dec.occupancy();
+			/* pq_decode_kernel: one CTA per SM (its tables) */
+			int dev = 0, sms = 132, occ = s.dec.launch ? s.dec.occupancy() : 1;
 			if (cudaGetDevice(&dev) != cudaSuccess ||
 			    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
 				return fail_launch();
-			uint64_t ctas = (uint64_t)(nseq ? nseq : 1) * L->kv_heads;
+			uint64_t ctas = (uint64_t)(nseq ? nseq : 1) * L->kv_heads * (s.pq ? s.chunks : 1);
 			s.splits = decode_splits(ctas, (uint32_t)(sms * (occ > 0 ? occ : 1)), nch);
 		}
 	} else if (a->splits) {
@@ -235,7 +259,7 @@ extern "C" const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, ui
 		return NULL;
 	if (splits)
 		*splits = s.splits;
-	return s.dec.launch ? "decode" : s.pf.launch ? "prefill" : "generic";
+	return s.dec.launch ? "decode" : s.pf.launch ? "prefill" : s.pq ? "pq-decode" : "generic";
 }
 
 extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
@@ -276,5 +300,7 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 		return s.dec.launch(x, nseq, a->stream);
 	if (s.pf.launch)
 		return s.pf.launch(x, nseq, a->stream);
+	if (s.pq)
+		return s.pq(x, nseq, a->stream);
 	return attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act)(x, nseq, a->stream);
 }

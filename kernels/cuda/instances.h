@@ -12,11 +12,12 @@
 
 #define KVQ_CUDA_PAIRS_A(X) \
 	X(F16, F16) X(BF16, BF16) X(INT8, INT8) X(FP8, FP8) X(FP8E5M2, FP8E5M2) \
-	X(INT8, FP8) X(INT8, INT4G32) X(INT8, INT4G64) X(INT8, INT4G128) X(INT4G64, KIVI2)
+	X(INT8, FP8) X(INT8, INT4G32) X(INT8, INT4G64) X(INT8, INT4G128) X(INT4G64, KIVI2) \
+	X(PQ2, PQ2) X(INT8, PQ2)
 
 #define KVQ_CUDA_PAIRS_B(X) \
 	X(INT4G32, INT4G32) X(INT4G64, INT4G64) X(INT4G128, INT4G128) X(KIVI4, KIVI4) X(KIVI2, KIVI2) \
-	X(INT8, KIVI4) X(INT8, KIVI2) X(FP8, INT4G32) X(F16, INT8)
+	X(INT8, KIVI4) X(INT8, KIVI2) X(FP8, INT4G32) X(F16, INT8) X(PQ1, PQ1) X(KIVI4, PQ2)
 
 #define KVQ_CUDA_PAIRS(X) KVQ_CUDA_PAIRS_A(X) KVQ_CUDA_PAIRS_B(X)
 
@@ -34,6 +35,12 @@
 	X(INT8, KIVI4) X(INT8, KIVI2) X(FP8, INT4G32)
 
 #define KVQ_CUDA_FAST_PAIRS(X) KVQ_CUDA_FAST_PAIRS_A(X) KVQ_CUDA_FAST_PAIRS_B(X)
+
+/* Pairs (of the lists above) with codebook V whose decode steps take
+ * pq_decode_kernel (decode_pq.cuh, compiled in decode_pq_inst.cu) in blocks
+ * of a multiple of 32 tokens (K: a codebook format, or 8 bits by token);
+ * their other shapes take attn_kernel. */
+#define KVQ_CUDA_PQ_PAIRS(X) X(PQ2, PQ2) X(PQ1, PQ1) X(INT8, PQ2)
 
 /* The four instances of one pair. */
 #define KVQ_CUDA_EACH(Y, K, V) \

@@ -9,10 +9,10 @@
  * asynchronous on the given stream (NULL: the legacy default stream).
  *
  * Returns 0, -EINVAL (bad arguments; nothing launched), -ENOTSUP (a
- * combination without an instantiated kernel, and any layer with a codebook
- * format (pq2, pq1), whose CUDA kernels are not written yet; nothing
- * launched) or -EIO (a
- * CUDA error; kvq_cuda_error() names it).
+ * combination without an instantiated kernel; nothing launched) or -EIO (a
+ * CUDA error; kvq_cuda_error() names it).  A codebook format (pq2, pq1)
+ * reads the pool's codebooks (layout.h), which must be in place before the
+ * first write.
  *
  * Block ids in the tables are trusted to be in range (the caller owns them
  * and checks them on the host); a kernel skips, rather than writes through,
@@ -70,7 +70,8 @@ int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table
 		       const void *q, void *out);
 
 /* Which kernel kvq_cuda_attention launches for these arguments: "decode"
- * (decode_kernel), "prefill" (prefill_kernel) or "generic" (attn_kernel),
+ * (decode_kernel), "prefill" (prefill_kernel), "pq-decode"
+ * (pq_decode_kernel) or "generic" (attn_kernel),
  * and in *splits (may be NULL) its KV splits; NULL for arguments it refuses
  * or a pair without a kernel. */
 const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, uint32_t nseq, uint32_t *splits);

@@ -8,7 +8,9 @@
  * shuffles, then one thread per entry makes the FP16 parameters.  Its codes
  * come from threads that each make one word of storage order (16 bytes, 8
  * of 2-bit codes), eight elements of a row of K or a column of V at a time,
- * and store it at once.  Each format is one instance of the same templates
+ * and store it at once; a codebook format's (pq2, pq1) one code per
+ * (token, subspace) at a time, the nearest of the head's centroids
+ * (kvq_pq_encode).  Each format is one instance of the same templates
  * (fmt<F>), and each (K, V) pair of instances.h has a kernel of its own:
  * one holding every format's code was too large for the instruction caches
  * (pairs not listed still take it).  The arithmetic is kvq_format.h's, so
@@ -148,6 +150,7 @@ struct part {
 	uint32_t B, D;
 	int act;
 	uint32_t first;          /* this thread's first word of codes (< blockDim.x) */
+	const uint16_t *cb;      /* a codebook format's: the head's codebooks (codebook_of) */
 };
 
 /* Elements in one thread's word of codes: 16 bytes, or 8 of 2-bit codes. */
@@ -516,10 +519,32 @@ template <int F, int IS_V> __device__ void part_codes(const part &p)
 		part_codes_dt<F, IS_V, KVQ_DT_F16>(p);
 }
 
+/* Codes of a part of a codebook format: the nearest centroid of each
+ * (token, subspace), kvq_pq_encode as the CPU's seal, one code per thread
+ * at a time in storage order (K [t][m], V [m][t]); the centroids are read
+ * through the cache, the subvector from the staged rows. */
+template <int F, int IS_V> __device__ void part_pq_codes(const part &p)
+{
+	constexpr unsigned d = fmt<F>::subdim;
+	const uint32_t M = p.D / d, n = p.B * M, row = p.D + SEAL_PAD;
+
+	for (uint32_t i = p.first; i < n; i += blockDim.x) {
+		const uint32_t t = IS_V ? i % p.B : i / M, m = IS_V ? i / p.B : i % M;
+		float x[d];
+#pragma unroll
+		for (unsigned j = 0; j < d; j++)
+			x[j] = act_f(p.act, p.xs[xs_at(t, m * d + j, row)]);
+		p.codes[i] = (uint8_t)kvq_pq_encode(x, p.cb + (size_t)m * KVQ_CB_CENTROIDS * d, d);
+	}
+}
+
 /* Phase 0 (ranges), 1 (parameters) or 2 (codes) of a part of format F. */
 template <int F, int IS_V> __device__ __forceinline__ void part_phase(int phase, const part &p)
 {
-	if (phase == 0)
+	if constexpr ((IS_V ? fmt<F>::kind_v : fmt<F>::kind_k) == KVQ_PARAM_CODEBOOK) {
+		if (phase == 2)   /* no parameters */
+			part_pq_codes<F, IS_V>(p);
+	} else if (phase == 0)
 		part_reduce<F, IS_V>(p);
 	else if (phase == 1)
 		part_finish<F, IS_V>(p);
@@ -538,8 +563,7 @@ template <int IS_V, int FIX> __device__ void part_run(int f, int phase, const pa
 		switch (f) {
 #define SEAL_FMT(ID, ...) \
 	case KVQ_FMT_##ID: \
-		if constexpr (kvq_fmt_param_kind(KVQ_FMT_##ID, IS_V) != KVQ_PARAM_CODEBOOK) \
-			part_phase<KVQ_FMT_##ID, IS_V>(phase, p); \
+		part_phase<KVQ_FMT_##ID, IS_V>(phase, p); \
 		break;
 			KVQ_FORMATS(SEAL_FMT)
 #undef SEAL_FMT
@@ -583,7 +607,8 @@ __device__ __forceinline__ uint32_t v_first(const layer_dev &l, uint32_t parts)
 /* Seals one head of one block into the sealed head slice dst, staging
  * `parts` parts (2: K and V together, 1: one after the other). */
 template <int FK, int FV>
-__device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uint8_t *smem, uint32_t parts)
+__device__ void seal_head(const layer_dev &l, const uint8_t *base, uint32_t h, uint8_t *dst, const rows &src,
+			  uint8_t *smem, uint32_t parts)
 {
 	const uint32_t B = l.B, D = l.D;
 	uint16_t *xs = reinterpret_cast<uint16_t *>(smem);
@@ -603,10 +628,11 @@ __device__ void seal_head(const layer_dev &l, uint8_t *dst, const rows &src, uin
 				/* constant field indices: a computed one would copy l to local memory */
 				if (p0 + i)
 					part_run<1, FV>(l.vfmt, phase, { x, p, dst + l.off[KVQ_V_CODES], dst + l.off[KVQ_V_PARAMS],
-								    B, D, l.act, phase == 2 ? v_first(l, parts) : 0 });
+								    B, D, l.act, phase == 2 ? v_first(l, parts) : 0,
+								    codebook_of(l, base, 1, h) });
 				else
 					part_run<0, FK>(l.kfmt, phase, { x, p, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS],
-								    B, D, l.act, threadIdx.x });
+								    B, D, l.act, threadIdx.x, codebook_of(l, base, 0, h) });
 			}
 			if (phase < 2)
 				__syncthreads();   /* ranges, then parameters, are in shared memory */
@@ -674,7 +700,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 11) write_kernel(layer_dev l, u
 		src.from_open = pos0 < n ? (uint32_t)(n - pos0 < B ? n - pos0 : B) : 0;
 		src.in_row = (uint64_t)s.row0 + (pos0 + src.from_open - n);
 		src.in_stride = stride;
-		seal_head<FK, FV>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+		seal_head<FK, FV>(l, base, h, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 		return;
 	}
 	uint64_t p0 = pos0 > n ? pos0 : n, p1 = pos0 + B < n2 ? pos0 + B : n2;
@@ -701,7 +727,7 @@ __global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_
 	src.from_open = l.B;
 	src.in_row = 0;
 	src.in_stride = 0;
-	seal_head<FK, FV>(l, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+	seal_head<FK, FV>(l, base, h, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 }
 
 /* The write and seal kernels for a layer: its pair's own where the pair has
@@ -733,13 +759,6 @@ static int write_args_ok(const struct kvq_layout *L, uint32_t layer)
 	return 1;
 }
 
-/* The codebook formats (pq2, pq1) have no CUDA write yet: -ENOTSUP. */
-static int write_fmts_ok(const struct kvq_layout *L, uint32_t layer)
-{
-	return kvq_fmt_param_kind(L->layer[layer].kfmt, 0) != KVQ_PARAM_CODEBOOK &&
-	       kvq_fmt_param_kind(L->layer[layer].vfmt, 1) != KVQ_PARAM_CODEBOOK;
-}
-
 static int launch_setup(const void *fn, size_t smem)
 {
 	if (smem > 48 * 1024 &&
@@ -759,8 +778,6 @@ extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t l
 	if (!write_args_ok(L, layer) || !base || (nseq && !seqs) || (max_m && (!k || !v)) ||
 	    max_m > (1u << 24) || nseq > 65535 || L->kv_heads > 65535)
 		return -EINVAL;
-	if (!write_fmts_ok(L, layer))
-		return -ENOTSUP;
 	if (!nseq)
 		return 0;
 	const uint32_t B = L->block_tokens;
@@ -785,8 +802,6 @@ extern "C" int kvq_cuda_seal(const struct kvq_layout *L, void *base, uint32_t la
 {
 	if (!write_args_ok(L, layer) || !base || (npairs && !pairs) || npairs > (1u << 30) || L->kv_heads > 65535)
 		return -EINVAL;
-	if (!write_fmts_ok(L, layer))
-		return -ENOTSUP;
 	if (!npairs)
 		return 0;
 	uint32_t parts = seal_parts(L->block_tokens, L->head_dim);

@@ -2,7 +2,10 @@
 /*
  * libkvq's sequence helper on a cuda pool, against the same sequence on a
  * host pool: one real kvqd, pool "hp" (host backend) and pool "gp" (cuda),
- * the same geometry and a per-layer policy.  The same prompt and decode
+ * the same geometry and a per-layer policy whose second layer keeps V
+ * product-quantized, with the same codebooks (a file both attaches send,
+ * which kvqd copies into each pool: on the cuda pool through the device's
+ * memory).  The same prompt and decode
  * steps go through kvq_seq_begin/write/commit on both (K/V from device
  * memory for one layer, host memory for the other); then
  *  - attention (prefill queries during the write, decode queries after)
@@ -26,8 +29,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "../tap.h"
 #include "../daemon.h"
+#include "codebook.h"
 #include "kvq.h"
 #include "layout.h"
 
@@ -39,15 +46,42 @@
 #define PROMPT 100
 #define STEPS 3
 #define NTOK (PROMPT + STEPS)
+#define POLICY "0:int8;1:k=int8,v=pq2"
 
-static char sock_path[108], tmpdir[64], daemon_bin[512];
+static char sock_path[108], tmpdir[64], daemon_bin[512], cb_path[128];
 static uint16_t kv[LAYERS][2][NTOK * KVH * D];   /* K and V of every token, f16 */
 
 static struct kvq_attach_params params(const char *pool, const char *backend)
 {
 	return (struct kvq_attach_params){ .pool = pool, .model_id = "test/seq@1", .layers = LAYERS,
-		.kv_heads = KVH, .head_dim = D, .block_tokens = B, .policy = "0:int8;1:k=int8,v=int4g32",
-		.act = KVQ_ACT_F16, .create = 1, .n_sealed = 64, .n_open = 16, .backend = backend };
+		.kv_heads = KVH, .head_dim = D, .block_tokens = B, .policy = POLICY,
+		.act = KVQ_ACT_F16, .create = 1, .n_sealed = 64, .n_open = 16, .backend = backend,
+		.codebooks = cb_path };
+}
+
+/* The policy's codebooks in tmpdir: random centroids, N(0, 1) as the K/V. */
+static int write_codebooks(void)
+{
+	struct kvq_policy pol;
+	uint64_t n;
+	uint16_t *v;
+	int fd, r = -1;
+
+	if (kvq_policy_parse(POLICY, LAYERS, &pol, NULL, 0) < 0)
+		return -1;
+	n = kvq_codebook_bytes(&pol, KVH, D);
+	if (!(v = malloc(n)))
+		return -1;
+	for (uint64_t i = 0; i < n / 2; i++)
+		v[i] = kvq_f16_from_f32((float)tap_normal());
+	snprintf(cb_path, sizeof cb_path, "%s/cb.kvqcb", tmpdir);
+	fd = open(cb_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd >= 0) {
+		r = kvq_codebook_write(fd, &pol, KVH, D, 0, v, n);
+		close(fd);
+	}
+	free(v);
+	return r;
 }
 
 static kvq_client *attach(const char *name, const char *pool, const char *backend)
@@ -131,6 +165,11 @@ int main(void)
 				    sizeof(daemon_bin));
 	if (!ok(d > 0, "kvqd started (%s)", daemon_bin))
 		return done_testing();
+	if (!ok(!write_codebooks(), "codebooks of %s written", POLICY)) {
+		kill(d, SIGTERM);
+		waitpid(d, NULL, 0);
+		return done_testing();
+	}
 	if (cudaMalloc(&dbuf, (size_t)2 * PROMPT * KVH * D * 2) != cudaSuccess)
 		return 1;
 

@@ -3,7 +3,8 @@
  * The CUDA kernels against the CPU kernels, their reference.
  *
  * Each case builds one layout twice, a host pool and a device pool, both
- * filled with the same junk; several sequences (odd lengths, partly filled
+ * filled with the same junk (and the same random codebooks where a layer
+ * has a codebook format, pq2 or pq1); several sequences (odd lengths, partly filled
  * windows, prefill chunks over a cached prefix, speculative steps, one long
  * decode) with shuffled slot ids are written in rounds of chunks, each round
  * one batched kvq_cuda_write on the GPU and kvq_cpu_write per sequence on the
@@ -142,13 +143,19 @@ static int pools_equal(const struct kvq_layout *L, const uint8_t *host, const vo
 	return !diff;
 }
 
-/* A layout's host pool and device pool, both filled with the same junk. */
+/* A layout's host pool and device pool, both filled with the same junk,
+ * and the same codebooks where it has a codebook format: random centroids,
+ * N(0, 1) as the K/V rows (gen_rows) but for their outliers. */
 static void pools_alloc(const struct kvq_layout *L, uint8_t **host, void **dev)
 {
 	*host = xcalloc(1, L->total_bytes);
 	*dev = dmalloc(L->total_bytes);
 	memset(*host, 0x47, L->total_bytes);
 	CK(cudaMemset(*dev, 0x47, L->total_bytes));
+	for (uint64_t i = 0; i < L->codebook_bytes / 2; i++)
+		put_act(KVQ_DT_F16, *host + L->codebook_off, i, (float)tap_normal());
+	CK(cudaMemcpy((uint8_t *)*dev + L->codebook_off, *host + L->codebook_off, L->codebook_bytes,
+		      cudaMemcpyHostToDevice));
 }
 
 /* A case's layout of policy (lp's other fields given) and its two pools
@@ -473,32 +480,6 @@ static void seal_special(int f, uint32_t D, int act)
 	kvq_layout_free(L);
 }
 
-/* A codebook format (pq2, pq1) has no CUDA kernels yet: write, seal and
- * attention refuse it before launching anything. */
-static void codebook_refused(int f)
-{
-	struct kvq_layout *L = NULL;
-	struct kvq_layout_params lp = { .layers = 1, .kv_heads = 2, .head_dim = 64, .block_tokens = 32,
-		.window = 32, .n_sealed = 2, .n_open = 2, .act = KVQ_DT_F16 };
-	const int32_t sealed[1] = { 0 }, open[1] = { 0 };
-	struct kvq_seq_table w = { .n = 0, .m = 1, .sealed = sealed, .open = open };
-	uint8_t *host;
-	void *dev;
-	char name[80];
-
-	snprintf(name, sizeof name, "%s: no CUDA kernels yet", kvq_fmt_name(f));
-	if (case_pools(kvq_fmt_name(f), &lp, name, &L, &host, &dev) < 0)
-		return;
-	ok(kvq_cuda_seal(L, dev, 0, (const int32_t *)dev, 1, NULL) == -ENOTSUP &&
-	   kvq_cuda_write(L, dev, 0, &w, 1, 1, dev, dev, NULL) == -ENOTSUP &&
-	   !kvq_cuda_attention_supported(f, f, 64, KVQ_DT_F16) &&
-	   !kvq_cuda_attention_supported(KVQ_FMT_INT8, f, 64, KVQ_DT_F16),
-	   "%s: write, seal and attention answer -ENOTSUP", kvq_fmt_name(f));
-	free(host);
-	CK(cudaFree(dev));
-	kvq_layout_free(L);
-}
-
 static void run_case(const struct tcase *tc)
 {
 	const uint32_t B = tc->B, R = tc->rblocks * B, H = tc->H, D = tc->D;
@@ -635,10 +616,6 @@ int main(void)
 	check_refusals();
 	for (int f = 0; f < KVQ_FMT_COUNT; f++) {
 		fmts[f] = kvq_fmt_name(f);
-		if (kvq_fmt_param_kind(f, 0) == KVQ_PARAM_CODEBOOK) {
-			codebook_refused(f);
-			continue;
-		}
 		for (int act = KVQ_DT_F16; act <= KVQ_DT_BF16; act++)
 			seal_special(f, 128, act);
 	}
@@ -677,6 +654,9 @@ int main(void)
 			{ "int4g32", 1, 3, 2, 64, 128, 1, KVQ_DT_BF16, 0 },
 			{ "int8", 1, 2, 4, 128, 32, 1, KVQ_DT_F16, 2000 },
 			{ "k=int8,v=kivi2", 1, 2, 8, 64, 16, 4, KVQ_DT_BF16, 1500 },
+			{ "0:pq2;1:k=int8,v=pq2;2:pq1", 3, 4, 4, 128, 32, 1, KVQ_DT_F16, 0 },
+			{ "k=kivi4,v=pq2", 1, 3, 3, 64, 32, 4, KVQ_DT_BF16, 0 },
+			{ "pq2", 1, 2, 4, 128, 32, 1, KVQ_DT_F16, 2000 },
 		};
 		for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
 			run_case(&extra[i]);
