@@ -630,6 +630,40 @@ KVQ_HD uint32_t kvq_pq_encode(const float *x, const uint16_t *cb, unsigned d)
 	return code;
 }
 
+/* Rotation (a policy's "+rot", policy.h): the normalised Walsh-Hadamard
+ * transform of each block of n elements of x[0 .. D - 1] (n = 16 .. 256, a
+ * power of two dividing D: kvq_rot_block), in place: butterflies of
+ * stride 1, 2, 4, ..., then a product by 1/sqrt(n) rounded to float, each
+ * step rounded alone (no fused operation), so that host and device agree
+ * bit for bit.  Its own inverse, to rounding. */
+KVQ_HD void kvq_rotate(float *x, unsigned D, unsigned n)
+{
+	const float norm = n == 16 ? 0.25f : n == 32 ? 0.17677669529663688f : n == 64 ? 0.125f
+			 : n == 128 ? 0.088388347648318440f : 0.0625f;
+
+	for (unsigned b0 = 0; b0 < D; b0 += n) {
+		float *p = x + b0;
+		for (unsigned len = 1; len < n; len <<= 1)
+			for (unsigned i = 0; i < n; i += 2 * len)
+				for (unsigned j = i; j < i + len; j++) {
+					const float u = p[j], v = p[j + len];
+#ifdef __CUDA_ARCH__
+					p[j] = __fadd_rn(u, v);
+					p[j + len] = __fsub_rn(u, v);
+#else
+					p[j] = u + v;
+					p[j + len] = u - v;
+#endif
+				}
+		for (unsigned i = 0; i < n; i++)
+#ifdef __CUDA_ARCH__
+			p[i] = __fmul_rn(p[i], norm);
+#else
+			p[i] = p[i] * norm;
+#endif
+	}
+}
+
 /* Activation element -> float. */
 KVQ_HD float kvq_act_to_f32(int dt, const void *p, uint32_t i)
 {

@@ -128,6 +128,7 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 
 		ll->kfmt = p->policy->k[l];
 		ll->vfmt = p->policy->v[l];
+		ll->rot = p->policy->rot[l];
 		for (int fld = 0; fld < KVQ_NFIELDS; fld++) {
 			int is_v = fld >= KVQ_V_CODES;
 			int f = is_v ? ll->vfmt : ll->kfmt;

@@ -63,6 +63,9 @@ struct kvq_layer_layout {
 	/* the pool's geometry (struct kvq_layout), repeated here */
 	uint32_t B, D, H, window, n_sealed, n_open;
 	int kfmt, vfmt, act;
+	/* KVQ_ROT_K, KVQ_ROT_V (policy.h): K, V stored rotated, in blocks of
+	 * kvq_rot_block(D, 0 or 1) elements of the head dim */
+	uint32_t rot;
 };
 
 struct kvq_layout {

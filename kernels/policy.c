@@ -23,14 +23,29 @@ static const char *trim_end(const char *p, const char *end)
 	return end;
 }
 
-/* One format name in [p, end), blanks trimmed. */
-static int parse_fmt(const char *p, const char *end, int clause, char *err, size_t errlen)
+#define ROT_SUFFIX "+rot"
+
+/* One format name in [p, end), blanks trimmed, and its rotation suffix
+ * '+' 'rot' (*rot 1 when it has one). */
+static int parse_fmt(const char *p, const char *end, int clause, int *rot, char *err, size_t errlen)
 {
 	char names[KVQ_FMT_NAMES_LEN];
+	const char *plus;
 	int f;
 
 	p = skip_blanks(p, end);
 	end = trim_end(p, end);
+	*rot = 0;
+	if ((plus = memchr(p, '+', (size_t)(end - p)))) {
+		const char *t = skip_blanks(plus + 1, end);
+		if (end - t != 3 || memcmp(t, "rot", 3)) {
+			kvq_seterr(err, errlen, "clause %d: expected '+rot' after the format name in '%.*s'", clause,
+				   (int)(end - p), p);
+			return -EINVAL;
+		}
+		*rot = 1;
+		end = trim_end(p, plus);
+	}
 	if (p == end) {
 		kvq_seterr(err, errlen, "clause %d: missing format name", clause);
 		return -EINVAL;
@@ -42,12 +57,13 @@ static int parse_fmt(const char *p, const char *end, int clause, char *err, size
 	return f;
 }
 
-/* spec := FORMAT | k=FORMAT,v=FORMAT | v=FORMAT,k=FORMAT */
-static int parse_spec(const char *p, const char *end, int clause, int *ret_k, int *ret_v,
+/* spec := FORMAT | k=FORMAT,v=FORMAT | v=FORMAT,k=FORMAT; *ret_rot the
+ * KVQ_ROT_* bits */
+static int parse_spec(const char *p, const char *end, int clause, int *ret_k, int *ret_v, int *ret_rot,
 		      char *err, size_t errlen)
 {
 	const char *comma = memchr(p, ',', (size_t)(end - p));
-	int f[2] = { -1, -1 };
+	int f[2] = { -1, -1 }, rot[2] = { 0, 0 };
 
 	if (!comma) {
 		const char *q = skip_blanks(p, end);
@@ -56,10 +72,11 @@ static int parse_spec(const char *p, const char *end, int clause, int *ret_k, in
 			       (int)(end - p), p);
 			return -EINVAL;
 		}
-		int x = parse_fmt(p, end, clause, err, errlen);
+		int x = parse_fmt(p, end, clause, &rot[0], err, errlen);
 		if (x < 0)
 			return x;
 		*ret_k = *ret_v = x;
+		*ret_rot = rot[0] ? (int)(KVQ_ROT_K | KVQ_ROT_V) : 0;
 		return 0;
 	}
 	for (int part = 0; part < 2; part++) {
@@ -85,12 +102,13 @@ static int parse_spec(const char *p, const char *end, int clause, int *ret_k, in
 			       (int)(end - p), p);
 			return -EINVAL;
 		}
-		f[which] = parse_fmt(eq + 1, b, clause, err, errlen);
+		f[which] = parse_fmt(eq + 1, b, clause, &rot[which], err, errlen);
 		if (f[which] < 0)
 			return -EINVAL;
 	}
 	*ret_k = f[0];
 	*ret_v = f[1];
+	*ret_rot = (rot[0] ? (int)KVQ_ROT_K : 0) | (rot[1] ? (int)KVQ_ROT_V : 0);
 	return 0;
 }
 
@@ -184,7 +202,7 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 		const char *ce = memchr(clause_start, ';', (size_t)(end - clause_start));
 		const char *colon;
 		uint32_t lo = 0, hi = n_layers - 1;
-		int kf, vf;
+		int kf, vf, rot;
 
 		if (!ce)
 			ce = end;
@@ -202,7 +220,7 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 			       clause);
 			return -EINVAL;
 		}
-		if (parse_spec(colon ? colon + 1 : clause_start, ce, clause, &kf, &vf, err, errlen) < 0)
+		if (parse_spec(colon ? colon + 1 : clause_start, ce, clause, &kf, &vf, &rot, err, errlen) < 0)
 			return -EINVAL;
 		for (uint32_t l = lo; l <= hi; l++) {
 			if (owner[l]) {
@@ -213,6 +231,7 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 			owner[l] = clause;
 			p.k[l] = (uint8_t)kf;
 			p.v[l] = (uint8_t)vf;
+			p.rot[l] = (uint8_t)rot;
 		}
 		clause_start = ce + 1;
 	}
@@ -226,11 +245,12 @@ int kvq_policy_parse(const char *s, uint32_t n_layers, struct kvq_policy *ret, c
 	return 0;
 }
 
-static int spec_print(char *buf, size_t len, int kf, int vf)
+static int spec_print(char *buf, size_t len, int kf, int vf, unsigned rot)
 {
-	if (kf == vf)
+	if (kf == vf && !rot)
 		return snprintf(buf, len, "%s", kvq_fmt_name(kf));
-	return snprintf(buf, len, "k=%s,v=%s", kvq_fmt_name(kf), kvq_fmt_name(vf));
+	return snprintf(buf, len, "k=%s%s,v=%s%s", kvq_fmt_name(kf), rot & KVQ_ROT_K ? ROT_SUFFIX : "",
+			kvq_fmt_name(vf), rot & KVQ_ROT_V ? ROT_SUFFIX : "");
 }
 
 int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len)
@@ -243,20 +263,21 @@ int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len)
 	if (p->n_layers == 0 || p->n_layers > KVQ_MAX_LAYERS)
 		return -EINVAL;
 	for (uint32_t i = 0; i < p->n_layers; i++)
-		if (p->k[i] >= KVQ_FMT_COUNT || p->v[i] >= KVQ_FMT_COUNT)
+		if (p->k[i] >= KVQ_FMT_COUNT || p->v[i] >= KVQ_FMT_COUNT || p->rot[i] & ~(KVQ_ROT_K | KVQ_ROT_V))
 			return -EINVAL;
 	while (l < p->n_layers) {
 		uint32_t e = l;
 		char tmp[64];
 		int n;
 
-		while (e + 1 < p->n_layers && p->k[e + 1] == p->k[l] && p->v[e + 1] == p->v[l])
+		while (e + 1 < p->n_layers && p->k[e + 1] == p->k[l] && p->v[e + 1] == p->v[l] &&
+		       p->rot[e + 1] == p->rot[l])
 			e++;
 		if (l == 0 && e == p->n_layers - 1) {
-			n = spec_print(tmp, sizeof tmp, p->k[l], p->v[l]);
+			n = spec_print(tmp, sizeof tmp, p->k[l], p->v[l], p->rot[l]);
 		} else {
-			char spec[48];
-			spec_print(spec, sizeof spec, p->k[l], p->v[l]);
+			char spec[56];
+			spec_print(spec, sizeof spec, p->k[l], p->v[l], p->rot[l]);
 			if (e == l)
 				n = snprintf(tmp, sizeof tmp, "%s%u:%s", l ? ";" : "", l, spec);
 			else
@@ -282,6 +303,14 @@ unsigned kvq_policy_subdim(const struct kvq_policy *p, uint32_t layer, int is_v)
 		return 0;
 	f = is_v ? p->v[layer] : p->k[layer];
 	return f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, is_v) == KVQ_PARAM_CODEBOOK ? kvq_fmt_subdim(f) : 0;
+}
+
+int kvq_policy_rotates(const struct kvq_policy *p)
+{
+	for (uint32_t l = 0; l < p->n_layers; l++)
+		if (p->rot[l])
+			return 1;
+	return 0;
 }
 
 int kvq_policy_uses_kivi(const struct kvq_policy *p)

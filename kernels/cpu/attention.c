@@ -6,6 +6,9 @@
  * times the query tokens) form tiles of up to TM rows, processed four at a
  * time, with an online softmax per block and fp32 accumulation.
  *
+ * A rotated layer (policy "+rot") takes q into K's basis as the tile loads
+ * it, and its output back out of V's as the tile stores it.
+ *
  * Codebook formats (pq2, pq1) never decode a centroid per token: a tile
  * builds, once, a table per query row and K subspace of q . centroid for
  * all 256 codes, so a token's score is a sum of M table entries; V adds
@@ -201,10 +204,19 @@ static float *scratch_get(size_t floats)
 	return p;
 }
 
-static void store_row(int dt, void *out, size_t idx, const float *accT, uint32_t r, float inv, uint32_t D)
+/* Output row r of a quad's accumulator times inv, rotated back in blocks of
+ * rot elements (0: V not rotated), into out at idx. */
+static void store_row(int dt, void *out, size_t idx, const float *accT, uint32_t r, float inv, uint32_t D,
+		      unsigned rot)
 {
+	float yr[MAXD];
+
+	for (uint32_t d = 0; d < D; d++)
+		yr[d] = accT[d * 4 + r] * inv;
+	if (rot)
+		kvq_rotate(yr, D, rot);
 	for (uint32_t d = 0; d < D; d++) {
-		float y = accT[d * 4 + r] * inv;
+		float y = yr[d];
 		switch (dt) {
 		case KVQ_DT_F16: ((uint16_t *)out)[idx + d] = kvq_f16_from_f32(y); break;
 		case KVQ_DT_BF16: ((uint16_t *)out)[idx + d] = kvq_bf16_from_f32(y); break;
@@ -244,7 +256,11 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_seq_tabl
 		const uint8_t *qrow = (const uint8_t *)q + row_index(a, D, g, qrow0, t, i) * kvq_dtype_bytes(a->q_dtype);
 		t->pos[i] = s->n - s->m + (t->r0 + i) / g;
 		for (uint32_t d = 0; d < D; d++)
-			t->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d) * a->scale;
+			t->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d);
+		if (w->L->layer[a->layer].rot & KVQ_ROT_K)   /* q in K's basis */
+			kvq_rotate(t->qf + i * D, D, kvq_rot_block(D, 0));
+		for (uint32_t d = 0; d < D; d++)
+			t->qf[i * D + d] *= a->scale;
 	}
 	memset(t->accT, 0, sizeof(float) * rows * D);
 	t->last = t->pos[t->mt - 1];
@@ -261,9 +277,11 @@ static void tile_end(struct work *w, struct tile *t, void *out, size_t qrow0)
 
 	if (w->mv)
 		pq_finish(w, t);
+	const unsigned rot = w->L->layer[a->layer].rot & KVQ_ROT_V ? kvq_rot_block(D, 1) : 0;
+
 	for (uint32_t i = 0; i < t->mt; i++)
 		store_row(a->out_dtype, out, row_index(a, D, g, qrow0, t, i), t->accT + (i / 4) * D * 4, i % 4,
-			  1.0f / t->lsum[i], D);
+			  1.0f / t->lsum[i], D, rot);
 }
 
 /* Points w->blk at sealed slot id of (layer, head), parameters in float. */

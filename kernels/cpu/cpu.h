@@ -3,7 +3,10 @@
  * CPU kernels: the host backend's real path and the reference for the CUDA
  * kernels.  Same contract as the CUDA kernels: write (append into the open
  * window, seal full blocks, prefill straight into sealed slots) and paged
- * attention that reads KV as stored.  All functions are reentrant; none
+ * attention that reads KV as stored.  A layer whose policy rotates K or V
+ * (policy.h, "+rot") has its rows rotated by the write (kvq_rotate) before
+ * anything is stored; attention rotates q when K is, and rotates its output
+ * back when V is: callers see no rotation.  All functions are reentrant; none
  * allocates in its loops.  Stack use is about 100 KiB; attention keeps up
  * to 4 MiB of per-thread scratch between calls (decode-sized tiles of all
  * heads, or a codebook format's tables).
@@ -17,8 +20,9 @@
 
 /* Writes one layer of one sequence (struct kvq_seq_table, layout.h): k and
  * v are [rows][kv_heads][head_dim] in the layout's activation dtype, the
- * sequence's new tokens rows w->row0 .. w->row0 + w->m - 1.  Returns 0 or
- * -EINVAL (bad ids or counts; nothing written). */
+ * sequence's new tokens rows w->row0 .. w->row0 + w->m - 1.  Returns 0,
+ * -EINVAL (bad ids or counts; nothing written) or -ENOMEM (a rotated layer's
+ * rows could not be copied; nothing written). */
 int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 		  const struct kvq_seq_table *w, const void *k, const void *v);
 

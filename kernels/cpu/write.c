@@ -3,6 +3,7 @@
  * a block as B row pointers, so sealing an open block, sealing straight from
  * a prefill's input, or a block that mixes both give identical bytes. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -158,6 +159,29 @@ int kvq_cpu_seal(const struct kvq_layout *L, void *base, uint32_t layer, uint32_
 	return 0;
 }
 
+/* The m rows of H heads at in, each head's row rotated (kvq_rotate, blocks
+ * of n), in a new buffer of the activation dtype; NULL when out of memory. */
+static uint8_t *rotated_rows(const struct kvq_layout *L, const uint8_t *in, uint32_t m, unsigned n)
+{
+	const uint32_t D = L->head_dim, H = L->kv_heads;
+	const size_t row = (size_t)D * kvq_dtype_bytes(L->act);
+	uint8_t *out = malloc((size_t)m * H * row);
+	float x[KVQ_MAX_HEAD_DIM];
+
+	if (!out)
+		return NULL;
+	for (size_t r = 0; r < (size_t)m * H; r++) {
+		for (uint32_t d = 0; d < D; d++)
+			x[d] = kvq_act_to_f32(L->act, in + r * row, d);
+		kvq_rotate(x, D, n);
+		for (uint32_t d = 0; d < D; d++) {
+			uint16_t c = L->act == KVQ_DT_BF16 ? kvq_bf16_from_f32(x[d]) : kvq_f16_from_f32(x[d]);
+			memcpy(out + r * row + 2 * d, &c, 2);
+		}
+	}
+	return out;
+}
+
 int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 		  const struct kvq_seq_table *w, const void *k, const void *v)
 {
@@ -185,6 +209,17 @@ int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 		if (!open_ok(L, w->open[blk - s0 / B]))
 			return -EINVAL;
 
+	/* a rotated part: its rows rotated before anything is stored, so the
+	 * open window and the sealed blocks hold the same basis */
+	uint8_t *krot = NULL, *vrot = NULL;
+	const uint32_t rot = L->layer[layer].rot;
+	if (w->m && rot & KVQ_ROT_K && !(kin = krot = rotated_rows(L, kin, w->m, kvq_rot_block(L->head_dim, 0))))
+		return -ENOMEM;
+	if (w->m && rot & KVQ_ROT_V && !(vin = vrot = rotated_rows(L, vin, w->m, kvq_rot_block(L->head_dim, 1)))) {
+		free(krot);
+		return -ENOMEM;
+	}
+
 	for (uint32_t blk = s0 / B; blk < s1 / B; blk++) {
 		for (uint32_t h = 0; h < H; h++) {
 			for (uint32_t r = 0; r < B; r++) {
@@ -211,5 +246,7 @@ int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 			memcpy(b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_V_CODES) + r * row, vin + i, row);
 		}
 	}
+	free(krot);
+	free(vrot);
 	return 0;
 }

@@ -255,7 +255,7 @@ extern "C" const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, ui
 	if (!a || shape_of(a, nseq, &s) || launch_splits(a, s))
 		return NULL;
 	const struct kvq_layer_layout *ll = &a->L->layer[a->layer];
-	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act))
+	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act) || ll->rot)
 		return NULL;
 	if (splits)
 		*splits = s.splits;
@@ -275,7 +275,7 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	if (!nseq)
 		return 0;
 	const struct kvq_layer_layout *ll = &a->L->layer[a->layer];
-	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act))
+	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act) || ll->rot)
 		return -ENOTSUP;
 	if ((r = launch_splits(a, s)))
 		return r;

@@ -10,7 +10,9 @@
  *
  * Returns 0, -EINVAL (bad arguments; nothing launched), -ENOTSUP (a
  * combination without an instantiated kernel; nothing launched) or -EIO (a
- * CUDA error; kvq_cuda_error() names it).  A codebook format (pq2, pq1)
+ * CUDA error; kvq_cuda_error() names it); write and attention answer
+ * -ENOTSUP for a layer whose policy rotates K or V ("+rot", the CPU kernels'
+ * so far; kvq_cuda_seal reads rows the write rotated).  A codebook format (pq2, pq1)
  * reads the pool's codebooks (layout.h), which must be in place before the
  * first write.
  *

@@ -778,6 +778,8 @@ extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t l
 	if (!write_args_ok(L, layer) || !base || (nseq && !seqs) || (max_m && (!k || !v)) ||
 	    max_m > (1u << 24) || nseq > 65535 || L->kv_heads > 65535)
 		return -EINVAL;
+	if (L->layer[layer].rot)   /* rotation ("+rot"): the CPU's kernels only so far */
+		return -ENOTSUP;
 	if (!nseq)
 		return 0;
 	const uint32_t B = L->block_tokens;

@@ -16,7 +16,11 @@
  * an element left unwritten fails.  Attention over the unquantized inputs is
  * computed too: its distance to the kernel's output is the cost of the
  * format, reported as a figure (with a loose sanity bound on data without
- * outliers).  Bad inputs must return -EINVAL and leave the output untouched.
+ * outliers).  A rotated layer ("+rot") stores K and V in the rotated basis:
+ * the reference rotates q (K rotated) and its output back (V rotated) in
+ * float64, the stored values as decoded; f16 and bf16 with rotation must
+ * also stay within the output's rounding of attention over the inputs.
+ * Bad inputs must return -EINVAL and leave the output untouched.
  */
 #include <errno.h>
 #include <math.h>
@@ -302,6 +306,25 @@ static void ref_attend(const double *K, const double *V, uint32_t n, uint32_t n_
 	}
 }
 
+/* The normalised Walsh-Hadamard transform of each n-element block of the
+ * rows (D elements each) of x, in float64. */
+static void rot64(double *x, size_t rows, uint32_t D, unsigned n)
+{
+	for (size_t r = 0; r < rows; r++)
+		for (uint32_t b0 = 0; b0 < D; b0 += n) {
+			double *p = x + r * D + b0;
+			for (unsigned len = 1; len < n; len <<= 1)
+				for (unsigned i = 0; i < n; i += 2 * len)
+					for (unsigned j = i; j < i + len; j++) {
+						double u = p[j], v = p[j + len];
+						p[j] = u + v;
+						p[j + len] = u - v;
+					}
+			for (unsigned i = 0; i < n; i++)
+				p[i] /= sqrt((double)n);
+		}
+}
+
 static double max_abs(const double *x, size_t n)
 {
 	double m = 0.0;
@@ -406,7 +429,7 @@ static void run_case(const struct tcase *tc)
 	int32_t *sids, *oids;
 	uint8_t *base, *snap;
 	void *q, *out[2];
-	double *qd, *ref_st, *ref_in, *cond, *w, *ds;
+	double *qd, *qrot, *ref_st, *ref_in, *cond, *w, *ds;
 	size_t nout, obytes;
 	uint64_t saved = tap_rng_state;
 	float scale = 1.0f / sqrtf((float)D);
@@ -483,6 +506,7 @@ static void run_case(const struct tcase *tc)
 	obytes = nout * kvq_dtype_bytes(tc->odt);
 	q = xcalloc(nout, kvq_dtype_bytes(tc->qdt));
 	qd = xcalloc(nout, sizeof *qd);
+	qrot = xcalloc(nout, sizeof *qrot);
 	for (size_t i = 0; i < nout; i++) {
 		put_act(tc->qdt, q, i, (float)tap_normal());
 		qd[i] = ref_act(tc->qdt, q, i);
@@ -514,13 +538,19 @@ static void run_case(const struct tcase *tc)
 		size_t bad[2] = { 0, 0 }, plain[2] = { 0, 0 }, off = 0, nbad;
 		int rcs[2] = { 0, 0 }, ran[2] = { 0, 0 };
 
+		/* stored values are in the rotated basis of a rotated part */
+		memcpy(qrot, qd, nout * sizeof *qd);
+		if (L->layer[l].rot & KVQ_ROT_K)
+			rot64(qrot, nout / D, D, kvq_rot_block(D, 0));
 		for (uint32_t i = 0; i < ns; i++) {
 			ref_attend(seqs[i].ks[l], seqs[i].vs[l], seqs[i].n, seqs[i].n_q, H, QH, D, scale,
-				   qd + off, ref_st + off, cond + off, w, ds);
+				   qrot + off, ref_st + off, cond + off, w, ds);
 			ref_attend(seqs[i].ki[l], seqs[i].vi[l], seqs[i].n, seqs[i].n_q, H, QH, D, scale,
 				   qd + off, ref_in + off, NULL, w, ds);
 			off += (size_t)seqs[i].n_q * QH * D;
 		}
+		if (L->layer[l].rot & KVQ_ROT_V)
+			rot64(ref_st, nout / D, D, kvq_rot_block(D, 1));
 		M = max_abs(ref_st, nout);
 		Min = max_abs(ref_in, nout);
 
@@ -556,7 +586,9 @@ static void run_case(const struct tcase *tc)
 			rsq += ref_in[i] * ref_in[i];
 		}
 		qb = fmax(quality_bound(kf), quality_bound(vf));
-		snprintf(pname, sizeof pname, "k=%s,v=%s", kvq_fmt_name(kf), kvq_fmt_name(vf));
+		const uint32_t rot = L->layer[l].rot;
+		snprintf(pname, sizeof pname, "k=%s%s,v=%s%s", kvq_fmt_name(kf), rot & KVQ_ROT_K ? "+rot" : "",
+			 kvq_fmt_name(vf), rot & KVQ_ROT_V ? "+rot" : "");
 		/* with outlier tokens the scores reach a few hundred and the
 		 * softmax can flip between two outliers: a figure, no bound */
 		if (tc->outliers)
@@ -566,7 +598,7 @@ static void run_case(const struct tcase *tc)
 			ok(qmax / Min < qb, "%s layer %u: vs unquantized input (%s): max %.3e, rms %.3e (sanity bound %g)",
 			   name, l, pname, qmax / Min, sqrt(qsq / rsq), qb);
 		if (tc->figure)
-			note_figure(tc, l, kf == vf ? kvq_fmt_name(kf) : pname, qmax / Min, sqrt(qsq / rsq));
+			note_figure(tc, l, kf == vf && !rot ? kvq_fmt_name(kf) : pname, qmax / Min, sqrt(qsq / rsq));
 	}
 	if (memcmp(snap, base, L->total_bytes)) {
 		diag("%s: attention changed the pool", name);
@@ -590,6 +622,7 @@ static void run_case(const struct tcase *tc)
 	free(oids);
 	free(q);
 	free(qd);
+	free(qrot);
 	free(out[0]);
 	free(out[1]);
 	free(ref_st);
@@ -732,7 +765,7 @@ int main(void)
 	 * figures compare), with and without outlier tokens */
 	static const char *const sweep[] = {
 		"f16", "bf16", "int8", "fp8", "fp8e5m2", "int4g32", "int4g64", "int4g128",
-		"kivi4", "kivi2", "k=int8,v=int4g32", "0:int8;1:kivi2",
+		"kivi4", "kivi2", "k=int8,v=int4g32", "0:int8;1:kivi2", "int4g32+rot", "kivi2+rot",
 	};
 	/* geometries, GQA ratios, windows and dtypes: every (q, out) dtype
 	 * pair, g in {1, 3, 4, 8}, D in {64, 128}, B in {16, 32}, R in {B, 4B} */
@@ -755,6 +788,12 @@ int main(void)
 		{ "fp8",              1, 2, 3, 128, 32, 4, BF16, F16,  BF16, 1, 0 },
 		{ "k=bf16,v=fp8e5m2", 1, 1, 3, 64,  32, 1, BF16, BF16, F32,  0, 0 },
 		{ "k=int8,v=f16",     1, 2, 3, 128, 32, 1, F16,  F32,  F16,  1, 0 },
+		/* rotation: f16 and bf16 to rounding, K or V alone, per layer,
+		 * V's 64-element blocks at D = 128 */
+		{ "f16+rot",          1, 2, 4, 128, 16, 1, F16,  F32,  F32,  0, 0 },
+		{ "bf16+rot",         1, 2, 3, 64,  32, 4, BF16, BF16, F32,  0, 0 },
+		{ "k=int8+rot,v=kivi2", 1, 2, 3, 64, 32, 4, BF16, F32, F16,  1, 0 },
+		{ "0:k=kivi4+rot,v=kivi4;1:k=int8,v=int4g32+rot", 2, 2, 8, 128, 32, 4, F16, F16, F32, 1, 0 },
 	};
 	struct timespec t0, t1;
 

@@ -402,7 +402,7 @@ static void test_refusals(void)
 	wr32(c + 36, UINT32_MAX);
 	REFUSED(c, len, NULL, 0, 0, "policy length 2^32-1", "policy length 4294967295");
 	wr32(c + 36, KVQ_POLICY_MAX_LEN + 1);
-	REFUSED(c, len, NULL, 0, 0, "policy length 8193", "policy length 8193");
+	REFUSED(c, len, NULL, 0, 0, "policy length KVQ_POLICY_MAX_LEN + 1", "policy length 12289");
 
 	/* sizes that lie */
 	memcpy(c, img, len);

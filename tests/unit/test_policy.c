@@ -17,7 +17,7 @@
  * Found rather than assumed, so the tests stay right when it changes. */
 static size_t parse_limit;
 
-/* Room for any canonical form (at most 6289 chars, see test_longest) and
+/* Room for any canonical form (at most 8337 chars, see test_longest) and
  * any random spelling of a policy. */
 #define BIG 32768
 
@@ -45,7 +45,7 @@ static int policy_eq(const struct kvq_policy *a, const struct kvq_policy *b)
 	if (a->n_layers != b->n_layers)
 		return 0;
 	for (uint32_t l = 0; l < a->n_layers; l++)
-		if (a->k[l] != b->k[l] || a->v[l] != b->v[l])
+		if (a->k[l] != b->k[l] || a->v[l] != b->v[l] || a->rot[l] != b->rot[l])
 			return 0;
 	return 1;
 }
@@ -94,8 +94,9 @@ static int rand_fmt(void)
 /*
  * Random policy of n layers.  mode 0: every layer an independent (k, v)
  * pair (long canonical forms); mode 1: runs of random length; mode 2: runs
- * with k == v; mode 3: the longest canonical form, alternating two 20-char
- * specs.
+ * with k == v; mode 3: the longest canonical form, alternating two 28-char
+ * specs (both parts rotated).  Rotation random in modes 0-2, none most of
+ * the time.
  */
 static void rand_policy(struct kvq_policy *p, uint32_t n, int mode)
 {
@@ -105,12 +106,15 @@ static void rand_policy(struct kvq_policy *p, uint32_t n, int mode)
 		if (mode == 3) {
 			p->k[l] = l % 2 ? KVQ_FMT_INT4G64 : KVQ_FMT_INT4G128;
 			p->v[l] = l % 2 ? KVQ_FMT_INT4G128 : KVQ_FMT_INT4G64;
+			p->rot[l] = KVQ_ROT_K | KVQ_ROT_V;
 		} else if (l > 0 && mode != 0 && tap_rand() % 8 != 0) {
 			p->k[l] = p->k[l - 1];
 			p->v[l] = p->v[l - 1];
+			p->rot[l] = p->rot[l - 1];
 		} else {
 			p->k[l] = (uint8_t)rand_fmt();
 			p->v[l] = mode == 2 ? p->k[l] : (uint8_t)rand_fmt();
+			p->rot[l] = tap_rand() % 3 ? 0 : (uint8_t)(tap_rand() % 4);
 		}
 	}
 }
@@ -152,7 +156,7 @@ static size_t spell(const struct kvq_policy *p, char *buf)
 	for (uint32_t l = 0; l < p->n_layers;) {
 		uint32_t e = l;
 		while (e + 1 < p->n_layers && p->k[e + 1] == p->k[l] && p->v[e + 1] == p->v[l] &&
-		       tap_rand() % 5 != 0)
+		       p->rot[e + 1] == p->rot[l] && tap_rand() % 5 != 0)
 			e++;
 		lo[nc] = l;
 		hi[nc] = e;
@@ -169,6 +173,7 @@ static size_t spell(const struct kvq_policy *p, char *buf)
 	for (uint32_t i = 0; i < nc; i++) {
 		uint32_t c = order[i], a = lo[c], b = hi[c];
 		int kf = p->k[a], vf = p->v[a];
+		unsigned rot = p->rot[a];
 		char num[16];
 
 		if (i)
@@ -191,8 +196,13 @@ static size_t spell(const struct kvq_policy *p, char *buf)
 			pos = put(buf, pos, ":");
 		}
 		pos = blanks(buf, pos);
-		if (kf == vf && tap_rand() % 4 != 0) {
+		/* one format for both parts: neither or both rotated */
+		if (kf == vf && (rot == 0 || rot == (KVQ_ROT_K | KVQ_ROT_V)) && tap_rand() % 4 != 0) {
 			pos = put_fmt_name(buf, pos, kf);
+			if (rot) {
+				pos = blanks(buf, pos);
+				pos = put(buf, pos, "+rot");
+			}
 		} else {
 			int vfirst = (int)(tap_rand() % 2);
 			for (int j = 0; j < 2; j++) {
@@ -207,6 +217,10 @@ static size_t spell(const struct kvq_policy *p, char *buf)
 				pos = put(buf, pos, "=");
 				pos = blanks(buf, pos);
 				pos = put_fmt_name(buf, pos, isv ? vf : kf);
+				if (rot & (isv ? KVQ_ROT_V : KVQ_ROT_K)) {
+					pos = blanks(buf, pos);
+					pos = put(buf, pos, "+rot");
+				}
 			}
 		}
 		pos = blanks(buf, pos);
@@ -233,7 +247,7 @@ static int count_runs(const struct kvq_policy *p)
 	int n = 1;
 
 	for (uint32_t l = 1; l < p->n_layers; l++)
-		n += p->k[l] != p->k[l - 1] || p->v[l] != p->v[l - 1];
+		n += p->k[l] != p->k[l - 1] || p->v[l] != p->v[l - 1] || p->rot[l] != p->rot[l - 1];
 	return n;
 }
 
@@ -308,6 +322,24 @@ static void test_accept(void)
 	accept("0-3:k=int8,v=kivi2;4-7:v=kivi2,k=int8", 8, "k=int8,v=kivi2");
 	/* leading zeros are numbers */
 	accept("00-09:int8;010-:kivi2", 32, "0-9:int8;10-31:kivi2");
+	/* rotation, always spelled out per part */
+	accept("int4g32+rot", 32, "k=int4g32+rot,v=int4g32+rot");
+	accept("k=int4g32+rot,v=int4g32+rot", 32, "k=int4g32+rot,v=int4g32+rot");
+	accept("k = int8 + rot , v = kivi2", 32, "k=int8+rot,v=kivi2");
+	accept("v=int4g32+rot,k=int4g32", 32, "k=int4g32,v=int4g32+rot");
+	accept("0-9:int8;10-:int8+rot", 32, "0-9:int8;10-31:k=int8+rot,v=int8+rot");
+	accept("0-3:int8+rot;4-7:k=int8+rot,v=int8+rot", 8, "k=int8+rot,v=int8+rot");
+	accept("0-3:k=int8,v=int8;4-7:k=int8+rot,v=int8", 8, "0-3:int8;4-7:k=int8+rot,v=int8");
+	rc = kvq_policy_parse("0:k=int8+rot,v=kivi2;1:kivi4+rot;2:f16", 3, &p, err, sizeof err);
+	ok(rc == 0 && p.rot[0] == KVQ_ROT_K && p.rot[1] == (KVQ_ROT_K | KVQ_ROT_V) && p.rot[2] == 0 &&
+	   kvq_policy_rotates(&p) && p.k[1] == KVQ_FMT_KIVI4,
+	   "+rot sets the rotation of the parts that carry it, per layer");
+	rc = kvq_policy_parse("0-1:int8;2:kivi2", 3, &p, err, sizeof err);
+	ok(rc == 0 && !kvq_policy_rotates(&p), "a policy without +rot rotates nothing");
+	ok(kvq_rot_block(128, 0) == 128 && kvq_rot_block(128, 1) == 64 && kvq_rot_block(64, 0) == 64 &&
+	   kvq_rot_block(64, 1) == 64 && kvq_rot_block(96, 0) == 32 && kvq_rot_block(256, 1) == 64 &&
+	   kvq_rot_block(40, 0) == 0,
+	   "rotation blocks: K the largest power of two dividing D, V the same up to 64, none below 16");
 
 	/* the parsed tables, not only their printed form */
 	rc = kvq_policy_parse("0-9:k=int8,v=int4g32;10-:kivi2", 32, &p, err, sizeof err);
@@ -339,6 +371,10 @@ static void test_reject(void)
 	char *s;
 
 	reject("int9", 32, "an unknown format", "int9", NULL);
+	reject("int8+ro", 32, "a suffix other than +rot", "+rot", "int8+ro");
+	reject("k=int8+rot+rot,v=int8", 32, "+rot twice", "+rot", NULL);
+	reject("k=+rot,v=int8", 32, "+rot without a format", "missing format", NULL);
+	reject("0:int8+;1:int8", 2, "a bare +", "+rot", "clause 1");
 	reject("k=int8,v=int5", 32, "an unknown V format", "int5", NULL);
 	reject("0-9:int8;10-:kivi3", 32, "an unknown format in clause 2", "kivi3", "clause 2");
 	reject("fp8e4m3x", 32, "an extended alias", "fp8e4m3x", NULL);
@@ -562,9 +598,10 @@ static void test_round_trip(void)
 	   "back (%d wrong)", n_long, parse_limit, longest, bad_long);
 }
 
-/* The longest possible canonical form: 256 layers alternating two 20-char
- * specs.  Its length is sum over layers of digits + ':' + 20, plus 255 ';'
- * = (10*1 + 90*2 + 156*3) + 256*21 + 255 = 658 + 5376 + 255 = 6289. */
+/* The longest possible canonical form: 256 layers alternating two 28-char
+ * specs (both parts rotated).  Its length is sum over layers of digits +
+ * ':' + 28, plus 255 ';' = (10*1 + 90*2 + 156*3) + 256*29 + 255 = 658 +
+ * 7424 + 255 = 8337. */
 static void test_longest(void)
 {
 	static char canon[BIG];
@@ -574,9 +611,9 @@ static void test_longest(void)
 
 	rand_policy(&p, KVQ_MAX_LAYERS, 3);
 	len = kvq_policy_format(&p, canon, sizeof canon);
-	ok(len == 6289 && strncmp(canon, "0:k=int4g128,v=int4g64;1:k=int4g64,v=int4g128;2:",
-				  strlen("0:k=int4g128,v=int4g64;1:k=int4g64,v=int4g128;2:")) == 0,
-	   "longest canonical form has 6289 chars (got %d)", len);
+	ok(len == 8337 && strncmp(canon, "0:k=int4g128+rot,v=int4g64+rot;1:k=int4g64+rot,v=int4g128+rot;2:",
+				  strlen("0:k=int4g128+rot,v=int4g64+rot;1:k=int4g64+rot,v=int4g128+rot;2:")) == 0,
+	   "longest canonical form has 8337 chars (got %d)", len);
 	rc = kvq_policy_parse(canon, KVQ_MAX_LAYERS, &q, err, sizeof err);
 	ok(rc == 0 && policy_eq(&p, &q), "... and parses back (%s)", rc ? printable(err) : "ok");
 }

@@ -6,8 +6,10 @@
  * sealed slices (docs/DESIGN.md: "one function decides the split ... used by
  * append, prefill and prefix lookup alike", and a prefix reused from the
  * cache must equal what its writer computed).  The open window must hold the
- * input rows unchanged, padding must be zero, nothing outside the written
- * slices may change, and bad ids must be refused with nothing written.
+ * input rows unchanged (a rotated part, "+rot": the rows rotated, within the
+ * activation dtype's rounding of the float64 transform), padding must be
+ * zero, nothing outside the written slices may change, and bad ids must be
+ * refused with nothing written.
  */
 #include <errno.h>
 #include <math.h>
@@ -41,6 +43,8 @@ static const struct cfg cfgs[] = {
 	{ "kivi4", 2, 64, 16, KVQ_DT_F16, 1 },
 	{ "k=bf16,v=fp8e5m2", 2, 64, 16, KVQ_DT_F16, 0 },
 	{ "0:int4g128;1:k=f16,v=kivi2", 3, 128, 16, KVQ_DT_BF16, 2 },
+	{ "int4g32+rot", 2, 128, 32, KVQ_DT_F16, 0 },
+	{ "0:k=f16+rot,v=kivi4;1:k=int8,v=bf16+rot", 2, 64, 16, KVQ_DT_BF16, 4 },
 };
 
 /* FIFO of free slot ids: freed slots come back later, so slots get reused
@@ -118,6 +122,8 @@ struct ctx {
 	uint32_t N, H, D, B, R;
 	size_t row;                 /* bytes of one token's K (or V) row of one head */
 	uint8_t *k[NL], *v[NL];     /* input per layer: [N][H][D] activations */
+	double *kr[NL], *vr[NL];    /* the same rotated in float64 where the part is, else NULL */
+	uint8_t *ks[NL], *vs[NL];   /* rows as the write stores them: the input, or kvq_rotate's */
 	uint32_t guard;             /* junk tokens before and after each call's input */
 	uint8_t *scr_k, *scr_v;     /* [guard + N + guard] tokens of scratch */
 };
@@ -205,8 +211,8 @@ static void seq_write(const struct ctx *c, struct seq *s, struct pool *p, uint32
 }
 
 /* Route D: every token copied into open slots by the documented open layout
- * (B rows of K, then B rows of V per head), then the first S(N)/B blocks
- * sealed with kvq_cpu_seal.  The sealed blocks keep their open slots, as a
+ * (B rows of K, then B rows of V per head; a rotated part's rows rotated as
+ * the write does), then the first S(N)/B blocks sealed with kvq_cpu_seal.  The sealed blocks keep their open slots, as a
  * caller would until the seal completed. */
 static void route_seal(const struct ctx *c, struct seq *s, struct pool *p)
 {
@@ -226,7 +232,7 @@ static void route_seal(const struct ctx *c, struct seq *s, struct pool *p)
 			for (uint32_t h = 0; h < c->H; h++)
 				for (int is_v = 0; is_v < 2; is_v++) {
 					uint64_t o = open_row_off(c, s->open[pos / B], layer, h, is_v, pos % B);
-					memcpy(p->mem + o, (is_v ? c->v : c->k)[layer] + ((size_t)pos * c->H + h) * c->row,
+					memcpy(p->mem + o, (is_v ? c->vs : c->ks)[layer] + ((size_t)pos * c->H + h) * c->row,
 					       c->row);
 					mark(p, o, c->row);
 				}
@@ -254,18 +260,47 @@ static int diff_sealed(const struct ctx *c, const struct seq *sa, const struct p
 	return bad;
 }
 
-/* Open-window rows (tokens S(N) .. N-1) that differ from the input. */
+/* Element (pos, h, d) of the input of a part as it must be stored: the
+ * input, or (a rotated part) the input rotated in float64. */
+static double in_value(const struct ctx *c, uint32_t layer, int is_v, size_t i)
+{
+	const double *r = (is_v ? c->vr : c->kr)[layer];
+
+	return r ? r[i] : ref_act(c->L->act, (is_v ? c->v : c->k)[layer], i);
+}
+
+/* Open-window rows (tokens S(N) .. N-1) that differ from the input: bytes
+ * for a part as given, values beyond the activation dtype's rounding (half
+ * an ulp, and a little for the float transform) for a rotated one. */
 static int diff_open(const struct ctx *c, const struct seq *s, const struct pool *p)
 {
+	const double u = c->L->act == KVQ_DT_BF16 ? ldexp(1, -8) : ldexp(1, -11);
 	int bad = 0;
 
 	for (uint32_t layer = 0; layer < NL; layer++)
 		for (uint32_t pos = kvq_layout_split(c->L, c->N); pos < c->N; pos++)
 			for (uint32_t h = 0; h < c->H; h++)
-				for (int is_v = 0; is_v < 2; is_v++)
-					bad += memcmp(p->mem + open_row_off(c, s->open[pos / c->B], layer, h, is_v, pos % c->B),
-						      (is_v ? c->v : c->k)[layer] + ((size_t)pos * c->H + h) * c->row,
-						      c->row) != 0;
+				for (int is_v = 0; is_v < 2; is_v++) {
+					const uint8_t *row = p->mem + open_row_off(c, s->open[pos / c->B], layer, h, is_v,
+										   pos % c->B);
+					size_t i0 = ((size_t)pos * c->H + h) * c->D;
+					if (!(is_v ? c->vr : c->kr)[layer]) {
+						bad += memcmp(row, (is_v ? c->v : c->k)[layer] + i0 * 2, c->row) != 0;
+						continue;
+					}
+					/* the float transform adds a few 2^-24 of the row's
+					 * magnitude: what elements near zero keep of it */
+					double mag = 0;
+					int far = 0;
+					for (uint32_t d = 0; d < c->D; d++)
+						mag = fmax(mag, fabs(in_value(c, layer, is_v, i0 + d)));
+					for (uint32_t d = 0; d < c->D; d++) {
+						double want = in_value(c, layer, is_v, i0 + d);
+						far |= !(fabs(ref_act(c->L->act, row, d) - want) <=
+							 u * fabs(want) * 1.01 + ldexp(mag, -16));
+					}
+					bad += far;
+				}
 	return bad;
 }
 
@@ -335,17 +370,19 @@ static long count_far(const struct ctx *c, const struct seq *s, const struct poo
 				for (int is_v = 0; is_v < 2; is_v++) {
 					const uint8_t *head = p->mem + kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk],
 										      layer, h, KVQ_K_CODES);
-					const uint8_t *in = (is_v ? c->v : c->k)[layer];
 					int f = is_v ? L->layer[layer].vfmt : L->layer[layer].kfmt;
 					double amax = 0, bound;
+					/* a rotated part: the rotated input, rounded to the
+					 * activation dtype once more on its way to the seal */
+					const double extra = (is_v ? c->vr : c->kr)[layer] ? 2 * loose_rel(KVQ_FMT_BF16) : 0;
 					for (uint32_t t = 0; t < c->B; t++)
 						for (uint32_t d = 0; d < c->D; d++)
-							amax = fmax(amax, fabs(ref_act(c->L->act, in,
+							amax = fmax(amax, fabs(in_value(c, layer, is_v,
 										 ((size_t)(blk * c->B + t) * c->H + h) * c->D + d)));
-					bound = amax * loose_rel(f) * (1 + ldexp(1, -8)) + ldexp(1, -14);
+					bound = amax * (loose_rel(f) + extra) * (1 + ldexp(1, -8)) + ldexp(1, -14);
 					for (uint32_t t = 0; t < c->B; t++)
 						for (uint32_t d = 0; d < c->D; d++) {
-							double x = ref_act(c->L->act, in, ((size_t)(blk * c->B + t) * c->H + h) * c->D + d);
+							double x = in_value(c, layer, is_v, ((size_t)(blk * c->B + t) * c->H + h) * c->D + d);
 							double e = fabs(ref_sealed_value(L, layer, head, is_v, t, d) - x);
 							bad += !(e <= bound);
 							if (bound > 0)
@@ -428,7 +465,7 @@ static void run_routes(const struct ctx *c, const char *name)
 		stray += count_stray(&p[i]);
 		pad += count_padding(c, &s[i], &p[i]);
 	}
-	ok(open_bad == 0, "%s N=%u: open window (%u tokens) holds the input rows exactly in every route (%d rows differ)",
+	ok(open_bad == 0, "%s N=%u: open window (%u tokens) holds the input rows (rotated ones to rounding) in every route (%d rows differ)",
 	   name, c->N, c->N - S, open_bad);
 	ok(stray == 0, "%s N=%u: nothing outside the written slices and rows changed (%llu stray bytes)", name, c->N,
 	   (unsigned long long)stray);
@@ -627,6 +664,52 @@ static void run_cfg(const struct cfg *cf)
 		}
 		c.k[l] = (uint8_t *)k;
 		c.v[l] = (uint8_t *)v;
+		/* a rotated part's expected rows: the normalised Walsh-Hadamard
+		 * transform in float64, blocks of kvq_rot_block */
+		for (int is_v = 0; is_v < 2; is_v++) {
+			double *r = NULL;
+			if (L->layer[l].rot & (is_v ? KVQ_ROT_V : KVQ_ROT_K)) {
+				const unsigned n = kvq_rot_block(cf->D, is_v);
+				if (!(r = malloc((size_t)Nmax * cf->H * cf->D * sizeof *r)))
+					abort();
+				for (size_t i = 0; i < (size_t)Nmax * cf->H * cf->D; i++)
+					r[i] = ref_act(cf->act, is_v ? v : k, i);
+				for (size_t b0 = 0; b0 < (size_t)Nmax * cf->H * cf->D; b0 += n) {
+					for (unsigned len = 1; len < n; len <<= 1)
+						for (unsigned a = 0; a < n; a += 2 * len)
+							for (unsigned j = a; j < a + len; j++) {
+								double x = r[b0 + j], y = r[b0 + j + len];
+								r[b0 + j] = x + y;
+								r[b0 + j + len] = x - y;
+							}
+					for (unsigned j = 0; j < n; j++)
+						r[b0 + j] /= sqrt((double)n);
+				}
+			}
+			if (is_v)
+				c.vr[l] = r;
+			else
+				c.kr[l] = r;
+			/* the rows the write stores */
+			uint8_t *st = is_v ? c.v[l] : c.k[l];
+			if (r) {
+				const unsigned n = kvq_rot_block(cf->D, is_v);
+				float x[KVQ_MAX_HEAD_DIM];
+				if (!(st = malloc((size_t)Nmax * cf->H * c.row)))
+					abort();
+				for (size_t t = 0; t < (size_t)Nmax * cf->H; t++) {
+					for (uint32_t d = 0; d < cf->D; d++)
+						x[d] = (float)ref_act(cf->act, is_v ? v : k, t * cf->D + d);
+					kvq_rotate(x, cf->D, n);
+					for (uint32_t d = 0; d < cf->D; d++)
+						((uint16_t *)st)[t * cf->D + d] = to_act(cf->act, x[d]);
+				}
+			}
+			if (is_v)
+				c.vs[l] = st;
+			else
+				c.ks[l] = st;
+		}
 	}
 	c.guard = R + 2 * cf->B;
 	c.scr_k = malloc((size_t)(2 * c.guard + Nmax) * cf->H * c.row);
@@ -643,8 +726,14 @@ static void run_cfg(const struct cfg *cf)
 	}
 	run_bad(&c, name);
 	for (int l = 0; l < NL; l++) {
+		if (c.ks[l] != c.k[l])
+			free(c.ks[l]);
+		if (c.vs[l] != c.v[l])
+			free(c.vs[l]);
 		free(c.k[l]);
 		free(c.v[l]);
+		free(c.kr[l]);
+		free(c.vr[l]);
 	}
 	free(c.scr_k);
 	free(c.scr_v);
