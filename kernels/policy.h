@@ -60,7 +60,7 @@ int kvq_policy_rotates(const struct kvq_policy *p);
  * (each by the normalised Walsh-Hadamard transform of that size): for K
  * the largest power of two dividing head_dim, for V the same up to 64;
  * 0 where that is below 16 (such a head dim cannot be rotated). */
-static inline unsigned kvq_rot_block(unsigned head_dim, int is_v)
+KVQ_HD unsigned kvq_rot_block(unsigned head_dim, int is_v)
 {
 	unsigned b = head_dim & (~head_dim + 1u);
 

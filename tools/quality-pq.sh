@@ -7,7 +7,6 @@
 # Apache-2.0, as tools/quality.sh takes them), then kvq-run ab of PQ for V
 # only, K only and both, beside kivi2 and int4g32 in the same pass, at
 # contexts 2048 and 8192; then tools/quality-table.py over every result.
-# The CPU path only: the CUDA kernels do not have the codebook formats yet.
 # Needs a build (build/) and the model (tools/fetch-model.sh); starts its own
 # kvqd on a temporary socket.
 #   tools/quality-pq.sh [OUTDIR]    (default bench/quality; the table goes to OUTDIR/../QUALITY.md)
@@ -15,13 +14,15 @@
 # names below), KVQ_RUN and KVQD (the programs, default build/'s), KVQ_TEXTS
 # (a directory holding the texts under their base names), KVQ_CB_TOKENS
 # (calibration tokens, default 8192), KVQ_CB_DIR (keep the K means and
-# codebooks there, and take those already there instead of calibrating again).
+# codebooks there, and take those already there instead of calibrating again),
+# KVQ_RUN_ARGS (more kvq-run options for the runs, e.g. "--gpu": the GPU path).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$top/bench/quality}
 threads=${KVQ_THREADS:-2}
 run_bin=${KVQ_RUN:-$top/build/examples/kvq-run/kvq-run}
+read -r -a run_args <<<"${KVQ_RUN_ARGS:-}"
 . "$top/tools/model-env.sh"
 kvq_model_env "$top" quality-pq || exit 1
 
@@ -79,7 +80,7 @@ for r in "${runs[@]}"; do
 		continue
 	fi
 	declare -n pol=$list
-	args=()
+	args=("${run_args[@]}")
 	case $opt in
 	-) args+=(--codebooks "$tmp/cb-pq2.bin" --codebooks "$tmp/cb-pq1.bin") ;;
 	rot,kc) args+=(--rotate --k-center "$tmp/kc-rot.bin" --codebooks "$tmp/cb-pq2-rotkc.bin"

@@ -135,6 +135,61 @@ __device__ __forceinline__ float half_bits(const uint8_t *p, uint32_t i)
 	return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t *>(p)[i]));
 }
 
+/* ----------------------------------------------------------------- rotation
+ * kvq_rotate (a policy's "+rot") by one warp, bit for bit: a row of 32·E
+ * elements, element 32·i + lane in x[i] of that lane; butterflies of stride
+ * 1 .. 16 across lanes (shuffles), of 32 and more inside a lane; each stage
+ * rounds every sum alone, in the order kvq_rotate's stages go, so the
+ * result is the serial one's.  n: the block (kvq_rot_block). */
+template <uint32_t E> __device__ __forceinline__ void warp_rotate(float x[E], uint32_t n)
+{
+	const uint32_t lane = threadIdx.x & 31;
+	const float norm = n == 16 ? 0.25f : n == 32 ? 0.17677669529663688f : n == 64 ? 0.125f
+			 : n == 128 ? 0.088388347648318440f : 0.0625f;
+
+	for (uint32_t len = 1; len < n && len < 32; len <<= 1) {
+		const bool upper = lane & len;
+#pragma unroll
+		for (uint32_t i = 0; i < E; i++) {
+			const float o = __shfl_xor_sync(0xffffffffu, x[i], len);
+			x[i] = upper ? __fsub_rn(o, x[i]) : __fadd_rn(x[i], o);
+		}
+	}
+#pragma unroll
+	for (uint32_t s = 1; s < E; s <<= 1)
+		if (32 * s < n)
+#pragma unroll
+			for (uint32_t i = 0; i < E; i++)
+				if (!(i & s) && (i | s) < E) {
+					const float u = x[i], v = x[i | s];
+					x[i] = __fadd_rn(u, v);
+					x[i | s] = __fsub_rn(u, v);
+				}
+#pragma unroll
+	for (uint32_t i = 0; i < E; i++)
+		x[i] = __fmul_rn(x[i], norm);
+}
+
+/* CASE(E) with E = D / 32 as a constant (D a multiple of 32 up to 256):
+ * the rows' elements per lane of warp_rotate. */
+#define KVQ_LANE_ELEMS(D, CASE) \
+	switch ((D) / 32) { \
+	case 1: CASE(1); break; \
+	case 2: CASE(2); break; \
+	case 3: CASE(3); break; \
+	case 4: CASE(4); break; \
+	case 5: CASE(5); break; \
+	case 6: CASE(6); break; \
+	case 7: CASE(7); break; \
+	default: CASE(8); break; \
+	}
+
+/* An activation (F16 or BF16 bits) from a float, as kvq_format.h rounds it. */
+__device__ __forceinline__ uint16_t act_bits(int act, float x)
+{
+	return act == KVQ_DT_BF16 ? kvq_bf16_from_f32(x) : kvq_f16_from_f32(x);
+}
+
 /* ---------------------------------------------------- asynchronous copies */
 
 /* N bytes (4, 8 or 16, aligned to N) from global to shared memory (dst: a

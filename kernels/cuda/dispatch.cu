@@ -6,7 +6,10 @@
  * multiple of 32 tokens, pairs of KVQ_CUDA_FAST_PAIRS whose groups fit the
  * head dim go to decode_kernel for a step of at most 8 query rows per KV
  * head and to prefill_kernel for more, pairs of KVQ_CUDA_PQ_PAIRS to
- * pq_decode_kernel for such a step; the rest to attn_kernel. */
+ * pq_decode_kernel for such a step; the rest to attn_kernel.  A layer that
+ * rotates K has q rotated into the workspace first, one that rotates V its
+ * output taken in fp32 into the workspace and rotated back into out after
+ * (rot_rows_kernel): one kernel each, whatever the pair. */
 #include "attention.cuh"
 #include "decode.cuh"
 #include "decode_pq.cuh"
@@ -204,9 +207,56 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	return 0;
 }
 
+/* The workspace: split partials, then a rotated layer's q (K rotated) and
+ * fp32 output (V rotated), each 256-byte aligned. */
+struct ws_parts {
+	size_t partials, q, out, total;
+};
+
+static ws_parts ws_layout(const struct kvq_cuda_attn *a, const struct shape &s)
+{
+	const size_t rows = (size_t)a->total_q * a->q_heads, D = a->L->head_dim;
+	const uint32_t rot = a->L->layer[a->layer].rot;
+	ws_parts w;
+
+	w.partials = s.splits > 1 ? ((size_t)s.splits * rows * (D + 2) * sizeof(float) + 255) & ~(size_t)255 : 0;
+	w.q = rot & KVQ_ROT_K ? (rows * D * 2 + 255) & ~(size_t)255 : 0;
+	w.out = rot & KVQ_ROT_V ? rows * D * sizeof(float) : 0;
+	w.total = w.partials + w.q + w.out;
+	return w;
+}
+
 static size_t ws_bytes(const struct kvq_cuda_attn *a, const struct shape &s)
 {
-	return s.splits > 1 ? (size_t)s.splits * a->total_q * a->q_heads * (a->L->head_dim + 2) * sizeof(float) : 0;
+	return ws_layout(a, s).total;
+}
+
+/* Rows (query token, head) of every sequence's queries, D elements each,
+ * from src (dtype sdt) rotated into dst (dtype ddt), blocks of n
+ * (warp_rotate): a warp per row, rows of nothing left untouched. */
+template <uint32_t E>
+__global__ void rot_rows_kernel(const kvq_seq_table *seqs, const void *src, int sdt, void *dst, int ddt,
+				uint32_t q_heads, uint32_t n)
+{
+	const kvq_seq_table s = seqs[blockIdx.z];
+	const uint32_t qi = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
+	const uint32_t lane = threadIdx.x & 31, D = 32 * E;
+
+	if (qi >= s.m || s.m > s.n || head >= q_heads)
+		return;
+	const size_t r = ((size_t)(s.row0 + qi) * q_heads + head) * D;
+	float x[E];
+#pragma unroll
+	for (uint32_t i = 0; i < E; i++) {
+		const size_t j = r + 32 * i + lane;
+		const uint16_t h = sdt == KVQ_DT_F32 ? 0 : reinterpret_cast<const uint16_t *>(src)[j];
+		x[i] = sdt == KVQ_DT_F32 ? reinterpret_cast<const float *>(src)[j]
+		       : sdt == KVQ_DT_BF16 ? kvq_bf16_to_f32(h) : kvq_f16_to_f32(h);
+	}
+	warp_rotate<E>(x, n);
+#pragma unroll
+	for (uint32_t i = 0; i < E; i++)
+		store_out(ddt, dst, r + 32 * i + lane, x[i]);
 }
 
 } /* namespace kvq */
@@ -240,12 +290,29 @@ extern "C" size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, ui
  * does not hold them (-EINVAL when the caller asked for them). */
 static int launch_splits(const struct kvq_cuda_attn *a, struct shape &s)
 {
-	if (ws_bytes(a, s) > a->workspace_bytes || (s.splits > 1 && !a->workspace)) {
+	if (ws_bytes(a, s) > a->workspace_bytes || (ws_bytes(a, s) && !a->workspace)) {
 		if (a->splits)
 			return -EINVAL;
 		s.splits = 1;
+		/* a rotated layer's buffers are not optional */
+		if (ws_bytes(a, s) > a->workspace_bytes || (ws_bytes(a, s) && !a->workspace))
+			return -EINVAL;
 	}
 	return 0;
+}
+
+/* rot_rows_kernel over every sequence's query rows. */
+static int rot_rows(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
+		    const void *src, int sdt, void *dst, int ddt, int is_v)
+{
+	const uint32_t D = a->L->head_dim, n = kvq_rot_block(D, is_v), hpb = 4;
+	const dim3 grid(a->max_q, (a->q_heads + hpb - 1) / hpb, nseq);
+	cudaStream_t st = (cudaStream_t)a->stream;
+
+#define ROT_ROWS(E) rot_rows_kernel<E><<<grid, 32 * hpb, 0, st>>>(seqs, src, sdt, dst, ddt, a->q_heads, n)
+	KVQ_LANE_ELEMS(D, ROT_ROWS)
+#undef ROT_ROWS
+	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
 }
 
 extern "C" const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, uint32_t nseq, uint32_t *splits)
@@ -255,7 +322,7 @@ extern "C" const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, ui
 	if (!a || shape_of(a, nseq, &s) || launch_splits(a, s))
 		return NULL;
 	const struct kvq_layer_layout *ll = &a->L->layer[a->layer];
-	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act) || ll->rot)
+	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act))
 		return NULL;
 	if (splits)
 		*splits = s.splits;
@@ -275,19 +342,26 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	if (!nseq)
 		return 0;
 	const struct kvq_layer_layout *ll = &a->L->layer[a->layer];
-	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act) || ll->rot)
+	if (!kvq_cuda_attention_supported(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act))
 		return -ENOTSUP;
 	if ((r = launch_splits(a, s)))
 		return r;
+	const ws_parts w = ws_layout(a, s);
+	uint8_t *wsb = (uint8_t *)a->workspace;
+	if (ll->rot & KVQ_ROT_K) {   /* q into K's basis */
+		if ((r = rot_rows(a, seqs, nseq, q, a->q_dtype, wsb + w.partials, a->q_dtype, 0)))
+			return r;
+		q = wsb + w.partials;
+	}
 	attn_args x;
 	x.l = layer_of(a->L, a->layer);
 	x.base = (const uint8_t *)a->base;
 	x.seqs = seqs;
 	x.q = q;
-	x.out = out;
+	x.out = ll->rot & KVQ_ROT_V ? wsb + w.partials + w.q : out;   /* fp32, rotated back below */
 	x.ws = (float *)a->workspace;
 	x.scale = a->scale;
-	x.out_dtype = a->out_dtype;
+	x.out_dtype = ll->rot & KVQ_ROT_V ? KVQ_DT_F32 : a->out_dtype;
 	x.g = s.g;
 	x.q_heads = a->q_heads;
 	x.chunks = s.chunks;
@@ -296,11 +370,11 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	x.splits = s.splits;
 	x.total_q = a->total_q;
 	x.max_q = a->max_q;
-	if (s.dec.launch)
-		return s.dec.launch(x, nseq, a->stream);
-	if (s.pf.launch)
-		return s.pf.launch(x, nseq, a->stream);
-	if (s.pq)
-		return s.pq(x, nseq, a->stream);
-	return attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act)(x, nseq, a->stream);
+	attn_fn launch = s.dec.launch ? s.dec.launch : s.pf.launch ? s.pf.launch : s.pq ? s.pq
+		       : attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act);
+	if ((r = launch(x, nseq, a->stream)))
+		return r;
+	if (ll->rot & KVQ_ROT_V)   /* the output out of V's basis, then to its dtype */
+		return rot_rows(a, seqs, nseq, x.out, KVQ_DT_F32, out, a->out_dtype, 1);
+	return 0;
 }

@@ -10,9 +10,11 @@
  *
  * Returns 0, -EINVAL (bad arguments; nothing launched), -ENOTSUP (a
  * combination without an instantiated kernel; nothing launched) or -EIO (a
- * CUDA error; kvq_cuda_error() names it); write and attention answer
- * -ENOTSUP for a layer whose policy rotates K or V ("+rot", the CPU kernels'
- * so far; kvq_cuda_seal reads rows the write rotated).  A codebook format (pq2, pq1)
+ * CUDA error; kvq_cuda_error() names it).  A layer whose policy rotates K
+ * or V ("+rot", policy.h) is rotated as the CPU kernels do it, bit for bit
+ * (kvq_rotate): the write rotates the rows it takes from k and v (the seal
+ * reads rows the write rotated), attention rotates q into the workspace
+ * and its output back.  A codebook format (pq2, pq1)
  * reads the pool's codebooks (layout.h), which must be in place before the
  * first write.
  *
@@ -61,7 +63,9 @@ struct kvq_cuda_attn {
 	void *stream;
 };
 
-/* Bytes of workspace kvq_cuda_attention needs for these arguments. */
+/* Bytes of workspace kvq_cuda_attention needs for these arguments: split
+ * partials, and a rotated layer's rotated q and fp32 output (without
+ * those, -EINVAL). */
 size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, uint32_t nseq);
 
 /* Paged attention over sealed and open blocks in one launch (plus a merge

@@ -604,8 +604,38 @@ __device__ __forceinline__ uint32_t v_first(const layer_dev &l, uint32_t parts)
 	return parts == 2 ? (threadIdx.x - nwk) % WRITE_THREADS : threadIdx.x;
 }
 
+/* Rows t0 .. B - 1 of a staged part (row stride `row` halves, xs_at's
+ * order) rotated in place, blocks of n (kvq_rotate by warp_rotate), a warp
+ * per row. */
+template <uint32_t E>
+__device__ void rotate_staged_e(uint16_t *xs, uint32_t t0, uint32_t B, uint32_t row, int act, uint32_t n)
+{
+	const uint32_t lane = threadIdx.x & 31;
+
+	for (uint32_t t = t0 + threadIdx.x / 32; t < B; t += blockDim.x / 32) {
+		float x[E];
+#pragma unroll
+		for (uint32_t i = 0; i < E; i++)
+			x[i] = act_f(act, xs[xs_at(t, 32 * i + lane, row)]);
+		warp_rotate<E>(x, n);
+#pragma unroll
+		for (uint32_t i = 0; i < E; i++)
+			xs[xs_at(t, 32 * i + lane, row)] = act_bits(act, x[i]);
+	}
+}
+
+/* The same for any head dim (a multiple of 32 up to 256). */
+__device__ void rotate_staged(uint16_t *xs, uint32_t t0, uint32_t B, uint32_t D, int act, uint32_t n)
+{
+#define ROT_STAGED(E) rotate_staged_e<E>(xs, t0, B, D + SEAL_PAD, act, n)
+	KVQ_LANE_ELEMS(D, ROT_STAGED)
+#undef ROT_STAGED
+}
+
 /* Seals one head of one block into the sealed head slice dst, staging
- * `parts` parts (2: K and V together, 1: one after the other). */
+ * `parts` parts (2: K and V together, 1: one after the other); a rotated
+ * part's rows from the input are rotated once staged (those from the open
+ * slot were when the write put them there). */
 template <int FK, int FV>
 __device__ void seal_head(const layer_dev &l, const uint8_t *base, uint32_t h, uint8_t *dst, const rows &src,
 			  uint8_t *smem, uint32_t parts)
@@ -621,6 +651,13 @@ __device__ void seal_head(const layer_dev &l, const uint8_t *base, uint32_t h, u
 		stage_rows(l, src, p0, parts, xs);
 		stage_wait();
 		__syncthreads();
+		if (l.rot && src.from_open < B) {
+			for (uint32_t i = 0; i < parts; i++)
+				if (l.rot & (p0 + i ? KVQ_ROT_V : KVQ_ROT_K))
+					rotate_staged(xs + (size_t)i * B * (D + SEAL_PAD), src.from_open, B, D, l.act,
+						      kvq_rot_block(D, (int)(p0 + i)));
+			__syncthreads();
+		}
 		for (int phase = 0; phase < 3; phase++) {
 			for (uint32_t i = 0; i < parts; i++) {
 				const uint16_t *x = xs + (size_t)i * B * (D + SEAL_PAD);
@@ -646,9 +683,43 @@ __device__ __forceinline__ uint8_t *sealed_head_w(const layer_dev &l, uint8_t *b
 }
 
 /* Copies input rows into an open slot's rows (16 bytes at a time: D % 8 == 0). */
+/* The same for a layer that rotates K or V: a warp per row, a rotated
+ * part's row through warp_rotate on its way. */
+template <uint32_t E>
+__device__ void append_rows_rot(const layer_dev &l, uint8_t *open, uint32_t r0, uint32_t r1, const uint8_t *in_k,
+				const uint8_t *in_v, uint64_t in_row, uint32_t in_stride)
+{
+	const uint32_t lane = threadIdx.x & 31, nrows = (r1 - r0) * 2;
+
+	for (uint32_t j = threadIdx.x / 32; j < nrows; j += blockDim.x / 32) {
+		const uint32_t is_v = j % 2, r = r0 + j / 2;
+		const uint16_t *in = reinterpret_cast<const uint16_t *>((is_v ? in_v : in_k) + (in_row + (r - r0)) * in_stride);
+		uint16_t *o = reinterpret_cast<uint16_t *>(open + (is_v ? (size_t)l.B * l.D * 2 : 0) + (size_t)r * l.D * 2);
+		if (!(l.rot & (is_v ? KVQ_ROT_V : KVQ_ROT_K))) {
+			for (uint32_t d = lane; d < l.D; d += 32)
+				o[d] = in[d];
+			continue;
+		}
+		float x[E];
+#pragma unroll
+		for (uint32_t i = 0; i < E; i++)
+			x[i] = act_f(l.act, in[32 * i + lane]);
+		warp_rotate<E>(x, kvq_rot_block(l.D, (int)is_v));
+#pragma unroll
+		for (uint32_t i = 0; i < E; i++)
+			o[32 * i + lane] = act_bits(l.act, x[i]);
+	}
+}
+
 __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint32_t r1,
 			    const uint8_t *in_k, const uint8_t *in_v, uint64_t in_row, uint32_t in_stride)
 {
+	if (l.rot) {
+#define APPEND_ROT(E) append_rows_rot<E>(l, open, r0, r1, in_k, in_v, in_row, in_stride)
+		KVQ_LANE_ELEMS(l.D, APPEND_ROT)
+#undef APPEND_ROT
+		return;
+	}
 	const uint32_t row = l.D * 2, vec = row / 16;
 	const uint32_t total = (r1 - r0) * vec * 2;
 
@@ -778,8 +849,6 @@ extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t l
 	if (!write_args_ok(L, layer) || !base || (nseq && !seqs) || (max_m && (!k || !v)) ||
 	    max_m > (1u << 24) || nseq > 65535 || L->kv_heads > 65535)
 		return -EINVAL;
-	if (L->layer[layer].rot)   /* rotation ("+rot"): the CPU's kernels only so far */
-		return -ENOTSUP;
 	if (!nseq)
 		return 0;
 	const uint32_t B = L->block_tokens;

@@ -20,6 +20,8 @@
  *    (and per output row within ten times that, see attend_layer); then
  *    again as a decode step (one query per sequence, 8 / g for some), the
  *    shape that takes the decode kernel where it has an instance.
+ * Policies with rotation ("+rot") too: the pools byte-identical after the
+ * writes, attention against the CPU's.
  * Every (K, V) pair the CUDA build instantiates is run at head dims 64 and
  * 128 with FP16 and BF16 activations, plus per-layer policies and other block
  * sizes.  KVQ_GPU_SMALL=1 runs a few small cases (for compute-sanitizer).
@@ -657,6 +659,12 @@ int main(void)
 			{ "0:pq2;1:k=int8,v=pq2;2:pq1", 3, 4, 4, 128, 32, 1, KVQ_DT_F16, 0 },
 			{ "k=kivi4,v=pq2", 1, 3, 3, 64, 32, 4, KVQ_DT_BF16, 0 },
 			{ "pq2", 1, 2, 4, 128, 32, 1, KVQ_DT_F16, 2000 },
+			/* rotation (+rot): the same bytes as the CPU's, every kernel */
+			{ "int4g32+rot", 1, 2, 4, 128, 32, 1, KVQ_DT_F16, 0 },
+			{ "k=int8+rot,v=kivi2", 1, 2, 3, 64, 32, 4, KVQ_DT_BF16, 0 },
+			{ "0:f16+rot;1:k=kivi4,v=kivi4+rot;2:k=pq2+rot,v=pq2", 3, 2, 8, 128, 32, 4, KVQ_DT_F16, 0 },
+			{ "k=int8+rot,v=int8+rot", 1, 2, 4, 128, 32, 1, KVQ_DT_BF16, 2000 },
+			{ "k=int4g64,v=int4g64+rot", 1, 3, 1, 128, 16, 1, KVQ_DT_F16, 0 },
 		};
 		for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
 			run_case(&extra[i]);
