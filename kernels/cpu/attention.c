@@ -257,8 +257,17 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_seq_tabl
 		t->pos[i] = s->n - s->m + (t->r0 + i) / g;
 		for (uint32_t d = 0; d < D; d++)
 			t->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d);
-		if (w->L->layer[a->layer].rot & KVQ_ROT_K)   /* q in K's basis */
+		if (w->L->layer[a->layer].rot & KVQ_ROT_K) {
+			/* q in K's basis, in its own dtype: as if the caller had
+			 * rotated it (so the CUDA kernels, which take q in the
+			 * activation dtype, agree) */
 			kvq_rotate(t->qf + i * D, D, kvq_rot_block(D, 0));
+			if (a->q_dtype != KVQ_DT_F32)
+				for (uint32_t d = 0; d < D; d++)
+					t->qf[i * D + d] = a->q_dtype == KVQ_DT_BF16
+								   ? kvq_bf16_to_f32(kvq_bf16_from_f32(t->qf[i * D + d]))
+								   : kvq_f16_to_f32(kvq_f16_from_f32(t->qf[i * D + d]));
+		}
 		for (uint32_t d = 0; d < D; d++)
 			t->qf[i * D + d] *= a->scale;
 	}

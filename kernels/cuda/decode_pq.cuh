@@ -98,28 +98,36 @@ template <uint32_t N> __device__ __forceinline__ void pq_load(uint32_t w[N / 4],
 	}
 }
 
-/* N FP16 values (4 or 8, 8- or 16-byte aligned) as floats. */
-template <uint32_t N> __device__ __forceinline__ void pq_halves(float f[N], const uint16_t *p)
+/* N 16-bit values (4 or 8, 8- or 16-byte aligned) of dtype DT (FP16: the
+ * codebooks; the activations' in the open window) as floats. */
+template <uint32_t N, int DT = KVQ_DT_F16> __device__ __forceinline__ void pq_halves(float f[N], const uint16_t *p)
 {
 	uint32_t w[N / 2];
 	pq_load<2 * N>(w, reinterpret_cast<const uint8_t *>(p));
 #pragma unroll
 	for (uint32_t i = 0; i < N / 2; i++) {
-		const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
-		f[2 * i] = x.x;
-		f[2 * i + 1] = x.y;
+		if (DT == KVQ_DT_BF16) {
+			f[2 * i] = __uint_as_float(w[i] << 16);
+			f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+		} else {
+			const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
+			f[2 * i] = x.x;
+			f[2 * i + 1] = x.y;
+		}
 	}
 }
 
 /* K's table (a codebook format's K): entry (code, m) of row r is
  * Σ_j q[r][m·DK + j] · centroid[m][code][j], q from qf (fp32, [row][D]),
- * the head's codebooks cb; the CTA's threads share the entries. */
+ * the head's codebooks cb; the CTA's threads share the entries, reading
+ * the codebooks in their order (coalesced), several loads in flight. */
 template <int KF, int D> __device__ void pq_table(float4 *lut, const float *qf, const uint16_t *cb)
 {
 	constexpr uint32_t DK = fmt<KF>::subdim, MK = D / DK;
 
-	for (uint32_t i = threadIdx.x; i < KVQ_CB_CENTROIDS * MK; i += blockDim.x) {
-		const uint32_t m = i % MK, c = i / MK;
+#pragma unroll 8
+	for (uint32_t i = threadIdx.x; i < KVQ_CB_CENTROIDS * MK; i += PQ_WARPS * 32) {
+		const uint32_t m = i / KVQ_CB_CENTROIDS, c = i % KVQ_CB_CENTROIDS;
 		float x[DK], e[PQ_ROWS];
 		pq_halves<DK>(x, cb + ((size_t)m * KVQ_CB_CENTROIDS + c) * DK);
 #pragma unroll
@@ -129,9 +137,20 @@ template <int KF, int D> __device__ void pq_table(float4 *lut, const float *qf, 
 			for (uint32_t j = 0; j < DK; j++)
 				e[r] += qf[r * D + m * DK + j] * x[j];
 		}
-		lut[i] = make_float4(e[0], e[1], e[2], e[3]);
+		lut[c * MK + m] = make_float4(e[0], e[1], e[2], e[3]);
 	}
 }
+
+/* What a warp needs of one chunk, read a chunk ahead so that its loads
+ * are in flight while the warp works on the one before: the head slice
+ * (NULL: a bad id, nothing read), whether it is sealed, and this lane's
+ * sealed codes (K of its token, V of its subspace and stream; codebook K
+ * only, 8-bit K is read as it is used). */
+template <uint32_t KW, uint32_t VW> struct pq_chunk {
+	const uint8_t *hs;
+	bool sealed;
+	uint32_t k[KW], v[VW];
+};
 
 template <int KF, int VF, int D, int ACT>
 __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a)
@@ -181,7 +200,8 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 	/* V's centroids, [m][code][DV] in the pool, [code][m][DV] here */
 	{
 		const uint16_t *cb = codebook_of(l, a.base, 1, h);
-		for (uint32_t i = tid; i < KVQ_CB_CENTROIDS * MV; i += blockDim.x) {
+#pragma unroll 8
+		for (uint32_t i = tid; i < KVQ_CB_CENTROIDS * MV; i += PQ_WARPS * 32) {
 			const uint32_t m = i / KVQ_CB_CENTROIDS, c = i % KVQ_CB_CENTROIDS;
 			const uint16_t *src = cb + ((size_t)m * KVQ_CB_CENTROIDS + c) * DV;
 			uint16_t *dst = cbv + ((size_t)c * MV + m) * DV;
@@ -212,21 +232,44 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 			acc[r][j] = 0.0f;
 	}
 	const uint32_t mv = lane % MV, ts = lane / MV;   /* V: this lane's subspace and token stream */
+	const uint32_t tl0 = ts * TPL;   /* first token of this lane's V stream, in the chunk */
+	typedef pq_chunk<MW, TPL / 4> chunk_t;
+	auto fetch = [&](uint32_t c, chunk_t &x) {
+		const uint32_t t0 = c * PQ_CHUNK, blk = t0 / l.B, tb = t0 % l.B;
+		x.sealed = blk < n_sealed_blk;
+		const int32_t id = x.sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
+		x.hs = NULL;
+		if (id < 0 || (uint32_t)id >= (x.sealed ? l.n_sealed : l.n_open))
+			return;   /* a bad id reads nothing (the others' kernels: zeros) */
+		x.hs = x.sealed ? sealed_head(l, a.base, (uint32_t)id, h) : open_head(l, a.base, (uint32_t)id, h);
+		if (!x.sealed)
+			return;
+		if constexpr (KPQ)
+			pq_load<4 * MW>(x.k, x.hs + l.off[KVQ_K_CODES] + (size_t)(tb + lane) * MK);
+		pq_load<TPL>(x.v, x.hs + l.off[KVQ_V_CODES] + (size_t)mv * l.B + tb + tl0);
+	};
+	chunk_t next;
+	if (c0 + warp < c1)
+		fetch(c0 + warp, next);
 
 	for (uint32_t c = c0 + warp; c < c1; c += PQ_WARPS) {
-		const uint32_t t0 = c * PQ_CHUNK, blk = t0 / l.B, tb = t0 % l.B;
-		const bool sealed = blk < n_sealed_blk;
-		const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
-		if (id < 0 || (uint32_t)id >= (sealed ? l.n_sealed : l.n_open))
-			continue;   /* a bad id reads nothing (the others' kernels: zeros) */
-		const uint8_t *hs = sealed ? sealed_head(l, a.base, (uint32_t)id, h) : open_head(l, a.base, (uint32_t)id, h);
+		const uint32_t t0 = c * PQ_CHUNK, tb = t0 % l.B;
+		const chunk_t cur = next;
+		if (c + PQ_WARPS < c1)
+			fetch(c + PQ_WARPS, next);
+		if (!cur.hs)
+			continue;
+		const uint8_t *hs = cur.hs;
+		const bool sealed = cur.sealed;
 
 		/* ---- scores of token t0 + lane */
 		float sc[PQ_ROWS] = { 0.0f, 0.0f, 0.0f, 0.0f };
 		if (sealed) {
 			if constexpr (KPQ) {
 				uint32_t w[MW];
-				pq_load<4 * MW>(w, hs + l.off[KVQ_K_CODES] + (size_t)(tb + lane) * MK);
+#pragma unroll
+				for (uint32_t i = 0; i < MW; i++)
+					w[i] = cur.k[i];
 				pq_rotate<MW>(w, lane % MK);
 #pragma unroll
 				for (uint32_t j = 0; j < MK; j++) {
@@ -261,7 +304,7 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 #pragma unroll 4
 			for (uint32_t d = 0; d < D; d += 8) {
 				float x[8];
-				pq_halves<8>(x, kr + d);
+				pq_halves<8, ACT>(x, kr + d);
 #pragma unroll
 				for (uint32_t r = 0; r < PQ_ROWS; r++)
 #pragma unroll
@@ -291,13 +334,10 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 		__syncwarp();
 
 		/* ---- V: lane (ts, mv) adds its tokens' centroids of subspace mv */
-		const uint32_t tl0 = ts * TPL;   /* first token of this lane's stream, in the chunk */
 		if (sealed) {
-			uint32_t w[TPL / 4];
-			pq_load<TPL>(w, hs + l.off[KVQ_V_CODES] + (size_t)mv * l.B + tb + tl0);
 #pragma unroll
 			for (uint32_t i = 0; i < TPL; i++) {
-				const uint32_t code = (w[i / 4] >> (8 * (i % 4))) & 0xffu;
+				const uint32_t code = (cur.v[i / 4] >> (8 * (i % 4))) & 0xffu;
 				const float4 pt = ps[warp * PQ_CHUNK + tl0 + i];
 				float v[DV];
 				pq_halves<DV>(v, cbv + ((size_t)code * MV + mv) * DV);
@@ -315,7 +355,7 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 			for (uint32_t i = 0; i < TPL && t0 + tl0 + i < kv_end; i++) {
 				const float4 pt = ps[warp * PQ_CHUNK + tl0 + i];
 				float v[DV];
-				pq_halves<DV>(v, vr + (size_t)(tb + tl0 + i) * D + mv * DV);
+				pq_halves<DV, ACT>(v, vr + (size_t)(tb + tl0 + i) * D + mv * DV);
 #pragma unroll
 				for (uint32_t j = 0; j < DV; j++) {
 					acc[0][j] += pt.x * v[j];
