@@ -630,6 +630,13 @@ KVQ_HD uint32_t kvq_pq_encode(const float *x, const uint16_t *cb, unsigned d)
 	return code;
 }
 
+/* 1/sqrt(n) rounded to float, for n = 16 .. 256 (kvq_rotate's last step). */
+KVQ_HD float kvq_rot_norm(unsigned n)
+{
+	return n == 16 ? 0.25f : n == 32 ? 0.17677669529663688f : n == 64 ? 0.125f
+	       : n == 128 ? 0.088388347648318440f : 0.0625f;
+}
+
 /* Rotation (a policy's "+rot", policy.h): the normalised Walsh-Hadamard
  * transform of each block of n elements of x[0 .. D - 1] (n = 16 .. 256, a
  * power of two dividing D: kvq_rot_block), in place: butterflies of
@@ -638,8 +645,7 @@ KVQ_HD uint32_t kvq_pq_encode(const float *x, const uint16_t *cb, unsigned d)
  * bit for bit.  Its own inverse, to rounding. */
 KVQ_HD void kvq_rotate(float *x, unsigned D, unsigned n)
 {
-	const float norm = n == 16 ? 0.25f : n == 32 ? 0.17677669529663688f : n == 64 ? 0.125f
-			 : n == 128 ? 0.088388347648318440f : 0.0625f;
+	const float norm = kvq_rot_norm(n);
 
 	for (unsigned b0 = 0; b0 < D; b0 += n) {
 		float *p = x + b0;

@@ -144,8 +144,7 @@ __device__ __forceinline__ float half_bits(const uint8_t *p, uint32_t i)
 template <uint32_t E> __device__ __forceinline__ void warp_rotate(float x[E], uint32_t n)
 {
 	const uint32_t lane = threadIdx.x & 31;
-	const float norm = n == 16 ? 0.25f : n == 32 ? 0.17677669529663688f : n == 64 ? 0.125f
-			 : n == 128 ? 0.088388347648318440f : 0.0625f;
+	const float norm = kvq_rot_norm(n);
 
 	for (uint32_t len = 1; len < n && len < 32; len <<= 1) {
 		const bool upper = lane & len;
