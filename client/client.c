@@ -208,11 +208,6 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 		r = client_fail(c, KVQ_EPROTOCOL, "pool policy '%s': %s", ar->policy, err);
 		goto out;
 	}
-	if (be == &client_cuda && kvq_policy_rotates(&c->pol)) {
-		r = client_fail(c, -ENOTSUP, "pool %s rotates K or V (policy '%s'): the CUDA kernels do not rotate yet",
-				p->pool, ar->policy);
-		goto out;
-	}
 	lp = (struct kvq_layout_params){ .layers = ar->layers, .kv_heads = ar->kv_heads, .head_dim = ar->head_dim,
 		.block_tokens = ar->block_tokens, .window = ar->window, .n_sealed = ar->n_sealed,
 		.n_open = ar->n_open, .act = (int)ar->act, .policy = &c->pol };

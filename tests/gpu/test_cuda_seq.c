@@ -2,8 +2,8 @@
 /*
  * libkvq's sequence helper on a cuda pool, against the same sequence on a
  * host pool: one real kvqd, pool "hp" (host backend) and pool "gp" (cuda),
- * the same geometry and a per-layer policy whose second layer keeps V
- * product-quantized, with the same codebooks (a file both attaches send,
+ * the same geometry and a per-layer policy whose first layer is rotated
+ * ("+rot") and whose second keeps V product-quantized, with the same codebooks (a file both attaches send,
  * which kvqd copies into each pool: on the cuda pool through the device's
  * memory).  The same prompt and decode
  * steps go through kvq_seq_begin/write/commit on both (K/V from device
@@ -46,7 +46,7 @@
 #define PROMPT 100
 #define STEPS 3
 #define NTOK (PROMPT + STEPS)
-#define POLICY "0:int8;1:k=int8,v=pq2"
+#define POLICY "0:int8+rot;1:k=int8,v=pq2"
 
 static char sock_path[108], tmpdir[64], daemon_bin[512], cb_path[128];
 static uint16_t kv[LAYERS][2][NTOK * KVH * D];   /* K and V of every token, f16 */
