@@ -36,12 +36,6 @@ int kvq_req_hello(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 }
 
 /* Layers past n_layers are not part of a policy (the parser leaves them be). */
-static bool policy_equal(const struct kvq_policy *a, const struct kvq_policy *b)
-{
-	return a->n_layers == b->n_layers && a->n_layers <= KVQ_MAX_LAYERS && !memcmp(a->k, b->k, a->n_layers) &&
-	       !memcmp(a->v, b->v, a->n_layers);
-}
-
 int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
 {
 	const Kvq__Attach *a = req->attach;
@@ -80,7 +74,7 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 			       KVQ_ELAYOUT;
 		if (kvq_policy_parse(a->policy, a->layers, &pol, err, errlen) < 0)
 			return KVQ_EPOLICY;
-		if (!policy_equal(&pol, &p->policy))
+		if (!kvq_policy_equal(&pol, &p->policy))
 			return kvq_seterr(err, errlen, "pool %s has policy %s", p->name, p->policy_str), KVQ_ELAYOUT;
 	}
 	if (created && a->layout_version != KVQ_LAYOUT_VERSION) {

@@ -305,6 +305,12 @@ unsigned kvq_policy_subdim(const struct kvq_policy *p, uint32_t layer, int is_v)
 	return f < KVQ_FMT_COUNT && kvq_fmt_param_kind(f, is_v) == KVQ_PARAM_CODEBOOK ? kvq_fmt_subdim(f) : 0;
 }
 
+int kvq_policy_equal(const struct kvq_policy *a, const struct kvq_policy *b)
+{
+	return a->n_layers == b->n_layers && a->n_layers <= KVQ_MAX_LAYERS && !memcmp(a->k, b->k, a->n_layers) &&
+	       !memcmp(a->v, b->v, a->n_layers) && !memcmp(a->rot, b->rot, a->n_layers);
+}
+
 int kvq_policy_rotates(const struct kvq_policy *p)
 {
 	for (uint32_t l = 0; l < p->n_layers; l++)

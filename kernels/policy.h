@@ -53,6 +53,10 @@ int kvq_policy_format(const struct kvq_policy *p, char *buf, size_t len);
  * parameters per channel (KVQ_PARAM_CHANNEL in the format table). */
 int kvq_policy_uses_kivi(const struct kvq_policy *p);
 
+/* 1 if a and b map every layer to the same formats and rotation (the
+ * policies pools compare, whatever their spelling). */
+int kvq_policy_equal(const struct kvq_policy *a, const struct kvq_policy *b);
+
 /* 1 if any layer stores K or V rotated. */
 int kvq_policy_rotates(const struct kvq_policy *p);
 

@@ -252,6 +252,12 @@ static void test_attach_errors(void)
 	ok(r == KVQ_ELAYOUT, "attach: another policy: KVQ_ELAYOUT (%d)", r);
 	r = attach_mismatch(POOL, MODEL, D_, "0:int8;1:int8", KVQ_LAYOUT_VERSION, true);
 	ok(r == 0, "attach: the same policy in another form is accepted (%d)", r);
+	r = attach_mismatch(POOL, MODEL, D_, "int8+rot", KVQ_LAYOUT_VERSION, true);
+	ok(r == KVQ_ELAYOUT, "attach: the same formats rotated (+rot) are another policy: KVQ_ELAYOUT (%d)", r);
+	r = attach_mismatch(POOL, MODEL, D_, "k=int8,v=int8+rot", KVQ_LAYOUT_VERSION, true);
+	ok(r == KVQ_ELAYOUT, "attach: V alone rotated is another policy too: KVQ_ELAYOUT (%d)", r);
+	r = attach_mismatch(POOL, MODEL, D_, "int8+rat", KVQ_LAYOUT_VERSION, true);
+	ok(r == KVQ_EPOLICY, "attach: a suffix other than +rot: KVQ_EPOLICY (%d)", r);
 	r = attach_mismatch(POOL, MODEL, D_, "int7", KVQ_LAYOUT_VERSION, true);
 	ok(r == KVQ_EPOLICY, "attach: a policy that does not parse: KVQ_EPOLICY (%d)", r);
 	r = attach_mismatch(POOL, MODEL, D_, "int8", KVQ_LAYOUT_VERSION + 1, true);
