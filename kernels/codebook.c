@@ -227,6 +227,27 @@ static int check_values(const uint8_t *b, uint64_t off, char *err, size_t errlen
 	return 0;
 }
 
+int kvq_codebook_basis(const char *file_policy, uint32_t layers, const struct kvq_policy *want, char *err,
+		       size_t errlen)
+{
+	struct kvq_policy fp;
+
+	if (kvq_policy_parse(file_policy, layers, &fp, NULL, 0) < 0) {
+		kvq_seterr(err, errlen, "codebook file: its policy '%.64s' does not parse", file_policy);
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < 2 * layers && i < 2 * want->n_layers; i++) {
+		uint32_t l = i % layers, bit = i >= layers ? KVQ_ROT_V : KVQ_ROT_K;
+		if (kvq_policy_subdim(want, l, i >= layers) && ((fp.rot[l] ^ want->rot[l]) & bit)) {
+			kvq_seterr(err, errlen, "codebook file: layer %u: the pool's %s is %srotated (+rot), the "
+				   "file's codebooks were calibrated %s", l, bit == KVQ_ROT_V ? "V" : "K",
+				   want->rot[l] & bit ? "" : "not ", fp.rot[l] & bit ? "rotated" : "unrotated");
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 int kvq_codebook_parse(const void *img, size_t len, const struct kvq_policy *want, uint32_t kv_heads,
 		       uint32_t head_dim, struct kvq_cb_file *ret, char *err, size_t errlen)
 {
@@ -260,6 +281,14 @@ int kvq_codebook_parse(const void *img, size_t len, const struct kvq_policy *wan
 			kvq_seterr(err, errlen, "codebook file: policy byte %u is 0x%02x, not printable ASCII", i, c);
 			return -EINVAL;
 		}
+	}
+	if (want) {
+		char pol[KVQ_POLICY_MAX_LEN + 1];
+		memcpy(pol, b + HDR_FIXED + 2 * layers, plen);
+		pol[plen] = '\0';
+		r = kvq_codebook_basis(pol, layers, want, err, errlen);
+		if (r < 0)
+			return r;
 	}
 	for (uint64_t o = hdr; o < align16(hdr); o++)
 		if (b[o]) {

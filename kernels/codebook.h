@@ -87,11 +87,23 @@ struct kvq_cb_file {
  * header fields in range, sizes that add up to exactly len, and every value
  * finite.  When want is not NULL the file must also fit a pool of that policy
  * and geometry (layers, kv_heads, head_dim; the codebook formats of every
- * layer's K and V, by subspace dim; transforms are not compared).  Returns 0
+ * layer's K and V, by subspace dim, and their rotation, "+rot", by the
+ * file's policy; transforms are not compared).  Returns 0
  * and *ret (whose data points into img), or -EINVAL with the reason in err.
  */
 int kvq_codebook_parse(const void *img, size_t len, const struct kvq_policy *want, uint32_t kv_heads,
 		       uint32_t head_dim, struct kvq_cb_file *ret, char *err, size_t errlen);
+
+/*
+ * The basis of a file's codebooks against a pool's policy: every codebook
+ * part of want (a layer's K or V with pq2/pq1) must be rotated ("+rot")
+ * exactly where the file's policy (file_policy, of `layers` layers) rotates
+ * it.  0, or -EINVAL with the reason in err (also: a policy that does not
+ * parse).  kvq_codebook_parse checks it against want; a client choosing a
+ * file that holds more than one pool's codebooks asks it alone.
+ */
+int kvq_codebook_basis(const char *file_policy, uint32_t layers, const struct kvq_policy *want, char *err,
+		       size_t errlen);
 
 /*
  * Writes a file: header from the policy, geometry and transforms, then

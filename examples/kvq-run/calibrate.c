@@ -21,10 +21,11 @@
 /* Lloyd iterations of each k-means (most converge well before). */
 #define CB_ITERS 30u
 
-/* K/V as stored of the layers with a codebook format, token by token. */
+/* K/V as stored of the layers with a codebook format, token by token (a
+ * part the policy rotates, "+rot", rotated as libkvq's write does). */
 struct samples {
 	struct kvq_policy pol;
-	uint32_t kvd;                    /* kv_heads * head_dim */
+	uint32_t kvd, head_dim;          /* kv_heads * head_dim, head_dim */
 	size_t n, cap;                   /* tokens taken, room */
 	uint16_t *rows[KVQ_MAX_LAYERS][2];   /* [cap][kvd] FP16, or NULL */
 };
@@ -35,9 +36,22 @@ static void take(void *arg, uint32_t layer, uint32_t n, const uint16_t *k, const
 	size_t at = S->n;
 
 	/* layers come in order for each chunk: the last one moves the count */
-	for (int is_v = 0; is_v < 2; is_v++)
-		if (S->rows[layer][is_v] && at + n <= S->cap)
-			memcpy(S->rows[layer][is_v] + at * S->kvd, is_v ? v : k, (size_t)n * S->kvd * 2);
+	for (int is_v = 0; is_v < 2; is_v++) {
+		uint16_t *dst = S->rows[layer][is_v] ? S->rows[layer][is_v] + at * S->kvd : NULL;
+		if (!dst || at + n > S->cap)
+			continue;
+		memcpy(dst, is_v ? v : k, (size_t)n * S->kvd * 2);
+		if (!(S->pol.rot[layer] & (is_v ? KVQ_ROT_V : KVQ_ROT_K)))
+			continue;
+		for (size_t r = 0; r < (size_t)n * S->kvd / S->head_dim; r++) {
+			float x[KVQ_MAX_HEAD_DIM];
+			for (uint32_t d = 0; d < S->head_dim; d++)
+				x[d] = kvq_f16_to_f32(dst[r * S->head_dim + d]);
+			kvq_rotate(x, S->head_dim, kvq_rot_block(S->head_dim, is_v));
+			for (uint32_t d = 0; d < S->head_dim; d++)
+				dst[r * S->head_dim + d] = kvq_f16_from_f32(x[d]);
+		}
+	}
 	if (layer + 1 == S->pol.n_layers)
 		S->n = at + n <= S->cap ? at + n : S->cap;
 }
@@ -132,6 +146,7 @@ static int calibrate_codebooks(void)
 	if (n < KVQ_CB_CENTROIDS)
 		die("%s: %zu tokens; k-means of %u centroids needs more", o.file, n, KVQ_CB_CENTROIDS);
 	S.kvd = c->kv_heads * c->head_dim;
+	S.head_dim = c->head_dim;
 	S.cap = n;
 	for (uint32_t l = 0; l < c->layers; l++)
 		for (int is_v = 0; is_v < 2; is_v++)

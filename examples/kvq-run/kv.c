@@ -56,7 +56,7 @@ static const char *codebooks_subset(const struct kvq_cb_file *f, const struct kv
 }
 
 /* The codebooks for policy pol from the first --codebooks file that covers
- * it (kvq-codebook(5)): its path (or, when the file holds more, a file of
+ * it in the same basis (kvq-codebook(5), kvq_codebook_basis): its path (or, when the file holds more, a file of
  * just pol's), and their data's hash into *hash; NULL when pol has no
  * codebook format.  A file calibrated with other transforms than this
  * run's is refused. */
@@ -81,7 +81,7 @@ static const char *codebooks_for(const struct kvq_policy *pol, const char *polic
 		if (kvq_codebook_parse(img, len, NULL, 0, 0, f, err, sizeof(err)) < 0)
 			die("--codebooks %s: %s", path, err);
 		if (f->layers != c->layers || f->kv_heads != c->kv_heads || f->head_dim != c->head_dim ||
-		    !codebooks_cover(f, pol)) {
+		    !codebooks_cover(f, pol) || kvq_codebook_basis(f->policy, f->layers, pol, NULL, 0) < 0) {
 			free(img);
 			continue;
 		}

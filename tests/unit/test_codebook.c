@@ -468,6 +468,29 @@ static void test_refusals(void)
 		"not a codebook format");
 	policy("0:k=pq1,v=int8;1-:k=pq2,v=kivi2", 3, &other);
 	REFUSED(img, len, &other, H, D, "pool int8 V where the file has codebooks", "layer 0", "the pool's V is int8");
+	/* the basis: the file's policy rotates nothing */
+	policy("0:pq1;1-:k=pq2+rot,v=kivi2", 3, &other);
+	REFUSED(img, len, &other, H, D, "pool rotating a K the file calibrated unrotated", "layer 1",
+		"the pool's K is rotated (+rot)", "calibrated unrotated");
+	policy("0:pq1;1-:k=pq2,v=kivi2+rot", 3, &other);
+	rc = kvq_codebook_parse(img, len, &other, H, D, &(struct kvq_cb_file){ 0 }, err, sizeof err);
+	ok(rc == 0, "a rotated part without codebooks (V kivi2+rot) does not matter to the file (%s)",
+	   rc ? err : "accepted");
+	{
+		/* a file calibrated rotated: its pool takes it, the plain one not */
+		struct kvq_policy rp;
+		size_t rlen = 0;
+		int wrc;
+		policy("0:pq1;1-:k=pq2+rot,v=kivi2", 3, &rp);
+		uint8_t *rimg = write_file(&rp, H, D, 0, data, &rlen, &wrc);
+		if (!rimg)
+			abort();
+		rc = kvq_codebook_parse(rimg, rlen, &rp, H, D, &(struct kvq_cb_file){ 0 }, err, sizeof err);
+		ok(rc == 0, "a file calibrated with K rotated fits the pool that rotates it (%s)", rc ? err : "accepted");
+		REFUSED(rimg, rlen, &p, H, D, "a file calibrated rotated, a pool that does not rotate", "layer 1",
+			"the pool's K is not rotated (+rot)", "calibrated rotated");
+		free(rimg);
+	}
 
 	/* values: (layer 1, K, head 1, subspace 3, centroid 17, j 2): base 2
 	 * parts, M = 32 / 4 = 8, word ((1 * 8 + 3) * 256 + 17) * 4 + 2 */
