@@ -123,6 +123,26 @@ static inline double ref_sealed_value(const struct kvq_layout *L, uint32_t layer
 	}
 }
 
+/* The normalised Walsh-Hadamard transform, in float64, of each n-element
+ * block of the rows (D elements each) of x: the reference for a policy's
+ * "+rot" (kvq_rotate). */
+static inline void ref_rotate(double *x, size_t rows, uint32_t D, unsigned n)
+{
+	for (size_t r = 0; r < rows; r++)
+		for (uint32_t b0 = 0; b0 < D; b0 += n) {
+			double *p = x + r * D + b0;
+			for (unsigned len = 1; len < n; len <<= 1)
+				for (unsigned i = 0; i < n; i += 2 * len)
+					for (unsigned j = i; j < i + len; j++) {
+						double u = p[j], v = p[j + len];
+						p[j] = u + v;
+						p[j + len] = u - v;
+					}
+			for (unsigned i = 0; i < n; i++)
+				p[i] /= sqrt((double)n);
+		}
+}
+
 /* Value of an activation element (open window, inputs). */
 static inline double ref_act(int dt, const void *p, size_t i)
 {

@@ -334,35 +334,31 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 		__syncwarp();
 
 		/* ---- V: lane (ts, mv) adds its tokens' centroids of subspace mv */
+		auto add = [&](uint32_t i, const float v[DV]) {   /* token tl0 + i of the chunk */
+			const float4 pt = ps[warp * PQ_CHUNK + tl0 + i];
+#pragma unroll
+			for (uint32_t j = 0; j < DV; j++) {
+				acc[0][j] += pt.x * v[j];
+				acc[1][j] += pt.y * v[j];
+				acc[2][j] += pt.z * v[j];
+				acc[3][j] += pt.w * v[j];
+			}
+		};
 		if (sealed) {
 #pragma unroll
 			for (uint32_t i = 0; i < TPL; i++) {
 				const uint32_t code = (cur.v[i / 4] >> (8 * (i % 4))) & 0xffu;
-				const float4 pt = ps[warp * PQ_CHUNK + tl0 + i];
 				float v[DV];
 				pq_halves<DV>(v, cbv + ((size_t)code * MV + mv) * DV);
-#pragma unroll
-				for (uint32_t j = 0; j < DV; j++) {
-					acc[0][j] += pt.x * v[j];
-					acc[1][j] += pt.y * v[j];
-					acc[2][j] += pt.z * v[j];
-					acc[3][j] += pt.w * v[j];
-				}
+				add(i, v);
 			}
 		} else {
 			/* rows past what the step sees may hold anything: not read */
 			const uint16_t *vr = reinterpret_cast<const uint16_t *>(hs) + (size_t)l.B * D;
 			for (uint32_t i = 0; i < TPL && t0 + tl0 + i < kv_end; i++) {
-				const float4 pt = ps[warp * PQ_CHUNK + tl0 + i];
 				float v[DV];
 				pq_halves<DV, ACT>(v, vr + (size_t)(tb + tl0 + i) * D + mv * DV);
-#pragma unroll
-				for (uint32_t j = 0; j < DV; j++) {
-					acc[0][j] += pt.x * v[j];
-					acc[1][j] += pt.y * v[j];
-					acc[2][j] += pt.z * v[j];
-					acc[3][j] += pt.w * v[j];
-				}
+				add(i, v);
 			}
 		}
 		__syncwarp();

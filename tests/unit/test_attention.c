@@ -307,25 +307,6 @@ static void ref_attend(const double *K, const double *V, uint32_t n, uint32_t n_
 	}
 }
 
-/* The normalised Walsh-Hadamard transform of each n-element block of the
- * rows (D elements each) of x, in float64. */
-static void rot64(double *x, size_t rows, uint32_t D, unsigned n)
-{
-	for (size_t r = 0; r < rows; r++)
-		for (uint32_t b0 = 0; b0 < D; b0 += n) {
-			double *p = x + r * D + b0;
-			for (unsigned len = 1; len < n; len <<= 1)
-				for (unsigned i = 0; i < n; i += 2 * len)
-					for (unsigned j = i; j < i + len; j++) {
-						double u = p[j], v = p[j + len];
-						p[j] = u + v;
-						p[j + len] = u - v;
-					}
-			for (unsigned i = 0; i < n; i++)
-				p[i] /= sqrt((double)n);
-		}
-}
-
 static double max_abs(const double *x, size_t n)
 {
 	double m = 0.0;
@@ -562,7 +543,7 @@ static void run_case(const struct tcase *tc)
 			off += (size_t)seqs[i].n_q * QH * D;
 		}
 		if (L->layer[l].rot & KVQ_ROT_V)
-			rot64(ref_st, nout / D, D, kvq_rot_block(D, 1));
+			ref_rotate(ref_st, nout / D, D, kvq_rot_block(D, 1));
 		M = max_abs(ref_st, nout);
 		Min = max_abs(ref_in, nout);
 

@@ -674,17 +674,7 @@ static void run_cfg(const struct cfg *cf)
 					abort();
 				for (size_t i = 0; i < (size_t)Nmax * cf->H * cf->D; i++)
 					r[i] = ref_act(cf->act, is_v ? v : k, i);
-				for (size_t b0 = 0; b0 < (size_t)Nmax * cf->H * cf->D; b0 += n) {
-					for (unsigned len = 1; len < n; len <<= 1)
-						for (unsigned a = 0; a < n; a += 2 * len)
-							for (unsigned j = a; j < a + len; j++) {
-								double x = r[b0 + j], y = r[b0 + j + len];
-								r[b0 + j] = x + y;
-								r[b0 + j + len] = x - y;
-							}
-					for (unsigned j = 0; j < n; j++)
-						r[b0 + j] /= sqrt((double)n);
-				}
+				ref_rotate(r, (size_t)Nmax * cf->H, cf->D, n);
 			}
 			if (is_v)
 				c.vr[l] = r;
