@@ -63,15 +63,15 @@ fi
 { cat "${calib[@]}"; head -c 60000 "$perldiag"; } >"$tmp/calib.txt"
 (
 	kvqd_temp_start "$top" calibrate-pq
-	[ -f "$tmp/kc-rot.bin" ] ||
-		"$run_bin" calibrate --threads "$threads" --rotate --out "$tmp/kc-rot.bin" "${calib[0]}" >&2
+	[ -f "$tmp/kc.bin" ] ||
+		"$run_bin" calibrate --threads "$threads" --out "$tmp/kc.bin" "${calib[0]}" >&2
 	for f in pq2 pq1; do
 		[ -f "$tmp/cb-$f.bin" ] ||
 			"$run_bin" calibrate --kv "$f" --threads "$threads" --limit "${KVQ_CB_TOKENS:-8192}" \
 				--out "$tmp/cb-$f.bin" "$tmp/calib.txt" >&2
 		[ -f "$tmp/cb-$f-rotkc.bin" ] ||
 			"$run_bin" calibrate --kv "$f" --threads "$threads" --limit "${KVQ_CB_TOKENS:-8192}" --rotate \
-				--k-center "$tmp/kc-rot.bin" --out "$tmp/cb-$f-rotkc.bin" "$tmp/calib.txt" >&2
+				--k-center "$tmp/kc.bin" --out "$tmp/cb-$f-rotkc.bin" "$tmp/calib.txt" >&2
 	done
 )
 for r in "${runs[@]}"; do
@@ -83,7 +83,7 @@ for r in "${runs[@]}"; do
 	args=("${run_args[@]}")
 	case $opt in
 	-) args+=(--codebooks "$tmp/cb-pq2.bin" --codebooks "$tmp/cb-pq1.bin") ;;
-	rot,kc) args+=(--rotate --k-center "$tmp/kc-rot.bin" --codebooks "$tmp/cb-pq2-rotkc.bin"
+	rot,kc) args+=(--rotate --k-center "$tmp/kc.bin" --codebooks "$tmp/cb-pq2-rotkc.bin"
 		--codebooks "$tmp/cb-pq1-rotkc.bin") ;;
 	esac
 	[ -n "${KVQ_TEXTS:-}" ] && text=$KVQ_TEXTS/$(basename "$text")

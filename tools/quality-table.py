@@ -6,9 +6,18 @@
 """
 import json
 import os
+import re
 import sys
 
 TARGETS = {"int8": 0.1, "fp8": 0.5, "kivi4": 1.5, "int4g32": 2.0}
+
+
+def plain(kv):
+    """A policy without its rotation ("k=int8+rot,v=int8+rot" is "int8"): the
+    targets are the format's, rotated or not."""
+    kv = kv.replace("+rot", "")
+    m = re.fullmatch(r"k=([^,;]+),v=\1", kv)
+    return m.group(1) if m else kv
 
 
 def label(r):
@@ -71,10 +80,11 @@ def main():
            "  before the first difference.",
            "- Targets from the issue: dPPL int8 <= 0.1 %, fp8 <= 0.5 %, kivi4 <= 1.5 %,",
            "  int4g32 <= 2 % (uniform policies, default window).",
-           "- Runs marked *Hadamard-rotated* ran `kvq-run --rotate`: K, V and q of every head",
-           "  through the normalised Walsh-Hadamard transform after RoPE (attention's output back",
-           "  through it), the FP16-KV reference too; the same function in exact arithmetic, with",
-           "  channel outliers spread over the head before quantization.",
+           "- Runs marked *Hadamard-rotated* ran `kvq-run --rotate`: `+rot` on every quantized part",
+           "  of each policy, so libkvq stores K and V through the normalised Walsh-Hadamard",
+           "  transform (q too; attention's output back through it; the FP16-KV reference is",
+           "  unrotated); the same function in exact arithmetic, with channel outliers spread",
+           "  over the head before quantization.",
            "- Runs marked *K centered* ran `kvq-run --k-center`: K minus its per-channel mean (per layer",
            "  and head, measured by `kvq-run calibrate` on another text, Debian's Apache-2.0) before it is",
            "  stored; softmax cancels the shift, so attention is unchanged in exact arithmetic.", ""]
@@ -86,7 +96,7 @@ def main():
     for run in runs:
         cells = []
         for k, t in TARGETS.items():
-            r = next((r for r in run["results"] if r["kv"] == k and default_window(run, r)), None)
+            r = next((r for r in run["results"] if plain(r["kv"]) == k and default_window(run, r)), None)
             cells.append("-" if r is None else f"{r['dppl_pct']:+.3f}" + (" met" if abs(r["dppl_pct"]) <= t else ""))
         out.append(f"| {title(run)} | {run.get('path', 'cpu')} | " + " | ".join(cells) + " |")
     out.append("")
@@ -104,7 +114,7 @@ def main():
         has_gen = run.get("gen", 1) and run.get("gen_prompts", 1) and (
             "gen" in run or any(r["cont_match"] > 0 for r in run["results"]))
         for r in run["results"]:
-            t = TARGETS.get(r["kv"]) if default_window(run, r) else None
+            t = TARGETS.get(plain(r["kv"])) if default_window(run, r) else None
             verdict = "" if t is None else ("met" if abs(r["dppl_pct"]) <= t else "MISSED") + f" (<= {t} %)"
             out.append(f"| {label(r)} | {r['bits_per_value'] / 8:.4f} | {r['bits_per_value']:.2f} | {r['ppl']:.4f} | {r['dppl_pct']:+.3f} |"
                        f" {r['kl']:.5f} | {100 * r['top1']:.2f} % | {gen_cell(has_gen, r['rep4'])} |"

@@ -59,11 +59,11 @@ mkdir -p "$out"
 kc=$(mktemp -d /tmp/kvq-quality.XXXXXX)
 trap 'rm -rf "$kc"' EXIT
 [ -n "${KVQ_TEXTS:-}" ] && calib=$KVQ_TEXTS/$(basename "$calib")
-# K centers, plain and rotated (CPU path; one pass over the calibration text)
+# K centers (CPU path; one pass over the calibration text; K is centered
+# before libkvq rotates it, so rotated runs take the same file)
 (
 	kvqd_temp_start "$top" calibrate
 	"$run_bin" calibrate --threads "$threads" --out "$kc/kc.bin" "$calib" >&2
-	"$run_bin" calibrate --threads "$threads" --rotate --out "$kc/kc-rot.bin" "$calib" >&2
 )
 jobs=0 failed=0
 for r in "${runs[@]}"; do
@@ -76,7 +76,7 @@ for r in "${runs[@]}"; do
 	case $opt in
 	kc) args+=(--k-center "$kc/kc.bin") ;;
 	rot) args+=(--rotate) ;;
-	rot,kc) args+=(--rotate --k-center "$kc/kc-rot.bin") ;;
+	rot,kc) args+=(--rotate --k-center "$kc/kc.bin") ;;
 	esac
 	[ -n "${KVQ_TEXTS:-}" ] && text=$KVQ_TEXTS/$(basename "$text")
 	for p in "${pol[@]}"; do

@@ -48,7 +48,7 @@ static size_t *most_different(const struct ab_run *r, unsigned j, size_t *ret_n)
 
 static const char *row_name(const struct ab_row *w, unsigned j)
 {
-	static char buf[300];
+	static char buf[sizeof(((struct kv *)0)->canon) + 16];
 
 	snprintf(buf, sizeof(buf), "%s%s", w->k.canon, j == 0 ? " (reference)" : w->control ? " (control)" : "");
 	return buf;

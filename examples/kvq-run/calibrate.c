@@ -118,7 +118,6 @@ static int calibrate_codebooks(void)
 	static struct samples S;
 	struct kv k = { 0 };
 	struct jobs J = { 0 };
-	char err[256];
 	uint32_t ctx, *ids;
 	uint64_t bytes;
 	size_t n;
@@ -134,8 +133,7 @@ static int calibrate_codebooks(void)
 	kv_tap_arg = &S;
 	load();
 	c = model_cfg(md);
-	if (kvq_policy_parse(o.kv[0], c->layers, &S.pol, err, sizeof(err)) < 0)
-		die("--kv %s: %s", o.kv[0], err);
+	kv_policy(o.kv[0], &S.pol);
 	bytes = kvq_codebook_bytes(&S.pol, c->kv_heads, c->head_dim);
 	if (!bytes)
 		die("--kv %s has no codebook format (pq2, pq1): nothing to calibrate", o.kv[0]);
@@ -188,7 +186,7 @@ static int calibrate_codebooks(void)
 	if (fd < 0)
 		die("%s: %s", o.out, strerror(errno));
 	r = kvq_codebook_write(fd, &S.pol, c->kv_heads, c->head_dim,
-			       (o.rotate ? KVQ_CB_ROTATE : 0u) | (k_center ? KVQ_CB_K_CENTER : 0u), J.data, bytes);
+			       k_center ? KVQ_CB_K_CENTER : 0u, J.data, bytes);
 	if (r < 0 || close(fd) != 0)
 		die("%s: %s", o.out, strerror(r < 0 ? -r : errno));
 	printf("%s: codebooks of %s (%llu bytes) from %zu tokens of %s%s%s\n", o.out, o.kv[0],
@@ -218,6 +216,8 @@ int cmd_calibrate(void)
 		return calibrate_codebooks();
 	if (o.gpu || o.k_center)
 		die("calibrate runs on the CPU path, without --k-center");
+	if (o.rotate)
+		die("calibrate: K means are taken of K unrotated (libkvq rotates K after centering, +rot): drop --rotate");
 	want_k_sum = true;
 	load();
 	c = model_cfg(md);
@@ -236,7 +236,7 @@ int cmd_calibrate(void)
 	h.layers = c->layers;
 	h.kv_heads = c->kv_heads;
 	h.head_dim = c->head_dim;
-	h.rotate = o.rotate;
+	h.rotate = 0;   /* K is centered before libkvq rotates it (+rot) */
 	h.tokens = n;
 	h.model_fp = model_fp;
 	float *mean = malloc(nk * sizeof(float));
@@ -248,7 +248,7 @@ int cmd_calibrate(void)
 	    fclose(f) != 0)
 		die("%s: %s", o.out, strerror(errno));
 	printf("%s: K means of %u layers x %u heads x %u channels over %zu tokens of %s%s\n", o.out, c->layers,
-	       c->kv_heads, c->head_dim, n, o.file, o.rotate ? " (rotated)" : "");
+	       c->kv_heads, c->head_dim, n, o.file, "");
 	free(mean);
 	free(ids);
 	kv_close(&k);

@@ -55,6 +55,23 @@ static const char *codebooks_subset(const struct kvq_cb_file *f, const struct kv
 	return path;
 }
 
+/* Parses --kv's policy s for this model into *pol; with --rotate, every
+ * quantized part (not F16/BF16) of every layer gets "+rot" (libkvq then
+ * rotates K, V and q and undoes it in attention's output, policy.h). */
+void kv_policy(const char *s, struct kvq_policy *pol)
+{
+	char err[256];
+
+	if (kvq_policy_parse(s, model_cfg(md)->layers, pol, err, sizeof(err)) < 0)
+		die("--kv %s: %s", s, err);
+	for (uint32_t l = 0; o.rotate && l < pol->n_layers; l++) {
+		if (pol->k[l] != KVQ_FMT_F16 && pol->k[l] != KVQ_FMT_BF16)
+			pol->rot[l] |= KVQ_ROT_K;
+		if (pol->v[l] != KVQ_FMT_F16 && pol->v[l] != KVQ_FMT_BF16)
+			pol->rot[l] |= KVQ_ROT_V;
+	}
+}
+
 /* The codebooks for policy pol from the first --codebooks file that covers
  * it in the same basis (kvq-codebook(5), kvq_codebook_basis): its path (or, when the file holds more, a file of
  * just pol's), and their data's hash into *hash; NULL when pol has no
@@ -63,7 +80,7 @@ static const char *codebooks_subset(const struct kvq_cb_file *f, const struct kv
 static const char *codebooks_for(const struct kvq_policy *pol, const char *policy, uint64_t *hash)
 {
 	const struct model_cfg *c = model_cfg(md);
-	uint32_t transforms = (o.rotate ? KVQ_CB_ROTATE : 0u) | (k_center ? KVQ_CB_K_CENTER : 0u);
+	uint32_t transforms = k_center ? KVQ_CB_K_CENTER : 0u;
 	struct kvq_cb_file *f = malloc(sizeof(*f));
 	char err[256] = "";
 
@@ -85,11 +102,12 @@ static const char *codebooks_for(const struct kvq_policy *pol, const char *polic
 			free(img);
 			continue;
 		}
+		if (f->transforms & KVQ_CB_ROTATE)
+			die("--codebooks %s: calibrated on K/V that an earlier kvq-run rotated itself; --rotate is "
+			    "the policy's +rot now: calibrate again", path);
 		if (f->transforms != transforms)
-			die("--codebooks %s was calibrated %s--rotate and %s--k-center; this run has %s and %s", path,
-			    f->transforms & KVQ_CB_ROTATE ? "with " : "without ",
-			    f->transforms & KVQ_CB_K_CENTER ? "with " : "without ", o.rotate ? "it" : "not",
-			    k_center ? "it" : "not");
+			die("--codebooks %s was calibrated %s--k-center; this run is %s", path,
+			    f->transforms & KVQ_CB_K_CENTER ? "with " : "without ", k_center ? "with it" : "without");
 		if (f->data_bytes != kvq_codebook_bytes(pol, c->kv_heads, c->head_dim))
 			path = codebooks_subset(f, pol, c->kv_heads, c->head_dim, path);
 		for (uint64_t j = 0; j < f->data_bytes; j++)
@@ -109,7 +127,7 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 {
 	const struct model_cfg *c = model_cfg(md);
 	struct kvq_policy pol;
-	char err[256], pool[65], model_id[128], policy[512];
+	char pool[65], model_id[128], policy[512];
 	const char *at = strchr(spec, '@');
 	uint32_t window = at ? num(at + 1, "--kv POLICY@WINDOW") : o.window;
 	uint64_t h = 0xcbf29ce484222325ull;
@@ -120,9 +138,9 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 
 	snprintf(policy, sizeof(policy), "%.*s", at ? (int)(at - spec) : (int)strlen(spec), spec);
 	k->policy = spec;
-	if (kvq_policy_parse(policy, c->layers, &pol, err, sizeof(err)) < 0)
-		die("--kv %s: %s", policy, err);
-	kvq_policy_format(&pol, k->canon, sizeof(k->canon));
+	kv_policy(policy, &pol);
+	if (kvq_policy_format(&pol, k->canon, sizeof(k->canon)) < 0)
+		die("--kv %s: too long", policy);
 	/* a write of o.batch tokens holds the window's open slots and its own
 	 * until commit, and every open slot reserves a sealed one */
 	win = window ? window : kvq_layout_default_window(&pol, o.block);
@@ -131,10 +149,9 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	/* one pool per (model, policy, window, capacity): pools compare the
 	 * first three at attach, and a pool made for a short run cannot hold a
 	 * long one */
-	/* rotated or centered K/V are another model's: never shared with
-	 * plain ones */
-	snprintf(model_id, sizeof(model_id), "%s@%016llx%s", model_name, (unsigned long long)model_fp,
-		 o.rotate ? "+hadamard" : "");
+	/* centered K is another model's: never shared with plain K (rotation
+	 * is the policy's, compared at attach) */
+	snprintf(model_id, sizeof(model_id), "%s@%016llx", model_name, (unsigned long long)model_fp);
 	if (k_center)
 		snprintf(model_id + strlen(model_id), sizeof(model_id) - strlen(model_id), "+kc%08x", k_center_hash);
 	for (const char *p = model_id; *p; p++)
@@ -152,7 +169,7 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 		h = (h ^ (0x100u + (unsigned)o.device)) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
-		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = policy,
+		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = k->canon,
 		.window = window, .act = KVQ_ACT_F16, .create = 1,
 		.n_sealed = n_sealed, .n_open = n_open,
 		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1, .codebooks = cb };

@@ -27,8 +27,9 @@ void (*kv_tap)(void *arg, uint32_t layer, uint32_t n, const uint16_t *k, const u
 void *kv_tap_arg;
 static struct model_cfg cfg;  /* the model file's shape (before the model loads) */
 
-/* Reads --k-center for this model (geometry, fingerprint and --rotate must
- * match the calibration). */
+/* Reads --k-center for this model (geometry and fingerprint must match the
+ * calibration; K means of rotated K, from an earlier kvq-run that rotated
+ * K itself, are refused: K is centered before libkvq rotates it now). */
 static void read_k_center(void)
 {
 	struct kc_head h;
@@ -42,8 +43,9 @@ static void read_k_center(void)
 		die("--k-center %s: not a kvq-run calibrate file", o.k_center);
 	if (h.layers != L || h.kv_heads != H || h.head_dim != D || h.model_fp != model_fp)
 		die("--k-center %s: calibrated for another model", o.k_center);
-	if (h.rotate != (o.rotate ? 1u : 0u))
-		die("--k-center %s: calibrated %s --rotate; give the same here", o.k_center, h.rotate ? "with" : "without");
+	if (h.rotate)
+		die("--k-center %s: means of K that an earlier kvq-run rotated itself; --rotate is the policy's "
+		    "+rot now and K is centered before it: calibrate again", o.k_center);
 	n = (size_t)L * H * D;
 	k_center = malloc(n * sizeof(float));
 	if (!k_center)
@@ -91,7 +93,7 @@ void load(void)
 		read_k_center();
 	if (want_k_sum && !(k_sum = calloc((size_t)cfg.layers * cfg.kv_heads * cfg.head_dim, sizeof(double))))
 		die("%s", strerror(ENOMEM));
-	struct model_opts mo = { .max_batch = o.batch, .rotate = o.rotate, .k_center = k_center, .k_sum = k_sum,
+	struct model_opts mo = { .max_batch = o.batch, .k_center = k_center, .k_sum = k_sum,
 		.kv_tap = kv_tap, .kv_tap_arg = kv_tap_arg, .gpu = o.gpu ? o.device : -1 };
 	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, &mo, &md, err, sizeof(err)) < 0)
 		die("%s: %s", path, err);

@@ -12,15 +12,16 @@
  *   kvq-run ab --prompts FILE [--kv POLICY...] [--gen N] [--raw] [--show N] [--json]
  *     (each prompt's continuation with f16, bf16 and each policy, ab.h)
  *   kvq-run tokenize [--special] [--decode] TEXT   (ids, or their bytes again)
- *   kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE
+ *   kvq-run calibrate [--ctx N] --out PATH FILE
  *     (K's per-channel mean over FILE, for --k-center)
  *   kvq-run calibrate --kv POLICY [--ctx N] [--rotate] [--k-center PATH] --out PATH FILE
  *     (k-means codebooks for POLICY's pq2/pq1 layers over FILE, for --codebooks)
  *
  * Common: --model PATH ($KVQ_MODEL), --socket PATH ($KVQ_SOCKET), --window N
  * (open window in tokens, 0: the pool's default), --batch N (prefill chunk),
- * --threads N, --limit N (use the first N tokens of FILE), --rotate (K, V
- * and q per head through a Hadamard transform, model.h), --gpu [--device N]
+ * --threads N, --limit N (use the first N tokens of FILE), --rotate ("+rot"
+ * on every quantized part of each --kv policy: libkvq stores K and V
+ * through a Hadamard transform, kv.c), --gpu [--device N]
  * (the layers on a GPU with the KV in cuda pools, model_gpu.h), --k-center
  * PATH (K centered by calibrate's means, model.h), --codebooks PATH (the
  * codebooks of policies with pq2/pq1, kv.c).
@@ -64,14 +65,14 @@ static void usage(FILE *f)
 		   "                --system-file FILE] [--show N] [--limit N] [--json]   (continuations of FILE's\n"
 		   "                prompts, one a line or JSON lines {\"prompt\", \"system\"}: f16, bf16, each POLICY)\n"
 		   "       kvq-run tokenize [--special] [--decode] TEXT   (ids, or the ids decoded back)\n"
-		   "       kvq-run calibrate [--ctx N] [--rotate] --out PATH FILE   (K means for --k-center)\n"
+		   "       kvq-run calibrate [--ctx N] --out PATH FILE   (K means for --k-center)\n"
 		   "       kvq-run calibrate --kv POLICY [--ctx N] [--limit N] [--rotate] [--k-center PATH] --out PATH\n"
 		   "                FILE   (k-means codebooks of POLICY's pq2/pq1 layers, for --codebooks)\n"
 		   "options: --model PATH ($KVQ_MODEL)  --socket PATH ($KVQ_SOCKET)  --window N (open window,\n"
 		   "         tokens)  --batch N (prefill chunk, default 128)  --threads N  --limit N (first N\n"
 		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
 		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n"
-		   "         --block N (tokens per KV block, default 32)  --rotate (Hadamard-rotated K, V, q)\n"
+		   "         --block N (tokens per KV block, default 32)  --rotate (+rot on every quantized part)\n"
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
 		   "         calibrate's means)  --show N (ab --prompts: the N prompts that differ most per\n"
 		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)  --codebooks PATH\n"

@@ -133,10 +133,6 @@ int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_mo
 	if (bad)
 		goto fail;
 	m->opt = *opts;
-	if (opts->rotate && (c->head_dim & (c->head_dim - 1))) {
-		snprintf(err, errlen, "model: the Hadamard rotation needs a power-of-two head dim (%u)", c->head_dim);
-		goto fail;
-	}
 	if (opts->gpu >= 0 && (opts->k_sum || opts->kv_tap)) {
 		snprintf(err, errlen, "model: K sums and K/V samples are taken on the CPU path only");
 		goto fail;
@@ -246,28 +242,6 @@ static void rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, uint32_t pos
 	}
 }
 
-/* The normalised Walsh-Hadamard transform of each hd-element row of x in
- * place (hd a power of two); model_gpu.cu's k_hadamard in the same order. */
-static void hadamard(float *x, size_t rows, uint32_t hd)
-{
-	const float norm = 1.0f / sqrtf((float)hd);
-
-	for (size_t r = 0; r < rows; r++) {
-		float *p = x + r * hd;
-
-		for (uint32_t len = 1; len < hd; len <<= 1)
-			for (uint32_t i = 0; i < hd; i += 2 * len)
-				for (uint32_t j = i; j < i + len; j++) {
-					float a = p[j], b = p[j + len];
-
-					p[j] = a + b;
-					p[j + len] = a - b;
-				}
-		for (uint32_t i = 0; i < hd; i++)
-			p[i] *= norm;
-	}
-}
-
 /* The layers on the CPU for the n tokens whose embeddings are in m->x. */
 static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 {
@@ -284,11 +258,6 @@ static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 		mm_matmul(w->v, m->xn, n, m->v);
 		rope(m->q, n, c->heads, c->head_dim, pos0, c->rope_base);
 		rope(m->k, n, c->kv_heads, c->head_dim, pos0, c->rope_base);
-		if (m->opt.rotate) {
-			hadamard(m->q, (size_t)n * c->heads, c->head_dim);
-			hadamard(m->k, (size_t)n * c->kv_heads, c->head_dim);
-			hadamard(m->v, (size_t)n * c->kv_heads, c->head_dim);
-		}
 		if (m->opt.k_center)
 			for (uint32_t t = 0; t < n; t++)
 				for (uint32_t j = 0; j < kvd; j++)
@@ -309,8 +278,6 @@ static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 		r = kvq_seq_attention(s, l, c->heads, n, 0.0f, m->q, m->att);
 		if (r < 0)
 			return r;
-		if (m->opt.rotate)
-			hadamard(m->att, (size_t)n * c->heads, c->head_dim);
 		mm_matmul(w->o, m->att, n, m->tmp);
 		for (size_t i = 0; i < (size_t)n * D; i++)
 			m->x[i] += m->tmp[i];
@@ -355,7 +322,7 @@ int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint
 		return r;
 #ifdef KVQ_WITH_CUDA
 	if (m->gpu)
-		r = gpu_fwd_layers(m->gpu, s, m->x, n, pos0, m->opt.rotate);
+		r = gpu_fwd_layers(m->gpu, s, m->x, n, pos0);
 	else
 #endif
 		r = cpu_layers(m, s, n, pos0);

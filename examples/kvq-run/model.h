@@ -26,26 +26,18 @@ struct layer_w {
 
 struct model_opts {
 	uint32_t max_batch;   /* tokens per model_forward */
-	/* K, V and q go through the normalised Walsh-Hadamard transform of
-	 * each head after RoPE, and attention's output back through it: the
-	 * same function in exact arithmetic (the transform is orthogonal and
-	 * its own inverse; q.k and p.v are unchanged), but channel outliers
-	 * are spread over the head, so quantized KV loses less.  Needs a
-	 * power-of-two head dim.  KV written this way is a different model's
-	 * KV: kvq-run gives such pools their own model id. */
-	int rotate;
 	/* [layers][kv_heads * head_dim] or NULL: subtracted from every K
-	 * (after RoPE and the rotation) before it is stored.  Attention is
+	 * (after RoPE) before it is written (libkvq rotates it after, +rot).  Attention is
 	 * unchanged in exact arithmetic (q.(k - c) differs from q.k by q.c,
 	 * the same for every key, which softmax cancels), but per-token
 	 * formats no longer spend their range on K's per-channel offsets.
 	 * kvq-run calibrate measures c as K's mean over a text. */
 	const float *k_center;
-	/* [layers][kv_heads * head_dim] or NULL: every K (after the rotation
-	 * and centering) is added here (CPU path), for kvq-run calibrate */
+	/* [layers][kv_heads * head_dim] or NULL: every K (after
+	 * centering) is added here (CPU path), for kvq-run calibrate */
 	double *k_sum;
 	/* called with each layer's K and V as stored ([n][kv_heads *
-	 * head_dim] FP16, after the rotation and centering; CPU path), for
+	 * head_dim] FP16 as written, after centering; CPU path), for
 	 * kvq-run calibrate's codebooks */
 	void (*kv_tap)(void *arg, uint32_t layer, uint32_t n, const uint16_t *k, const uint16_t *v);
 	void *kv_tap_arg;

@@ -124,31 +124,6 @@ __global__ void k_rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, uint32
 	p[1] = a * sn + b * cs;
 }
 
-/* The normalised Walsh-Hadamard transform of each hd-element row in place
- * (hd a power of two, <= 1024): one CTA of hd / 2 threads per row, the
- * butterflies in the CPU path's order. */
-__global__ void k_hadamard(float *x, uint32_t hd, float norm)
-{
-	extern __shared__ float r[];
-	float *row = x + (size_t)blockIdx.x * hd;
-	uint32_t t = threadIdx.x;
-
-	r[t] = row[t];
-	r[t + hd / 2] = row[t + hd / 2];
-	for (uint32_t len = 1; len < hd; len <<= 1) {
-		__syncthreads();
-		uint32_t i = (t / len) * 2 * len + t % len;
-		float a = r[i], b = r[i + len];
-
-		__syncthreads();
-		r[i] = a + b;
-		r[i + len] = a - b;
-	}
-	__syncthreads();
-	row[t] = r[t] * norm;
-	row[t + hd / 2] = r[t + hd / 2] * norm;
-}
-
 /* x[t][j] -= c[j] for n rows of w */
 __global__ void k_sub_rows(float *x, const float *c, uint32_t n, uint32_t w)
 {
@@ -327,12 +302,7 @@ static int gemm(gpu_fwd *g, const float *W, uint32_t rows, uint32_t cols, const 
 	return 0;
 }
 
-static void hadamard(float *x, size_t rows, uint32_t hd)
-{
-	k_hadamard<<<(unsigned)rows, hd / 2, hd * sizeof(float)>>>(x, hd, 1.0f / sqrtf((float)hd));
-}
-
-int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t pos0, int rotate)
+int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t pos0)
 {
 	const struct model_cfg *c = &g->c;
 	const uint32_t D = c->dim, hd = c->head_dim, kvd = c->kv_heads * hd;
@@ -353,11 +323,6 @@ int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t 
 			return r;
 		k_rope<<<blocks((size_t)n * c->heads * hd / 2, 256), 256>>>(g->q, n, c->heads, hd, pos0, step);
 		k_rope<<<blocks((size_t)n * c->kv_heads * hd / 2, 256), 256>>>(g->k, n, c->kv_heads, hd, pos0, step);
-		if (rotate) {
-			hadamard(g->q, (size_t)n * c->heads, hd);
-			hadamard(g->k, (size_t)n * c->kv_heads, hd);
-			hadamard(g->v, (size_t)n * c->kv_heads, hd);
-		}
 		if (g->k_center)
 			k_sub_rows<<<blocks((size_t)n * kvd, 256), 256>>>(g->k, g->k_center + (size_t)l * kvd, n, kvd);
 		k_to_half<<<blocks((size_t)n * D, 256), 256>>>(g->q, (size_t)n * D, g->q16);
@@ -368,8 +333,6 @@ int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t 
 		if ((r = kvq_seq_write(s, l, g->k16, g->v16)) < 0 ||
 		    (r = kvq_seq_attention_device(s, l, c->heads, n, 0.0f, g->q16, g->att, 1)) < 0)
 			return gfail(g, r, "layer %u: %s", l, kvq_client_error(kvq_seq_client(s)));
-		if (rotate)
-			hadamard(g->att, (size_t)n * c->heads, hd);
 		if ((r = gemm(g, w->o, D, D, g->att, n, g->x, true)) < 0)
 			return r;
 		k_rmsnorm<<<n, 256>>>(g->x, w->ffn_norm, D, c->eps, g->xn);

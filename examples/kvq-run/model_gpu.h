@@ -38,11 +38,9 @@ void gpu_fwd_free(gpu_fwd *g);
 
 /* The layers for n tokens at positions pos0.. whose embeddings x (host,
  * [n][dim]) are given, between kvq_seq_begin and kvq_seq_commit of s (a
- * sequence on a cuda pool).  rotate: K, V and q through the normalised
- * Walsh-Hadamard transform per head (see model.h); then k_center, if
- * given, is subtracted from K.  Returns 0 or a negative code (err
+ * sequence on a cuda pool); k_center, if given, is subtracted from K.  Returns 0 or a negative code (err
  * filled). */
-int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t pos0, int rotate);
+int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t pos0);
 
 /* Next-token logits [n_out][vocab] (host) of the last n_out of the n tokens
  * of the last gpu_fwd_layers. */

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "kvq.h"
+#include "policy.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -34,7 +35,7 @@ struct opts {
 /* One policy's pool and sequence. */
 struct kv {
 	const char *policy;
-	char canon[256];
+	char canon[KVQ_POLICY_MAX_LEN + 1];
 	kvq_client *c;
 	kvq_seq *s;
 	double bits;         /* stored bits per value of a sealed block, scales included, and codebooks
@@ -43,7 +44,8 @@ struct kv {
 };
 
 /* K centers (kvq-run calibrate, --k-center): "KVQKC001", then u32 layers,
- * kv_heads, head_dim, rotate; u64 tokens averaged, model fingerprint; then
+ * kv_heads, head_dim, rotate (0; 1 in files of an earlier kvq-run that
+ * rotated K itself, refused); u64 tokens averaged, model fingerprint; then
  * float means [layers][kv_heads][head_dim]; all little-endian. */
 #define KC_MAGIC "KVQKC001"
 struct kc_head {
@@ -82,7 +84,9 @@ extern void (*kv_tap)(void *arg, uint32_t layer, uint32_t n, const uint16_t *k, 
 extern void *kv_tap_arg;
 void load(void);
 
-/* kv.c */
+/* kv.c; kv_policy: --kv's policy s for this model, with +rot on its
+ * quantized parts under --rotate */
+void kv_policy(const char *s, struct kvq_policy *pol);
 void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs);
 void kv_reset(struct kv *k);
 void kv_close(struct kv *k);

@@ -4,7 +4,7 @@
 # CUDA kernels for K/V writes and attention, KV in cuda pools) against its
 # CPU path, on the GPU machine:
 #   1. logits of the first 1024 tokens of GPL-3 (two windows of 512) with
-#      f16, int8 and kivi4 KV (and f16 with --rotate): largest and mean
+#      f16, int8, kivi4 and f16+rot KV (and int8 with --rotate: int8+rot): largest and mean
 #      |GPU - CPU|, top-1 agreement, both perplexities.  f16 must agree to
 #      max <= 0.1, mean <= 0.01, top-1 >= 99 %, perplexity within 0.1 %
 #      (tools/model-check.py's tolerance); quantized KV is reported (a K/V
@@ -28,7 +28,7 @@ rc=0
 (
 	. "$top/tools/kvqd-temp.sh"
 	kvqd_temp_start "$top" gpu-model
-	for spec in f16 int8 kivi4 "f16 --rotate"; do
+	for spec in f16 int8 kivi4 f16+rot "int8 --rotate"; do
 		read -r kv extra <<<"$spec"
 		tag=$kv${extra:+-rot}
 		for path in cpu gpu; do
@@ -70,7 +70,7 @@ d = np.concatenate([np.abs(a.astype(np.float64) - b) for a, b in zip(c, g)])
 top1 = np.mean(np.concatenate([a.argmax(1) == b.argmax(1) for a, b in zip(c, g)]))
 pc, pg = ppl(c, ci), ppl(g, gi)
 ok = d.max() <= 0.1 and d.mean() <= 0.01 and top1 >= 0.99 and abs(pg - pc) / pc <= 1e-3
-must = tag in ("f16", "f16-rot")
+must = tag in ("f16", "f16+rot")
 print(f"{tag:8s} GPU vs CPU path: max|d| {d.max():.4f} mean|d| {d.mean():.5f} top-1 {100 * top1:.2f} % "
       f"ppl cpu {pc:.4f} gpu {pg:.4f} ({100 * (pg - pc) / pc:+.3f} %) "
       + ("AGREE" if ok else ("DISAGREE" if must else "(reported)")))

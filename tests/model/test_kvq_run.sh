@@ -27,7 +27,7 @@ close_to_f16() {   # close_to_f16 KL TOP1
 	awk -v k="$1" -v t="$2" 'BEGIN { exit !(k != "" && k < 0.01 && t > 0.95) }'
 }
 
-echo "1..19"
+echo "1..21"
 
 # Ids recorded from the tokenizers library (Rust BPE) built from the GGUF's
 # vocabulary and merges with SmolLM2's pre-tokenizer, as tools/model-check.py
@@ -85,27 +85,36 @@ check "ab refuses a --score-from that leaves nothing to score" \
 	sh -c '"$1" ab --kv int8 --ctx 256 --score-from 255 --gen 0 "$2" 2>&1 | grep -q "leaves nothing to score"' \
 	sh "$run" "$text"
 
-# the Hadamard rotation and K centering leave the function alone (f16 KV)
-# and take quantization error out of per-token K
-"$run" perplexity --rotate --kv f16 --ctx 256 --limit 256 --json "$text" >"$tmp/rot.json" 2>&1
+# the Hadamard rotation (the policy's +rot, done by libkvq) and K centering
+# leave the function alone (f16 KV) and take quantization error out of
+# per-token K
+"$run" perplexity --kv f16+rot --ctx 256 --limit 256 --json "$text" >"$tmp/rot.json" 2>&1
 rot=$(json_num ppl "$tmp/rot.json")
-check "--rotate leaves the f16-KV perplexity ($rot vs $ppl) within 0.05 %" \
+check "f16+rot KV leaves the perplexity ($rot vs $ppl) within 0.05 %" \
 	awk -v a="$rot" -v b="$ppl" 'BEGIN { exit !(a != "" && b != "" && (a - b) / b < 5e-4 && (b - a) / b < 5e-4) }'
 calib=/usr/share/common-licenses/Apache-2.0
-"$run" calibrate --limit 512 --out "$tmp/kc.bin" "$calib" >"$tmp/kc.out" 2>&1 &&
-	"$run" calibrate --limit 512 --rotate --out "$tmp/kcr.bin" "$calib" >>"$tmp/kc.out" 2>&1
+"$run" calibrate --limit 512 --out "$tmp/kc.bin" "$calib" >"$tmp/kc.out" 2>&1
 "$run" perplexity --k-center "$tmp/kc.bin" --kv f16 --ctx 256 --limit 256 --json "$text" >"$tmp/kc.json" 2>&1
 kc=$(json_num ppl "$tmp/kc.json")
 check "--k-center leaves the f16-KV perplexity ($kc vs $ppl) within 0.05 %" \
 	awk -v a="$kc" -v b="$ppl" 'BEGIN { exit !(a != "" && b != "" && (a - b) / b < 5e-4 && (b - a) / b < 5e-4) }'
+# K means of rotated K (an earlier kvq-run's --rotate rotated K itself):
+# the same file with its rotate word set, refused with a reason
+{ head -c 20 "$tmp/kc.bin"; printf '\001\000\000\000'; tail -c +25 "$tmp/kc.bin"; } >"$tmp/kcold.bin"
 rc=0
-"$run" perplexity --rotate --k-center "$tmp/kc.bin" --kv f16 --ctx 256 --limit 256 "$text" >/dev/null \
+"$run" perplexity --k-center "$tmp/kcold.bin" --kv f16 --ctx 256 --limit 256 "$text" >/dev/null \
 	2>"$tmp/kc.err" || rc=$?
-check "centers calibrated without --rotate are refused with --rotate" \
-	sh -c "test $rc -ne 0 && grep -q 'calibrated without --rotate' '$tmp/kc.err'"
+check "K means of K rotated by an earlier kvq-run are refused" \
+	sh -c "test $rc -ne 0 && grep -q 'calibrate again' '$tmp/kc.err'"
+rc=0
+"$run" calibrate --rotate --limit 64 --out "$tmp/kcr.bin" "$calib" >/dev/null 2>"$tmp/kcr.err" || rc=$?
+check "calibrate of K means refuses --rotate (K is centered unrotated)" \
+	sh -c "test $rc -ne 0 && grep -q 'unrotated' '$tmp/kcr.err'"
 "$run" ab --kv int4g32 --ctx 256 --limit 256 --gen 0 --json "$text" >"$tmp/ab4.json" 2>&1
-"$run" ab --rotate --k-center "$tmp/kcr.bin" --kv int4g32 --ctx 256 --limit 256 --gen 0 --json "$text" \
+"$run" ab --rotate --k-center "$tmp/kc.bin" --kv int4g32 --ctx 256 --limit 256 --gen 0 --json "$text" \
 	>"$tmp/ab4r.json" 2>&1
+check "--rotate stores int4g32 rotated (the policy reported is k=int4g32+rot,v=int4g32+rot)" \
+	grep -q '"kv":"k=int4g32+rot,v=int4g32+rot"' "$tmp/ab4r.json"
 kl4=$(sed -n 's/.*"results":.*"kl":\([-0-9.e]*\).*/\1/p' "$tmp/ab4.json")
 kl4r=$(sed -n 's/.*"results":.*"kl":\([-0-9.e]*\).*/\1/p' "$tmp/ab4r.json")
 check "rotated, centered int4g32 KV is closer to f16 (KL $kl4r < $kl4)" \
@@ -127,8 +136,8 @@ check "a policy whose codebooks no --codebooks file holds is refused with a reas
 rc=0
 "$run" ab --rotate --kv k=int8,v=pq2 --codebooks "$tmp/cb.bin" --ctx 256 --limit 256 --gen 0 "$text" >/dev/null \
 	2>"$tmp/pqr.err" || rc=$?
-check "codebooks calibrated without --rotate are refused with --rotate" \
-	sh -c "test $rc -ne 0 && grep -q 'calibrated without --rotate' '$tmp/pqr.err'"
+check "codebooks calibrated unrotated are refused with --rotate (another basis)" \
+	sh -c "test $rc -ne 0 && grep -q 'give --codebooks FILE' '$tmp/pqr.err'"
 
 # --gpu: the GPU path where a GPU is usable (tests/gpu/model.sh compares
 # it with this path), else a refusal that names the reason
