@@ -113,14 +113,44 @@ static void detect_llc(struct cfg *c)
 	}
 }
 
+/* Rounds of the plain and the "+rot" workload measured one after the other
+ * (drift and other processes hit both alike; their ratio's median is the
+ * rotation's cost). */
+#define ROT_ROUNDS 5u
+
+/* The rotated workload wr against a plain one of the same geometry and
+ * format, alternately: GB/s of wr over the plain one's, or 0 on an error. */
+static double rot_ratio(struct team *team, const struct cfg *c, const struct geom *g, int f,
+			const struct plan *pl, struct workload *wr)
+{
+	struct cfg quick = *c;
+	struct workload wp;
+	struct share sh = { 0 };
+	double ratio[ROT_ROUNDS];
+
+	if (workload_init(&wp, g, f, 0, pl) < 0 || workload_check(&wp) < 0) {
+		workload_free(&wp);
+		return 0.0;
+	}
+	quick.runs = MIN_RUNS;
+	quick.budget_s = 0.0;
+	for (unsigned i = 0; i < ROT_ROUNDS; i++) {
+		double p = measure(team, c->threads, decode_job, &wp, wp.step_bytes, &quick, 1, &sh);
+		double r = measure(team, c->threads, decode_job, wr, wr->step_bytes, &quick, 1, &sh);
+		ratio[i] = r / p;
+	}
+	workload_free(&wp);
+	return median(ratio, ROT_ROUNDS);
+}
+
 int cmd_formats(int argc, char **argv)
 {
 	struct cfg c;
 	struct team team;
 	struct plan pl[NGEOMS];
 	struct membw mem;
-	struct result res[NGEOMS * KVQ_FMT_COUNT];
-	char notes[NGEOMS * KVQ_FMT_COUNT][160];
+	struct result res[NGEOMS * KVQ_FMT_COUNT * 2];
+	char notes[NGEOMS * KVQ_FMT_COUNT * 2][160];
 	unsigned nres = 0, nnotes = 0;
 	double max_step = 0.0, t_start = now_s();
 	long np;
@@ -133,6 +163,8 @@ int cmd_formats(int argc, char **argv)
 			c.json = 1;
 		} else if (!strcmp(argv[i], "--quick")) {
 			c.quick = 1;
+		} else if (!strcmp(argv[i], "--rot")) {
+			c.rot = 1;
 		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
 			return 0;
@@ -214,40 +246,44 @@ int cmd_formats(int argc, char **argv)
 		const struct geom *g = &geoms[gi];
 		double f16_bpt = 0.0;
 
-		for (int f = 0; f < KVQ_FMT_COUNT; f++) {
+		for (int fr = 0; fr < KVQ_FMT_COUNT * 2; fr++) {
+			const int f = fr / 2, rot = fr % 2;
 			struct workload w;
 			struct result *r;
 			struct share sh = { 0 };
 			double t0;
 
-			if (c.fmt_mask && !(c.fmt_mask & (1u << f)) && f != KVQ_FMT_F16)
+			if ((c.fmt_mask && !(c.fmt_mask & (1u << f)) && f != KVQ_FMT_F16) || (rot && !c.rot))
 				continue;
 			if (!fmt_fits(f, g->head_dim)) {
+				if (rot)
+					continue;
 				snprintf(notes[nnotes++], sizeof notes[0],
 					 "%s skipped for %s: its groups do not divide head dim %u", kvq_fmt_name(f),
 					 g->name, g->head_dim);
 				continue;
 			}
 			t0 = now_s();
-			fprintf(stderr, PROG ": %s %s: preparing ...", g->name, kvq_fmt_name(f));
-			if (workload_init(&w, g, f, &pl[gi]) < 0 || workload_check(&w) < 0) {
+			fprintf(stderr, PROG ": %s %s%s: preparing ...", g->name, kvq_fmt_name(f), rot ? "+rot" : "");
+			if (workload_init(&w, g, f, rot, &pl[gi]) < 0 || workload_check(&w) < 0) {
 				workload_free(&w);
 				goto fail;
 			}
 			r = &res[nres++];
 			r->g = g;
 			r->fmt = f;
+			r->rot = rot;
 			r->bpt = (double)w.L->sealed_block_bytes / BLOCK_TOKENS;
 			r->bpt_layer = (double)w.L->layer[w.layer].sealed_slice / BLOCK_TOKENS;
 			r->codebook_bytes = (double)w.L->codebook_bytes;
-			if (w.L->codebook_bytes)
+			if (w.L->codebook_bytes && !rot)
 				snprintf(notes[nnotes++], sizeof notes[0],
 					 "%s at %s: the pool's codebooks, %.1f MiB, are not in its bytes per token "
 					 "(a 1 GiB pool: %.1f bytes per token with them)", kvq_fmt_name(f), g->name,
 					 (double)w.L->codebook_bytes / (1 << 20),
 					 kvq_codebook_amortised(w.L->sealed_block_bytes, w.L->codebook_bytes,
 								KVQ_CB_POOL_BYTES) / BLOCK_TOKENS);
-			if (f == KVQ_FMT_F16)
+			if (f == KVQ_FMT_F16 && !rot)
 				f16_bpt = r->bpt;
 			r->ratio_f16 = r->bpt / f16_bpt;
 			r->step_bytes = w.step_bytes;
@@ -265,6 +301,11 @@ int cmd_formats(int argc, char **argv)
 				r->decn = r->dec1;
 			}
 			r->cpu_share = share_of(&sh);
+			if (rot) {
+				fprintf(stderr, " ... against the plain format in turn ...");
+				r->rot_ratio = rot_ratio(&team, &c, g, f, &pl[gi], &w);
+				fprintf(stderr, " %.3f x", r->rot_ratio);
+			}
 			fprintf(stderr, " (%.1f s, CPU share %.0f%%)\n", now_s() - t0, 100.0 * r->cpu_share);
 			if (w.err) {
 				fprintf(stderr, PROG ": kvq_cpu_attention: %s\n", strerror(-w.err));

@@ -20,6 +20,7 @@
 
 struct cfg {
 	int json, quick;
+	int rot;                   /* --rot: each format again with "+rot" */
 	uint32_t fmt_mask;         /* formats to measure (f16 always: the reference) */
 	unsigned threads;
 	uint64_t llc, llc_sysconf, llc_sysfs;
@@ -50,13 +51,15 @@ struct plan {
 
 struct result {
 	const struct geom *g;
-	int fmt;
+	int fmt, rot;            /* rot: "+rot" on K and V of every layer */
 	double bpt, bpt_layer, ratio_f16;
 	double codebook_bytes;   /* the pool's codebooks (pq2, pq1): not in bpt */
 	double step_bytes;
 	uint32_t nseq, n;
 	double dec1, decn;   /* GB/s of KV read */
 	double cpu_share;
+	double rot_ratio;    /* "+rot" rows: GB/s against the plain format's, measured in
+			      * alternation (the median of ROT_ROUNDS pairs, all threads) */
 };
 
 struct membw {
@@ -115,7 +118,8 @@ struct workload {
 
 int fmt_fits(int fmt, uint32_t D);
 int plan_geometry(const struct geom *g, const struct cfg *c, struct plan *pl);
-int workload_init(struct workload *w, const struct geom *g, int fmt, const struct plan *pl);
+/* rot: K and V stored rotated ("+rot" on every layer) */
+int workload_init(struct workload *w, const struct geom *g, int fmt, int rot, const struct plan *pl);
 int workload_check(struct workload *w);
 void workload_free(struct workload *w);
 void decode_job(void *arg, unsigned idx, unsigned n);

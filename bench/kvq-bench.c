@@ -3,7 +3,7 @@
  * kvq-bench: measurements of the kvq formats and kernels, and of kvqd's
  * control path.
  *
- *   kvq-bench formats [--json] [--quick] [--isa portable|avx2] [--format LIST]
+ *   kvq-bench formats [--json] [--quick] [--isa portable|avx2] [--format LIST] [--rot]
  *   kvq-bench control [--socket PATH] [--pool NAME] [--seconds N] [--json]
  *   kvq-bench decode|prefill|append [OPTIONS]
  *   kvq-bench timing [OPTIONS]
@@ -38,6 +38,7 @@ void usage(FILE *f)
 		"options of formats:\n"
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"
+		"  --rot           each format again with K and V rotated (+rot): decode's cost of the rotation\n"
 		"  --isa NAME      vector path of the CPU kernels: portable or avx2 (default: best)\n"
 		"  --format LIST   only these formats, comma-separated (f16 always runs: the reference)\n"
 		"  --help          this text\n"

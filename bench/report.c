@@ -54,6 +54,15 @@ static const char *bw_check(const struct result *r, const struct membw *m)
 	return r->decn / m->readn >= BW_TARGET ? "PASS" : "MISS";
 }
 
+/* The unrotated result of r's geometry and format when r is a "+rot" one. */
+static const struct result *plain_of(const struct result *res, unsigned nres, const struct result *r)
+{
+	for (unsigned i = 0; r->rot && i < nres; i++)
+		if (!res[i].rot && res[i].g == r->g && res[i].fmt == r->fmt)
+			return &res[i];
+	return NULL;
+}
+
 void print_table(const struct cfg *c, const struct membw *m, const struct plan *pl,
 			const struct result *res, unsigned nres, char notes[][160], unsigned nnotes)
 {
@@ -80,7 +89,7 @@ void print_table(const struct cfg *c, const struct membw *m, const struct plan *
 	       "read-only pass of the same thread count.\n\"/fma\" = decode / (FMA rate x 8 / g): decode does g FMAs per KV element (g query heads per KV\nhead), so the FMA rate of the same thread count bounds it as the read pass does (all threads).\n\"cpu\": CPU time the timed runs got / what their "
 	       "threads could use; well under 100%%, other processes\nshared the CPUs and the row's figures are low.\n\n",
 	       c->threads);
-	printf("%-13s %-9s %9s %9s %7s %9s %9s %7s %7s %7s %7s %5s %5s %5s\n", "geometry", "format", "B/token",
+	printf("%-13s %-13s %9s %9s %7s %9s %9s %7s %7s %7s %7s %5s %5s %5s\n", "geometry", "format", "B/token",
 	       "B/tok/lyr", "/f16", "KV MiB", "decode", "/read", "/fma", "1t", "/read1t", "cpu", "size", "bw");
 	for (unsigned i = 0; i < nres; i++) {
 		const struct result *r = &res[i];
@@ -89,10 +98,22 @@ void print_table(const struct cfg *c, const struct membw *m, const struct plan *
 
 		if (m->fman > 0.0)
 			snprintf(fr, sizeof fr, "%.3f", r->decn / fma_bound(r, m->fman));
-		printf("%-13s %-9s %9.0f %9.2f %7.4f %9.1f %9.2f %7.3f %7s %7.2f %7.3f %4.0f%% %5s %5s\n",
-		       r->g->name, kvq_fmt_name(r->fmt), r->bpt, r->bpt_layer, r->ratio_f16, r->step_bytes / (1 << 20),
+		char name[24];
+
+		snprintf(name, sizeof name, "%s%s", kvq_fmt_name(r->fmt), r->rot ? "+rot" : "");
+		printf("%-13s %-13s %9.0f %9.2f %7.4f %9.1f %9.2f %7.3f %7s %7.2f %7.3f %4.0f%% %5s %5s\n",
+		       r->g->name, name, r->bpt, r->bpt_layer, r->ratio_f16, r->step_bytes / (1 << 20),
 		       r->decn, r->decn / m->readn, fr, r->dec1, r->dec1 / m->read1, 100.0 * r->cpu_share,
 		       sc ? sc : "-", bc ? bc : "-");
+	}
+	for (unsigned i = 0; i < nres; i++) {
+		const struct result *r = &res[i], *p = plain_of(res, nres, r);
+
+		if (p)
+			printf("rotation: %s %s+rot decodes at %.3f x the plain format's GB/s measured in turn "
+			       "(%+.1f %% time; the table's rows: %.3f x, %.3f x with one thread)\n", r->g->name,
+			       kvq_fmt_name(r->fmt), r->rot_ratio, 100.0 * (1.0 / r->rot_ratio - 1.0),
+			       r->decn / p->decn, r->dec1 / p->dec1);
 	}
 	for (unsigned i = 0; i < nnotes; i++)
 		printf("note: %s\n", notes[i]);
@@ -121,6 +142,12 @@ void print_json(const struct cfg *c, const struct membw *m, const struct result 
 			double fb = fma_bound(r, m->fman);
 			printf(",\"fma_gvec_per_s\":%.4f,\"fma_bound_gbps\":%.4f,\"ratio_to_fma_bound\":%.4f", m->fman,
 			       fb, r->decn / fb);
+		}
+		if (r->rot) {
+			const struct result *p = plain_of(res, nres, r);
+			printf(",\"rot\":true");
+			if (p)
+				printf(",\"ratio_to_plain\":%.4f", r->rot_ratio);
 		}
 		if (sc)
 			printf(",\"size_check\":\"%s\"", sc);

@@ -32,7 +32,8 @@ int fmt_fits(int fmt, uint32_t D)
 	return (!gk || D % gk == 0) && (!gv || D % gv == 0);
 }
 
-static int make_layout(const struct geom *g, int fmt, uint32_t n_sealed, uint32_t n_open, struct kvq_layout **ret)
+static int make_layout(const struct geom *g, int fmt, int rot, uint32_t n_sealed, uint32_t n_open,
+		       struct kvq_layout **ret)
 {
 	struct kvq_policy pol;
 	struct kvq_layout_params p = {
@@ -47,6 +48,7 @@ static int make_layout(const struct geom *g, int fmt, uint32_t n_sealed, uint32_
 	pol.n_layers = g->layers;
 	memset(pol.k, fmt, g->layers);
 	memset(pol.v, fmt, g->layers);
+	memset(pol.rot, rot ? KVQ_ROT_K | KVQ_ROT_V : 0, g->layers);
 	rc = kvq_layout_new(&p, ret, err, sizeof err);
 	if (rc < 0)
 		fprintf(stderr, PROG ": layout for %s %s: %s\n", g->name, kvq_fmt_name(fmt), err);
@@ -78,7 +80,7 @@ int plan_geometry(const struct geom *g, const struct cfg *c, struct plan *pl)
 
 		if (!fmt_fits(f, g->head_dim))
 			continue;
-		if (make_layout(g, f, 1, 1, &L) < 0)
+		if (make_layout(g, f, 0, 1, 1, &L) < 0)
 			return -1;
 		b = seq_bytes(L, 0, pl->n);
 		kvq_layout_free(L);
@@ -135,7 +137,7 @@ void workload_free(struct workload *w)
 	memset(w, 0, sizeof *w);
 }
 
-int workload_init(struct workload *w, const struct geom *g, int fmt, const struct plan *pl)
+int workload_init(struct workload *w, const struct geom *g, int fmt, int rot, const struct plan *pl)
 {
 	uint32_t B = BLOCK_TOKENS, H = g->kv_heads, D = g->head_dim;
 	uint32_t n_sealed, n_open, nt, m, S;
@@ -154,7 +156,7 @@ int workload_init(struct workload *w, const struct geom *g, int fmt, const struc
 	w->nseq = pl->nseq;
 	/* the split depends on the window, which depends on the format (KIVI
 	 * keeps 4 blocks open), so ask a throw-away layout */
-	if (make_layout(g, fmt, 1, 1, &L1) < 0)
+	if (make_layout(g, fmt, rot, 1, 1, &L1) < 0)
 		return -1;
 	S = kvq_layout_split(L1, w->n);
 	kvq_layout_free(L1);
@@ -162,7 +164,7 @@ int workload_init(struct workload *w, const struct geom *g, int fmt, const struc
 	w->nob = (w->n - S + B - 1) / B;
 	n_sealed = w->nseq * w->nsb;
 	n_open = w->nseq * w->nob;
-	if (make_layout(g, fmt, n_sealed, n_open, &w->L) < 0)
+	if (make_layout(g, fmt, rot, n_sealed, n_open, &w->L) < 0)
 		return -1;
 	w->layer = g->layers / 2;   /* a middle layer: its region starts far into the pool */
 	ll = &w->L->layer[w->layer];

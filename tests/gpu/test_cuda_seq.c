@@ -9,7 +9,8 @@
  * steps go through kvq_seq_begin/write/commit on both (K/V from device
  * memory for one layer, host memory for the other); then
  *  - attention (prefill queries during the write, decode queries after)
- *    on the GPU matches the CPU's within 2e-3 of max|cpu|;
+ *    on the GPU matches the CPU's within 2e-3 of max|cpu| (4e-3 for the
+ *    prefill queries of a layer that rotates K: rot_tol);
  *  - every sealed block of the cuda pool holds the same bytes as the host
  *    pool's (the CUDA seal through libkvq equals the CPU seal);
  *  - a fork's attention equals its parent's, bit for bit;
@@ -106,6 +107,18 @@ static float qval(void)
 	return kvq_f16_to_f32(kvq_f16_from_f32((float)tap_normal()));
 }
 
+/* The bound of cuda against host attention at layer l: 2e-3 of max|cpu|,
+ * 4e-3 where the layer rotates K: the CUDA kernels take q in the
+ * activation dtype, so a rotated q is rounded to FP16 once more on the GPU
+ * while the CPU keeps the caller's FP32 q (2.5e-3 measured on the H200 with
+ * this test's outlier tokens, 60 times the others). */
+static double rot_tol(uint32_t l)
+{
+	struct kvq_policy pol;
+
+	return kvq_policy_parse(POLICY, LAYERS, &pol, NULL, 0) == 0 && (pol.rot[l] & KVQ_ROT_K) ? 4e-3 : 2e-3;
+}
+
 static double rel_diff(const float *a, const float *ref, size_t n)
 {
 	double e = 0, m = 0;
@@ -187,9 +200,9 @@ int main(void)
 			q[i] = qval();
 		rh = kvq_seq_attention(sh, l, QH, 7, 0, q, oh);
 		rg = kvq_seq_attention(sg, l, QH, 7, 0, q, og);
-		double e = rel_diff(og, oh, 7 * QH * D);
-		ok(rh == 0 && rg == 0 && e <= 2e-3, "layer %u prefill attention, cuda vs host: %.2e (%d, %d: %s)", l, e,
-		   rh, rg, kvq_client_error(cg));
+		double e = rel_diff(og, oh, 7 * QH * D), tol = rot_tol(l);
+		ok(rh == 0 && rg == 0 && e <= tol, "layer %u prefill attention, cuda vs host: %.2e (<= %.0e; %d, %d: %s)",
+		   l, e, tol, rh, rg, kvq_client_error(cg));
 	}
 	rh = kvq_seq_commit(sh);
 	rg = kvq_seq_commit(sg);
