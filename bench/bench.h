@@ -54,5 +54,6 @@ void usage(FILE *f);
 /* Each returns the process's exit status. */
 int cmd_formats(int argc, char **argv);    /* bench/formats.c */
 int cmd_control(int argc, char **argv);    /* bench/control.c */
+int cmd_rotation(int argc, char **argv);   /* bench/rotation.c */
 
 #endif

@@ -5,12 +5,13 @@
  *
  *   kvq-bench formats [--json] [--quick] [--isa portable|avx2] [--format LIST] [--rot]
  *   kvq-bench control [--socket PATH] [--pool NAME] [--seconds N] [--json]
+ *   kvq-bench rotation [--json]
  *   kvq-bench decode|prefill|append [OPTIONS]
  *   kvq-bench timing [OPTIONS]
  *
  * This file: the command table and the usage text of every command.
  * formats: bench/formats.c (with workload.c, memory.c, team.c, report.c);
- * control: bench/control.c; decode, prefill, append: bench/decode.cu;
+ * control: bench/control.c; rotation: bench/rotation.c; decode, prefill, append: bench/decode.cu;
  * timing: bench/timing.cu.
  */
 #include "config.h"
@@ -28,6 +29,8 @@ void usage(FILE *f)
 		"commands:\n"
 		"  formats   bytes per token and CPU decode throughput of every storage format\n"
 		"  control   block operations/s, round-trip and attach latency of a running kvqd\n"
+		"  rotation  attention error at D = 128 per format and rotation block (+rot), synthetic K/V\n"
+		"            with outlier channels (kvq-bench rotation [--json])\n"
 		"  decode    GPU decode attention per format and shape: ms, GB/s, share of read bandwidth\n"
 		"  prefill   GPU attention of prompt chunks over a cached prefix (2048 and 512 over 8192, a cold\n"
 		"            8192, D = 64): ms, TFLOP/s, against SDPA\n"
@@ -76,6 +79,7 @@ struct command {
 static const struct command commands[] = {
 	{ "formats", cmd_formats },
 	{ "control", cmd_control },
+	{ "rotation", cmd_rotation },
 	{ "decode", bench_decode },
 	{ "prefill", bench_decode },
 	{ "append", bench_decode },
