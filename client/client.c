@@ -142,6 +142,18 @@ int kvq_client_set_stream(kvq_client *c, void *stream)
 	return 0;
 }
 
+int kvq_client_set_group(kvq_client *c, const char *group, uint32_t rank, uint32_t world_size)
+{
+	if (!c || !group || !*group || strlen(group) > KVQ_PROTO_MAX_NAME || world_size < 2 || rank >= world_size)
+		return -EINVAL;
+	if (c->base || c->L)
+		return client_fail(c, -EISCONN, "already attached to pool %s", c->pool);
+	snprintf(c->group, sizeof(c->group), "%s", group);
+	c->rank = rank;
+	c->world_size = world_size;
+	return 0;
+}
+
 int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
@@ -175,6 +187,9 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	a.window = p->window;
 	a.act = p->act == KVQ_ACT_BF16 ? KVQ__DTYPE__DTYPE_BF16 : KVQ__DTYPE__DTYPE_F16;
 	a.layout_version = KVQ_LAYOUT_VERSION;
+	a.group = c->group;
+	a.rank = c->rank;
+	a.world_size = c->world_size;
 	if (p->create) {
 		pc.n_sealed = p->n_sealed;
 		pc.n_open = p->n_open;
@@ -364,19 +379,28 @@ out:
 int kvq_client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens,
 		      const void *salt, size_t salt_len, uint32_t *ret_ids, uint32_t *ret_n)
 {
+	return client_lookup(c, tokens, n_tokens, max_tokens, salt, salt_len, NULL, 0, ret_ids, ret_n);
+}
+
+int client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens, const void *salt,
+		  size_t salt_len, const void *rid, size_t rid_len, uint32_t *ret_ids, uint32_t *ret_n)
+{
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Lookup l = KVQ__LOOKUP__INIT;
 	size_t n;
 	int r;
 
 	if (!c || !c->L || (n_tokens && !tokens) || max_tokens > n_tokens || !ret_n ||
-	    (max_tokens >= c->L->block_tokens && !ret_ids) || salt_len > KVQ_PROTO_MAX_SALT)
+	    (max_tokens >= c->L->block_tokens && !ret_ids) || salt_len > KVQ_PROTO_MAX_SALT ||
+	    rid_len > KVQ_PROTO_MAX_REQUEST_ID || (rid_len && !rid))
 		return -EINVAL;
 	l.n_tokens = n_tokens;
 	l.tokens = (uint32_t *)tokens;
 	l.max_tokens = max_tokens;
 	l.salt.data = (uint8_t *)salt;
 	l.salt.len = salt ? salt_len : 0;
+	l.request_id.data = (uint8_t *)rid;
+	l.request_id.len = rid_len;
 	e.body_case = KVQ__ENVELOPE__BODY_LOOKUP;
 	e.lookup = &l;
 	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_LOOKUP_REPLY, &rep);

@@ -70,6 +70,8 @@ struct kvq_client {
 	char backend[8];
 	char pool[KVQ_PROTO_MAX_NAME + 1];
 	struct client_timing timing;
+	char group[KVQ_PROTO_MAX_NAME + 1];   /* kvq_client_set_group: "" for none */
+	uint32_t rank, world_size;
 };
 
 /*
@@ -84,6 +86,8 @@ struct kvq_seq {
 	kvq_client *c;
 	uint8_t salt[KVQ_PROTO_MAX_SALT];
 	size_t salt_len;
+	uint8_t rid[KVQ_PROTO_MAX_REQUEST_ID];   /* kvq_seq_set_request */
+	size_t rid_len;
 	uint32_t *tokens;
 	uint32_t n, cap;
 	int32_t *sealed;
@@ -160,5 +164,10 @@ void timing_sent(kvq_client *c);
 /* Leaves the reason in kvq_client_error; returns r. */
 __attribute__((format(printf, 3, 4)))
 int client_fail(kvq_client *c, int r, const char *fmt, ...);
+
+/* kvq_client_lookup with a request id (rid_len 0: none), for a group's
+ * member pool (kvq_seq_set_request). */
+int client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens, const void *salt,
+		  size_t salt_len, const void *rid, size_t rid_len, uint32_t *ret_ids, uint32_t *ret_n);
 
 #endif

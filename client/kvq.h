@@ -133,6 +133,19 @@ uint64_t kvq_client_id(const kvq_client *c);
  */
 int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
 
+/*
+ * Interface 4: makes the next kvq_client_attach join tensor-parallel group
+ * `group` (1-64 bytes) as rank `rank` of `world_size` (2-64): the attach's
+ * pool is this rank's member pool (created as any pool is), kv_heads the
+ * model's KV heads over all ranks; the pool holds this rank's shard
+ * (kv_heads / world_size heads, or one when world_size is a multiple of
+ * kv_heads: the layout shows it), and its lookups need a request id that
+ * every rank of a request gives (kvq_seq_set_request): all ranks get the
+ * same hit, and a block is found only once every rank has published it
+ * (kvqd.conf(5), TENSOR-PARALLEL GROUPS).  Returns 0, -EINVAL or -EISCONN.
+ */
+int kvq_client_set_group(kvq_client *c, const char *group, uint32_t rank, uint32_t world_size);
+
 /* The attached pool's layout (struct kvq_layout of kernels/layout.h), or
  * NULL before a successful attach. */
 const struct kvq_layout *kvq_client_layout(const kvq_client *c);
@@ -280,6 +293,13 @@ uint32_t kvq_seq_tokens(const kvq_seq *s);
  * -EBUSY (the sequence is not empty) or a daemon code.
  */
 int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t *ret_hit);
+
+/* Interface 4: the request id (1-64 bytes; 0: none) the next
+ * kvq_seq_from_prompt sends, which a tensor-parallel group's member pool
+ * needs: every rank of one request gives the same id and prompt and gets
+ * the same hit (kvq_client_set_group).  Ignored by a pool of no group.
+ * Returns 0 or -EINVAL. */
+int kvq_seq_set_request(kvq_seq *s, const void *id, size_t len);
 
 /* Reserves the slots for m new tokens (copied) and starts a write.
  * Returns 0, -EBUSY (a write is in progress), -EINVAL (m 0, or an append

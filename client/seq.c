@@ -141,6 +141,16 @@ int kvq_seq_blocks(const kvq_seq *s, const int32_t **ret_sealed, uint32_t *ret_n
 	return 0;
 }
 
+int kvq_seq_set_request(kvq_seq *s, const void *id, size_t len)
+{
+	if (!s || len > KVQ_PROTO_MAX_REQUEST_ID || (len && !id))
+		return -EINVAL;
+	if (len)
+		memcpy(s->rid, id, len);
+	s->rid_len = len;
+	return 0;
+}
+
 int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t *ret_hit)
 {
 	const struct kvq_layout *L;
@@ -164,8 +174,7 @@ int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t
 	ids = malloc((size_t)(max / L->block_tokens) * sizeof(*ids));
 	if (!ids)
 		return -ENOMEM;
-	r = kvq_client_lookup(s->c, tokens, n, max, s->salt,
-			      s->salt_len, ids, &got);
+	r = client_lookup(s->c, tokens, n, max, s->salt, s->salt_len, s->rid, s->rid_len, ids, &got);
 	if (r == 0 && got) {
 		uint32_t hit = got * L->block_tokens;
 

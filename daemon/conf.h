@@ -80,6 +80,10 @@
  *   accept_pause_ms     how long kvqd stops accepting when it is out of file
  *                       descriptors or at max_connections (a connection's
  *                       end resumes it sooner)
+ *   group_lookup_timeout_ms  how long a tensor-parallel group keeps the
+ *                       references of a lookup for the ranks that have not
+ *                       looked up the same request yet (daemon/groups.h)
+ *   group_pending_lookups  requests waiting for ranks, per group
  */
 #define KVQ_LIMITS(X) \
 	X(max_connections,         1024,        1,     1024,       COUNT, "connections at once") \
@@ -88,7 +92,9 @@
 	X(frames_per_wakeup,       32,          1,     4096,       COUNT, "requests per connection per turn") \
 	X(handshake_timeout_ms,    5000,        100,   600000,     MS,    "time to the Hello") \
 	X(idle_timeout_ms,         0,           0,     86400000,   MS,    "idle time of a connection with no pool")  \
-	X(accept_pause_ms,         200,         10,    10000,      MS,    "pause of accept at a limit")
+	X(accept_pause_ms,         200,         10,    10000,      MS,    "pause of accept at a limit") \
+	X(group_lookup_timeout_ms, 30000,       10,    3600000,    MS,    "a group lookup's wait for its ranks") \
+	X(group_pending_lookups,   1024,        1,     65536,      COUNT, "group lookups waiting for ranks")
 
 enum kvq_limit_unit { KVQ_LIMIT_COUNT, KVQ_LIMIT_BYTES, KVQ_LIMIT_MS };
 

@@ -86,10 +86,13 @@ GET(get_sequences, i->res.sequences)
 GET(get_resident_bytes, i->res.bytes)
 GET(get_resident_f16, i->res.f16_bytes)
 GET(get_report_ms, i->attention_report_ms)
+GET(get_group_pending, i->group_pending)
 #undef GET
 
 static const struct pool_metric pool_metrics[] = {
 	{ "kvq_pool_capacity_bytes", "gauge", "Bytes of the pool's layout.", get_capacity },
+	{ "kvq_pool_group_pending_lookups", "gauge",
+	  "Lookups of the pool's tensor-parallel group waiting for ranks (0: in no group).", get_group_pending },
 	{ "kvq_pool_device_memory_bytes", "gauge", "Memory of the pool's device (host: physical memory).",
 	  get_device_memory },
 	{ "kvq_pool_sealed_bytes_per_token", "gauge", "Bytes one sealed token takes over all layers, scales included.",

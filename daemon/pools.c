@@ -291,6 +291,8 @@ int kvq_pools_codebooks(const struct kvq_pools_rec *p, bool created, const Kvq__
 
 void kvq_pools_release(struct kvq_pools_rec *p)
 {
+	if (p->glink.g)
+		p->glink.leave(p);
 	kvq_attn_free(p->attn);
 	p->attn = NULL;
 	kvq_prefix_free(p->prefix);
@@ -388,7 +390,8 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	r = kvq_pool_new(p->L->n_sealed, p->L->n_open, &p->pool);
 	if (r < 0)
 		goto fail;
-	r = kvq_prefix_new(p->pool, p->L->block_tokens, p->name, p->model, &p->prefix);
+	/* a group's members key blocks alike: in the group's name */
+	r = kvq_prefix_new(p->pool, p->L->block_tokens, p->group[0] ? p->group : p->name, p->model, &p->prefix);
 	if (r < 0)
 		goto fail;
 	r = kvq_attn_new(p->L, &p->attn);
@@ -462,6 +465,10 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 	o->attention_report_ms = p->attention_report_ms;
 	o->attn = p->attn;
 	o->codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL;
+	o->group = p->glink.g ? p->group : "";
+	o->world_size = p->glink.g ? p->glink.world : 0;
+	o->rank = p->glink.g ? p->glink.rank : 0;
+	o->group_pending = p->glink.g ? *p->glink.pending : 0;
 	resident_of(o, p->f16_block_bytes, &o->res);
 }
 
@@ -506,6 +513,9 @@ void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *o)
 	o->resident_bytes = i.res.bytes;
 	o->resident_f16_bytes = i.res.f16_bytes;
 	o->attention_report_ms = i.attention_report_ms;
+	o->group = (char *)i.group;
+	o->rank = i.rank;
+	o->world_size = i.world_size;
 	if (i.codebooks_sha256) {
 		o->codebooks_sha256.data = (uint8_t *)i.codebooks_sha256;
 		o->codebooks_sha256.len = KVQ_PROTO_SHA256;

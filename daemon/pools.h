@@ -38,6 +38,19 @@
  * cache wants the rest. */
 #define KVQ_POOLS_SEALED_PER_OPEN 8u
 
+struct kvq_group;
+struct kvq_pools_rec;
+
+/* A member pool's place in its tensor-parallel group: all this file knows
+ * of groups (daemon/groups.h sets it at join). */
+struct kvq_group_link {
+	struct kvq_group *g;                     /* NULL: in no group (yet) */
+	uint32_t rank, world;
+	const uint32_t *pending;                 /* the group's lookups waiting for ranks */
+	struct kvq_group **list;                 /* the daemon's groups (struct kvq_pools) */
+	void (*leave)(struct kvq_pools_rec *p);  /* out of the group, before the pool's memory goes */
+};
+
 struct kvq_pools_rec {
 	struct kvq_pools_rec *next;
 	char name[KVQ_PROTO_MAX_NAME + 1];
@@ -64,11 +77,16 @@ struct kvq_pools_rec {
 	uint32_t clients;                            /* attached, exiting ones included */
 	bool has_codebooks;                          /* allocated with codebooks (a codebook policy) */
 	uint8_t codebooks_sha256[KVQ_PROTO_SHA256];  /* theirs, when has_codebooks */
+	/* a tensor-parallel group's member pool: the group's name (its prefix
+	 * keys' namespace, set when the attach creates it) and its link */
+	char group[KVQ_PROTO_MAX_NAME + 1];
+	struct kvq_group_link glink;
 };
 
 /* The records, newest first, and the daemon's backend. */
 struct kvq_pools {
 	struct kvq_pools_rec *head;
+	struct kvq_group *groups;                    /* tensor-parallel groups (daemon/groups.h) */
 	const struct kvq_backend *backend;           /* --backend, else kvqd.conf's */
 	int device;                                  /* its device */
 	char backend_reason[KVQ_BACKEND_MSG_MAX];    /* why that backend, for the log */
@@ -105,6 +123,9 @@ struct kvq_pools_info {
 	uint32_t attention_report_ms;
 	const struct kvq_attn *attn;
 	const uint8_t *codebooks_sha256;  /* KVQ_PROTO_SHA256 bytes, or NULL: no codebooks */
+	const char *group;               /* tensor-parallel group, "" for none */
+	uint32_t rank, world_size;       /* in it (0, 0 for none) */
+	uint32_t group_pending;          /* its lookups waiting for ranks */
 };
 
 /* No records; the daemon's backend from its name ("auto", "host", "cuda")

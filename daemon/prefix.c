@@ -49,6 +49,10 @@ struct kvq_prefix {
 
 	uint64_t clock;
 	uint32_t n_cached, n_pinned;
+
+	/* told each evicted block's key before it goes (kvq_prefix_set_evict_hook) */
+	void (*evict_hook)(void *arg, const uint8_t *key);
+	void *evict_arg;
 };
 
 /* ------------------------------------------------------------------- keys */
@@ -272,11 +276,13 @@ static void on_held(void *ctx, uint32_t b, int held)
 
 /* ------------------------------------------------------------ eviction */
 
-static uint32_t evict_one(struct kvq_prefix *x)
+/* Evicts b, an evictable leaf (in the heap). */
+static uint32_t evict_block(struct kvq_prefix *x, uint32_t b)
 {
-	uint32_t b = x->heap[0];
 	int32_t p = x->parent[b];
 
+	if (x->evict_hook)
+		x->evict_hook(x->evict_arg, x->key[b]);
 	heap_remove(x, b);
 	hash_remove(x, b);
 	x->flags[b] = 0;
@@ -286,6 +292,29 @@ static uint32_t evict_one(struct kvq_prefix *x)
 		heap_push(x, (uint32_t)p);
 	kvq_pool_cache_evicted(x->pool, b);
 	return b;
+}
+
+static uint32_t evict_one(struct kvq_prefix *x)
+{
+	return evict_block(x, x->heap[0]);
+}
+
+int kvq_prefix_evict_key(kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN])
+{
+	int32_t b = hash_find(x, key);
+
+	if (b < 0)
+		return -ENOENT;
+	if (x->heap_pos[b] < 0)
+		return -EBUSY;
+	evict_block(x, (uint32_t)b);
+	return 0;
+}
+
+void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg)
+{
+	x->evict_hook = hook;
+	x->evict_arg = arg;
 }
 
 int kvq_prefix_evict(kvq_prefix *x, uint32_t count, uint32_t *ret_ids, uint32_t *ret_evicted)
@@ -467,6 +496,29 @@ int kvq_prefix_publish(kvq_prefix *x, uint32_t id, int32_t parent, const uint32_
 	}
 	pin_carry(x, id, 1);
 	*ret_id = id;
+	return 0;
+}
+
+int kvq_prefix_match(kvq_prefix *x, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens,
+		     const void *salt, size_t salt_len, uint32_t max_ids, uint32_t *ret_count)
+{
+	uint8_t key[KVQ_PREFIX_KEY_LEN];
+	uint32_t nb = (n_tokens < max_tokens ? n_tokens : max_tokens) / x->B, count = 0;
+	int32_t last = -1;
+
+	if ((nb && !tokens) || salt_len > KVQ_PREFIX_MAX_SALT || (salt_len && !salt))
+		return -EINVAL;
+	if (nb > max_ids)
+		nb = max_ids;
+	for (; count < nb; count++) {
+		int r = block_key(x, last >= 0 ? x->key[last] : NULL, tokens + (size_t)count * x->B, salt, salt_len,
+				  key);
+		if (r < 0)
+			return r;
+		if ((last = hash_find(x, key)) < 0)
+			break;
+	}
+	*ret_count = count;
 	return 0;
 }
 

@@ -109,6 +109,11 @@ int kvq_prefix_lookup(kvq_prefix *x, const uint32_t *tokens, uint32_t n_tokens, 
 		      const void *salt, size_t salt_len, uint32_t *ret_ids, uint32_t max_ids,
 		      uint32_t *ret_count);
 
+/* The length in blocks of the chain kvq_prefix_lookup would return, with
+ * no reference taken: 0 and *ret_count, -EINVAL or -EIO. */
+int kvq_prefix_match(kvq_prefix *x, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens,
+		     const void *salt, size_t salt_len, uint32_t max_ids, uint32_t *ret_count);
+
 /*
  * Evicts up to count evictable blocks, leaf first, least recently used first
  * (also what the pool calls when allocation needs room).  Writes the victims
@@ -116,6 +121,15 @@ int kvq_prefix_lookup(kvq_prefix *x, const uint32_t *tokens, uint32_t n_tokens, 
  * *ret_evicted.  Returns 0.
  */
 int kvq_prefix_evict(kvq_prefix *x, uint32_t count, uint32_t *ret_ids, uint32_t *ret_evicted);
+
+/* Evicts the block cached under key when it is an evictable leaf: 0,
+ * -ENOENT (no such block) or -EBUSY (referenced, or a parent). */
+int kvq_prefix_evict_key(kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN]);
+
+/* hook (NULL: none) is told the key of every block the index evicts, before
+ * the block goes (a tensor-parallel group's members evict together,
+ * daemon/groups.h); it may evict blocks of other indexes, not this one's. */
+void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg);
 
 /* Cached blocks eviction could free now, leaf by leaf (unpinned ones). */
 uint32_t kvq_prefix_evictable(const kvq_prefix *x);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "groups.h"
 #include "log.h"
 #include "request.h"
 
@@ -238,11 +239,30 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		free(ids);
 		return -ENOMEM;
 	}
-	ret = kvq_prefix_lookup(p->prefix, q->tokens, (uint32_t)q->n_tokens, q->max_tokens, q->salt.data,
-				q->salt.len, ids, max_ids, &n);
-	if (ret < 0) {
-		free(ids);
-		return kvq_seterr(err, errlen, "lookup failed: %s", strerror(-ret)), ret;
+	if (p->glink.g) {
+		/* a group's member: the hit the request's first rank fixed */
+		const struct kvq_config_limits *lim = &c->st->cfg->limits;
+
+		ret = kvq_group_lookup(p, q->request_id.data, q->request_id.len, q->tokens, (uint32_t)q->n_tokens,
+				       q->max_tokens, q->salt.data, q->salt.len, ids, max_ids, &n, c->active_ms,
+				       lim->group_lookup_timeout_ms, lim->group_pending_lookups);
+		if (ret < 0) {
+			free(ids);
+			if (ret == -EINVAL)
+				return kvq_seterr(err, errlen, "pool %s is rank %u of group %s: a lookup needs a "
+						  "request_id of 1 to %u bytes, its other ranks' and no more tokens",
+						  p->name, p->glink.rank, p->group, KVQ_GROUP_MAX_REQUEST_ID), ret;
+			return kvq_seterr(err, errlen, "group lookup failed: %s", ret == -EALREADY ?
+					  "this rank looked the request up already" : ret == -EBUSY ?
+					  "too many requests wait for ranks (group_pending_lookups)" : strerror(-ret)), ret;
+		}
+	} else {
+		ret = kvq_prefix_lookup(p->prefix, q->tokens, (uint32_t)q->n_tokens, q->max_tokens, q->salt.data,
+					q->salt.len, ids, max_ids, &n);
+		if (ret < 0) {
+			free(ids);
+			return kvq_seterr(err, errlen, "lookup failed: %s", strerror(-ret)), ret;
+		}
 	}
 	for (uint32_t i = 0; i < n; i++)
 		if (!kvq_lease_sealed(c->lease, ids[i]))

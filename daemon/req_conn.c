@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "groups.h"
 #include "kvq_wire.h"
 #include "log.h"
 #include "request.h"
@@ -38,17 +39,34 @@ int kvq_req_hello(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 /* Layers past n_layers are not part of a policy (the parser leaves them be). */
 int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
 {
-	const Kvq__Attach *a = req->attach;
+	const Kvq__Attach *const orig = req->attach, *a = orig;
 	Kvq__AttachReply *rep = r->e.attach_reply;
 	struct kvq_state *st = c->st;
 	struct kvq_pools_rec *p = kvq_pools_find(&st->pools, a->pool);
 	struct kvq_codebooks cb = { 0 };
 	struct kvq_policy pol;
+	Kvq__Attach member;
 	bool created = false;
 	int ret;
 
 	if (c->pool)
 		return kvq_seterr(err, errlen, "already attached to pool %s", c->pool->name), -EISCONN;
+	if (a->group[0]) {
+		/* a rank of a tensor-parallel group: its member pool has its shard
+		 * of the model's heads, and is compared and created as such */
+		uint32_t heads;
+
+		ret = kvq_group_check(&st->pools, a, p && kvq_conn_acl_ok(c, &p->acl) ? p : NULL, &heads, err, errlen);
+		if (ret < 0)
+			return ret;
+		member = *a;
+		member.kv_heads = heads;
+		a = &member;
+	} else if (p && p->group[0] && kvq_conn_acl_ok(c, &p->acl)) {
+		return kvq_seterr(err, errlen, "pool %s is rank %u of group %s: attach with the group", p->name,
+				  p->glink.rank, p->group),
+		       KVQ_ELAYOUT;
+	}
 	/* a pool the caller's ACL does not admit is answered as a missing one
 	 * (kvq.proto, "Hidden pools") */
 	if (!p || !kvq_conn_acl_ok(c, &p->acl)) {
@@ -61,6 +79,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		ret = kvq_pools_from_attach(&st->pools, st->cfg, a, c->uid, &p, err, errlen);
 		if (ret < 0)
 			return ret;
+		snprintf(p->group, sizeof(p->group), "%s", a->group);
+		p->glink.rank = a->rank;
 		created = true;
 	} else {
 		if (a->layout_version != KVQ_LAYOUT_VERSION || a->layers != p->params.layers ||
@@ -95,6 +115,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		}
 	}
 	kvq_codebooks_close(&cb);
+	if (orig->group[0] && (ret = kvq_group_join(&st->pools, orig, p)) < 0)
+		goto fail;
 	ret = kvq_lease_new(&c->lease);
 	if (ret < 0)
 		goto fail;

@@ -185,6 +185,10 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	/* "" without codebooks */
 	j_str("codebooks_sha256", p->codebooks_sha256.len ? sha_str(&p->codebooks_sha256, KVQ_PROTO_SHA256, h, sizeof(h))
 							   : "");
+	/* "" and 0, 0 for a pool of no tensor-parallel group */
+	j_str("group", p->group);
+	j_u64("rank", p->rank);
+	j_u64("world_size", p->world_size);
 	j_str("backend", p->backend);
 	j_i64("device", p->device);
 	j_u64("layers", p->layers);
@@ -292,6 +296,9 @@ static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	printf("  policy          %s\n", p->policy);
 	if (p->codebooks_sha256.len)
 		printf("  codebooks       sha256 %s...\n", sha_str(&p->codebooks_sha256, 8, h, sizeof(h)));
+	if (p->world_size)
+		printf("  group           %s, rank %u of %u (this pool: the rank's shard of the KV heads)\n", p->group,
+		       p->rank, p->world_size);
 	printf("  geometry        %u layers, %u KV heads, head dim %u, %u tokens/block, window %u (%s)\n", p->layers,
 	       p->kv_heads, p->head_dim, p->block_tokens, p->window,
 	       p->act == KVQ__DTYPE__DTYPE_BF16 ? "bf16" : "f16");

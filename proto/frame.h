@@ -22,7 +22,7 @@
 
 /* Checked at Hello; bump for any change an older peer would misread
  * (kvq.proto, "The version", says what each one changed). */
-#define KVQ_PROTOCOL_VERSION 4u
+#define KVQ_PROTOCOL_VERSION 5u
 
 #define KVQ_FRAME_HDR 4u                /* the length prefix */
 #define KVQ_FRAME_MAX (4u << 20)        /* largest envelope; a frame is HDR + envelope */
@@ -30,7 +30,8 @@
 /* Limits on what a peer controls (kvq.proto, "Limits"); over one: -E2BIG. */
 #define KVQ_PROTO_MAX_IDS 65536u        /* slot ids or slots asked for per request; chain length */
 #define KVQ_PROTO_MAX_TOKENS 524288u    /* token ids per request: 2.5 MiB packed at worst */
-#define KVQ_PROTO_MAX_NAME 64u          /* pool and client names, bytes */
+#define KVQ_PROTO_MAX_NAME 64u          /* pool, group and client names, bytes */
+#define KVQ_PROTO_MAX_REQUEST_ID 64u    /* Lookup.request_id, bytes (a group's lookups) */
 #define KVQ_PROTO_MAX_MODEL_ID 256u
 #define KVQ_PROTO_MAX_SALT 64u
 #define KVQ_PROTO_MAX_POLICY KVQ_POLICY_MAX_LEN

@@ -152,7 +152,8 @@ static Kvq__Attach inproc_spec(const char *pool, Kvq__PoolCreate *pc)
 	Kvq__Attach a = { PROTOBUF_C_MESSAGE_INIT(&kvq__attach__descriptor),
 			  .pool = (char *)pool, .model_id = INPROC_MODEL, .policy = "int8",
 			  .layers = INPROC_L, .kv_heads = INPROC_H, .head_dim = INPROC_D, .block_tokens = INPROC_B,
-			  .act = KVQ__DTYPE__DTYPE_F16, .layout_version = KVQ_LAYOUT_VERSION, .create = pc };
+			  .act = KVQ__DTYPE__DTYPE_F16, .layout_version = KVQ_LAYOUT_VERSION, .create = pc,
+			  .group = "" /* as the wire gives it */ };
 
 	return a;
 }

@@ -333,6 +333,57 @@ static void test_lookup(void)
 	env_free(&e);
 }
 
+/* ------------------------------------------ what a tensor-parallel group uses */
+
+struct hook_log {
+	int calls;
+	uint8_t key[KVQ_PREFIX_KEY_LEN];
+};
+
+static void log_hook(void *arg, const uint8_t *key)
+{
+	struct hook_log *h = arg;
+
+	h->calls++;
+	memcpy(h->key, key, KVQ_PREFIX_KEY_LEN);
+}
+
+/* kvq_prefix_match (no reference), kvq_prefix_evict_key (only an evictable
+ * leaf) and the evict hook (told each victim's key before it goes) */
+static void test_group_calls(void)
+{
+	struct env e = env_new(16, 4, "group", "model");
+	struct kvq_pool_stats st;
+	struct hook_log h = { 0 };
+	uint32_t tok[16], ids[4], hit[4], n = 99;
+	uint8_t k0[KVQ_PREFIX_KEY_LEN], k3[KVQ_PREFIX_KEY_LEN];
+
+	for (int i = 0; i < 16; i++)
+		tok[i] = (uint32_t)(i * 5 + 3);
+	publish_chain(&e, -1, tok, 4, 4, NULL, ids);
+	unref_all(&e, ids, 4);
+	ok(kvq_prefix_match(e.x, tok, 16, 16, NULL, 0, 4, &n) == 0 && n == 4, "match: the 4-block chain");
+	kvq_pool_stats(e.pool, &st);
+	ok(st.refs == 0, "match takes no reference");
+	ok(kvq_prefix_match(e.x, tok, 16, 12, NULL, 0, 4, &n) == 0 && n == 3 &&
+	   kvq_prefix_match(e.x, tok, 16, 16, NULL, 0, 2, &n) == 0 && n == 2, "match: bounded by max_tokens, max_ids");
+	kvq_prefix_block_key(e.x, ids[0], k0);
+	kvq_prefix_block_key(e.x, ids[3], k3);
+	ok(kvq_prefix_evict_key(e.x, k0) == -EBUSY, "evict_key: a parent stays (-EBUSY)");
+	ok(kvq_prefix_lookup(e.x, tok, 16, 16, NULL, 0, hit, 4, &n) == 0 && n == 4 &&
+	   kvq_prefix_evict_key(e.x, k3) == -EBUSY, "evict_key: a referenced leaf stays (-EBUSY)");
+	unref_all(&e, hit, n);
+	kvq_prefix_set_evict_hook(e.x, log_hook, &h);
+	ok(kvq_prefix_evict_key(e.x, k3) == 0 && h.calls == 1 && !memcmp(h.key, k3, sizeof k3) &&
+	   kvq_prefix_match(e.x, tok, 16, 16, NULL, 0, 4, &n) == 0 && n == 3,
+	   "evict_key: the unreferenced leaf goes, the hook told its key; the chain is 3 blocks");
+	ok(kvq_prefix_evict_key(e.x, k3) == -ENOENT, "evict_key: a key not cached (-ENOENT)");
+	ok(kvq_prefix_evict(e.x, 16, NULL, &n) == 0 && n == 3 && h.calls == 4,
+	   "LRU eviction tells the hook too (4 victims in all)");
+	kvq_prefix_set_evict_hook(e.x, NULL, NULL);
+	env_free(&e);
+}
+
 /* --------------------------------------------------------- eviction order */
 
 static int evict1(struct env *e, uint32_t *victim)
@@ -854,6 +905,7 @@ int main(void)
 	test_keys();
 	test_salt_and_duplicates();
 	test_lookup();
+	test_group_calls();
 	test_eviction_tree();
 	test_full_pool();
 	test_random(24, 10, 2, 6000);     /* small: refusals, deep sharing */

@@ -13,6 +13,7 @@
 
 #include "../tap.h"
 #include "../inproc.h"
+#include "groups.h"
 
 static struct inproc t;
 
@@ -329,6 +330,21 @@ static void pool_limit(void)
 	kvq_state_conn_free(c);
 }
 
+/* How a tensor-parallel group shards the model's KV heads (groups.h). */
+static void group_shards(void)
+{
+	char err[200] = "";
+
+	ok(kvq_group_shard_heads(8, 2, NULL, 0) == 4 && kvq_group_shard_heads(8, 8, NULL, 0) == 1 &&
+	   kvq_group_shard_heads(32, 4, NULL, 0) == 8, "heads split evenly: 8/2 = 4, 8/8 = 1, 32/4 = 8");
+	ok(kvq_group_shard_heads(4, 8, NULL, 0) == 1 && kvq_group_shard_heads(3, 6, NULL, 0) == 1,
+	   "more ranks than heads, a multiple of them: one head per rank, replicated");
+	ok(kvq_group_shard_heads(8, 3, err, sizeof(err)) == 0 && strstr(err, "do not split"),
+	   "8 heads over 3 ranks: refused (%s)", err);
+	ok(kvq_group_shard_heads(3, 4, NULL, 0) == 0 && kvq_group_shard_heads(8, 1, NULL, 0) == 0 &&
+	   kvq_group_shard_heads(64, 65, NULL, 0) == 0, "3 heads over 4 ranks, one rank, 65 ranks: refused");
+}
+
 int main(void)
 {
 	if (!ok(inproc_start(&t, NULL, 0) == 0, "a daemon state in process, the daemon's table"))
@@ -336,6 +352,7 @@ int main(void)
 	order_and_rights();
 	accounting();
 	pool_limit();
+	group_shards();
 	inproc_stop(&t);
 	return done_testing();
 }

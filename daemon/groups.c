@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Tensor-parallel groups: membership, group lookups, eviction by group
+ * (groups.h). */
+#include <config.h>
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format.h"
+#include "groups.h"
+#include "kvq_wire.h"
+#include "log.h"
+
+/* A lookup whose references wait for the ranks that have not asked yet. */
+struct pending {
+	struct pending *next;
+	uint8_t rid[KVQ_GROUP_MAX_REQUEST_ID];
+	size_t rid_len;
+	uint32_t n;              /* blocks, the same for every rank */
+	uint64_t claimed;        /* ranks that took theirs */
+	int64_t expires_ms;
+	uint32_t *ids;           /* [rank][n] */
+};
+
+struct kvq_group {
+	struct kvq_group *next;
+	char name[KVQ_PROTO_MAX_NAME + 1];
+	char model[KVQ_PROTO_MAX_MODEL_ID + 1];
+	struct kvq_policy policy;
+	uint32_t world, layers, kv_heads, head_dim, block_tokens, act;
+	struct kvq_pools_rec *member[KVQ_GROUP_MAX_RANKS];
+	uint32_t n_members;
+	struct pending *pending;
+	uint32_t n_pending;
+	bool evicting;           /* in the evict hook: its own evictions are not passed on */
+};
+
+uint32_t kvq_group_shard_heads(uint32_t kv_heads, uint32_t world, char *err, size_t errlen)
+{
+	if (world < 2 || world > KVQ_GROUP_MAX_RANKS || kv_heads == 0)
+		return kvq_seterr(err, errlen, "world_size %u: a group has 2 to %u ranks", world, KVQ_GROUP_MAX_RANKS),
+		       0;
+	if (world <= kv_heads && kv_heads % world == 0)
+		return kv_heads / world;
+	if (world > kv_heads && world % kv_heads == 0)
+		return 1;
+	kvq_seterr(err, errlen, "%u KV heads do not split over %u ranks (%u must divide the heads, or the heads %u)",
+		   kv_heads, world, world, world);
+	return 0;
+}
+
+static struct kvq_group *group_find(const struct kvq_pools *ps, const char *name)
+{
+	for (struct kvq_group *g = ps->groups; g; g = g->next)
+		if (!strcmp(g->name, name))
+			return g;
+	return NULL;
+}
+
+int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const struct kvq_pools_rec *p,
+		    uint32_t *ret_heads, char *err, size_t errlen)
+{
+	const struct kvq_group *g = group_find(ps, a->group);
+	struct kvq_policy pol;
+	uint32_t heads;
+
+	if (strlen(a->group) > KVQ_PROTO_MAX_NAME)
+		return kvq_seterr(err, errlen, "group name longer than %u bytes", KVQ_PROTO_MAX_NAME), -EINVAL;
+	if (!(heads = kvq_group_shard_heads(a->kv_heads, a->world_size, err, errlen)))
+		return -EINVAL;
+	if (a->rank >= a->world_size)
+		return kvq_seterr(err, errlen, "rank %u of %u ranks", a->rank, a->world_size), -EINVAL;
+	if (kvq_policy_parse(a->policy, a->layers, &pol, err, errlen) < 0)
+		return KVQ_EPOLICY;
+	if (g && (g->world != a->world_size || strcmp(g->model, a->model_id) || g->layers != a->layers ||
+		  g->kv_heads != a->kv_heads || g->head_dim != a->head_dim || g->block_tokens != a->block_tokens ||
+		  g->act != (uint32_t)a->act || !kvq_policy_equal(&g->policy, &pol)))
+		return kvq_seterr(err, errlen, "group %s is %u ranks of model %s, %ux%ux%u, %u tokens/block", g->name,
+				  g->world, g->model, g->layers, g->kv_heads, g->head_dim, g->block_tokens),
+		       KVQ_ELAYOUT;
+	if (g && g->member[a->rank] && g->member[a->rank] != p)
+		return kvq_seterr(err, errlen, "rank %u of group %s is pool %s", a->rank, g->name,
+				  g->member[a->rank]->name),
+		       -EEXIST;
+	if (p && (strcmp(p->group, a->group) || p->glink.rank != a->rank))
+		return kvq_seterr(err, errlen, "pool %s is not rank %u of group %s", p->name, a->rank, a->group),
+		       KVQ_ELAYOUT;
+	*ret_heads = heads;
+	return 0;
+}
+
+static void drop_pending(struct kvq_group *g, struct pending *q)
+{
+	for (uint32_t r = 0; r < g->world; r++)
+		if (!(q->claimed >> r & 1) && g->member[r])
+			for (uint32_t i = 0; i < q->n; i++)
+				kvq_pool_unref(g->member[r]->pool, q->ids[(size_t)r * q->n + i]);
+	for (struct pending **pp = &g->pending; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	g->n_pending--;
+	free(q->ids);
+	free(q);
+}
+
+/* A member evicted the block of key: the others drop theirs where they can. */
+static void evict_hook(void *arg, const uint8_t *key)
+{
+	const struct kvq_group_link *l = arg;
+	struct kvq_group *g = l->g;
+
+	if (g->evicting)
+		return;
+	g->evicting = true;
+	for (uint32_t r = 0; r < g->world; r++)
+		if (r != l->rank && g->member[r])
+			kvq_prefix_evict_key(g->member[r]->prefix, key);
+	g->evicting = false;
+}
+
+int kvq_group_join(struct kvq_pools *ps, const Kvq__Attach *a, struct kvq_pools_rec *p)
+{
+	struct kvq_group *g = group_find(ps, a->group);
+
+	if (p->glink.g)
+		return 0;
+	if (!g) {
+		g = calloc(1, sizeof(*g));
+		if (!g)
+			return -ENOMEM;
+		snprintf(g->name, sizeof(g->name), "%s", a->group);
+		snprintf(g->model, sizeof(g->model), "%s", a->model_id);
+		g->policy = p->policy;
+		g->world = a->world_size;
+		g->layers = a->layers;
+		g->kv_heads = a->kv_heads;
+		g->head_dim = a->head_dim;
+		g->block_tokens = a->block_tokens;
+		g->act = (uint32_t)a->act;
+		g->next = ps->groups;
+		ps->groups = g;
+	}
+	g->member[a->rank] = p;
+	g->n_members++;
+	p->glink.g = g;
+	p->glink.rank = a->rank;
+	p->glink.world = g->world;
+	p->glink.pending = &g->n_pending;
+	p->glink.list = &ps->groups;
+	p->glink.leave = kvq_group_leave;
+	kvq_prefix_set_evict_hook(p->prefix, evict_hook, &p->glink);
+	kvq_log(LOG_INFO, "pool %s: rank %u of group %s (%u of %u ranks)", p->name, a->rank, g->name, g->n_members,
+		g->world);
+	return 0;
+}
+
+void kvq_group_leave(struct kvq_pools_rec *p)
+{
+	struct kvq_group *g = p->glink.g;
+
+	if (!g)
+		return;
+	/* their references are on every member, this one's included */
+	while (g->pending)
+		drop_pending(g, g->pending);
+	if (p->prefix)
+		kvq_prefix_set_evict_hook(p->prefix, NULL, NULL);
+	g->member[p->glink.rank] = NULL;
+	p->glink.g = NULL;
+	if (--g->n_members == 0) {
+		for (struct kvq_group **pp = p->glink.list; *pp; pp = &(*pp)->next)
+			if (*pp == g) {
+				*pp = g->next;
+				break;
+			}
+		free(g);
+	}
+}
+
+int kvq_group_lookup(struct kvq_pools_rec *p, const uint8_t *rid, size_t rid_len, const uint32_t *tokens,
+		     uint32_t n_tokens, uint32_t max_tokens, const void *salt, size_t salt_len, uint32_t *ret_ids,
+		     uint32_t max_ids, uint32_t *ret_n, int64_t now_ms, uint64_t timeout_ms, uint64_t max_pending)
+{
+	struct kvq_group *g = p->glink.g;
+	const uint32_t me = p->glink.rank;
+	struct pending *q, *nx;
+	uint32_t n = UINT32_MAX;
+	int r = 0;
+
+	if (!rid_len || rid_len > KVQ_GROUP_MAX_REQUEST_ID)
+		return -EINVAL;
+	for (q = g->pending; q; q = nx) {
+		nx = q->next;
+		if (q->expires_ms <= now_ms)
+			drop_pending(g, q);
+	}
+	for (q = g->pending; q; q = q->next)
+		if (q->rid_len == rid_len && !memcmp(q->rid, rid, rid_len))
+			break;
+	if (q) {
+		if (q->claimed >> me & 1)
+			return -EALREADY;
+		/* the count the first rank fixed, whatever this one asks */
+		if (q->n > max_ids)
+			return -EINVAL;
+		memcpy(ret_ids, q->ids + (size_t)me * q->n, q->n * sizeof(*ret_ids));
+		*ret_n = q->n;
+		q->claimed |= 1ull << me;
+		if (q->claimed == (g->world == 64 ? ~0ull : (1ull << g->world) - 1))
+			drop_pending(g, q);
+		return 0;
+	}
+	if (g->n_pending >= max_pending)
+		return -EBUSY;
+	/* visible: cached on every member (a missing member: nothing is) */
+	for (uint32_t m = 0; m < g->world && n; m++) {
+		uint32_t c = 0;
+
+		if (!g->member[m]) {
+			n = 0;
+			break;
+		}
+		r = kvq_prefix_match(g->member[m]->prefix, tokens, n_tokens, max_tokens, salt, salt_len, max_ids, &c);
+		if (r < 0)
+			return r;
+		n = c < n ? c : n;
+	}
+	q = calloc(1, sizeof(*q));
+	if (!q || !(q->ids = calloc((size_t)g->world * n + 1, sizeof(*q->ids)))) {
+		free(q);
+		return -ENOMEM;
+	}
+	memcpy(q->rid, rid, rid_len);
+	q->rid_len = rid_len;
+	q->n = n;
+	q->expires_ms = now_ms + (int64_t)timeout_ms;
+	/* one reference on every member's n blocks, or none at all */
+	for (uint32_t m = 0; m < g->world && n; m++) {
+		uint32_t got = 0;
+
+		r = kvq_prefix_lookup(g->member[m]->prefix, tokens, n_tokens, n * g->block_tokens, salt, salt_len,
+				      q->ids + (size_t)m * n, n, &got);
+		if (r == 0 && got != n)
+			r = -EIO;   /* every member matched n just now */
+		if (r < 0) {
+			for (uint32_t k = 0; k < m; k++)
+				for (uint32_t i = 0; i < n; i++)
+					kvq_pool_unref(g->member[k]->pool, q->ids[(size_t)k * n + i]);
+			for (uint32_t i = 0; i < got; i++)
+				kvq_pool_unref(g->member[m]->pool, q->ids[(size_t)m * n + i]);
+			free(q->ids);
+			free(q);
+			return r;
+		}
+	}
+	memcpy(ret_ids, q->ids + (size_t)me * n, n * sizeof(*ret_ids));
+	*ret_n = n;
+	q->claimed = 1ull << me;
+	q->next = g->pending;
+	g->pending = q;
+	g->n_pending++;
+	return 0;
+}

@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Tensor-parallel groups (kvq.proto, "Tensor-parallel groups"): N member
+ * pools, one per rank, each with its rank's shard of the model's KV heads,
+ * whose prefix caches stay consistent:
+ *  - the members' prefix indexes key blocks in the group's namespace (the
+ *    group's name where a pool's keys have the pool's), so a block has the
+ *    same key on every rank;
+ *  - a group lookup sees a block only while every member holds it cached,
+ *    and is keyed by a request id the ranks share: the first rank to look
+ *    up an id fixes the hit n and takes a reference on those n blocks on
+ *    every member at once; the others' references wait for them in a
+ *    pending lookup until they look up the same id or the wait times out
+ *    (kvqd.conf group_lookup_timeout_ms; at most group_pending_lookups);
+ *  - eviction is by group: a member that evicts a block has the others
+ *    drop their copy where it is an unreferenced leaf (kvq_prefix's evict
+ *    hook); a copy that is referenced stays, invisible, until its own pool
+ *    evicts it.
+ * A member pool leaves its group when its memory is released (PoolDrop,
+ * shutdown: pools.c calls kvq_group_leave through the pool's link);
+ * pending lookups of the group are then dropped; a group with no member
+ * left is freed, so every group has a member.  Not thread-safe: the daemon's one event loop.
+ */
+#ifndef KVQD_GROUPS_H
+#define KVQD_GROUPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq.pb-c.h"
+#include "pools.h"
+
+#define KVQ_GROUP_MAX_RANKS 64u
+#define KVQ_GROUP_MAX_REQUEST_ID 64u   /* bytes of a Lookup.request_id */
+
+/* The KV heads of a rank's shard of kv_heads heads over world ranks:
+ * kv_heads / world, or 1 when world is a multiple of kv_heads (heads
+ * replicated); 0, with the reason in err, when neither divides the other. */
+uint32_t kvq_group_shard_heads(uint32_t kv_heads, uint32_t world, char *err, size_t errlen);
+
+/* Checks an Attach that names a group (a->group not empty) against the
+ * group as it exists and against pool p (NULL when the attach creates it):
+ * 0 and *ret_heads, the member pool's KV heads, or a negative code with
+ * err filled (-EINVAL, KVQ_ELAYOUT, -EEXIST). */
+int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const struct kvq_pools_rec *p,
+		    uint32_t *ret_heads, char *err, size_t errlen);
+
+/* Makes allocated pool p rank a->rank of group a->group (creating the
+ * group), after kvq_group_check passed: 0 or -ENOMEM. */
+int kvq_group_join(struct kvq_pools *ps, const Kvq__Attach *a, struct kvq_pools_rec *p);
+
+/* p out of its group, if it is in one (its pending lookups dropped); the
+ * group freed when it was the last member.  Before p's index goes. */
+void kvq_group_leave(struct kvq_pools_rec *p);
+
+/*
+ * The lookup of member pool p (p->glink.g set) for request rid[rid_len]:
+ * up to max_ids ids into ret_ids (*ret_n of them), each with one reference
+ * taken for the caller, as kvq_prefix_lookup; the same count for every
+ * rank of the request.  now_ms: CLOCK_MONOTONIC; timeout_ms and
+ * max_pending: kvqd.conf's.  Returns 0, -EINVAL (bad request id),
+ * -EALREADY (this rank looked the request up already), -EBUSY (max_pending
+ * lookups wait), -EOVERFLOW (a block at its reference limit; nothing
+ * taken), -ENOMEM or -EIO.
+ */
+int kvq_group_lookup(struct kvq_pools_rec *p, const uint8_t *rid, size_t rid_len, const uint32_t *tokens,
+		     uint32_t n_tokens, uint32_t max_tokens, const void *salt, size_t salt_len, uint32_t *ret_ids,
+		     uint32_t max_ids, uint32_t *ret_n, int64_t now_ms, uint64_t timeout_ms, uint64_t max_pending);
+
+#endif
