@@ -3,6 +3,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,54 @@ static void write_errors(kvq_server *s, struct evbuffer *b)
 					    status_name(code, buf, sizeof(buf)), (unsigned long long)n);
 }
 
+/* Totals per device (backend and device ordinal; host: -1): its pools,
+ * their capacity, the bytes of their slots in use, the device's memory. */
+static void write_devices(kvq_server *s, struct evbuffer *b)
+{
+	struct dev {
+		const char *backend;
+		int device;
+		uint64_t pools, capacity, used, memory;
+	} d[64];
+	struct kvq_pools_info i;
+	size_t n = 0;
+
+	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+		size_t j = 0;
+
+		while (j < n && (d[j].device != i.device || strcmp(d[j].backend, i.backend)))
+			j++;
+		if (j == n) {
+			if (n == sizeof(d) / sizeof(d[0]))
+				continue;   /* more devices than any host has: the rest untold */
+			d[n++] = (struct dev){ .backend = i.backend, .device = i.device, .memory = i.device_memory };
+		}
+		d[j].pools++;
+		d[j].capacity += i.total_bytes;
+		d[j].used += ((uint64_t)i.st.sealed_private + i.st.sealed_cached + i.st.sealed_reserved) *
+				     i.sealed_block_bytes +
+			     (uint64_t)i.st.open_used * i.open_block_bytes;
+	}
+	static const struct {
+		const char *name, *help;
+		size_t off;
+	} rows[] = {
+		{ "kvq_device_pools", "Allocated pools on the device (backend, device: -1 for host).",
+		  offsetof(struct dev, pools) },
+		{ "kvq_device_capacity_bytes", "Bytes of the pools on the device.", offsetof(struct dev, capacity) },
+		{ "kvq_device_used_bytes", "Bytes of those pools' slots in use (sealed held, cached, reserved; open used).",
+		  offsetof(struct dev, used) },
+		{ "kvq_device_memory_bytes", "Memory of the device (host: physical memory).", offsetof(struct dev, memory) },
+	};
+	for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+		family(b, rows[r].name, "gauge", rows[r].help);
+		for (size_t j = 0; j < n; j++)
+			evbuffer_add_printf(b, "%s{backend=\"%s\",device=\"%d\"} %llu\n", rows[r].name, d[j].backend,
+					    d[j].device,
+					    (unsigned long long)*(const uint64_t *)((const char *)&d[j] + rows[r].off));
+	}
+}
+
 /* The resident tokens of each pool by kind, and the attention timings of
  * the pools that time. */
 static void write_pool_work(kvq_server *s, struct evbuffer *b)
@@ -290,6 +339,7 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 	}
 
 	write_pool_work(s, b);
+	write_devices(s, b);
 
 	family(b, "kvq_request_duration_seconds", "histogram",
 	       "Time from a request's arrival to its reply being queued, by request type.");

@@ -250,15 +250,63 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_close('}');
 }
 
+/* Totals per device (backend and ordinal) of the pools listed. */
+struct dev_total {
+	const char *backend;
+	int device;
+	uint32_t pools;
+	uint64_t capacity, used, memory;
+};
+
+static size_t dev_totals(const Kvq__StatsReply *sr, struct dev_total *d, size_t max)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < sr->n_pools; i++) {
+		const Kvq__PoolStats *p = sr->pools[i];
+		struct pool_fig f;
+		size_t j = 0;
+
+		while (j < n && (d[j].device != p->device || strcmp(d[j].backend, p->backend)))
+			j++;
+		if (j == n) {
+			if (n == max)
+				continue;
+			d[n++] = (struct dev_total){ .backend = p->backend, .device = p->device, .memory = p->device_memory };
+		}
+		pool_figures(p, &f);
+		d[j].pools++;
+		d[j].capacity += p->total_bytes;
+		d[j].used += f.used;
+	}
+	return n;
+}
+
 /* The document of stats and pools: the daemon, then each pool, with its
  * clients when with_clients. */
 static void json_stats(const Kvq__StatsReply *sr, bool with_clients)
 {
+	struct dev_total t[64];
+	size_t n = dev_totals(sr, t, sizeof(t) / sizeof(t[0]));
+
 	j_open(NULL, '{');
 	j_str("daemon_version", sr->daemon_version);
 	j_u64("uptime_ms", sr->uptime_ms);
 	j_str("backend", sr->backend);
 	j_i64("device", sr->device);
+	/* the pools listed, by device */
+	j_open("devices", '[');
+	for (size_t j = 0; j < n; j++) {
+		j_open(NULL, '{');
+		j_str("backend", t[j].backend);
+		j_i64("device", t[j].device);
+		j_u64("pools", t[j].pools);
+		j_u64("capacity_bytes", t[j].capacity);
+		j_u64("used_bytes", t[j].used);
+		j_u64("device_memory_bytes", t[j].memory);
+		j_close('}');
+	}
+	j_close(']');
 	j_open("pools", '[');
 	for (size_t i = 0; i < sr->n_pools; i++)
 		json_pool(sr->pools[i], with_clients ? sr : NULL);
@@ -278,11 +326,18 @@ static void print_uptime(uint64_t ms)
 
 static void print_daemon(const Kvq__StatsReply *sr)
 {
-	char d[16];
+	struct dev_total t[64];
+	char d[16], a[32], b[32], m[32];
+	size_t n = dev_totals(sr, t, sizeof(t) / sizeof(t[0]));
 
 	printf("kvqd %s, up ", sr->daemon_version);
 	print_uptime(sr->uptime_ms);
 	printf(", backend %s, device %s\n", sr->backend, dev_str(sr->device, d, sizeof(d)));
+	for (size_t j = 0; j < n; j++)
+		printf("device %s %s: %u pool%s, capacity %s (%.2f%% of %s), in use %s\n", t[j].backend,
+		       dev_str(t[j].device, d, sizeof(d)), t[j].pools, t[j].pools == 1 ? "" : "s",
+		       human_bytes((double)t[j].capacity, a, sizeof(a)), 100.0 * ratio(t[j].capacity, t[j].memory),
+		       human_bytes((double)t[j].memory, m, sizeof(m)), human_bytes((double)t[j].used, b, sizeof(b)));
 }
 
 static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)

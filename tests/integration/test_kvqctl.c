@@ -405,6 +405,10 @@ int main(void)
 	   jnum(R.out, NULL, "capacity_share_of_device") > 0,
 	   "stats: capacity, device memory and the share the pool takes");
 	ok(jnum(R.out, NULL, "clients_attached") == 2, "stats: 2 clients attached");
+	ok(jnum(R.out, "\"devices\"", "pools") == 1 &&
+	   jnum(R.out, "\"devices\"", "capacity_bytes") == kvq_client_layout(a)->total_bytes &&
+	   jnum(R.out, "\"devices\"", "used_bytes") == jnum(R.out, "\"pools\"", "used_bytes"),
+	   "stats: per-device totals of the pools listed (one pool: its capacity and bytes in use)");
 	{
 		char id[64];
 

@@ -295,6 +295,40 @@ static double m_pool(const char *text, const char *name, const char *extra)
 	return metric(text, prefix);
 }
 
+/* The sum of every sample of name (any labels), and their count. */
+static double m_sum(const char *text, const char *name, int *ret_n)
+{
+	size_t len = strlen(name);
+	double sum = 0.0;
+
+	*ret_n = 0;
+	for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+		if (!strncmp(l, name, len) && l[len] == '{') {
+			const char *v = strchr(l, ' ');
+			if (v) {
+				sum += strtod(v + 1, NULL);
+				(*ret_n)++;
+			}
+		}
+	return sum;
+}
+
+/* The host's per-device totals (kvq_device_*) are the sums of its pools'. */
+static void check_devices(const char *text)
+{
+	int pools = 0, n = 0;
+	double cap = text ? m_sum(text, "kvq_pool_capacity_bytes", &pools) : 0.0;
+	double used = text ? m_sum(text, "kvq_pool_bytes", &n) : 0.0;
+
+#define HOST "{backend=\"host\",device=\"-1\"} "
+	ok(text && pools > 0 && metric(text, "kvq_device_pools" HOST) == pools &&
+	   metric(text, "kvq_device_capacity_bytes" HOST) == cap && metric(text, "kvq_device_used_bytes" HOST) == used &&
+	   metric(text, "kvq_device_memory_bytes" HOST) == metric(text, "kvq_pool_device_memory_bytes{pool=\"" POOL "\"} "),
+	   "per-device totals: the host's %d pools, their capacity (%.0f bytes) and bytes in use (%.0f) are the "
+	   "pools' sums", pools, cap, used);
+#undef HOST
+}
+
 static void check_resident(const char *what, const struct report *reps, int n)
 {
 	struct expect e;
@@ -677,6 +711,7 @@ int main(void)
 	ok(reps[1].nseq == 2 && reps[1].n_sealed[0] == 5 && !memcmp(reps[1].ids[0], reps[0].ids[0], 4 * sizeof(int32_t)),
 	   "worker B's sequence starts with A's 4 cached blocks; its fork shares all 5");
 	check_resident("shared prefix and a fork", reps, 2);
+	check_devices(scrape());
 	ok(jnum(ctl_out, "\"resident\"", "sharing_factor") > 2.0, "shared prefix: sharing factor %g over 2",
 	   jnum(ctl_out, "\"resident\"", "sharing_factor"));
 	ok(jnum(ctl_out, "\"resident\"", "effective_batch_gain") > 1.0 &&
