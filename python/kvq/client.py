@@ -168,7 +168,8 @@ class Client:
         return self._call("device", L.kvq_client_device, raw=True)
 
     def attach(self, pool, model_id, layers, kv_heads, head_dim, block_tokens=32, policy="f16", window=0,
-               act="f16", create=True, n_sealed=0, n_open=0, backend=None, device=-1, codebooks=None):
+               act="f16", create=True, n_sealed=0, n_open=0, backend=None, device=-1, codebooks=None,
+               group=None, rank=0, world_size=0):
         """Joins pool (created with this geometry and policy when create and
         kvqd allows it; n_sealed and n_open 0: sized by kvqd's
         configuration; backend 'host', 'cuda' or None for kvqd's default;
@@ -177,7 +178,10 @@ class Client:
         file, which a policy with pq2 or pq1 needs to create the pool (and
         which, joining one, must be the pool's).  Returns self.  Raises
         PoolRefused with kvqd's message (geometry or model mismatch, bad
-        policy, codebooks, ...)."""
+        policy, codebooks, ...).  group, rank, world_size: join that
+        tensor-parallel group as rank of world_size (kvq_client_set_group):
+        pool is then this rank's member pool, kv_heads the model's, and each
+        lookup needs the request id every rank gives (Sequence.lookup)."""
         if act not in ACTS:
             raise ValueError(f"act: 'f16' or 'bf16', not {act!r}")
         p = _lib.AttachParams(pool=pool.encode(), model_id=model_id.encode(), layers=layers, kv_heads=kv_heads,
@@ -185,7 +189,11 @@ class Client:
                               act=ACTS[act], create=1 if create else 0, n_sealed=n_sealed, n_open=n_open,
                               backend=backend.encode() if backend else None, device=device,
                               codebooks=os.fsencode(codebooks) if codebooks is not None else None)
+        if group is not None:
+            self._call(f"group {group}", L.kvq_client_set_group, group.encode(), rank, world_size)
         self._call(f"attach {pool}", L.kvq_client_attach, ctypes.byref(p), call="attach")
+        if group is not None:   # a member pool holds the rank's shard of the heads
+            kv_heads = self.stats()["kv_heads"]
         self.geometry = {"pool": pool, "model_id": model_id, "layers": layers, "kv_heads": kv_heads,
                          "head_dim": head_dim, "block_tokens": block_tokens, "act": act}
         return self
@@ -275,13 +283,18 @@ class Sequence:
         """Tokens stored (after the last commit, or the prefix lookup() found)."""
         return self._call("tokens", L.kvq_seq_tokens)
 
-    def lookup(self, tokens):
+    def lookup(self, tokens, request_id=None):
         """Takes the longest cached chain of tokens' blocks as the prefix of
         this empty sequence; returns the tokens it covers (a multiple of the
         block size, less than len(tokens)).  Append tokens[hit:] next, in
-        one begin()."""
+        one begin().  request_id (bytes or str, 1-64 bytes): in a
+        tensor-parallel group's member pool, the id every rank of the
+        request gives; they all get the same hit."""
         t = _tokens(tokens)
         hit = ctypes.c_uint32()
+        if request_id is not None:
+            rid = request_id.encode() if isinstance(request_id, str) else bytes(request_id)
+            self._call("request id", L.kvq_seq_set_request, rid, len(rid))
         self._call("lookup", L.kvq_seq_from_prompt, _u32p(t), len(t), ctypes.byref(hit))
         return hit.value
 

@@ -48,6 +48,8 @@ step kernels "$b/tests/gpu/test_kernels"
 grep 'largest relative error' "$out/kernels.log" >> "$summary"
 step cudapool env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_pool"
 step cudaseq env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
+# a tensor-parallel group on two GPUs (skipped on a machine of one)
+step groups2 env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_groups_gpu"
 if command -v compute-sanitizer > /dev/null; then
 	step memcheck env KVQ_GPU_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$b/tests/gpu/test_kernels"
 	step racecheck env KVQ_GPU_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$b/tests/gpu/test_kernels"

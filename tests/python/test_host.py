@@ -418,6 +418,34 @@ def test_error_libkvq_message(ctx):
         assert "closed" in str(e)
 
 
+def test_group_ranks_agree(ctx):
+    """two ranks of a tensor-parallel group (kv_heads 4: 2 each) publish a prompt; a lookup by request id hits the same on both"""
+    rng = np.random.default_rng(8)
+    prompt = rng.integers(0, 50000, 100)
+    kw = dict(socket=ctx["sock"], policy="int8", layers=2, kv_heads=4, head_dim=64)
+    r0 = kvq.connect(ctx["sock"]).attach("pyg.r0", "python-test", group="pyg", rank=0, world_size=2, **{
+        k: v for k, v in kw.items() if k != "socket"})
+    r1 = kvq.connect(ctx["sock"]).attach("pyg.r1", "python-test", group="pyg", rank=1, world_size=2, **{
+        k: v for k, v in kw.items() if k != "socket"})
+    try:
+        assert r0.stats()["kv_heads"] == 2 and r1.stats()["kv_heads"] == 2, "each member pool holds 2 of the 4 heads"
+        for c in (r0, r1):
+            with c.sequence() as s:
+                assert s.lookup(prompt, request_id="publish") == 0
+                s.begin(prompt)
+                for layer in range(2):
+                    s.write(layer, rand_kv(rng, 100), rand_kv(rng, 100))
+                s.commit()
+        hits = []
+        for c in (r0, r1):
+            with c.sequence() as s:
+                hits.append(s.lookup(prompt, request_id=b"again"))
+        assert hits == [96, 96], hits
+    finally:
+        r0.close()
+        r1.close()
+
+
 def test_stats_cli_matches_kvqctl(ctx):
     """python -m kvq --json stats POOL gives kvqctl --json stats' figures for the pool"""
     with kvq.attach("share", "python-test", socket=ctx["sock"], policy="int8", **G):
