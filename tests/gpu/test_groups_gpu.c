@@ -100,10 +100,10 @@ static int worker(int rank, const char *rid, const char *path)
 	char pool[32];
 	struct kvq_attach_params p = { .pool = pool, .model_id = MODEL, .layers = L_, .kv_heads = HEADS, .head_dim = D_,
 				       .block_tokens = B_, .policy = POLICY, .act = KVQ_ACT_F16, .create = 1,
-				       .n_sealed = 64, .n_open = 16, .backend = backend,
+				       .n_sealed = 24, .n_open = 8, .backend = backend,
 				       .device = rank > 0 ? devs[1] : devs[0] };
 	static uint16_t k[(PROMPT + REST) * HEADS * D_], v[(PROMPT + REST) * HEADS * D_];
-	static float q[NQ * QHEADS * D_], out[L_][NQ * QHEADS * D_];
+	static float q[NQ * QHEADS * D_], out[L_ * NQ * QHEADS * D_];   /* [layer][token][q head][D], packed */
 	uint32_t tok[PROMPT + REST], hit = 0;
 	kvq_client *c = NULL;
 	kvq_seq *s = NULL;
@@ -136,7 +136,7 @@ static int worker(int rank, const char *rid, const char *path)
 		r = kvq_seq_commit(s);
 	fill_q(q, q0, nq);
 	for (uint32_t l = 0; r == 0 && upto == n && l < L_; l++)
-		r = kvq_seq_attention(s, l, nq, NQ, 0.0f, q, out[l]);
+		r = kvq_seq_attention(s, l, nq, NQ, 0.0f, q, out + (size_t)l * NQ * nq * D_);
 	if (r < 0)
 		fprintf(stderr, "worker %d (%s): %d %s\n", rank, rid, r, c ? kvq_client_error(c) : "");
 	kvq_seq_free(s);
@@ -210,7 +210,7 @@ int main(void)
 		diag("devices %d and %d; peer access %d -> %d: %s, %d -> %d: %s", devs[0], devs[1], devs[0], devs[1],
 		     peer01 ? "allowed" : "not allowed", devs[1], devs[0], peer10 ? "allowed" : "not allowed");
 	}
-	pid_t d = test_daemon_start_conf(backend, "tp2", "memory_budget = 1G\n", tmpdir, sizeof(tmpdir), sock_path,
+	pid_t d = test_daemon_start_conf(backend, "tp2", NULL, tmpdir, sizeof(tmpdir), sock_path,
 					 sizeof(sock_path), daemon_bin, sizeof(daemon_bin));
 	if (!ok(d > 0, "kvqd started (%s, backend %s)", daemon_bin, backend))
 		return done_testing();
