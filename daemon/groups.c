@@ -123,6 +123,29 @@ static void evict_hook(void *arg, const uint8_t *key)
 	g->evicting = false;
 }
 
+static int cached_on(void *prefix, const uint8_t *key)
+{
+	return kvq_prefix_has(prefix, key);
+}
+
+void kvq_group_rank_lost(struct kvq_pools_rec *p)
+{
+	struct kvq_group *g = p->glink.g;
+	int n = 0;
+
+	if (!g)
+		return;
+	g->evicting = true;   /* each member is swept here */
+	for (uint32_t r = 0; r < g->world; r++)
+		if (r != p->glink.rank && g->member[r]) {
+			int e = kvq_prefix_evict_unless(g->member[r]->prefix, cached_on, p->prefix);
+			n += e > 0 ? e : 0;
+		}
+	g->evicting = false;
+	kvq_log(LOG_INFO, "group %s: rank %u died in a write: %d unreferenced blocks the other ranks held and it "
+		"did not were released", g->name, p->glink.rank, n);
+}
+
 int kvq_group_join(struct kvq_pools *ps, const Kvq__Attach *a, struct kvq_pools_rec *p)
 {
 	struct kvq_group *g = group_find(ps, a->group);

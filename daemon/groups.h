@@ -15,7 +15,9 @@
  *  - eviction is by group: a member that evicts a block has the others
  *    drop their copy where it is an unreferenced leaf (kvq_prefix's evict
  *    hook); a copy that is referenced stays, invisible, until its own pool
- *    evicts it.
+ *    evicts it;
+ *  - a rank that dies in a write has the others release what it does not
+ *    hold (kvq_group_rank_lost, from the daemon's lease drop).
  * A member pool leaves its group when its memory is released (PoolDrop,
  * shutdown: pools.c calls kvq_group_leave through the pool's link);
  * pending lookups of the group are then dropped; a group with no member
@@ -52,6 +54,12 @@ int kvq_group_join(struct kvq_pools *ps, const Kvq__Attach *a, struct kvq_pools_
 /* p out of its group, if it is in one (its pending lookups dropped); the
  * group freed when it was the last member.  Before p's index goes. */
 void kvq_group_leave(struct kvq_pools_rec *p);
+
+/* Rank p's client died in a write (holding unpublished blocks): the other
+ * members release (evict) every unreferenced block of theirs that p's
+ * index does not hold, which could only become visible once p publishes it
+ * (its restart computes them again, and so, missing, do the others). */
+void kvq_group_rank_lost(struct kvq_pools_rec *p);
 
 /*
  * The lookup of member pool p (p->glink.g set) for request rid[rid_len]:

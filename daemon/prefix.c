@@ -311,6 +311,36 @@ int kvq_prefix_evict_key(kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN])
 	return 0;
 }
 
+int kvq_prefix_has(const kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN])
+{
+	return hash_find(x, key) >= 0;
+}
+
+int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t *key), void *arg)
+{
+	uint32_t *todo = malloc(sizeof(*todo) * ((size_t)x->n_cached + 1)), len = 0;
+	int n = 0;
+
+	if (!todo)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < x->heap_len; i++)
+		if (!keep(arg, x->key[x->heap[i]]))
+			todo[len++] = x->heap[i];
+	/* each block at most once: the leaves found, then each parent when its
+	 * last child went */
+	for (uint32_t i = 0; i < len; i++) {
+		const uint32_t b = todo[i];
+		const int32_t p = x->parent[b];
+
+		evict_block(x, b);
+		n++;
+		if (p >= 0 && x->heap_pos[p] >= 0 && !keep(arg, x->key[p]))
+			todo[len++] = (uint32_t)p;
+	}
+	free(todo);
+	return n;
+}
+
 void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg)
 {
 	x->evict_hook = hook;

@@ -126,6 +126,14 @@ int kvq_prefix_evict(kvq_prefix *x, uint32_t count, uint32_t *ret_ids, uint32_t 
  * -ENOENT (no such block) or -EBUSY (referenced, or a parent). */
 int kvq_prefix_evict_key(kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN]);
 
+/* Whether a block is cached under key. */
+int kvq_prefix_has(const kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN]);
+
+/* Evicts every evictable block whose key keep(arg, key) rejects, leaf first
+ * (a parent that becomes an evictable leaf is asked too); returns how many,
+ * or -ENOMEM (nothing evicted). */
+int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t *key), void *arg);
+
 /* hook (NULL: none) is told the key of every block the index evicts, before
  * the block goes (a tensor-parallel group's members evict together,
  * daemon/groups.h); it may evict blocks of other indexes, not this one's. */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "groups.h"
 #include "log.h"
 #include "state.h"
 
@@ -123,10 +124,17 @@ static void lease_drop(struct kvq_conn *c)
 {
 	struct kvq_lease_dropped d;
 
+	bool mid_write = false;
+
 	if (!c->pool || !c->lease)
 		return;
+	/* a group's rank that held unpublished blocks died in a write */
+	for (uint32_t pos = 0, id, n; c->pool->glink.g && !mid_write && kvq_lease_next_sealed(c->lease, &pos, &id, &n);)
+		mid_write = kvq_pool_state(c->pool->pool, id) == KVQ_POOL_PRIVATE;
 	kvq_lease_drop(c->lease, c->pool->pool, &d);
 	c->lease = NULL;
+	if (mid_write)
+		kvq_group_rank_lost(c->pool);
 	if (d.open_refused)
 		kvq_log(LOG_ERR, "client %llu: %u open slots of its lease were not in use", (unsigned long long)c->id,
 			d.open_refused);

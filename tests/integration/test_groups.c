@@ -19,7 +19,9 @@
  * all its slots with nothing held or referenced.  Also refused with a
  * reason: a lookup without a request id, a world size that does not split
  * the heads, a second pool for a taken rank, a rank that disagrees on the
- * model, a plain attach to a member pool.
+ * model, a plain attach to a member pool.  And in a group of two: when one
+ * rank dies between its write and its commit, what the other published of
+ * the same prompt is released.
  */
 #include <config.h>
 
@@ -51,6 +53,7 @@
 #define MODEL "test/tp-model@1"
 
 static char sock_path[108];
+static const char *group_name = GROUP;
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -84,7 +87,7 @@ static kvq_client *attach_rank(const char *name, const char *pool, uint32_t rank
 	int r = kvq_client_connect(sock_path, name, &c);
 
 	if (r == 0 && world)
-		r = kvq_client_set_group(c, GROUP, rank, world);
+		r = kvq_client_set_group(c, group_name, rank, world);
 	if (r == 0)
 		r = kvq_client_attach(c, &p);
 	if (r < 0 && c) {
@@ -336,6 +339,45 @@ int main(void)
 	}
 	ok(r == 0 && fdis == 0, "after the run, every rank (the victim restarted) finds the same prefix of each "
 	   "family (%u %u %u %u tokens)", fh[0][0], fh[0][1], fh[0][2], fh[0][3]);
+
+	/* a rank that dies in its write: the blocks the other rank published for
+	 * the same tokens are released (group tq of 2 ranks, 4 heads each) */
+	group_name = "tq";
+	for (uint32_t rank = 0; rank < 2; rank++) {
+		pid_t pid = fork();
+		if (pid == 0) {
+			char pool[16];
+			uint32_t pt[256], hit;
+			int e;
+
+			snprintf(pool, sizeof(pool), "tq.r%u", rank);
+			kvq_client *rc = attach_rank("tq", pool, rank, 2, HEADS, MODEL, &e);
+			uint32_t pn = prompt_of(1, pt);
+			/* rank 0 commits; rank 1 is killed between its write and its commit */
+			_exit(rc && run_request(rc, rank, "tq-0", pt, pn, true, rank == 1, &hit) == 0 ? 0 : 1);
+		}
+		int st = 0;
+		waitpid(pid, &st, 0);
+		if (rank == 0)
+			ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "group tq: rank 0 publishes a prompt");
+		else
+			ok(WIFSIGNALED(st), "group tq: rank 1 dies between its write and its commit");
+	}
+	group_name = GROUP;
+	{
+		kvq_client *w = attach_rank("tq-watch", "tp.r0", 0, WORLD, HEADS, MODEL, &r);
+		struct kvq_stats st = { 0 };
+		bool gone = false;
+
+		/* kvqd drops the dead rank's lease once its process is gone */
+		for (int i = 0; w && i < 300 && !gone; i++) {
+			gone = kvq_client_stats(w, "tq.r0", &st) == 0 && st.cached == 0 && st.sealed_held == 0;
+			if (!gone)
+				usleep(10000);
+		}
+		ok(gone, "rank 0's published blocks of that prompt are released (cached %u)", st.cached);
+		kvq_client_free(w);
+	}
 
 	/* accounting, once the pending lookups have timed out (a lookup of the
 	 * group expires them) */

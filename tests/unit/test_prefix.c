@@ -348,8 +348,14 @@ static void log_hook(void *arg, const uint8_t *key)
 	memcpy(h->key, key, KVQ_PREFIX_KEY_LEN);
 }
 
+static int keep_key(void *arg, const uint8_t *key)
+{
+	return !memcmp(arg, key, KVQ_PREFIX_KEY_LEN);
+}
+
 /* kvq_prefix_match (no reference), kvq_prefix_evict_key (only an evictable
- * leaf) and the evict hook (told each victim's key before it goes) */
+ * leaf), the evict hook (told each victim's key before it goes),
+ * kvq_prefix_has and kvq_prefix_evict_unless (chains from their ends) */
 static void test_group_calls(void)
 {
 	struct env e = env_new(16, 4, "group", "model");
@@ -381,6 +387,20 @@ static void test_group_calls(void)
 	ok(kvq_prefix_evict(e.x, 16, NULL, &n) == 0 && n == 3 && h.calls == 4,
 	   "LRU eviction tells the hook too (4 victims in all)");
 	kvq_prefix_set_evict_hook(e.x, NULL, NULL);
+	ok(!kvq_prefix_has(e.x, k0), "has: an evicted key is not cached");
+	publish_chain(&e, -1, tok, 4, 4, NULL, ids);
+	kvq_prefix_block_key(e.x, ids[0], k0);
+	ok(kvq_prefix_has(e.x, k0), "has: a cached key");
+	ok(kvq_prefix_lookup(e.x, tok, 16, 8, NULL, 0, hit, 4, &n) == 0 && n == 2 &&
+	   kvq_prefix_evict_unless(e.x, keep_key, k0) == 0,
+	   "evict_unless: nothing while the chain's end is referenced (its ancestors are parents)");
+	unref_all(&e, ids, 4);
+	ok(kvq_prefix_evict_unless(e.x, keep_key, k0) == 2 && kvq_prefix_match(e.x, tok, 16, 16, NULL, 0, 4, &n) == 0 &&
+	   n == 2, "evict_unless: the unreferenced end of the chain (2 blocks); the referenced ones stay");
+	unref_all(&e, hit, 2);
+	ok(kvq_prefix_evict_unless(e.x, keep_key, k0) == 1 && kvq_prefix_has(e.x, k0) &&
+	   kvq_prefix_match(e.x, tok, 16, 16, NULL, 0, 4, &n) == 0 && n == 1,
+	   "evict_unless: then the block it does not keep, and the kept root stays");
 	env_free(&e);
 }
 
