@@ -123,7 +123,6 @@ void kvq_state_conn_exiting(struct kvq_conn *c)
 static void lease_drop(struct kvq_conn *c)
 {
 	struct kvq_lease_dropped d;
-
 	bool mid_write = false;
 
 	if (!c->pool || !c->lease)
