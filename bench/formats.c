@@ -17,6 +17,7 @@
  */
 #include "config.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,28 +119,21 @@ static void detect_llc(struct cfg *c)
  * rotation's cost). */
 #define ROT_ROUNDS 5u
 
-/* The rotated workload wr against a plain one of the same geometry and
- * format, alternately: GB/s of wr over the plain one's, or 0 on an error. */
-static double rot_ratio(struct team *team, const struct cfg *c, const struct geom *g, int f,
-			const struct plan *pl, struct workload *wr)
+/* The rotated workload wr against the plain one wp of the same geometry
+ * and format, alternately: GB/s of wr over wp's. */
+static double rot_ratio(struct team *team, const struct cfg *c, struct workload *wp, struct workload *wr)
 {
 	struct cfg quick = *c;
-	struct workload wp;
 	struct share sh = { 0 };
 	double ratio[ROT_ROUNDS];
 
-	if (workload_init(&wp, g, f, 0, pl) < 0 || workload_check(&wp) < 0) {
-		workload_free(&wp);
-		return 0.0;
-	}
 	quick.runs = MIN_RUNS;
 	quick.budget_s = 0.0;
 	for (unsigned i = 0; i < ROT_ROUNDS; i++) {
-		double p = measure(team, c->threads, decode_job, &wp, wp.step_bytes, &quick, 1, &sh);
+		double p = measure(team, c->threads, decode_job, wp, wp->step_bytes, &quick, 1, &sh);
 		double r = measure(team, c->threads, decode_job, wr, wr->step_bytes, &quick, 1, &sh);
 		ratio[i] = r / p;
 	}
-	workload_free(&wp);
 	return median(ratio, ROT_ROUNDS);
 }
 
@@ -245,6 +239,9 @@ int cmd_formats(int argc, char **argv)
 	for (unsigned gi = 0; gi < NGEOMS; gi++) {
 		const struct geom *g = &geoms[gi];
 		double f16_bpt = 0.0;
+		/* with --rot, a format's plain workload stays for its +rot row */
+		struct workload plain = { 0 };
+		bool have_plain = false;
 
 		for (int fr = 0; fr < KVQ_FMT_COUNT * 2; fr++) {
 			const int f = fr / 2, rot = fr % 2;
@@ -267,6 +264,8 @@ int cmd_formats(int argc, char **argv)
 			fprintf(stderr, PROG ": %s %s%s: preparing ...", g->name, kvq_fmt_name(f), rot ? "+rot" : "");
 			if (workload_init(&w, g, f, rot, &pl[gi]) < 0 || workload_check(&w) < 0) {
 				workload_free(&w);
+				if (have_plain)
+					workload_free(&plain);
 				goto fail;
 			}
 			r = &res[nres++];
@@ -301,19 +300,32 @@ int cmd_formats(int argc, char **argv)
 				r->decn = r->dec1;
 			}
 			r->cpu_share = share_of(&sh);
-			if (rot) {
+			if (rot && have_plain) {
 				fprintf(stderr, " ... against the plain format in turn ...");
-				r->rot_ratio = rot_ratio(&team, &c, g, f, &pl[gi], &w);
+				r->rot_ratio = rot_ratio(&team, &c, &plain, &w);
 				fprintf(stderr, " %.3f x", r->rot_ratio);
+			}
+			if (rot && have_plain) {
+				workload_free(&plain);
+				have_plain = false;
 			}
 			fprintf(stderr, " (%.1f s, CPU share %.0f%%)\n", now_s() - t0, 100.0 * r->cpu_share);
 			if (w.err) {
 				fprintf(stderr, PROG ": kvq_cpu_attention: %s\n", strerror(-w.err));
 				workload_free(&w);
+				if (have_plain)
+					workload_free(&plain);
 				goto fail;
 			}
-			workload_free(&w);
+			if (c.rot && !rot) {
+				plain = w;
+				have_plain = true;
+			} else {
+				workload_free(&w);
+			}
 		}
+		if (have_plain)
+			workload_free(&plain);
 	}
 	team_stop(&team);
 	fprintf(stderr, PROG ": done in %.1f s\n", now_s() - t_start);

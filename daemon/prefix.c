@@ -318,26 +318,26 @@ int kvq_prefix_has(const kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN])
 
 int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t *key), void *arg)
 {
-	uint32_t *todo = malloc(sizeof(*todo) * ((size_t)x->n_cached + 1)), len = 0;
+	uint32_t *victims = malloc(sizeof(*victims) * ((size_t)x->n_cached + 1)), len = 0;
 	int n = 0;
 
-	if (!todo)
+	if (!victims)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < x->heap_len; i++)
 		if (!keep(arg, x->key[x->heap[i]]))
-			todo[len++] = x->heap[i];
+			victims[len++] = x->heap[i];
 	/* each block at most once: the leaves found, then each parent when its
 	 * last child went */
 	for (uint32_t i = 0; i < len; i++) {
-		const uint32_t b = todo[i];
+		const uint32_t b = victims[i];
 		const int32_t p = x->parent[b];
 
 		evict_block(x, b);
 		n++;
 		if (p >= 0 && x->heap_pos[p] >= 0 && !keep(arg, x->key[p]))
-			todo[len++] = (uint32_t)p;
+			victims[len++] = (uint32_t)p;
 	}
-	free(todo);
+	free(victims);
 	return n;
 }
 
