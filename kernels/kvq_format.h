@@ -503,8 +503,9 @@ KVQ_HD float kvq_decode_sym(int f, uint32_t c)
  * kvq_v_elem(0, d) (V of dimension d), 16 at a time: a reorder that breaks
  * that must change its dec16() too (test_attention compares both paths).
  */
-/* 2: the codebook formats and the pool's codebook region (layout.h). */
-#define KVQ_LAYOUT_VERSION 2u
+/* 2: the codebook formats and the pool's codebook region (layout.h).
+ * 3: the sink slices after each layer's open slices (layout.h). */
+#define KVQ_LAYOUT_VERSION 3u
 
 KVQ_HD uint32_t kvq_k_elem(uint32_t t, uint32_t d, uint32_t B, uint32_t D)
 {

@@ -91,8 +91,14 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 		kvq_seterr(err, errlen, "open window dtype must be f16 or bf16");
 		return -EINVAL;
 	}
-	if (p->n_sealed > KVQ_MAX_SLOTS || p->n_open > KVQ_MAX_SLOTS) {
-		kvq_seterr(err, errlen, "slot counts %u/%u exceed %u", p->n_sealed, p->n_open, KVQ_MAX_SLOTS);
+	if (p->n_sealed > KVQ_MAX_SLOTS || p->n_open > KVQ_MAX_SLOTS || p->n_sink > KVQ_MAX_SLOTS) {
+		kvq_seterr(err, errlen, "slot counts %u/%u/%u exceed %u", p->n_sealed, p->n_open, p->n_sink,
+			   KVQ_MAX_SLOTS);
+		return -EINVAL;
+	}
+	if (p->sink_blocks > 1 || (p->sink_blocks && !p->n_sink) || (!p->sink_blocks && p->n_sink)) {
+		kvq_seterr(err, errlen, "sink_blocks %u is not 0 or 1, or %u sink slots do not match it",
+			   p->sink_blocks, p->n_sink);
 		return -EINVAL;
 	}
 	for (uint32_t l = 0; l < p->layers; l++)
@@ -113,6 +119,8 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 	L->window = p->window ? p->window : kvq_layout_default_window(p->policy, B);
 	L->n_sealed = p->n_sealed;
 	L->n_open = p->n_open;
+	L->sink_blocks = p->sink_blocks;
+	L->n_sink = p->n_sink;
 	L->act = p->act;
 	if (L->window % B || L->window > 64 * B) {
 		kvq_seterr(err, errlen, "open window %u is not a multiple of the block (%u tokens) up to 64 blocks",
@@ -154,13 +162,14 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 		ll->window = L->window;
 		ll->n_sealed = p->n_sealed;
 		ll->n_open = p->n_open;
+		ll->n_sink = p->n_sink;
 		ll->act = p->act;
 		if (__builtin_mul_overflow((uint64_t)p->n_sealed, ll->sealed_slice, &sealed_bytes) ||
-		    __builtin_mul_overflow((uint64_t)p->n_open, ll->open_slice, &open_bytes) ||
+		    __builtin_mul_overflow((uint64_t)p->n_open + p->n_sink, ll->open_slice, &open_bytes) ||
 		    __builtin_add_overflow(pos, sealed_bytes, &ll->open_base) ||
 		    __builtin_add_overflow(ll->open_base, open_bytes, &pos) || pos > UINT64_MAX - 255) {
-			kvq_seterr(err, errlen, "pool of %u layers x (%u sealed + %u open slots) exceeds 2^64 bytes",
-			       p->layers, p->n_sealed, p->n_open);
+			kvq_seterr(err, errlen, "pool of %u layers x (%u sealed + %u open + %u sink slots) exceeds 2^64 bytes",
+			       p->layers, p->n_sealed, p->n_open, p->n_sink);
 			free(L);
 			return -EINVAL;
 		}

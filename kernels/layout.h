@@ -3,7 +3,12 @@
  * The pool's memory layout, shared by the daemon, libkvq and the kernels.
  *
  * Layer-major: one region per layer; each region holds the layer's sealed
- * slices (ids 0 .. n_sealed-1), then its open slices (ids 0 .. n_open-1).
+ * slices (ids 0 .. n_sealed-1), then its open slices (ids 0 .. n_open-1),
+ * then its sink slices (ids 0 .. n_sink-1; none unless the pool keeps
+ * attention-sink blocks, sink_blocks = 1).  A sink slice has the open
+ * slice's format and size, so the kernels address sink id s as open id
+ * n_open + s: a sequence's first block lives there, exact, from its first
+ * token on (struct kvq_seq_table).
  * A slice is one block of B tokens of one layer, all KV heads: H head slices
  * one after another.  A sealed head slice holds K codes, K parameters, V codes
  * (transposed) and V parameters in the order kvq_format.h describes; an open
@@ -31,7 +36,7 @@ extern "C" {
 #define KVQ_MAX_BLOCK_TOKENS 256u
 #define KVQ_MAX_SLOTS (1u << 30)
 
-enum kvq_slot_class { KVQ_SEALED = 0, KVQ_OPEN = 1 };
+enum kvq_slot_class { KVQ_SEALED = 0, KVQ_OPEN = 1, KVQ_SINK = 2 };
 
 /* Fields of a head slice.  Open slices have only KVQ_K_CODES (K rows) and
  * KVQ_V_CODES (V rows). */
@@ -41,6 +46,8 @@ struct kvq_layout_params {
 	uint32_t layers, kv_heads, head_dim, block_tokens;
 	uint32_t window;        /* open window R in tokens; 0 chooses the default */
 	uint32_t n_sealed, n_open;
+	uint32_t sink_blocks;   /* 0, or 1: every sequence's first block in a sink slot */
+	uint32_t n_sink;        /* sink slots: >= 1 with sink_blocks, else 0 */
 	int act;                /* dtype of the open window: KVQ_DT_F16 or KVQ_DT_BF16 */
 	const struct kvq_policy *policy;
 };
@@ -51,7 +58,8 @@ struct kvq_layer_layout {
 	uint64_t region;               /* byte offset of the layer's region */
 	uint64_t sealed_slice;         /* bytes of one sealed slice (all heads) */
 	uint64_t open_slice;           /* bytes of one open slice */
-	uint64_t open_base;            /* byte offset of its open slices: region + n_sealed * sealed_slice */
+	uint64_t open_base;            /* byte offset of its open slices: region + n_sealed * sealed_slice;
+	                                * its sink slices follow them (open ids n_open ..) */
 	uint32_t sealed_head;          /* bytes of one sealed head slice */
 	uint32_t open_head;            /* bytes of one open head slice */
 	uint32_t off[KVQ_NFIELDS];     /* field offsets inside a sealed head slice */
@@ -61,7 +69,7 @@ struct kvq_layer_layout {
 	 * is not a codebook format */
 	uint64_t codebook[2];
 	/* the pool's geometry (struct kvq_layout), repeated here */
-	uint32_t B, D, H, window, n_sealed, n_open;
+	uint32_t B, D, H, window, n_sealed, n_open, n_sink;
 	int kfmt, vfmt, act;
 	/* KVQ_ROT_K, KVQ_ROT_V (policy.h): K, V stored rotated, in blocks of
 	 * kvq_rot_block(D, 0 or 1) elements of the head dim */
@@ -72,10 +80,11 @@ struct kvq_layout {
 	uint32_t version;              /* KVQ_LAYOUT_VERSION */
 	uint32_t layers, kv_heads, head_dim, block_tokens, window;
 	uint32_t n_sealed, n_open;
+	uint32_t sink_blocks, n_sink;  /* struct kvq_layout_params */
 	int act;
 	uint64_t total_bytes;          /* bytes of the whole pool */
 	uint64_t sealed_block_bytes;   /* one sealed block, all layers */
-	uint64_t open_block_bytes;     /* one open block, all layers */
+	uint64_t open_block_bytes;     /* one open block, all layers (and one sink block) */
 	uint64_t codebook_off;         /* the codebook region: after the last layer's, 256-byte */
 	uint64_t codebook_bytes;       /* aligned; kvq_codebook_bytes() bytes, 0 when no codebook format */
 	struct kvq_layer_layout layer[];
@@ -125,9 +134,16 @@ uint32_t kvq_layout_default_window(const struct kvq_policy *p, uint32_t block_to
  *             position n - m + i sees positions <= its own), rows row0 ..
  *             row0 + m - 1 of q and out.  sealed: S(n)/B ids; open:
  *             ceil((n - S(n))/B) ids.
+ *  sink:      in a pool with sink blocks (n_sink > 0), 1 + the sink id
+ *             holding block 0 of the table, for its whole life: written
+ *             there as an open block, never sealed, read through the open
+ *             path wherever S(n) puts it; the sealed and open entries of
+ *             block 0 are not read.  0: block 0 of the table is an ordinary
+ *             block (always so without sinks; a write whose table starts
+ *             past the sequence's first block passes 0).
  */
 struct kvq_seq_table {
-	uint32_t n, m, row0, reserved;
+	uint32_t n, m, row0, sink;
 	const int32_t *sealed;
 	const int32_t *open;
 };
@@ -151,12 +167,14 @@ KVQ_HD uint32_t kvq_split(uint32_t n, uint32_t R, uint32_t B)
 }
 
 /* Byte offset of a field of (class, slot id, layer, head).  Arguments are not
- * checked: callers validate ids against n_sealed / n_open first. */
+ * checked: callers validate ids against n_sealed / n_open / n_sink first. */
 static inline uint64_t kvq_layout_off(const struct kvq_layout *L, int cls, uint32_t id,
 				      uint32_t layer, uint32_t head, int field)
 {
 	const struct kvq_layer_layout *ll = &L->layer[layer];
 
+	if (cls == KVQ_SINK)
+		id += L->n_open;   /* a sink slice is an open slice past the open ones */
 	if (cls == KVQ_SEALED)
 		return kvq_head_off(ll->region, ll->sealed_slice, ll->sealed_head, id, head) + ll->off[field];
 	return kvq_head_off(ll->open_base, ll->open_slice, ll->open_head, id, head) +

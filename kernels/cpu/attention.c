@@ -351,7 +351,8 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_seq_tabl
 	const struct kvq_attn *a = w->a;
 	uint32_t B = L->block_tokens, D = L->head_dim;
 	uint32_t S = w->split;
-	int sealed = blk * B < S;
+	int sink = blk == 0 && s->sink;   /* a sink block: read as an open one */
+	int sealed = !sink && blk * B < S;
 	uint32_t ntok = sealed ? B : (s->n - blk * B < B ? s->n - blk * B : B);
 	uint32_t tmax = t->last - blk * B + 1 < ntok ? t->last - blk * B + 1 : ntok;
 	const uint8_t *kc = NULL, *vc = NULL;
@@ -368,7 +369,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_seq_tabl
 	if (sealed) {
 		load_sealed(w, t->h, (uint32_t)s->sealed[blk]);
 	} else {
-		uint32_t id = (uint32_t)s->open[blk - S / B];
+		uint32_t id = sink ? L->n_open + s->sink - 1 : (uint32_t)s->open[blk - S / B];
 		kc = (const uint8_t *)a->base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, t->h, KVQ_K_CODES);
 		vc = (const uint8_t *)a->base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, t->h, KVQ_V_CODES);
 	}
@@ -432,7 +433,7 @@ static const uint8_t *sealed_slice(struct work *w, const struct kvq_seq_table *s
 {
 	const struct kvq_layout *L = w->L;
 
-	if (blk * L->block_tokens >= w->split)
+	if (blk * L->block_tokens >= w->split || (blk == 0 && s->sink))
 		return NULL;
 	return (const uint8_t *)w->a->base +
 	       kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk], w->a->layer, h, KVQ_K_CODES);
@@ -523,8 +524,10 @@ int kvq_cpu_attention(const struct kvq_attn *a, const struct kvq_seq_table *seqs
 		if (s->n == 0 || s->m == 0 || s->m > s->n || s->n > UINT32_MAX - B)
 			return -EINVAL;
 		S = kvq_layout_split(L, s->n);
-		if (!ids_ok(s->sealed, S / B, L->n_sealed) ||
-		    !ids_ok(s->open, (s->n - S + B - 1) / B, L->n_open))
+		/* a sink block has neither a sealed nor an open entry */
+		uint32_t sk = s->sink && S ? 1 : 0, ok = s->sink && !S ? 1 : 0;
+		if (s->sink > L->n_sink || !ids_ok(s->sealed + sk, S / B - sk, L->n_sealed) ||
+		    !ids_ok(s->open + ok, (s->n - S + B - 1) / B - ok, L->n_open))
 			return -EINVAL;
 	}
 

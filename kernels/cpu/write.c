@@ -182,6 +182,32 @@ static uint8_t *rotated_rows(const struct kvq_layout *L, const uint8_t *in, uint
 	return out;
 }
 
+/* Open-class id of the slice that holds block blk of w in open format (a
+ * sink slice is open id n_open + its id, layout.h), s0 = S(w->n). */
+static uint32_t open_of(const struct kvq_layout *L, const struct kvq_seq_table *w, uint32_t blk, uint32_t s0)
+{
+	if (blk == 0 && w->sink)
+		return L->n_open + w->sink - 1;
+	return (uint32_t)w->open[blk - s0 / L->block_tokens];
+}
+
+/* Copies input rows of positions from .. to - 1 (all in block blk, past the
+ * n stored before the write) into open-class slice o. */
+static void store_rows(const struct kvq_layout *L, uint8_t *b, uint32_t layer, uint32_t o, uint64_t from,
+		       uint64_t to, uint64_t n, const uint8_t *kin, const uint8_t *vin)
+{
+	const uint32_t B = L->block_tokens, H = L->kv_heads;
+	const size_t row = (size_t)L->head_dim * kvq_dtype_bytes(L->act);
+
+	for (uint64_t pos = from; pos < to; pos++)
+		for (uint32_t h = 0; h < H; h++) {
+			size_t i = ((size_t)(pos - n) * H + h) * row;
+			size_t r = (size_t)(pos % B) * row;
+			memcpy(b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_K_CODES) + r, kin + i, row);
+			memcpy(b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_V_CODES) + r, vin + i, row);
+		}
+}
+
 int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 		  const struct kvq_seq_table *w, const void *k, const void *v)
 {
@@ -193,20 +219,22 @@ int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 	uint8_t *b = base;
 	const uint8_t *kin, *vin;
 
-	if (layer >= L->layers || n2 > UINT32_MAX - B || (w->m && (!k || !v)))
+	if (layer >= L->layers || n2 > UINT32_MAX - B || (w->m && (!k || !v)) || (w->sink && w->sink > L->n_sink))
 		return -EINVAL;
 	kin = w->m ? (const uint8_t *)k + (size_t)w->row0 * H * row : NULL;
 	vin = w->m ? (const uint8_t *)v + (size_t)w->row0 * H * row : NULL;
 	s0 = kvq_layout_split(L, (uint32_t)n);
 	s1 = kvq_layout_split(L, (uint32_t)n2);
 
-	/* validate every id first: nothing is written on bad input */
+	/* validate every id first: nothing is written on bad input (a sink
+	 * block has no sealed id and no open entry) */
 	for (uint32_t blk = s0 / B; blk < s1 / B; blk++)
-		if (w->sealed[blk] < 0 || (uint32_t)w->sealed[blk] >= L->n_sealed ||
-		    ((uint64_t)blk * B < n && !open_ok(L, w->open[blk - s0 / B])))
+		if (!(blk == 0 && w->sink) &&
+		    (w->sealed[blk] < 0 || (uint32_t)w->sealed[blk] >= L->n_sealed ||
+		     ((uint64_t)blk * B < n && !open_ok(L, w->open[blk - s0 / B]))))
 			return -EINVAL;
 	for (uint32_t blk = s1 / B; (uint64_t)blk * B < n2; blk++)
-		if (!open_ok(L, w->open[blk - s0 / B]))
+		if (!(blk == 0 && w->sink) && !open_ok(L, w->open[blk - s0 / B]))
 			return -EINVAL;
 
 	/* a rotated part: its rows rotated before anything is stored, so the
@@ -221,13 +249,18 @@ int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 	}
 
 	for (uint32_t blk = s0 / B; blk < s1 / B; blk++) {
+		if (blk == 0 && w->sink) {
+			/* a sink block is never sealed: its new rows go to its slice */
+			store_rows(L, b, layer, open_of(L, w, 0, s0), n, B, n, kin, vin);
+			continue;
+		}
 		for (uint32_t h = 0; h < H; h++) {
 			for (uint32_t r = 0; r < B; r++) {
 				uint64_t pos = (uint64_t)blk * B + r;
 				if (pos < n) {
-					int32_t o = w->open[blk - s0 / B];
-					krows[r] = b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)o, layer, h, KVQ_K_CODES) + r * row;
-					vrows[r] = b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)o, layer, h, KVQ_V_CODES) + r * row;
+					uint32_t o = open_of(L, w, blk, s0);
+					krows[r] = b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_K_CODES) + r * row;
+					vrows[r] = b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_V_CODES) + r * row;
 				} else {
 					size_t i = ((size_t)(pos - n) * H + h) * row;
 					krows[r] = kin + i;
@@ -237,14 +270,12 @@ int kvq_cpu_write(const struct kvq_layout *L, void *base, uint32_t layer,
 			seal_head(L, b, layer, h, (uint32_t)w->sealed[blk], krows, vrows);
 		}
 	}
-	for (uint64_t pos = n > s1 ? n : s1; pos < n2; pos++) {
-		uint32_t blk = (uint32_t)(pos / B), r = (uint32_t)(pos % B);
-		uint32_t o = (uint32_t)w->open[blk - s0 / B];
-		for (uint32_t h = 0; h < H; h++) {
-			size_t i = ((size_t)(pos - n) * H + h) * row;
-			memcpy(b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_K_CODES) + r * row, kin + i, row);
-			memcpy(b + kvq_layout_off(L, KVQ_OPEN, o, layer, h, KVQ_V_CODES) + r * row, vin + i, row);
-		}
+	for (uint64_t pos = n > s1 ? n : s1; pos < n2;) {
+		uint32_t blk = (uint32_t)(pos / B);
+		uint64_t end = (uint64_t)(blk + 1) * B < n2 ? (uint64_t)(blk + 1) * B : n2;
+
+		store_rows(L, b, layer, open_of(L, w, blk, s0), pos, end, n, kin, vin);
+		pos = end;
 	}
 	free(krot);
 	free(vrot);

@@ -44,12 +44,14 @@ struct tcase {
 	int act, qdt, odt;
 	int outliers;
 	int figure;   /* same data for every format: the errors vs unquantized compare */
+	int sink;     /* a pool with sink blocks: every sequence's block 0 in a sink slot */
 };
 
 struct seq {
 	uint32_t n, n_q;
 	int32_t *sealed;                        /* sealed id of block b < S(n)/B */
 	int32_t *open;                          /* open id of every block b < ceil(n/B) */
+	int32_t sink;                           /* sink id of block 0, or -1 (no sinks) */
 	uint32_t *chunk, nchunk;                /* sizes of the successive writes */
 	uint16_t *k[MAXLAYERS], *v[MAXLAYERS];  /* input [n][H][D], activation dtype */
 	double *ks[MAXLAYERS], *vs[MAXLAYERS];  /* values as stored [H][n][D] */
@@ -61,6 +63,7 @@ static int have_avx2;
 static uint64_t figure_state;   /* rng state every figure case starts from */
 static int pool_written;        /* cases where attention changed the pool */
 static int write_failed;
+static int sink_inexact;        /* values of a sink block not stored exactly */
 
 /* Figures gathered for the summary at the end. */
 struct figure {
@@ -197,6 +200,7 @@ static int write_seq(const struct kvq_layout *L, void *base, uint32_t layer, con
 		struct kvq_seq_table w = {
 			.n = done,
 			.m = s->chunk[c],
+			.sink = (uint32_t)(s->sink + 1),
 			.sealed = s->sealed,
 			.open = s->open + kvq_layout_split(L, done) / L->block_tokens,
 		};
@@ -216,6 +220,10 @@ static double stored_value(const struct kvq_layout *L, const uint8_t *base, uint
 	uint32_t B = L->block_tokens, blk = p / B;
 	const uint8_t *x;
 
+	if (blk == 0 && s->sink >= 0) {
+		x = base + kvq_layout_off(L, KVQ_SINK, (uint32_t)s->sink, layer, h, is_v ? KVQ_V_CODES : KVQ_K_CODES);
+		return ref_act(L->act, x, (size_t)p * L->head_dim + d);
+	}
 	if (p < kvq_layout_split(L, s->n)) {
 		x = base + kvq_layout_off(L, KVQ_SEALED, (uint32_t)s->sealed[blk], layer, h, KVQ_K_CODES) -
 		    L->layer[layer].off[KVQ_K_CODES];
@@ -242,6 +250,10 @@ static void decode_seq(const struct kvq_layout *L, const uint8_t *base, uint32_t
 				s->vs[layer][i] = stored_value(L, base, layer, s, 1, h, p, d);
 				s->ki[layer][i] = ref_act(L->act, s->k[layer], j);
 				s->vi[layer][i] = ref_act(L->act, s->v[layer], j);
+				/* a sink block holds its tokens exactly (as rotated) */
+				if (s->sink >= 0 && p < L->block_tokens && !L->layer[layer].rot &&
+				    (s->ks[layer][i] != s->ki[layer][i] || s->vs[layer][i] != s->vi[layer][i]))
+					sink_inexact++;
 			}
 }
 
@@ -419,8 +431,8 @@ static void run_case(const struct tcase *tc)
 
 	if (tc->figure)
 		tap_rng_state = figure_state;   /* identical data for every format */
-	snprintf(name, sizeof name, "%s%s H=%u g=%u D=%u B=%u R=%u act=%s q=%s out=%s", tc->policy,
-		 tc->outliers ? "" : " (no outliers)", H, tc->g, D, B, R, dt_name(tc->act), dt_name(tc->qdt),
+	snprintf(name, sizeof name, "%s%s%s H=%u g=%u D=%u B=%u R=%u act=%s q=%s out=%s", tc->policy,
+		 tc->outliers ? "" : " (no outliers)", tc->sink ? " sink" : "", H, tc->g, D, B, R, dt_name(tc->act), dt_name(tc->qdt),
 		 dt_name(tc->odt));
 	if (kvq_policy_parse(tc->policy, tc->layers, &pol, err, sizeof err) < 0) {
 		ok(0, "%s: policy parses (%s)", name, err);
@@ -440,6 +452,7 @@ static void run_case(const struct tcase *tc)
 		struct kvq_layout_params lp = {
 			.layers = tc->layers, .kv_heads = H, .head_dim = D, .block_tokens = B,
 			.window = R, .n_sealed = nsealed, .n_open = nopen, .act = tc->act, .policy = &pol,
+			.sink_blocks = tc->sink ? 1 : 0, .n_sink = tc->sink ? ns + 3 : 0,
 		};
 		rc = kvq_layout_new(&lp, &L, err, sizeof err);
 	}
@@ -471,6 +484,10 @@ static void run_case(const struct tcase *tc)
 				s->sealed[b] = b < nsb ? sids[si++] : -1;
 				s->open[b] = oids[oi++];
 			}
+			/* block 0's entries are never read with a sink: -1 fails if they were */
+			s->sink = tc->sink ? (int32_t)(L->n_sink - 1 - i) : -1;
+			if (tc->sink)
+				s->sealed[0] = s->open[0] = -1;
 			plan_chunks(s, i, B);
 		}
 	}
@@ -504,7 +521,8 @@ static void run_case(const struct tcase *tc)
 	memcpy(snap, base, L->total_bytes);
 
 	for (uint32_t i = 0, row = 0; i < ns; row += seqs[i].n_q, i++) {
-		aseq[i] = (struct kvq_seq_table){ .n = seqs[i].n, .m = seqs[i].n_q, .row0 = row };
+		aseq[i] = (struct kvq_seq_table){ .n = seqs[i].n, .m = seqs[i].n_q, .row0 = row,
+						  .sink = (uint32_t)(seqs[i].sink + 1) };
 		/* nothing sealed: an empty list may be NULL */
 		aseq[i].sealed = kvq_layout_split(L, seqs[i].n) ? seqs[i].sealed : NULL;
 		aseq[i].open = seqs[i].open + kvq_layout_split(L, seqs[i].n) / B;
@@ -763,30 +781,36 @@ int main(void)
 	/* geometries, GQA ratios, windows and dtypes: every (q, out) dtype
 	 * pair, g in {1, 3, 4, 8}, D in {64, 128}, B in {16, 32}, R in {B, 4B} */
 	static const struct tcase geo[] = {
-		{ "int8",             1, 2, 1, 64,  16, 1, F16,  F32,  F32,  1, 0 },
-		{ "fp8",              1, 2, 3, 128, 16, 1, BF16, F16,  F32,  0, 0 },
-		{ "int4g32",          1, 2, 4, 64,  32, 1, F16,  BF16, F16,  1, 0 },
-		{ "kivi4",            1, 1, 8, 128, 16, 4, F16,  F32,  BF16, 1, 0 },
-		{ "kivi2",            1, 2, 3, 64,  32, 4, BF16, F32,  F16,  0, 0 },
-		{ "int4g64",          1, 3, 4, 128, 32, 1, BF16, F16,  F16,  1, 0 },
-		{ "fp8e5m2",          1, 2, 8, 64,  16, 4, F16,  BF16, BF16, 1, 0 },
-		{ "bf16",             1, 4, 1, 128, 16, 4, BF16, F32,  BF16, 1, 0 },
-		{ "int4g128",         1, 1, 3, 128, 16, 1, F16,  F16,  BF16, 0, 0 },
-		{ "f16",              1, 2, 4, 64,  16, 4, BF16, BF16, F32,  1, 0 },
-		{ "k=int8,v=int4g32", 1, 2, 8, 128, 32, 1, BF16, F16,  F32,  1, 0 },
-		{ "0:int8;1:kivi2",   2, 1, 4, 64,  16, 4, F16,  F32,  F16,  1, 0 },
-		{ "k=kivi2,v=int8",   1, 2, 1, 128, 32, 4, F16,  F32,  F32,  1, 0 },
+		{ "int8",             1, 2, 1, 64,  16, 1, F16,  F32,  F32,  1, 0, 0 },
+		{ "fp8",              1, 2, 3, 128, 16, 1, BF16, F16,  F32,  0, 0, 0 },
+		{ "int4g32",          1, 2, 4, 64,  32, 1, F16,  BF16, F16,  1, 0, 0 },
+		{ "kivi4",            1, 1, 8, 128, 16, 4, F16,  F32,  BF16, 1, 0, 0 },
+		{ "kivi2",            1, 2, 3, 64,  32, 4, BF16, F32,  F16,  0, 0, 0 },
+		{ "int4g64",          1, 3, 4, 128, 32, 1, BF16, F16,  F16,  1, 0, 0 },
+		{ "fp8e5m2",          1, 2, 8, 64,  16, 4, F16,  BF16, BF16, 1, 0, 0 },
+		{ "bf16",             1, 4, 1, 128, 16, 4, BF16, F32,  BF16, 1, 0, 0 },
+		{ "int4g128",         1, 1, 3, 128, 16, 1, F16,  F16,  BF16, 0, 0, 0 },
+		{ "f16",              1, 2, 4, 64,  16, 4, BF16, BF16, F32,  1, 0, 0 },
+		{ "k=int8,v=int4g32", 1, 2, 8, 128, 32, 1, BF16, F16,  F32,  1, 0, 0 },
+		{ "0:int8;1:kivi2",   2, 1, 4, 64,  16, 4, F16,  F32,  F16,  1, 0, 0 },
+		{ "k=kivi2,v=int8",   1, 2, 1, 128, 32, 4, F16,  F32,  F32,  1, 0, 0 },
 		/* g = 3 with B = 32: the vector path's three-row K and V loops */
-		{ "int8",             1, 3, 3, 64,  32, 1, F16,  F32,  F32,  1, 0 },
-		{ "fp8",              1, 2, 3, 128, 32, 4, BF16, F16,  BF16, 1, 0 },
-		{ "k=bf16,v=fp8e5m2", 1, 1, 3, 64,  32, 1, BF16, BF16, F32,  0, 0 },
-		{ "k=int8,v=f16",     1, 2, 3, 128, 32, 1, F16,  F32,  F16,  1, 0 },
+		{ "int8",             1, 3, 3, 64,  32, 1, F16,  F32,  F32,  1, 0, 0 },
+		{ "fp8",              1, 2, 3, 128, 32, 4, BF16, F16,  BF16, 1, 0, 0 },
+		{ "k=bf16,v=fp8e5m2", 1, 1, 3, 64,  32, 1, BF16, BF16, F32,  0, 0, 0 },
+		{ "k=int8,v=f16",     1, 2, 3, 128, 32, 1, F16,  F32,  F16,  1, 0, 0 },
 		/* rotation: f16 and bf16 to rounding, K or V alone, per layer,
 		 * V's 64-element blocks at D = 128 */
-		{ "f16+rot",          1, 2, 4, 128, 16, 1, F16,  F32,  F32,  0, 0 },
-		{ "bf16+rot",         1, 2, 3, 64,  32, 4, BF16, BF16, F32,  0, 0 },
-		{ "k=int8+rot,v=kivi2", 1, 2, 3, 64, 32, 4, BF16, F32, F16,  1, 0 },
-		{ "0:k=kivi4+rot,v=kivi4;1:k=int8,v=int4g32+rot", 2, 2, 8, 128, 32, 4, F16, F16, F32, 1, 0 },
+		{ "f16+rot",          1, 2, 4, 128, 16, 1, F16,  F32,  F32,  0, 0, 0 },
+		{ "bf16+rot",         1, 2, 3, 64,  32, 4, BF16, BF16, F32,  0, 0, 0 },
+		{ "k=int8+rot,v=kivi2", 1, 2, 3, 64, 32, 4, BF16, F32, F16,  1, 0, 0 },
+		{ "0:k=kivi4+rot,v=kivi4;1:k=int8,v=int4g32+rot", 2, 2, 8, 128, 32, 4, F16, F16, F32, 1, 0, 0 },
+		/* sink blocks: block 0 exact in a sink slot, read as an open block
+		 * wherever the split puts it, with each window, rotation, bf16 */
+		{ "int4g32",          1, 2, 4, 64,  16, 1, F16,  F32,  F32,  1, 0, 1 },
+		{ "kivi2",            1, 2, 3, 128, 32, 4, BF16, F16,  F32,  1, 0, 1 },
+		{ "int4g64+rot",      1, 2, 8, 128, 16, 1, F16,  BF16, F16,  1, 0, 1 },
+		{ "0:int8;1:kivi4",   2, 1, 4, 64,  16, 4, F16,  F32,  F32,  1, 0, 1 },
 	};
 	struct timespec t0, t1;
 
@@ -805,13 +829,14 @@ int main(void)
 	for (int outl = 1; outl >= 0; outl--)
 		for (size_t i = 0; i < sizeof sweep / sizeof sweep[0]; i++) {
 			struct tcase tc = { sweep[i], strchr(sweep[i], ':') ? 2 : 1, 2, 4, 128, 16, 1,
-					    F16, F32, F32, outl, 1 };
+					    F16, F32, F32, outl, 1, 0 };
 			run_case(&tc);
 		}
 	for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++)
 		run_case(&geo[i]);
 	ok(write_failed == 0, "kvq_cpu_write accepted every write that fills the pools (%d failed)", write_failed);
 	ok(pool_written == 0, "attention never changes the pool (%d cases did)", pool_written);
+	ok(sink_inexact == 0, "sink blocks hold their tokens exactly (%d values differ)", sink_inexact);
 
 	test_bad_input();
 	kvq_cpu_set_isa("auto");
