@@ -143,6 +143,7 @@ struct kvq_config_pool {
 	uint32_t layers, kv_heads, head_dim, block_tokens;
 	uint32_t window;                 /* open window in tokens, default resolved */
 	int act;                         /* open window dtype: KVQ_DT_F16 or KVQ_DT_BF16 */
+	uint32_t sink_blocks;            /* 1: every sequence's first block exact in a sink slot */
 	struct kvq_policy policy;
 	struct kvq_config_amount capacity; /* BYTES: capacity; PERCENT: memory_share */
 	struct kvq_config_acl acl;

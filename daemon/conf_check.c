@@ -74,9 +74,12 @@ int conf_check_pool(struct conf_parser *p)
 	pl->window = L->window;
 	kvq_layout_free(L);
 
-	/* the smallest useful pool: one sealed block and one window of open blocks */
+	/* the smallest useful pool: one sealed block and one window of open
+	 * blocks (and as many sink slots) */
 	lp.window = pl->window;
 	lp.n_open = pl->window / pl->block_tokens;
+	lp.sink_blocks = pl->sink_blocks;
+	lp.n_sink = pl->sink_blocks ? lp.n_open : 0;
 	if ((rc = kvq_layout_new(&lp, &L, msg, sizeof msg)) < 0)
 		return conf_fail(p, p->sec_line, "pool '%s': %s", pl->name, msg);
 	if (pl->capacity.kind == KVQ_AMOUNT_BYTES && pl->capacity.bytes < L->total_bytes) {

@@ -44,6 +44,7 @@ const struct conf_key conf_keys[K_COUNT] = {
 	[K_POLICY] = { "policy", SEC_POOL },
 	[K_WINDOW] = { "window", SEC_POOL },
 	[K_WINDOW_DTYPE] = { "window_dtype", SEC_POOL },
+	[K_SINK_BLOCKS] = { "sink_blocks", SEC_POOL },
 	[K_CAPACITY] = { "capacity", SEC_POOL },
 	[K_MEMORY_SHARE] = { "memory_share", SEC_POOL },
 	[K_ACL_UIDS] = { "acl_uids", SEC_POOL },
@@ -508,6 +509,8 @@ static int set_pool(struct conf_parser *p, int k, char *v)
 		else
 			return conf_fail(p, p->line, "window_dtype '%s' is not f16 or bf16", v);
 		return 0;
+	case K_SINK_BLOCKS:
+		return value_u32(p, "sink_blocks", v, 0, 1, 1, &pl->sink_blocks);
 	case K_CAPACITY:
 		return value_amount(p, k, K_MEMORY_SHARE, v, KVQ_AMOUNT_BYTES, &pl->capacity);
 	case K_MEMORY_SHARE:

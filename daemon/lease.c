@@ -16,6 +16,8 @@ struct idmap {
 
 struct kvq_lease {
 	struct idmap sealed, open;
+	uint32_t first_sink;   /* sealed ids from here are sink blocks (UINT32_MAX: none) */
+	uint32_t n_sink;       /* distinct ones held */
 };
 
 static uint32_t idmap_hash(uint32_t k)
@@ -129,6 +131,7 @@ int kvq_lease_new(kvq_lease **ret)
 
 	if (!l)
 		return -ENOMEM;
+	l->first_sink = UINT32_MAX;
 	*ret = l;
 	return 0;
 }
@@ -173,6 +176,7 @@ int kvq_lease_sealed_add(kvq_lease *l, uint32_t id, uint32_t n)
 	if (r < 0)
 		return r;
 	idmap_put_raw(&l->sealed, id, n);
+	l->n_sink += id >= l->first_sink;
 	return 1;
 }
 
@@ -189,6 +193,7 @@ int kvq_lease_sealed_sub(kvq_lease *l, uint32_t id, uint32_t n)
 		return 0;
 	}
 	idmap_remove(&l->sealed, c);
+	l->n_sink -= id >= l->first_sink;
 	return 1;
 }
 
@@ -228,6 +233,16 @@ uint32_t kvq_lease_n_sealed(const kvq_lease *l)
 uint32_t kvq_lease_n_open(const kvq_lease *l)
 {
 	return l->open.n;
+}
+
+void kvq_lease_set_first_sink(kvq_lease *l, uint32_t first)
+{
+	l->first_sink = first;
+}
+
+uint32_t kvq_lease_n_sink(const kvq_lease *l)
+{
+	return l->n_sink;
 }
 
 int kvq_lease_next_sealed(const kvq_lease *l, uint32_t *pos, uint32_t *ret_id, uint32_t *ret_count)

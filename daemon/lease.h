@@ -58,6 +58,12 @@ int kvq_lease_open_del(kvq_lease *l, uint32_t id);
 uint32_t kvq_lease_n_sealed(const kvq_lease *l);
 uint32_t kvq_lease_n_open(const kvq_lease *l);
 
+/* Sealed ids >= first are sink blocks (daemon/pool.h): set before the first
+ * add; a new lease has none.  kvq_lease_n_sink() counts the distinct ones
+ * held (kvq_lease_n_sealed() counts them too). */
+void kvq_lease_set_first_sink(kvq_lease *l, uint32_t first);
+uint32_t kvq_lease_n_sink(const kvq_lease *l);
+
 /* Iteration (no changes meanwhile): start with *pos = 0; returns 1 with the
  * next held id and its count (1 for open ids), 0 at the end. */
 int kvq_lease_next_sealed(const kvq_lease *l, uint32_t *pos, uint32_t *ret_id, uint32_t *ret_count);

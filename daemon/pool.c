@@ -10,52 +10,64 @@
 #define OPEN_FREE UINT32_MAX   /* reserved[] of a free open slot */
 
 struct kvq_pool {
-	uint32_t n_sealed, n_open;
+	uint32_t n_sealed, n_open, n_sink;
 
-	/* sealed slots */
+	/* blocks: sealed slots, then sink slots (pool.h) */
 	uint8_t *state;            /* enum kvq_pool_state */
 	uint32_t *refs;
-	uint32_t *free;            /* stack of free sealed ids */
-	uint32_t n_free;
+	uint32_t *free[2];         /* stacks of free ids, by class (sealed, sink) */
+	uint32_t n_free[2];
 
 	/* open slots */
 	uint32_t *reserved;        /* sealed id reserved for a used open slot, or OPEN_FREE */
 	uint32_t *ofree;           /* stack of free open ids */
 	uint32_t n_ofree;
 
-	/* counters kept on each transition, so stats cost nothing */
-	uint32_t n_reserved, n_private, n_cached, n_cached_ref;
+	/* counters kept on each transition, so stats cost nothing; by class */
+	uint32_t n_reserved, n_private[2], n_cached[2], n_cached_ref[2];
 	uint64_t total_refs, evictions, alloc_failures;
 
 	struct kvq_pool_cache cache;   /* all NULL when none is attached */
 };
 
-int kvq_pool_new(uint32_t n_sealed, uint32_t n_open, kvq_pool **ret)
+/* Class of block id: 0 sealed, 1 sink. */
+static int cls_of(const struct kvq_pool *p, uint32_t id)
+{
+	return id >= p->n_sealed;
+}
+
+int kvq_pool_new(uint32_t n_sealed, uint32_t n_open, uint32_t n_sink, kvq_pool **ret)
 {
 	struct kvq_pool *p;
+	size_t nb = (size_t)n_sealed + n_sink;
 
-	if (n_sealed > KVQ_MAX_SLOTS || n_open > KVQ_MAX_SLOTS)
+	if (n_sealed > KVQ_MAX_SLOTS || n_open > KVQ_MAX_SLOTS || n_sink > KVQ_MAX_SLOTS)
 		return -EINVAL;
 	p = calloc(1, sizeof *p);
 	if (!p)
 		return -ENOMEM;
 	p->n_sealed = n_sealed;
 	p->n_open = n_open;
+	p->n_sink = n_sink;
 	/* +1: calloc(0) may return NULL, which would read as a failure */
-	p->state = calloc((size_t)n_sealed + 1, sizeof *p->state);
-	p->refs = calloc((size_t)n_sealed + 1, sizeof *p->refs);
-	p->free = calloc((size_t)n_sealed + 1, sizeof *p->free);
+	p->state = calloc(nb + 1, sizeof *p->state);
+	p->refs = calloc(nb + 1, sizeof *p->refs);
+	p->free[0] = calloc((size_t)n_sealed + 1, sizeof *p->free[0]);
+	p->free[1] = calloc((size_t)n_sink + 1, sizeof *p->free[1]);
 	p->reserved = calloc((size_t)n_open + 1, sizeof *p->reserved);
 	p->ofree = calloc((size_t)n_open + 1, sizeof *p->ofree);
-	if (!p->state || !p->refs || !p->free || !p->reserved || !p->ofree) {
+	if (!p->state || !p->refs || !p->free[0] || !p->free[1] || !p->reserved || !p->ofree) {
 		kvq_pool_free(p);
 		return -ENOMEM;
 	}
 	/* pushed in reverse so that ids come out 0, 1, 2, ... (easier to read
 	 * in dumps; nothing depends on it) */
 	for (uint32_t i = 0; i < n_sealed; i++)
-		p->free[i] = n_sealed - 1 - i;
-	p->n_free = n_sealed;
+		p->free[0][i] = n_sealed - 1 - i;
+	p->n_free[0] = n_sealed;
+	for (uint32_t i = 0; i < n_sink; i++)
+		p->free[1][i] = n_sealed + n_sink - 1 - i;
+	p->n_free[1] = n_sink;
 	for (uint32_t i = 0; i < n_open; i++) {
 		p->reserved[i] = OPEN_FREE;
 		p->ofree[i] = n_open - 1 - i;
@@ -71,42 +83,46 @@ void kvq_pool_free(kvq_pool *p)
 		return;
 	free(p->state);
 	free(p->refs);
-	free(p->free);
+	free(p->free[0]);
+	free(p->free[1]);
 	free(p->reserved);
 	free(p->ofree);
 	free(p);
 }
 
-static uint32_t pop_sealed(struct kvq_pool *p, uint8_t state)
+static uint32_t pop_block(struct kvq_pool *p, int cls, uint8_t state)
 {
-	uint32_t id = p->free[--p->n_free];
+	uint32_t id = p->free[cls][--p->n_free[cls]];
 
 	p->state[id] = state;
 	return id;
 }
 
-static void push_sealed(struct kvq_pool *p, uint32_t id)
+static void push_block(struct kvq_pool *p, uint32_t id)
 {
+	int c = cls_of(p, id);
+
 	p->state[id] = KVQ_POOL_FREE;
 	p->refs[id] = 0;
-	p->free[p->n_free++] = id;
+	p->free[c][p->n_free[c]++] = id;
 }
 
-/* Makes at least need sealed slots free, evicting only the shortfall, or
- * changes nothing and returns -ENOSPC.  The cache is asked first how much it
- * could evict, so a refusal never costs the cache any block. */
-static int make_room(struct kvq_pool *p, uint32_t need)
+/* Makes at least need slots of class cls free, evicting until the shortfall
+ * is made up, or changes nothing and returns -ENOSPC.  The cache is asked
+ * first how much it could evict, so a refusal never costs the cache any
+ * block. */
+static int make_room(struct kvq_pool *p, int cls, uint32_t need)
 {
 	uint32_t short_by;
 
-	if (need <= p->n_free)
+	if (need <= p->n_free[cls])
 		return 0;
-	short_by = need - p->n_free;
-	if (!p->cache.evict || p->cache.evictable(p->cache.ctx) < short_by)
+	short_by = need - p->n_free[cls];
+	if (!p->cache.evict || p->cache.evictable(p->cache.ctx, cls) < short_by)
 		return -ENOSPC;
-	p->cache.evict(p->cache.ctx, short_by);
+	p->cache.evict(p->cache.ctx, cls, short_by);
 	/* only a cache that broke its word leaves us short here */
-	return p->n_free >= need ? 0 : -ENOSPC;
+	return p->n_free[cls] >= need ? 0 : -ENOSPC;
 }
 
 int kvq_pool_alloc_open(kvq_pool *p, uint32_t count, uint32_t *ret_open, uint32_t *ret_sealed)
@@ -117,14 +133,14 @@ int kvq_pool_alloc_open(kvq_pool *p, uint32_t count, uint32_t *ret_open, uint32_
 		p->alloc_failures++;
 		return -ENOSPC;
 	}
-	r = make_room(p, count);
+	r = make_room(p, 0, count);
 	if (r < 0) {
 		p->alloc_failures++;
 		return r;
 	}
 	for (uint32_t i = 0; i < count; i++) {
 		uint32_t o = p->ofree[--p->n_ofree];
-		uint32_t s = pop_sealed(p, KVQ_POOL_RESERVED);
+		uint32_t s = pop_block(p, 0, KVQ_POOL_RESERVED);
 
 		p->reserved[o] = s;
 		ret_open[i] = o;
@@ -135,23 +151,38 @@ int kvq_pool_alloc_open(kvq_pool *p, uint32_t count, uint32_t *ret_open, uint32_
 	return 0;
 }
 
-int kvq_pool_alloc_sealed(kvq_pool *p, uint32_t count, uint32_t *ret_ids)
+static int alloc_blocks(struct kvq_pool *p, int cls, uint32_t count, uint32_t *ret_ids)
 {
-	int r = make_room(p, count);
+	int r = make_room(p, cls, count);
 
 	if (r < 0) {
 		p->alloc_failures++;
 		return r;
 	}
 	for (uint32_t i = 0; i < count; i++) {
-		uint32_t s = pop_sealed(p, KVQ_POOL_PRIVATE);
+		uint32_t s = pop_block(p, cls, KVQ_POOL_PRIVATE);
 
 		p->refs[s] = 1;
 		ret_ids[i] = s;
 	}
-	p->n_private += count;
+	p->n_private[cls] += count;
 	p->total_refs += count;
 	return 0;
+}
+
+int kvq_pool_alloc_sealed(kvq_pool *p, uint32_t count, uint32_t *ret_ids)
+{
+	return alloc_blocks(p, 0, count, ret_ids);
+}
+
+int kvq_pool_alloc_sink(kvq_pool *p, uint32_t count, uint32_t *ret_ids)
+{
+	return alloc_blocks(p, 1, count, ret_ids);
+}
+
+uint32_t kvq_pool_n_sealed(const kvq_pool *p)
+{
+	return p->n_sealed;
 }
 
 int kvq_pool_check_open(const kvq_pool *p, uint32_t open_id)
@@ -189,7 +220,7 @@ int kvq_pool_seal(kvq_pool *p, uint32_t open_id, uint32_t *ret_id)
 	free_open(p, open_id);
 	p->state[s] = KVQ_POOL_PRIVATE;
 	p->refs[s] = 1;
-	p->n_private++;
+	p->n_private[0]++;
 	p->total_refs++;
 	*ret_id = s;
 	return 0;
@@ -204,25 +235,25 @@ int kvq_pool_release_open(kvq_pool *p, uint32_t open_id)
 		return r;
 	s = p->reserved[open_id];
 	free_open(p, open_id);
-	push_sealed(p, s);
+	push_block(p, s);
 	return 0;
 }
 
 int kvq_pool_check_sealed(const kvq_pool *p, uint32_t id, unsigned mask)
 {
-	if (id >= p->n_sealed)
+	if (id >= p->n_sealed + p->n_sink)
 		return -ERANGE;
 	return mask & KVQ_POOL_BIT(p->state[id]) ? 0 : -EINVAL;
 }
 
 int kvq_pool_state(const kvq_pool *p, uint32_t id)
 {
-	return id < p->n_sealed ? p->state[id] : -ERANGE;
+	return id < p->n_sealed + p->n_sink ? p->state[id] : -ERANGE;
 }
 
 uint32_t kvq_pool_refs(const kvq_pool *p, uint32_t id)
 {
-	return id < p->n_sealed ? p->refs[id] : 0;
+	return id < p->n_sealed + p->n_sink ? p->refs[id] : 0;
 }
 
 int kvq_pool_ref(kvq_pool *p, uint32_t id)
@@ -236,7 +267,7 @@ int kvq_pool_ref(kvq_pool *p, uint32_t id)
 	p->total_refs++;
 	if (p->refs[id]++ == 0) {
 		/* only a cached block can be at zero (a private one would be free) */
-		p->n_cached_ref++;
+		p->n_cached_ref[cls_of(p, id)]++;
 		if (p->cache.held)
 			p->cache.held(p->cache.ctx, id, 1);
 	}
@@ -255,10 +286,10 @@ int kvq_pool_unref(kvq_pool *p, uint32_t id)
 	if (--p->refs[id] > 0)
 		return 0;
 	if (p->state[id] == KVQ_POOL_PRIVATE) {
-		p->n_private--;
-		push_sealed(p, id);
+		p->n_private[cls_of(p, id)]--;
+		push_block(p, id);
 	} else {
-		p->n_cached_ref--;
+		p->n_cached_ref[cls_of(p, id)]--;
 		if (p->cache.held)
 			p->cache.held(p->cache.ctx, id, 0);
 	}
@@ -270,12 +301,18 @@ void kvq_pool_stats(const kvq_pool *p, struct kvq_pool_stats *ret)
 	struct kvq_pool_stats s = {
 		.n_sealed = p->n_sealed,
 		.n_open = p->n_open,
-		.sealed_free = p->n_free,
+		.n_sink = p->n_sink,
+		.sealed_free = p->n_free[0],
 		.sealed_reserved = p->n_reserved,
-		.sealed_private = p->n_private,
-		.sealed_cached = p->n_cached,
-		.cached_referenced = p->n_cached_ref,
-		.sealed_evictable = p->cache.evictable ? p->cache.evictable(p->cache.ctx) : 0,
+		.sealed_private = p->n_private[0],
+		.sealed_cached = p->n_cached[0],
+		.cached_referenced = p->n_cached_ref[0],
+		.sealed_evictable = p->cache.evictable ? p->cache.evictable(p->cache.ctx, 0) : 0,
+		.sink_free = p->n_free[1],
+		.sink_private = p->n_private[1],
+		.sink_cached = p->n_cached[1],
+		.sink_referenced = p->n_cached_ref[1],
+		.sink_evictable = p->cache.evictable ? p->cache.evictable(p->cache.ctx, 1) : 0,
 		.open_free = p->n_ofree,
 		.open_used = p->n_open - p->n_ofree,
 		.refs = p->total_refs,
@@ -301,9 +338,9 @@ int kvq_pool_cache_insert(kvq_pool *p, uint32_t id)
 	if (r < 0)
 		return r;
 	p->state[id] = KVQ_POOL_CACHED;
-	p->n_private--;
-	p->n_cached++;
-	p->n_cached_ref++;   /* a private block always has refs >= 1 */
+	p->n_private[cls_of(p, id)]--;
+	p->n_cached[cls_of(p, id)]++;
+	p->n_cached_ref[cls_of(p, id)]++;   /* a private block always has refs >= 1 */
 	return 0;
 }
 
@@ -315,8 +352,8 @@ int kvq_pool_cache_evicted(kvq_pool *p, uint32_t id)
 		return r;
 	if (p->refs[id] > 0)
 		return -EINVAL;
-	p->n_cached--;
+	p->n_cached[cls_of(p, id)]--;
 	p->evictions++;
-	push_sealed(p, id);
+	push_block(p, id);
 	return 0;
 }

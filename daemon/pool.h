@@ -1,10 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Slot bookkeeping of one pool: which sealed and open slots (kernels/layout.h,
- * two id spaces 0 .. n_sealed-1 and 0 .. n_open-1) are free, reserved,
- * private, cached, and how many references each sealed block has.  No I/O, no
- * GPU: the server calls this after validating a request, and the kernels
- * write the slots the ids name.
+ * Slot bookkeeping of one pool: which sealed, open and sink slots
+ * (kernels/layout.h) are free, reserved, private, cached, and how many
+ * references each block has.  No I/O, no GPU: the server calls this after
+ * validating a request, and the kernels write the slots the ids name.
+ *
+ * Ids.  Open ids 0 .. n_open-1.  Blocks, the slots that hold a sealed block
+ * or a sequence's first block kept exact (a sink), share one id space here:
+ * sealed slots 0 .. n_sealed-1, then sink slots n_sealed .. n_sealed +
+ * n_sink - 1 (sink id s of the layout and the protocol is block id n_sealed
+ * + s).  Sink and sealed blocks go through the same states and references
+ * and the prefix cache treats them alike; each class has its own free slots,
+ * and a sink slot is never reserved (a sequence takes one at its start with
+ * kvq_pool_alloc_sink()).  "Sealed id" below means any block id.
  *
  * Sealed slot states:
  *
@@ -66,7 +74,7 @@ enum kvq_pool_state {
 #define KVQ_POOL_MAX_REFS (1u << 30)
 
 struct kvq_pool_stats {
-	uint32_t n_sealed, n_open;     /* capacity of each class */
+	uint32_t n_sealed, n_open, n_sink; /* capacity of each class */
 	uint32_t sealed_free;          /* on the free stack */
 	uint32_t sealed_reserved;      /* reserved for used open slots */
 	uint32_t sealed_private;       /* sealed, not cached */
@@ -74,6 +82,7 @@ struct kvq_pool_stats {
 	uint32_t cached_referenced;    /* cached with refs > 0 */
 	uint32_t sealed_evictable;     /* cached blocks eviction could free now */
 	uint32_t open_free, open_used;
+	uint32_t sink_free, sink_private, sink_cached, sink_referenced, sink_evictable; /* as sealed_* */
 	uint64_t refs;                 /* sum of all sealed blocks' references */
 	uint64_t evictions;            /* blocks evicted, ever */
 	uint64_t alloc_failures;       /* allocations refused with -ENOSPC */
@@ -84,20 +93,24 @@ struct kvq_pool_stats {
  *
  * held(ctx, id, 1): cached block id went from 0 to 1 reference;
  * held(ctx, id, 0): from 1 to 0 (it now belongs to the cache alone).
- * evictable(ctx): how many cached blocks evict() could free right now.
- * evict(ctx, count): evict exactly count blocks (count <= evictable()),
- *   calling kvq_pool_cache_evicted() for each; returns how many it evicted.
+ * evictable(ctx, cls): how many cached blocks of class cls (0 sealed, 1 sink)
+ *   evict() could free right now.
+ * evict(ctx, cls, count): evict blocks until count of class cls went
+ *   (count <= evictable(cls)); blocks of the other class may go on the way,
+ *   as the eviction order reaches them; calls kvq_pool_cache_evicted() for
+ *   each and returns how many of class cls it evicted.
  */
 struct kvq_pool_cache {
 	void *ctx;
 	void (*held)(void *ctx, uint32_t id, int held);
-	uint32_t (*evictable)(void *ctx);
-	uint32_t (*evict)(void *ctx, uint32_t count);
+	uint32_t (*evictable)(void *ctx, int cls);
+	uint32_t (*evict)(void *ctx, int cls, uint32_t count);
 };
 
-/* New pool of n_sealed sealed and n_open open slots, all free (each count at
- * most KVQ_MAX_SLOTS).  Returns 0 and *ret, -EINVAL or -ENOMEM. */
-int kvq_pool_new(uint32_t n_sealed, uint32_t n_open, kvq_pool **ret);
+/* New pool of n_sealed sealed, n_open open and n_sink sink slots, all free
+ * (each count at most KVQ_MAX_SLOTS).  Returns 0 and *ret, -EINVAL or
+ * -ENOMEM. */
+int kvq_pool_new(uint32_t n_sealed, uint32_t n_open, uint32_t n_sink, kvq_pool **ret);
 
 /* Frees the pool (NULL is fine).  Free the attached cache first. */
 void kvq_pool_free(kvq_pool *p);
@@ -116,6 +129,15 @@ int kvq_pool_alloc_open(kvq_pool *p, uint32_t count, uint32_t *ret_open, uint32_
  * evicting as kvq_pool_alloc_open() does; each starts PRIVATE with one
  * reference.  Returns 0 and ret_ids[count], or -ENOSPC. */
 int kvq_pool_alloc_sealed(kvq_pool *p, uint32_t count, uint32_t *ret_ids);
+
+/* Grants count sink slots (a sequence's first block is written straight into
+ * one) as kvq_pool_alloc_sealed() grants sealed ones, evicting cached blocks
+ * until enough sink slots are free.  Returns 0 and ret_ids[count] (block ids
+ * n_sealed ..), or -ENOSPC. */
+int kvq_pool_alloc_sink(kvq_pool *p, uint32_t count, uint32_t *ret_ids);
+
+/* n_sealed: the first sink block id. */
+uint32_t kvq_pool_n_sealed(const kvq_pool *p);
 
 /* Seals a used open slot: frees it and makes its reserved sealed slot a
  * PRIVATE block with one reference (its owner's).  Never fails for lack of

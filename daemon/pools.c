@@ -114,7 +114,8 @@ int kvq_pools_from_config(const struct kvq_pools *ps, const struct kvq_config_po
 			  char *err, size_t errlen)
 {
 	const struct kvq_layout_params params = { .layers = c->layers, .kv_heads = c->kv_heads,
-		.head_dim = c->head_dim, .block_tokens = c->block_tokens, .window = c->window, .act = c->act };
+		.head_dim = c->head_dim, .block_tokens = c->block_tokens, .window = c->window, .act = c->act,
+		.sink_blocks = c->sink_blocks };
 	char why[KVQ_BACKEND_MSG_MAX] = "";
 	struct kvq_pools_rec *p;
 	int r;
@@ -134,7 +135,8 @@ int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *c
 {
 	const Kvq__PoolCreate *pc = a->create;
 	const struct kvq_layout_params params = { .layers = a->layers, .kv_heads = a->kv_heads,
-		.head_dim = a->head_dim, .block_tokens = a->block_tokens, .window = a->window, .act = (int)a->act };
+		.head_dim = a->head_dim, .block_tokens = a->block_tokens, .window = a->window, .act = (int)a->act,
+		.sink_blocks = a->sink_blocks };
 	struct kvq_policy policy;
 	struct kvq_pools_rec *p;
 	uint32_t n = 0;
@@ -182,19 +184,30 @@ static uint64_t budget_used(const struct kvq_pools *ps, const struct kvq_backend
 			used += p->mem.size;
 	return used;
 }
+/* Sets the slot counts of q: n_sink sink slots with sink blocks (0: as many
+ * as open slots), none without. */
+static void set_counts(struct kvq_layout_params *q, uint32_t n_sealed, uint32_t n_open, uint32_t n_sink)
+{
+	q->n_sealed = n_sealed;
+	q->n_open = n_open;
+	q->n_sink = q->sink_blocks ? (n_sink ? n_sink : n_open) : 0;
+}
+
 /* Slot counts for a pool of at most capacity bytes.  Given counts are taken
- * as they are; otherwise both come from the capacity. */
-static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t want_open, uint64_t capacity,
-		     char *err, size_t errlen)
+ * as they are; otherwise all come from the capacity. */
+static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t want_open, uint32_t want_sink,
+		     uint64_t capacity, char *err, size_t errlen)
 {
 	struct kvq_layout_params q = p->params;
 	struct kvq_layout *L = NULL;
 	uint64_t per, room;
 	int r;
 
+	if (!q.sink_blocks && want_sink)
+		return kvq_seterr(err, errlen, "%u sink slots asked for a pool without sink blocks", want_sink),
+		       -EINVAL;
 	if (want_sealed && want_open) {
-		q.n_sealed = want_sealed;
-		q.n_open = want_open;
+		set_counts(&q, want_sealed, want_open, want_sink);
 		r = kvq_layout_new(&q, &L, err, errlen);
 		if (r < 0)
 			return r;
@@ -210,18 +223,19 @@ static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t wan
 		p->params = q;
 		return 0;
 	}
-	q.n_sealed = q.n_open = 1;
+	set_counts(&q, 1, 1, 0);
 	r = kvq_layout_new(&q, &L, err, errlen);
 	if (r < 0)
 		return r;
-	per = L->sealed_block_bytes * KVQ_POOLS_SEALED_PER_OPEN + L->open_block_bytes;
+	/* a sink slot per open slot */
+	per = L->sealed_block_bytes * KVQ_POOLS_SEALED_PER_OPEN + L->open_block_bytes * (1 + q.sink_blocks);
 	/* the codebooks (pq2, pq1) come out of the capacity first */
 	room = capacity > L->codebook_bytes ? capacity - L->codebook_bytes : 0;
 	kvq_layout_free(L);
 	q.n_open = room / per > KVQ_MAX_SLOTS / KVQ_POOLS_SEALED_PER_OPEN
 			   ? KVQ_MAX_SLOTS / KVQ_POOLS_SEALED_PER_OPEN
 			   : (uint32_t)(room / per);
-	q.n_sealed = q.n_open * KVQ_POOLS_SEALED_PER_OPEN;
+	set_counts(&q, q.n_open * KVQ_POOLS_SEALED_PER_OPEN, q.n_open, 0);
 	/* region alignment can push the total just over: step down until it fits */
 	while (q.n_open > 0) {
 		r = kvq_layout_new(&q, &L, err, errlen);
@@ -234,7 +248,7 @@ static int pool_size(struct kvq_pools_rec *p, uint32_t want_sealed, uint32_t wan
 		}
 		kvq_layout_free(L);
 		q.n_open -= q.n_open / 64 + 1;
-		q.n_sealed = q.n_open * KVQ_POOLS_SEALED_PER_OPEN;
+		set_counts(&q, q.n_open * KVQ_POOLS_SEALED_PER_OPEN, q.n_open, 0);
 	}
 	kvq_seterr(err, errlen, "capacity %llu bytes holds no block", (unsigned long long)capacity);
 	return -ENOSPC;
@@ -320,7 +334,7 @@ static int f16_block_bytes(const struct kvq_pools_rec *p, uint64_t *ret, char *e
 	if (r < 0)
 		return r;
 	q.policy = &f16;
-	q.n_sealed = q.n_open = 1;
+	set_counts(&q, 1, 1, 0);
 	r = kvq_layout_new(&q, &L, err, errlen);
 	if (r < 0)
 		return r;
@@ -335,6 +349,7 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 	const struct kvq_pool_stats *st = &i->st;
 	uint32_t B = i->block_tokens, per_seq = i->window / i->block_tokens;
 	uint64_t distinct = (uint64_t)st->sealed_private + st->cached_referenced;
+	uint64_t sinks = (uint64_t)st->sink_private + st->sink_referenced;
 
 	if (per_seq == 0)
 		per_seq = 1;
@@ -342,13 +357,15 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 	o->sealed_tokens = st->refs * B;
 	o->sealed_distinct_tokens = distinct * B;
 	o->open_tokens_max = (uint64_t)st->open_used * B;
-	o->bytes = distinct * i->sealed_block_bytes + (uint64_t)st->open_used * (i->open_block_bytes + i->sealed_block_bytes);
-	o->f16_bytes = (distinct + st->open_used) * f16_block_bytes;
+	o->sink_tokens = sinks * B;
+	o->bytes = distinct * i->sealed_block_bytes + sinks * i->open_block_bytes +
+		   (uint64_t)st->open_used * (i->open_block_bytes + i->sealed_block_bytes);
+	o->f16_bytes = (distinct + sinks + st->open_used) * f16_block_bytes;
 }
 
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
-		       uint32_t want_sealed, uint32_t want_open, const struct kvq_codebooks *cb, char *err,
-		       size_t errlen)
+		       uint32_t want_sealed, uint32_t want_open, uint32_t want_sink, const struct kvq_codebooks *cb,
+		       char *err, size_t errlen)
 {
 	uint64_t total = 0, budget, used, capacity, room;
 	const char *fmt = codebook_format(&p->policy);
@@ -378,7 +395,7 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 		return -ENOSPC;
 	}
 	p->params.policy = &p->policy;
-	r = pool_size(p, want_sealed, want_open, capacity < room ? capacity : room, err, errlen);
+	r = pool_size(p, want_sealed, want_open, want_sink, capacity < room ? capacity : room, err, errlen);
 	if (r < 0)
 		return r;
 	r = kvq_layout_new(&p->params, &p->L, err, errlen);
@@ -387,7 +404,7 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	r = kvq_backend_mem_create(p->backend, p->L->total_bytes, p->device, p->name, &p->mem, err, errlen);
 	if (r < 0)
 		goto fail;
-	r = kvq_pool_new(p->L->n_sealed, p->L->n_open, &p->pool);
+	r = kvq_pool_new(p->L->n_sealed, p->L->n_open, p->L->n_sink, &p->pool);
 	if (r < 0)
 		goto fail;
 	/* a group's members key blocks alike: in the group's name */
@@ -457,6 +474,7 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 	o->total_bytes = p->L->total_bytes;
 	o->sealed_block_bytes = p->L->sealed_block_bytes;
 	o->open_block_bytes = p->L->open_block_bytes;
+	o->sink_blocks = p->L->sink_blocks;
 	o->device_memory = p->device_memory;
 	o->lookup_tokens = p->lookup_tokens;
 	o->hit_tokens = p->hit_tokens;
@@ -516,6 +534,13 @@ void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *o)
 	o->group = (char *)i.group;
 	o->rank = i.rank;
 	o->world_size = i.world_size;
+	o->sink_blocks = i.sink_blocks;
+	o->n_sink = i.st.n_sink;
+	o->sink_free = i.st.sink_free;
+	o->sink_held = i.st.sink_private;
+	o->sink_cached = i.st.sink_cached;
+	o->sink_referenced = i.st.sink_referenced;
+	o->sink_tokens = i.res.sink_tokens;
 	if (i.codebooks_sha256) {
 		o->codebooks_sha256.data = (uint8_t *)i.codebooks_sha256;
 		o->codebooks_sha256.len = KVQ_PROTO_SHA256;

@@ -104,17 +104,18 @@ struct kvq_pools {
 struct kvq_resident {
 	uint32_t sequences;
 	uint64_t sealed_tokens, sealed_distinct_tokens, open_tokens_max;
-	uint64_t bytes;                  /* their sealed blocks, open slots and the reservations */
-	uint64_t f16_bytes;              /* distinct sealed and open tokens (at their bound) in f16 */
+	uint64_t sink_tokens;            /* sink blocks with a reference x block tokens (at most) */
+	uint64_t bytes;                  /* their sealed and sink blocks, open slots and the reservations */
+	uint64_t f16_bytes;              /* distinct sealed, sink and open tokens (at their bound) in f16 */
 };
 
 /* One allocated pool, for Stats and the metrics. */
 struct kvq_pools_info {
 	const char *name, *model, *policy, *backend;
 	int device;                      /* -1 for host */
-	uint32_t layers, kv_heads, head_dim, block_tokens, window;
+	uint32_t layers, kv_heads, head_dim, block_tokens, window, sink_blocks;
 	int act;
-	uint64_t total_bytes, sealed_block_bytes, open_block_bytes;
+	uint64_t total_bytes, sealed_block_bytes, open_block_bytes;   /* a sink slot has open_block_bytes */
 	uint64_t device_memory;          /* of the pool's device (host: physical memory) */
 	struct kvq_pool_stats st;
 	uint64_t lookup_tokens, hit_tokens, alloc_failures;   /* alloc_failures: all refusals */
@@ -171,14 +172,16 @@ int kvq_pools_codebooks(const struct kvq_pools_rec *p, bool created, const Kvq__
 			struct kvq_codebooks *ret, char *err, size_t errlen);
 
 /* Allocates memory and books of p within its device's budget (cfg's
- * memory_budget less the pools there): want_sealed and want_open slots when
- * both are given, else as many as its capacity holds; and writes cb's data
+ * memory_budget less the pools there): want_sealed and want_open slots (and,
+ * with sink blocks, want_sink sink slots, 0: as many as open ones) when both
+ * are given, else as many as its capacity holds (a sink slot per open slot);
+ * and writes cb's data
  * (kvq_pools_codebooks) into its codebook region, which a policy with a
  * codebook format needs and one without refuses (cb NULL or empty: none).
  * Returns 0, or a negative code with err set and p not allocated. */
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
-		       uint32_t want_sealed, uint32_t want_open, const struct kvq_codebooks *cb, char *err,
-		       size_t errlen);
+		       uint32_t want_sealed, uint32_t want_open, uint32_t want_sink, const struct kvq_codebooks *cb,
+		       char *err, size_t errlen);
 
 /* The attention report interval a pool called name gets from cfg: its
  * section's attention_timing, else [kvqd]'s; 0 when it does not time. */

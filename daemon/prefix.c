@@ -20,7 +20,8 @@ enum { IN_CACHE = 1, HELD = 2 };
 
 struct kvq_prefix {
 	kvq_pool *pool;
-	uint32_t n;                        /* sealed slots of the pool */
+	uint32_t n;                        /* blocks of the pool: sealed, then sink slots */
+	uint32_t first_sink;               /* the first sink block id (n_sealed) */
 	uint32_t B;                        /* tokens per block */
 	char pool_name[KVQ_PREFIX_MAX_NAME];
 	char model_id[KVQ_PREFIX_MAX_NAME];
@@ -48,7 +49,7 @@ struct kvq_prefix {
 	uint64_t mult;                     /* random odd multiplier of the bucket index */
 
 	uint64_t clock;
-	uint32_t n_cached, n_pinned;
+	uint32_t n_cached[2], n_pinned[2]; /* by class: sealed, sink */
 
 	/* told each evicted block's key before it goes (kvq_prefix_set_evict_hook) */
 	void (*evict_hook)(void *arg, const uint8_t *key);
@@ -235,6 +236,12 @@ static void heap_remove(struct kvq_prefix *x, uint32_t b)
 
 /* ------------------------------------------------------------ pinning */
 
+/* Class of block b: 0 sealed, 1 sink (daemon/pool.h). */
+static int cls_of(const struct kvq_prefix *x, uint32_t b)
+{
+	return b >= x->first_sink;
+}
+
 static int pinned(const struct kvq_prefix *x, uint32_t b)
 {
 	return (x->flags[b] & HELD) || x->pinned_children[b] > 0;
@@ -250,7 +257,7 @@ static void pin_carry(struct kvq_prefix *x, uint32_t b, int on)
 		x->pinned_children[p] += on ? 1u : (uint32_t)-1;
 		if (pinned(x, (uint32_t)p) == was)
 			return;
-		x->n_pinned += on ? 1u : (uint32_t)-1;
+		x->n_pinned[cls_of(x, (uint32_t)p)] += on ? 1u : (uint32_t)-1;
 	}
 }
 
@@ -269,7 +276,7 @@ static void on_held(void *ctx, uint32_t b, int held)
 			heap_push(x, b);
 	}
 	if (pinned(x, b) != was) {
-		x->n_pinned += held ? 1u : (uint32_t)-1;
+		x->n_pinned[cls_of(x, b)] += held ? 1u : (uint32_t)-1;
 		pin_carry(x, b, held);
 	}
 }
@@ -286,7 +293,7 @@ static uint32_t evict_block(struct kvq_prefix *x, uint32_t b)
 	heap_remove(x, b);
 	hash_remove(x, b);
 	x->flags[b] = 0;
-	x->n_cached--;
+	x->n_cached[cls_of(x, b)]--;
 	/* b was an unpinned leaf: no pin count above it changes */
 	if (p >= 0 && --x->children[p] == 0 && !(x->flags[p] & HELD))
 		heap_push(x, (uint32_t)p);
@@ -318,7 +325,7 @@ int kvq_prefix_has(const kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN])
 
 int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t *key), void *arg)
 {
-	uint32_t *victims = malloc(sizeof(*victims) * ((size_t)x->n_cached + 1)), len = 0;
+	uint32_t *victims = malloc(sizeof(*victims) * ((size_t)x->n_cached[0] + x->n_cached[1] + 1)), len = 0;
 	int n = 0;
 
 	if (!victims)
@@ -363,21 +370,28 @@ int kvq_prefix_evict(kvq_prefix *x, uint32_t count, uint32_t *ret_ids, uint32_t 
 	return 0;
 }
 
-uint32_t kvq_prefix_evictable(const kvq_prefix *x)
+uint32_t kvq_prefix_evictable(const kvq_prefix *x, int cls)
 {
-	return x->n_cached - x->n_pinned;
+	if (cls < 0)
+		return x->n_cached[0] + x->n_cached[1] - x->n_pinned[0] - x->n_pinned[1];
+	return x->n_cached[cls] - x->n_pinned[cls];
 }
 
-static uint32_t cache_evictable(void *ctx)
+static uint32_t cache_evictable(void *ctx, int cls)
 {
-	return kvq_prefix_evictable(ctx);
+	return kvq_prefix_evictable(ctx, cls);
 }
 
-static uint32_t cache_evict(void *ctx, uint32_t count)
+/* Evicts in the eviction order until count blocks of class cls went: an
+ * unpinned block of either class is reached once the leaves below it went,
+ * so the heap runs dry only when no block of cls is evictable. */
+static uint32_t cache_evict(void *ctx, int cls, uint32_t count)
 {
-	uint32_t n;
+	struct kvq_prefix *x = ctx;
+	uint32_t n = 0;
 
-	kvq_prefix_evict(ctx, count, NULL, &n);
+	while (n < count && x->heap_len > 0)
+		n += cls_of(x, evict_one(x)) == cls;
 	return n;
 }
 
@@ -399,14 +413,15 @@ int kvq_prefix_new(kvq_pool *pool, uint32_t block_tokens, const char *pool_name,
 	if (pl == 0 || ml == 0 || pl > KVQ_PREFIX_MAX_NAME || ml > KVQ_PREFIX_MAX_NAME)
 		return -EINVAL;
 	kvq_pool_stats(pool, &st);
-	if (st.sealed_cached > 0)
+	if (st.sealed_cached > 0 || st.sink_cached > 0)
 		return -EINVAL;   /* it would hold blocks this index knows nothing of */
 
 	x = calloc(1, sizeof *x);
 	if (!x)
 		return -ENOMEM;
 	x->pool = pool;
-	x->n = st.n_sealed;
+	x->n = st.n_sealed + st.n_sink;
+	x->first_sink = st.n_sealed;
 	x->B = block_tokens;
 	memcpy(x->pool_name, pool_name, pl);
 	memcpy(x->model_id, model_id, ml);
@@ -518,8 +533,8 @@ int kvq_prefix_publish(kvq_prefix *x, uint32_t id, int32_t parent, const uint32_
 	x->pinned_children[id] = 0;
 	x->flags[id] = IN_CACHE | HELD;   /* a private block has references */
 	hash_insert(x, id);
-	x->n_cached++;
-	x->n_pinned++;
+	x->n_cached[cls_of(x, id)]++;
+	x->n_pinned[cls_of(x, id)]++;
 	if (parent >= 0) {
 		x->children[parent]++;
 		heap_remove(x, (uint32_t)parent);   /* no longer a leaf */

@@ -34,6 +34,12 @@
  * which an append-only LRU list cannot do: the order is a binary heap of
  * evictable leaves, O(log n) per change.
  *
+ * In a pool with sink slots (pool.h) a chain's first block is a sink block
+ * and the rest sealed ones (the server checks it at publish), so a sink is
+ * evicted after its chain, as any parent; the eviction order is one for both
+ * classes, and an allocation short of one class evicts in that order until
+ * enough of its class went.
+ *
  * To refuse an allocation without evicting anything, the pool needs the
  * number of blocks eviction can reach: a cached block is reachable unless it
  * or one of its descendants is referenced ("pinned").  Each block counts its
@@ -64,7 +70,7 @@ typedef struct kvq_prefix kvq_prefix;
 #define KVQ_PREFIX_MAX_SALT 256u   /* bytes of a salt */
 
 /*
- * New index for pool (its n_sealed blocks) with blocks of block_tokens tokens
+ * New index for pool (its n_sealed + n_sink blocks, pool.h) with blocks of block_tokens tokens
  * (1 .. KVQ_MAX_BLOCK_TOKENS) and the namespace pool_name, model_id (each
  * 1 .. KVQ_PREFIX_MAX_NAME bytes).  Attaches itself to pool.  Returns 0 and
  * *ret, -EINVAL, -ENOMEM, or -EIO when libcrypto fails.
@@ -139,8 +145,9 @@ int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t 
  * daemon/groups.h); it may evict blocks of other indexes, not this one's. */
 void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg);
 
-/* Cached blocks eviction could free now, leaf by leaf (unpinned ones). */
-uint32_t kvq_prefix_evictable(const kvq_prefix *x);
+/* Cached blocks of class cls (0 sealed, 1 sink; -1 both) eviction could
+ * free now, leaf by leaf (unpinned ones). */
+uint32_t kvq_prefix_evictable(const kvq_prefix *x, int cls);
 
 /* Stored key of CACHED block id.  Returns 0 and ret_key[32], -ERANGE or -EINVAL. */
 int kvq_prefix_block_key(const kvq_prefix *x, uint32_t id, uint8_t ret_key[KVQ_PREFIX_KEY_LEN]);

@@ -33,7 +33,7 @@ int kvq_req_evict(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	ret = admin_pool(c, q->pool, &p, err, errlen);
 	if (ret < 0)
 		return ret;
-	want = kvq_prefix_evictable(p->prefix);
+	want = kvq_prefix_evictable(p->prefix, -1);
 	if (q->blocks && q->blocks < want)
 		want = q->blocks;
 	kvq_prefix_evict(p->prefix, want, NULL, &n);
@@ -79,7 +79,8 @@ int kvq_req_pool_add(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_re
 		ret = -ENOMEM;
 		goto fail;
 	}
-	ret = kvq_pools_allocate(&st->pools, st->cfg, p, a->create->n_sealed, a->create->n_open, &cb, err, errlen);
+	ret = kvq_pools_allocate(&st->pools, st->cfg, p, a->create->n_sealed, a->create->n_open, a->create->n_sink, &cb,
+				 err, errlen);
 	if (ret < 0)
 		goto fail;
 	kvq_codebooks_close(&cb);

@@ -12,33 +12,83 @@
 #include "log.h"
 #include "request.h"
 
+/* Block ids on the wire: sealed ids 0 .. n_sealed-1 and sink ids 0 ..
+ * n_sink-1 in their own fields; daemon/pool.h numbers sink s as block
+ * n_sealed + s.  Returns 0 and *ret (the block id), or -1 when id is out of
+ * its class's range. */
+static int block_of(const struct kvq_pools_rec *p, int sink, uint32_t id, uint32_t *ret)
+{
+	if (id >= (sink ? p->L->n_sink : p->L->n_sealed))
+		return -1;
+	*ret = sink ? p->L->n_sealed + id : id;
+	return 0;
+}
+
+/* The wire id of block b (its class follows from b). */
+static uint32_t wire_of(const struct kvq_pools_rec *p, uint32_t b)
+{
+	return b >= p->L->n_sealed ? b - p->L->n_sealed : b;
+}
+
+/* The block ids of sealed[n_sealed] then sink[n_sink] in a new array (free
+ * it), or NULL with err set: -EINVAL for an id out of range, or -ENOMEM. */
+static uint32_t *blocks_of(const struct kvq_pools_rec *p, const uint32_t *sealed, size_t n_sealed,
+			   const uint32_t *sink, size_t n_sink, const char *what, int *ret, char *err,
+			   size_t errlen)
+{
+	uint32_t *b = calloc(n_sealed + n_sink + 1, sizeof(*b));
+
+	*ret = -ENOMEM;
+	if (!b)
+		return NULL;
+	for (size_t i = 0; i < n_sealed + n_sink; i++) {
+		int is_sink = i >= n_sealed;
+		uint32_t id = is_sink ? sink[i - n_sealed] : sealed[i];
+
+		if (block_of(p, is_sink, id, &b[i]) < 0) {
+			free(b);
+			*ret = -EINVAL;
+			kvq_seterr(err, errlen, "%s.%s[%zu] = %u: out of range", what, is_sink ? "sink_ids" : "sealed_ids",
+				   is_sink ? i - n_sealed : i, id);
+			return NULL;
+		}
+	}
+	return b;
+}
+
 int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
 {
 	const Kvq__Alloc *a = req->alloc;
 	Kvq__AllocReply *rep = r->e.alloc_reply;
 	struct kvq_pools_rec *p = c->pool;
 	struct kvq_pool_stats st;
-	uint32_t *open = NULL, *resv = NULL, *sealed = NULL;
+	uint32_t *open = NULL, *resv = NULL, *sealed = NULL, *sink = NULL;
 	uint64_t bytes;
 	int ret;
 
+	if (a->n_sink && !p->L->n_sink)
+		return kvq_seterr(err, errlen, "pool %s has no sink blocks", p->name), -EINVAL;
 	bytes = (uint64_t)a->n_open * (p->L->open_block_bytes + p->L->sealed_block_bytes) +
-		(uint64_t)a->n_sealed * p->L->sealed_block_bytes;
+		(uint64_t)a->n_sealed * p->L->sealed_block_bytes + (uint64_t)a->n_sink * p->L->open_block_bytes;
 	if (!kvq_state_quota_allows(c->st, p, c->uid, bytes))
 		return kvq_seterr(err, errlen, "uid %u would exceed its quota of %llu bytes in pool %s",
 				  (unsigned)c->uid, (unsigned long long)p->quota, p->name), -EDQUOT;
-	/* both classes are checked before either is taken: all or nothing */
+	/* every class is checked before any is taken: all or nothing (evicting
+	 * for one class only ever frees blocks of the other) */
 	kvq_pool_stats(p->pool, &st);
 	if (a->n_open > st.open_free ||
-	    (uint64_t)a->n_open + a->n_sealed > (uint64_t)st.sealed_free + kvq_prefix_evictable(p->prefix)) {
+	    (uint64_t)a->n_open + a->n_sealed > (uint64_t)st.sealed_free + kvq_prefix_evictable(p->prefix, 0) ||
+	    a->n_sink > (uint64_t)st.sink_free + kvq_prefix_evictable(p->prefix, 1)) {
 		p->alloc_failures++;
-		return kvq_seterr(err, errlen, "pool %s cannot hold %u open + %u sealed slots", p->name, a->n_open,
-				  a->n_sealed), -ENOSPC;
+		return kvq_seterr(err, errlen, "pool %s cannot hold %u open + %u sealed + %u sink slots", p->name,
+				  a->n_open, a->n_sealed, a->n_sink), -ENOSPC;
 	}
 	open = calloc(a->n_open + 1, sizeof(*open));
 	resv = calloc(a->n_open + 1, sizeof(*resv));
 	sealed = calloc(a->n_sealed + 1, sizeof(*sealed));
-	if (!open || !resv || !sealed || kvq_lease_reserve(c->lease, a->n_sealed, a->n_open) < 0) {
+	sink = calloc(a->n_sink + 1, sizeof(*sink));
+	if (!open || !resv || !sealed || !sink ||
+	    kvq_lease_reserve(c->lease, a->n_sealed + a->n_sink, a->n_open) < 0) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -46,6 +96,9 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	if (ret < 0)
 		goto fail;
 	ret = kvq_pool_alloc_sealed(p->pool, a->n_sealed, sealed);
+	if (ret == 0 && (ret = kvq_pool_alloc_sink(p->pool, a->n_sink, sink)) < 0)
+		for (uint32_t i = 0; i < a->n_sealed; i++)
+			kvq_pool_unref(p->pool, sealed[i]);
 	if (ret < 0) {
 		/* the open slots just granted, not yet the lease's */
 		for (uint32_t i = 0; i < a->n_open; i++)
@@ -56,19 +109,27 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_OPEN, open[i], 1);
 	for (uint32_t i = 0; i < a->n_sealed; i++)
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, sealed[i], 1);
+	for (uint32_t i = 0; i < a->n_sink; i++) {
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, sink[i], 1);
+		sink[i] = wire_of(p, sink[i]);
+	}
 	rep->n_open_ids = rep->n_reserved_ids = a->n_open;
 	rep->open_ids = open;
 	rep->reserved_ids = resv;
 	rep->n_sealed_ids = a->n_sealed;
 	rep->sealed_ids = sealed;
+	rep->n_sink_ids = a->n_sink;
+	rep->sink_ids = sink;
 	r->mem[0] = open;
 	r->mem[1] = resv;
 	r->mem[2] = sealed;
+	r->mem[3] = sink;
 	return 0;
 fail:
 	free(open);
 	free(resv);
 	free(sealed);
+	free(sink);
 	if (ret == -ENOSPC)
 		kvq_seterr(err, errlen, "pool %s is full", p->name);
 	return ret;
@@ -135,7 +196,8 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	const Kvq__Publish *q = req->publish;
 	Kvq__PublishReply *rep = r->e.publish_reply;
 	struct kvq_pools_rec *p = c->pool;
-	uint32_t B = p->L->block_tokens, *ids = NULL;
+	uint32_t B = p->L->block_tokens, *ids = NULL, *blk = NULL;
+	int32_t *par = NULL;
 	kvq_lease *seen = NULL;
 	int ret;
 
@@ -143,39 +205,59 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	if (ret < 0)
 		return ret;
 	ids = calloc(q->n_blocks + 1, sizeof(*ids));
-	if (!ids) {
+	blk = calloc(q->n_blocks + 1, sizeof(*blk));
+	par = calloc(q->n_blocks + 1, sizeof(*par));
+	if (!ids || !blk || !par) {
 		ret = -ENOMEM;
 		goto out;
 	}
 	for (size_t i = 0; i < q->n_blocks; i++) {
 		const Kvq__PublishBlock *b = q->blocks[i];
+		const int sink = b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
+		const int has_parent = b->parent_case != KVQ__PUBLISH_BLOCK__PARENT__NOT_SET;
+		const uint32_t wid = sink ? b->sink_id : b->sealed_id;
+		const char *fld = sink ? "sink_id" : "sealed_id";
+		uint32_t pb = 0;
 
 		if (b->n_tokens != B) {
 			ret = (kvq_seterr(err, errlen, "publish.blocks[%zu]: %zu tokens, a block has %u", i,
 					 b->n_tokens, B), -EINVAL);
 			goto out;
 		}
-		if (!kvq_lease_sealed(c->lease, b->sealed_id) ||
-		    kvq_pool_check_sealed(p->pool, b->sealed_id, KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
-		    kvq_lease_sealed_add(seen, b->sealed_id, 1) != 1) {
-			ret = (kvq_seterr(err, errlen,
-					 "publish.blocks[%zu].sealed_id %u: not an unpublished block held by the "
-					 "caller (or named twice)", i, b->sealed_id), -EINVAL);
+		/* in a pool with sink blocks a chain starts with its sink, and
+		 * only there; in one without, no sink id is in range */
+		if (p->L->n_sink && sink == has_parent) {
+			ret = (kvq_seterr(err, errlen, "publish.blocks[%zu]: pool %s keeps sink blocks: a chain's "
+					 "first block is its sink block and no other is", i, p->name), -EINVAL);
 			goto out;
 		}
-		if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID &&
-		    !kvq_lease_sealed(seen, b->parent_id) &&
-		    (!kvq_lease_sealed(c->lease, b->parent_id) ||
-		     kvq_pool_check_sealed(p->pool, b->parent_id, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0)) {
+		if (block_of(p, sink, wid, &blk[i]) < 0 || !kvq_lease_sealed(c->lease, blk[i]) ||
+		    kvq_pool_check_sealed(p->pool, blk[i], KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
+		    kvq_lease_sealed_add(seen, blk[i], 1) != 1) {
 			ret = (kvq_seterr(err, errlen,
-					 "publish.blocks[%zu].parent_id %u: neither a cached block the caller holds "
-					 "nor an earlier block of this request", i, b->parent_id), -EINVAL);
+					 "publish.blocks[%zu].%s %u: not an unpublished block held by the "
+					 "caller (or named twice)", i, fld, wid), -EINVAL);
 			goto out;
 		}
-		if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID && b->parent_id == b->sealed_id) {
+		par[i] = -1;
+		if (!has_parent)
+			continue;
+		if (block_of(p, b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID,
+			     b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID ? b->parent_sink_id
+											: b->parent_id, &pb) < 0 ||
+		    (!kvq_lease_sealed(seen, pb) &&
+		     (!kvq_lease_sealed(c->lease, pb) ||
+		      kvq_pool_check_sealed(p->pool, pb, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0))) {
+			ret = (kvq_seterr(err, errlen,
+					 "publish.blocks[%zu]: its parent is neither a cached block the caller holds "
+					 "nor an earlier block of this request", i), -EINVAL);
+			goto out;
+		}
+		if (pb == blk[i]) {
 			ret = (kvq_seterr(err, errlen, "publish.blocks[%zu]: its own parent", i), -EINVAL);
 			goto out;
 		}
+		par[i] = (int32_t)pb;
 	}
 	if (kvq_lease_reserve(c->lease, (uint32_t)q->n_blocks, 0) < 0) {
 		ret = -ENOMEM;
@@ -183,42 +265,43 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	}
 	for (size_t i = 0; i < q->n_blocks; i++) {
 		const Kvq__PublishBlock *b = q->blocks[i];
-		int32_t parent = -1;
+		int32_t parent = par[i];
 		uint32_t got;
 
-		if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID) {
-			parent = (int32_t)b->parent_id;
-			/* an earlier block of this request may have become a cached duplicate */
-			for (size_t j = 0; j < i; j++)
-				if (q->blocks[j]->sealed_id == b->parent_id)
-					parent = (int32_t)ids[j];
-		}
-		ret = kvq_prefix_publish(p->prefix, b->sealed_id, parent, b->tokens, b->salt.data, b->salt.len, &got);
+		/* an earlier block of this request may have become a cached duplicate */
+		for (size_t j = 0; parent >= 0 && j < i; j++)
+			if (blk[j] == (uint32_t)par[i])
+				parent = (int32_t)ids[j];
+		ret = kvq_prefix_publish(p->prefix, blk[i], parent, b->tokens, b->salt.data, b->salt.len, &got);
 		if (ret < 0) {
 			/* validated above: only libcrypto can fail here */
-			kvq_log(LOG_ERR, "pool %s: publish of block %u failed: %s", p->name, b->sealed_id,
-				strerror(-ret));
+			kvq_log(LOG_ERR, "pool %s: publish of block %u failed: %s", p->name, blk[i], strerror(-ret));
 			kvq_seterr(err, errlen, "publish.blocks[%zu] failed; blocks before it are published", i);
 			goto out;
 		}
-		if (got != b->sealed_id) {
+		if (got != blk[i]) {
 			/* the caller's holds move to the cached copy and the duplicate
 			 * goes, unless the copy is at its reference limit */
-			uint32_t n = kvq_lease_sealed(c->lease, b->sealed_id);
+			uint32_t n = kvq_lease_sealed(c->lease, blk[i]);
 
 			if (kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, got, n) == 0)
-				kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, b->sealed_id, n);
+				kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, blk[i], n);
 			else
-				got = b->sealed_id;
+				got = blk[i];
 		}
 		ids[i] = got;
 	}
+	/* the ids in the blocks' classes, once every parent was resolved */
+	for (size_t i = 0; i < q->n_blocks; i++)
+		ids[i] = wire_of(p, ids[i]);
 	rep->n_ids = q->n_blocks;
 	rep->ids = ids;
 	r->mem[0] = ids;
 	ids = NULL;
 out:
 	free(ids);
+	free(blk);
+	free(par);
 	kvq_lease_free(seen);
 	return ret;
 }
@@ -228,7 +311,8 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	const Kvq__Lookup *q = req->lookup;
 	Kvq__LookupReply *rep = r->e.lookup_reply;
 	struct kvq_pools_rec *p = c->pool;
-	uint32_t max_ids = (uint32_t)(q->n_tokens / p->L->block_tokens), n = 0, fresh = 0;
+	uint32_t max_ids = (uint32_t)(q->n_tokens / p->L->block_tokens), n = 0, sinks = 0;
+	uint64_t fresh = 0;
 	uint32_t *ids;
 	int ret;
 
@@ -266,8 +350,8 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	}
 	for (uint32_t i = 0; i < n; i++)
 		if (!kvq_lease_sealed(c->lease, ids[i]))
-			fresh++;
-	if (!kvq_state_quota_allows(c->st, p, c->uid, (uint64_t)fresh * p->L->sealed_block_bytes)) {
+			fresh += ids[i] >= p->L->n_sealed ? p->L->open_block_bytes : p->L->sealed_block_bytes;
+	if (!kvq_state_quota_allows(c->st, p, c->uid, fresh)) {
 		/* the references the lookup granted, not yet any lease's */
 		for (uint32_t i = 0; i < n; i++)
 			kvq_pool_unref(p->pool, ids[i]);
@@ -279,17 +363,25 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, ids[i], 1);
 	p->lookup_tokens += q->max_tokens;
 	p->hit_tokens += (uint64_t)n * p->L->block_tokens;
-	rep->n_sealed_ids = n;
-	rep->sealed_ids = ids;
+	/* a chain's sink block comes first (daemon/prefix.h): block 0's */
+	if (n && ids[0] >= p->L->n_sealed) {
+		ids[0] = wire_of(p, ids[0]);
+		sinks = 1;
+	}
+	rep->n_sink_ids = sinks;
+	rep->sink_ids = ids;
+	rep->n_sealed_ids = n - sinks;
+	rep->sealed_ids = ids + sinks;
 	r->mem[0] = ids;
 	return 0;
 }
 
-/* Checks that the caller holds every sealed id with its multiplicity in
- * ids[n]; counts are left in *ret_want (free it). */
+/* Checks that the caller holds every block with its multiplicity in ids[n]
+ * (block ids, daemon/pool.h); counts are left in *ret_want (free it). */
 static int check_held(struct kvq_conn *c, const uint32_t *ids, size_t n, const char *what, kvq_lease **ret_want,
 		      char *err, size_t errlen)
 {
+	const struct kvq_pools_rec *p = c->pool;
 	kvq_lease *want = NULL;
 	int ret = kvq_lease_new(&want);
 
@@ -302,8 +394,9 @@ static int check_held(struct kvq_conn *c, const uint32_t *ids, size_t n, const c
 		}
 		if (kvq_lease_sealed(want, ids[i]) > kvq_lease_sealed(c->lease, ids[i])) {
 			kvq_lease_free(want);
-			return kvq_seterr(err, errlen, "%s[%zu] = %u: not held by the caller (that many times)", what,
-					  i, ids[i]), -EINVAL;
+			return kvq_seterr(err, errlen, "%s: block %zu (%s %u): not held by the caller (that many times)",
+					  what, i, ids[i] >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, ids[i])),
+			       -EINVAL;
 		}
 	}
 	*ret_want = want;
@@ -315,22 +408,31 @@ int kvq_req_release(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	const Kvq__Release *q = req->release;
 	struct kvq_pools_rec *p = c->pool;
 	kvq_lease *want = NULL;
+	size_t nb = q->n_sealed_ids + q->n_sink_ids;
 	int ret;
+	uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "release", &ret,
+				  err, errlen);
 
-	ret = check_held(c, q->sealed_ids, q->n_sealed_ids, "release.sealed_ids", &want, err, errlen);
-	if (ret < 0)
+	if (!blk)
 		return ret;
+	ret = check_held(c, blk, nb, "release", &want, err, errlen);
+	if (ret < 0) {
+		free(blk);
+		return ret;
+	}
 	for (size_t i = 0; i < q->n_open_ids; i++)
 		if (!kvq_lease_open_has(c->lease, q->open_ids[i]) || kvq_lease_open_add(want, q->open_ids[i]) < 0) {
 			kvq_lease_free(want);
+			free(blk);
 			return kvq_seterr(err, errlen, "release.open_ids[%zu] = %u: not held (or named twice)", i,
 					  q->open_ids[i]), -EINVAL;
 		}
-	for (size_t i = 0; i < q->n_sealed_ids; i++)
-		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, q->sealed_ids[i], 1);
+	for (size_t i = 0; i < nb; i++)
+		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, blk[i], 1);
 	for (size_t i = 0; i < q->n_open_ids; i++)
 		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_OPEN, q->open_ids[i], 1);
 	kvq_lease_free(want);
+	free(blk);
 	return 0;
 }
 
@@ -338,20 +440,31 @@ int kvq_req_fork(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply 
 {
 	const Kvq__Fork *q = req->fork;
 	struct kvq_pools_rec *p = c->pool;
+	size_t nb = q->n_sealed_ids + q->n_sink_ids;
+	int ret;
+	uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "fork", &ret, err,
+				  errlen);
 
-	for (size_t i = 0; i < q->n_sealed_ids; i++) {
-		uint32_t id = q->sealed_ids[i];
+	if (!blk)
+		return ret;
+	for (size_t i = 0; i < nb; i++) {
+		uint32_t id = blk[i];
 
-		if (!kvq_lease_sealed(c->lease, id))
-			return kvq_seterr(err, errlen, "fork.sealed_ids[%zu] = %u: not held by the caller", i, id),
-			       -EINVAL;
+		if (!kvq_lease_sealed(c->lease, id)) {
+			free(blk);
+			return kvq_seterr(err, errlen, "fork: block %zu (%s %u) not held by the caller", i,
+					  id >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, id)), -EINVAL;
+		}
 		/* a batch naming one id n times must fit below the limits n times over */
-		if (kvq_pool_refs(p->pool, id) >= KVQ_POOL_MAX_REFS - q->n_sealed_ids ||
-		    kvq_lease_sealed(c->lease, id) >= UINT32_MAX - q->n_sealed_ids)
-			return kvq_seterr(err, errlen, "fork.sealed_ids[%zu] = %u: too many references", i, id),
-			       -EOVERFLOW;
+		if (kvq_pool_refs(p->pool, id) >= KVQ_POOL_MAX_REFS - nb ||
+		    kvq_lease_sealed(c->lease, id) >= UINT32_MAX - nb) {
+			free(blk);
+			return kvq_seterr(err, errlen, "fork: block %zu (%s %u): too many references", i,
+					  id >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, id)), -EOVERFLOW;
+		}
 	}
-	for (size_t i = 0; i < q->n_sealed_ids; i++)
-		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, q->sealed_ids[i], 1);
+	for (size_t i = 0; i < nb; i++)
+		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, blk[i], 1);
+	free(blk);
 	return 0;
 }

@@ -96,6 +96,10 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 			return KVQ_EPOLICY;
 		if (!kvq_policy_equal(&pol, &p->policy))
 			return kvq_seterr(err, errlen, "pool %s has policy %s", p->name, p->policy_str), KVQ_ELAYOUT;
+		/* no wildcard: a client that does not know sinks must not write here */
+		if (a->sink_blocks != p->params.sink_blocks)
+			return kvq_seterr(err, errlen, "pool %s has sink_blocks %u", p->name, p->params.sink_blocks),
+			       KVQ_ELAYOUT;
 	}
 	if (created && a->layout_version != KVQ_LAYOUT_VERSION) {
 		kvq_seterr(err, errlen, "layout version %u, this daemon has %u", a->layout_version, KVQ_LAYOUT_VERSION);
@@ -108,7 +112,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		goto fail;
 	if (!p->allocated) {
 		ret = kvq_pools_allocate(&st->pools, st->cfg, p, created ? a->create->n_sealed : 0,
-					 created ? a->create->n_open : 0, created ? &cb : NULL, err, errlen);
+					 created ? a->create->n_open : 0, created ? a->create->n_sink : 0,
+					 created ? &cb : NULL, err, errlen);
 		if (ret < 0) {
 			kvq_log(LOG_WARNING, "pool %s: not created: %s", p->name, err);
 			goto fail;
@@ -120,6 +125,7 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	ret = kvq_lease_new(&c->lease);
 	if (ret < 0)
 		goto fail;
+	kvq_lease_set_first_sink(c->lease, p->L->n_sealed);
 	if (created)
 		kvq_pools_add(&st->pools, p);
 	c->pool = p;
@@ -134,6 +140,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	rep->act = (Kvq__DType)p->L->act;
 	rep->n_sealed = p->L->n_sealed;
 	rep->n_open = p->L->n_open;
+	rep->sink_blocks = p->L->sink_blocks;
+	rep->n_sink = p->L->n_sink;
 	rep->policy = p->policy_str;
 	rep->total_bytes = p->L->total_bytes;
 	rep->map_bytes = p->mem.size;
@@ -166,7 +174,8 @@ static void fill_client_stats(const struct kvq_conn *c, bool exiting, Kvq__Clien
 	o->pool = (char *)(c->pool ? c->pool->name : "");
 	o->exiting = exiting;
 	if (c->pool && c->lease) {
-		o->sealed_blocks = kvq_lease_n_sealed(c->lease);
+		o->sealed_blocks = kvq_lease_n_sealed(c->lease) - kvq_lease_n_sink(c->lease);
+		o->sink_blocks = kvq_lease_n_sink(c->lease);
 		o->open_blocks = kvq_lease_n_open(c->lease);
 		o->bytes = kvq_state_lease_bytes(c->pool, c->lease);
 	}

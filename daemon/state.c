@@ -32,7 +32,7 @@ int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const cha
 		p->attention_report_ms = kvq_pools_report_ms(cfg, p->name);
 		kvq_pools_add(&st->pools, p);
 		if (!cfg->pools[i].create_on_attach) {
-			r = kvq_pools_allocate(&st->pools, cfg, p, 0, 0, NULL, err, errlen);
+			r = kvq_pools_allocate(&st->pools, cfg, p, 0, 0, 0, NULL, err, errlen);
 			if (r < 0) {
 				char m[KVQ_BACKEND_MSG_MAX];
 
@@ -174,7 +174,9 @@ bool kvq_conn_sees(const struct kvq_conn *c, const struct kvq_pools_rec *p)
 
 uint64_t kvq_state_lease_bytes(const struct kvq_pools_rec *p, const kvq_lease *l)
 {
-	return (uint64_t)kvq_lease_n_sealed(l) * p->L->sealed_block_bytes +
+	/* a sink slot is an open slice (kernels/layout.h) */
+	return (uint64_t)(kvq_lease_n_sealed(l) - kvq_lease_n_sink(l)) * p->L->sealed_block_bytes +
+	       (uint64_t)kvq_lease_n_sink(l) * p->L->open_block_bytes +
 	       (uint64_t)kvq_lease_n_open(l) * (p->L->open_block_bytes + p->L->sealed_block_bytes);
 }
 

@@ -405,8 +405,8 @@ static int check_request(const Kvq__Envelope *e, char *err, size_t errlen)
 	case KVQ__ENVELOPE__BODY_POOL_DROP:
 		return check_str(e->pool_drop->pool, KVQ_PROTO_MAX_NAME, 1, 0, "pool_drop.pool", err, errlen);
 	case KVQ__ENVELOPE__BODY_ALLOC:
-		return check_count((size_t)e->alloc->n_open + e->alloc->n_sealed, KVQ_PROTO_MAX_IDS,
-				   "alloc.n_open + alloc.n_sealed", err, errlen);
+		return check_count((size_t)e->alloc->n_open + e->alloc->n_sealed + e->alloc->n_sink, KVQ_PROTO_MAX_IDS,
+				   "alloc.n_open + alloc.n_sealed + alloc.n_sink", err, errlen);
 	case KVQ__ENVELOPE__BODY_SEAL:
 		TRY(check_count(e->seal->n_open_ids, KVQ_PROTO_MAX_IDS, "seal.open_ids", err, errlen));
 		if (e->seal->n_open_ids != e->seal->n_sealed_ids)
@@ -423,6 +423,8 @@ static int check_request(const Kvq__Envelope *e, char *err, size_t errlen)
 
 			if (b->n_tokens == 0)
 				return fail(-EINVAL, err, errlen, "publish.blocks[%zu]: no tokens", i);
+			if (b->block_case == KVQ__PUBLISH_BLOCK__BLOCK__NOT_SET)
+				return fail(-EINVAL, err, errlen, "publish.blocks[%zu]: no sealed_id or sink_id", i);
 			TRY(check_salt(&b->salt, "publish.blocks[].salt", err, errlen));
 			tokens += b->n_tokens;
 		}
@@ -439,10 +441,11 @@ static int check_request(const Kvq__Envelope *e, char *err, size_t errlen)
 		return 0;
 	}
 	case KVQ__ENVELOPE__BODY_RELEASE:
-		return check_count(e->release->n_sealed_ids + e->release->n_open_ids, KVQ_PROTO_MAX_IDS,
-				   "release: ids", err, errlen);
+		return check_count(e->release->n_sealed_ids + e->release->n_open_ids + e->release->n_sink_ids,
+				   KVQ_PROTO_MAX_IDS, "release: ids", err, errlen);
 	case KVQ__ENVELOPE__BODY_FORK:
-		return check_count(e->fork->n_sealed_ids, KVQ_PROTO_MAX_IDS, "fork.sealed_ids", err, errlen);
+		return check_count(e->fork->n_sealed_ids + e->fork->n_sink_ids, KVQ_PROTO_MAX_IDS, "fork: ids", err,
+				   errlen);
 	case KVQ__ENVELOPE__BODY_STATS:
 		return check_str(e->stats->pool, KVQ_PROTO_MAX_NAME, 0, 0, "stats.pool", err, errlen);
 	case KVQ__ENVELOPE__BODY__NOT_SET:
@@ -502,14 +505,14 @@ static int check_reply(const Kvq__Envelope *e, char *err, size_t errlen)
 		if (a->n_open_ids != a->n_reserved_ids)
 			return fail(-EINVAL, err, errlen, "alloc_reply: %zu open ids, %zu reserved ids",
 				    a->n_open_ids, a->n_reserved_ids);
-		return check_count(a->n_open_ids + a->n_sealed_ids, KVQ_PROTO_MAX_IDS, "alloc_reply: ids", err,
-				   errlen);
+		return check_count(a->n_open_ids + a->n_sealed_ids + a->n_sink_ids, KVQ_PROTO_MAX_IDS,
+				   "alloc_reply: ids", err, errlen);
 	}
 	case KVQ__ENVELOPE__BODY_PUBLISH_REPLY:
 		return check_count(e->publish_reply->n_ids, KVQ_PROTO_MAX_IDS, "publish_reply.ids", err, errlen);
 	case KVQ__ENVELOPE__BODY_LOOKUP_REPLY:
-		return check_count(e->lookup_reply->n_sealed_ids, KVQ_PROTO_MAX_IDS, "lookup_reply.sealed_ids",
-				   err, errlen);
+		return check_count(e->lookup_reply->n_sealed_ids + e->lookup_reply->n_sink_ids, KVQ_PROTO_MAX_IDS,
+				   "lookup_reply: ids", err, errlen);
 	case KVQ__ENVELOPE__BODY_SEAL_REPLY:
 	case KVQ__ENVELOPE__BODY_RELEASE_REPLY:
 	case KVQ__ENVELOPE__BODY_FORK_REPLY:

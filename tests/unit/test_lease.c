@@ -36,7 +36,7 @@ static void holds(void)
 	kvq_pool *p = NULL;
 	kvq_lease *l = NULL;
 
-	ok(kvq_pool_new(8, 4, &p) == 0 && kvq_lease_new(&l) == 0, "a pool of 8 + 4 slots and a lease");
+	ok(kvq_pool_new(8, 4, 0, &p) == 0 && kvq_lease_new(&l) == 0, "a pool of 8 + 4 slots and a lease");
 	kvq_pool_alloc_open(p, 2, open, resv);
 	kvq_pool_alloc_sealed(p, 2, sealed);
 	ok(kvq_lease_take(l, p, KVQ_LEASE_OPEN, open[0], 1) == 0 &&

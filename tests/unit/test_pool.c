@@ -29,7 +29,7 @@ static struct kvq_pool *new_pool(uint32_t n_sealed, uint32_t n_open)
 {
 	struct kvq_pool *p = NULL;
 
-	if (kvq_pool_new(n_sealed, n_open, &p) != 0) {
+	if (kvq_pool_new(n_sealed, n_open, 0, &p) != 0) {
 		fprintf(stderr, "kvq_pool_new(%u, %u) failed\n", n_sealed, n_open);
 		abort();
 	}
@@ -74,17 +74,24 @@ static void fake_held(void *ctx, uint32_t id, int held)
 		f->held[id] = (uint8_t)!!held;
 }
 
-static uint32_t fake_evictable(void *ctx)
+/* Class of block b: 0 sealed, 1 sink (pool.h). */
+static int fake_cls(const struct fake_cache *f, uint32_t b)
+{
+	return b >= kvq_pool_n_sealed(f->pool);
+}
+
+static uint32_t fake_evictable(void *ctx, int cls)
 {
 	struct fake_cache *f = ctx;
 	uint32_t n = 0;
 
 	for (uint32_t i = 0; i < f->n; i++)
-		n += !f->held[f->ids[i]];
+		n += !f->held[f->ids[i]] && fake_cls(f, f->ids[i]) == cls;
 	return n;
 }
 
-static uint32_t fake_evict(void *ctx, uint32_t count)
+/* Evicts in insertion order, either class, until count of cls went. */
+static uint32_t fake_evict(void *ctx, int cls, uint32_t count)
 {
 	struct fake_cache *f = ctx;
 	uint32_t done = 0, i = 0;
@@ -96,12 +103,12 @@ static uint32_t fake_evict(void *ctx, uint32_t count)
 			i++;
 			continue;
 		}
+		done += fake_cls(f, b) == cls;
 		if (kvq_pool_cache_evicted(f->pool, b) != 0)
 			f->bad = 1;
 		f->victims[f->n_victims++ % FAKE_MAX] = b;
 		memmove(&f->ids[i], &f->ids[i + 1], (f->n - i - 1) * sizeof f->ids[0]);
 		f->n--;
-		done++;
 	}
 	return done;
 }
@@ -161,7 +168,7 @@ static void test_exhaustion(void)
 	   "count 0 succeeds and needs no room");
 	kvq_pool_free(p);
 
-	ok(kvq_pool_new(KVQ_MAX_SLOTS + 1, 1, &p) == -EINVAL && kvq_pool_new(1, KVQ_MAX_SLOTS + 1, &p) == -EINVAL,
+	ok(kvq_pool_new(KVQ_MAX_SLOTS + 1, 1, 0, &p) == -EINVAL && kvq_pool_new(1, KVQ_MAX_SLOTS + 1, 0, &p) == -EINVAL,
 	   "more than KVQ_MAX_SLOTS slots in a class: -EINVAL");
 	p = new_pool(0, 0);
 	ok(kvq_pool_alloc_sealed(p, 1, &one) == -ENOSPC && kvq_pool_alloc_open(p, 1, &one, NULL) == -ENOSPC,
@@ -305,12 +312,74 @@ static void test_eviction(void)
 	   "the slots reserved are the two evicted");
 	ok(kvq_pool_refs(p, f->victims[0]) == 0 && kvq_pool_refs(p, f->victims[1]) == 0 &&
 	   kvq_pool_state(p, f->victims[0]) == KVQ_POOL_RESERVED, "victims were unreferenced, now reserved");
-	ok(kvq_pool_alloc_sealed(p, 3, ids) == 0 && f->n == 3 && fake_evictable(f) == 0,
+	ok(kvq_pool_alloc_sealed(p, 3, ids) == 0 && f->n == 3 && fake_evictable(f, 0) == 0,
 	   "3 more sealed take the last evictable blocks");
 	ok(kvq_pool_alloc_sealed(p, 1, ids) == -ENOSPC, "only referenced blocks left: -ENOSPC");
 	for (uint32_t i = 0; i < f->n; i++)
 		ok(kvq_pool_state(p, f->ids[i]) == KVQ_POOL_CACHED && kvq_pool_refs(p, f->ids[i]) == 1,
 		   "referenced block %u still cached", f->ids[i]);
+	ok(!f->bad, "held() was consistent throughout");
+	kvq_pool_set_cache(p, NULL);
+	kvq_pool_free(p);
+	free(f);
+}
+
+/* Sink slots: their own id space after the sealed one, their own free
+ * slots, the states and references of sealed blocks, eviction by class. */
+static void test_sinks(void)
+{
+	struct kvq_pool *p;
+	struct fake_cache *f = calloc(1, sizeof *f);
+	struct kvq_pool_stats st;
+	uint32_t sk[6], sl[6], extra, o[2];
+
+	if (!f || kvq_pool_new(6, 2, 3, &p) != 0) {
+		ok(0, "a pool of 6 sealed, 2 open, 3 sink slots");
+		free(f);
+		return;
+	}
+	fake_attach(f, p);
+	kvq_pool_stats(p, &st);
+	ok(st.n_sink == 3 && st.sink_free == 3 && st.sealed_free == 6 && kvq_pool_n_sealed(p) == 6,
+	   "3 sink slots, all free, beside 6 sealed");
+	ok(kvq_pool_alloc_sink(p, 3, sk) == 0 && sk[0] >= 6 && sk[1] >= 6 && sk[2] >= 6 && sk[0] < 9 &&
+	   sk[1] < 9 && sk[2] < 9 && sk[0] != sk[1] && sk[1] != sk[2] && sk[0] != sk[2],
+	   "sinks are block ids 6 .. 8, distinct");
+	kvq_pool_stats(p, &st);
+	ok(st.sink_free == 0 && st.sink_private == 3 && st.sealed_free == 6 && st.sealed_private == 0 &&
+	   kvq_pool_state(p, sk[0]) == KVQ_POOL_PRIVATE && kvq_pool_refs(p, sk[0]) == 1,
+	   "taken as private blocks with one reference; the sealed class untouched");
+	ok(kvq_pool_alloc_sink(p, 1, &extra) == -ENOSPC && kvq_pool_alloc_sealed(p, 6, sl) == 0,
+	   "a fourth sink: -ENOSPC; the 6 sealed slots still all there");
+	/* chains: sink sk[i] then sealed sl[2i], sl[2i+1], all cached, released */
+	for (int i = 0; i < 3; i++) {
+		fake_insert(f, sk[i]);
+		fake_insert(f, sl[2 * i]);
+		fake_insert(f, sl[2 * i + 1]);
+	}
+	for (int i = 0; i < 3; i++)
+		kvq_pool_unref(p, sk[i]);
+	for (int i = 0; i < 6; i++)
+		kvq_pool_unref(p, sl[i]);
+	kvq_pool_ref(p, sk[2]);   /* one chain's sink stays in use */
+	kvq_pool_stats(p, &st);
+	ok(st.sink_cached == 3 && st.sink_referenced == 1 && st.sink_evictable == 2 && st.sealed_cached == 6 &&
+	   st.sealed_evictable == 6 && st.cached_referenced == 0,
+	   "3 cached sinks (1 referenced, 2 evictable), 6 cached sealed (the counts keep the classes apart)");
+	ok(kvq_pool_alloc_sink(p, 3, sk + 3) == -ENOSPC && f->n_victims == 0,
+	   "3 sinks with 2 evictable: -ENOSPC, nothing evicted");
+	ok(kvq_pool_alloc_sink(p, 1, &extra) == 0 && extra == sk[0] && f->n_victims == 1,
+	   "a sink short evicts until one sink went (the oldest)");
+	ok(kvq_pool_alloc_open(p, 2, o, sl) == 0, "2 open slots reserve sealed slots");
+	kvq_pool_stats(p, &st);
+	ok(st.sealed_free == 0 && st.sealed_cached == 4 && st.sink_cached == 2 && st.sink_evictable == 1 &&
+	   st.evictions == 3, "sealed slots came from eviction too (3 evicted in all, 4 sealed cached)");
+	kvq_pool_unref(p, extra);
+	kvq_pool_stats(p, &st);
+	ok(st.sink_free == 1 && st.sink_private == 0 && kvq_pool_state(p, extra) == KVQ_POOL_FREE,
+	   "a private sink's last reference frees its slot to the sink class");
+	ok(kvq_pool_check_sealed(p, 9, KVQ_POOL_SEALED_BLOCK) == -ERANGE && kvq_pool_refs(p, 9) == 0,
+	   "block id n_sealed + n_sink is out of range");
 	ok(!f->bad, "held() was consistent throughout");
 	kvq_pool_set_cache(p, NULL);
 	kvq_pool_free(p);
@@ -637,6 +706,7 @@ int main(void)
 	test_reservation();
 	test_release();
 	test_eviction();
+	test_sinks();
 	test_random();
 	return done_testing();
 }

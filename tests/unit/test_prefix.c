@@ -33,7 +33,7 @@ static struct env env_new(uint32_t n_sealed, uint32_t B, const char *pool_name, 
 {
 	struct env e = {0};
 
-	if (kvq_pool_new(n_sealed, 4, &e.pool) != 0 || kvq_prefix_new(e.pool, B, pool_name, model, &e.x) != 0) {
+	if (kvq_pool_new(n_sealed, 4, 0, &e.pool) != 0 || kvq_prefix_new(e.pool, B, pool_name, model, &e.x) != 0) {
 		fprintf(stderr, "cannot create pool/prefix\n");
 		abort();
 	}
@@ -447,7 +447,7 @@ static void test_eviction_tree(void)
 	kvq_pool_ref(e.pool, r);
 	kvq_pool_ref(e.pool, a);
 	kvq_pool_ref(e.pool, r);
-	ok(kvq_pool_refs(e.pool, r) == 3 && kvq_pool_refs(e.pool, a) == 2 && kvq_prefix_evictable(e.x) == 0,
+	ok(kvq_pool_refs(e.pool, r) == 3 && kvq_pool_refs(e.pool, a) == 2 && kvq_prefix_evictable(e.x, -1) == 0,
 	   "tree of 6 cached blocks, every one referenced, none evictable");
 	ok(evict1(&e, &v) == 0, "evict finds nothing");
 
@@ -460,7 +460,7 @@ static void test_eviction_tree(void)
 	kvq_pool_unref(e.pool, s1[2]);   /* a1 -> 0: t3 */
 	kvq_pool_unref(e.pool, s4);      /* c -> 0: t4 */
 	kvq_pool_stats(e.pool, &st);
-	ok(st.sealed_evictable == 4 && kvq_prefix_evictable(e.x) == 4 && st.cached_referenced == 2,
+	ok(st.sealed_evictable == 4 && kvq_prefix_evictable(e.x, -1) == 4 && st.cached_referenced == 2,
 	   "a, a1, a2, c evictable; r (S3, and its child b) and b are not");
 	ok(evict1(&e, &v) == 1 && v == a2, "1st victim a2: the oldest leaf");
 	ok(evict1(&e, &v) == 1 && v == a1, "2nd victim a1: a is older but still has a child");
@@ -473,9 +473,9 @@ static void test_eviction_tree(void)
 
 	/* S3 root first: r is unreferenced but b pins it */
 	kvq_pool_unref(e.pool, s3[0]);
-	ok(kvq_prefix_evictable(e.x) == 0 && evict1(&e, &v) == 0, "r released, b still held: nothing evictable");
+	ok(kvq_prefix_evictable(e.x, -1) == 0 && evict1(&e, &v) == 0, "r released, b still held: nothing evictable");
 	kvq_pool_unref(e.pool, s3[1]);
-	ok(kvq_prefix_evictable(e.x) == 2, "b released: r and b evictable");
+	ok(kvq_prefix_evictable(e.x, -1) == 2, "b released: r and b evictable");
 	ok(evict1(&e, &v) == 1 && v == b, "b goes before r, though r was released first");
 	ok(evict1(&e, &v) == 1 && v == r, "then r");
 	kvq_pool_stats(e.pool, &st);
@@ -485,17 +485,72 @@ static void test_eviction_tree(void)
 	r = alloc1(&e);
 	kvq_prefix_publish(e.x, r, -1, R, NULL, 0, &got);
 	kvq_pool_unref(e.pool, r);
-	ok(kvq_prefix_evictable(e.x) == 1, "r alone, released: evictable");
+	ok(kvq_prefix_evictable(e.x, -1) == 1, "r alone, released: evictable");
 	a = alloc1(&e);
 	ok(kvq_prefix_publish(e.x, a, (int32_t)r, A, NULL, 0, &got) == 0 && got == a,
 	   "a published after the unreferenced r");
-	ok(kvq_prefix_evictable(e.x) == 0 && evict1(&e, &v) == 0, "r is no leaf now and a is held: nothing to evict");
+	ok(kvq_prefix_evictable(e.x, -1) == 0 && evict1(&e, &v) == 0, "r is no leaf now and a is held: nothing to evict");
 	kvq_pool_unref(e.pool, a);
 	ok(evict1(&e, &v) == 1 && v == a && evict1(&e, &v) == 1 && v == r, "a released: a, then r");
 	env_free(&e);
 }
 
 /* ------------------------------------------------------------- full pool */
+
+/* A pool with sink slots: chains start with a sink block; a sink short
+ * evicts in the one eviction order (least recently used chains, leaf first)
+ * until a sink slot is free, and a referenced chain is never reached. */
+static void test_sink_chains(void)
+{
+	enum { B = 16, NB = 3 };
+	struct env e;
+	struct kvq_pool_stats st;
+	uint32_t tok[3][NB * B], ids[3][NB], got, s;
+	int good = 1;
+
+	if (kvq_pool_new(12, 2, 3, &e.pool) != 0 || kvq_prefix_new(e.pool, B, "pool", "model", &e.x) != 0) {
+		ok(0, "a pool of 12 sealed and 3 sink slots with its index");
+		return;
+	}
+	for (int c = 0; c < 3; c++)
+		for (int i = 0; i < NB * B; i++)
+			tok[c][i] = (uint32_t)(1000 * c + i);
+	/* three chains: a sink block, then two sealed blocks */
+	for (int c = 0; c < 3; c++) {
+		good &= kvq_pool_alloc_sink(e.pool, 1, &s) == 0 &&
+			kvq_prefix_publish(e.x, s, -1, tok[c], NULL, 0, &got) == 0 && got == s;
+		ids[c][0] = s;
+		good &= publish_chain(&e, (int32_t)s, tok[c] + B, B, NB - 1, NULL, ids[c] + 1) == 0;
+	}
+	ok(good && ids[0][0] >= 12 && ids[1][0] >= 12 && ids[2][0] >= 12, "three chains rooted in sink blocks");
+	/* chain 1 released first, then 2; chain 0 stays referenced */
+	unref_all(&e, ids[1], NB);
+	unref_all(&e, ids[2], NB);
+	kvq_pool_stats(e.pool, &st);
+	ok(st.sink_free == 0 && st.sink_cached == 3 && st.sink_evictable == 2 && st.sealed_evictable == 4 &&
+	   kvq_prefix_evictable(e.x, 1) == 2 && kvq_prefix_evictable(e.x, -1) == 6,
+	   "2 of 3 sinks evictable (their chains unreferenced), 4 sealed");
+	ok(kvq_pool_alloc_sink(e.pool, 1, &s) == 0 && s == ids[1][0], "a sink short takes chain 1's sink");
+	kvq_pool_stats(e.pool, &st);
+	ok(st.evictions == 3 && st.sealed_cached == 4 && st.sink_cached == 2 &&
+	   kvq_prefix_block_key(e.x, ids[2][0], (uint8_t[KVQ_PREFIX_KEY_LEN]){ 0 }) == 0 &&
+	   kvq_prefix_parent(e.x, ids[2][2]) == (int64_t)ids[2][1],
+	   "chain 1 went leaf first (3 blocks), chain 2 whole");
+	{
+		uint32_t hit[NB], n = 0;
+
+		good = kvq_prefix_lookup(e.x, tok[2], NB * B, NB * B, NULL, 0, hit, NB, &n) == 0 && n == NB &&
+		       hit[0] == ids[2][0];
+		unref_all(&e, hit, n);
+	}
+	ok(good, "a lookup of chain 2 hits its sink block first");
+	ok(kvq_pool_alloc_sink(e.pool, 2, ids[1]) == -ENOSPC, "2 sinks with 1 evictable: -ENOSPC");
+	kvq_pool_stats(e.pool, &st);
+	ok(st.evictions == 3 && st.sink_cached == 2, "the refusal evicted nothing");
+	kvq_pool_unref(e.pool, s);
+	unref_all(&e, ids[0], NB);
+	env_free(&e);
+}
 
 static void test_full_pool(void)
 {
@@ -912,7 +967,7 @@ static void test_random(uint32_t n_sealed, uint32_t nseq, uint32_t alpha, int st
 		}
 		wexpect(w, evict1(&w->e, &v) == 0, "drain: something left to evict");
 		check_world(w);
-		ok(!w->nbad && kvq_prefix_evictable(w->e.x) == 0 && m_free(w) == w->n,
+		ok(!w->nbad && kvq_prefix_evictable(w->e.x, -1) == 0 && m_free(w) == w->n,
 		   "everything released and evicted (%u blocks): the pool is empty", all);
 	}
 	env_free(&w->e);
@@ -927,6 +982,7 @@ int main(void)
 	test_lookup();
 	test_group_calls();
 	test_eviction_tree();
+	test_sink_chains();
 	test_full_pool();
 	test_random(24, 10, 2, 6000);     /* small: refusals, deep sharing */
 	test_random(96, 64, 4, 30000);    /* wide: big heap, many leaves */
