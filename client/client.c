@@ -190,9 +190,11 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	a.group = c->group;
 	a.rank = c->rank;
 	a.world_size = c->world_size;
+	a.sink_blocks = c->sink_blocks;
 	if (p->create) {
 		pc.n_sealed = p->n_sealed;
 		pc.n_open = p->n_open;
+		pc.n_sink = c->n_sink;
 		pc.backend = (char *)(p->backend ? p->backend : "");
 		pc.device = p->device;
 		a.create = &pc;
@@ -225,7 +227,8 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	}
 	lp = (struct kvq_layout_params){ .layers = ar->layers, .kv_heads = ar->kv_heads, .head_dim = ar->head_dim,
 		.block_tokens = ar->block_tokens, .window = ar->window, .n_sealed = ar->n_sealed,
-		.n_open = ar->n_open, .act = (int)ar->act, .policy = &c->pol };
+		.n_open = ar->n_open, .act = (int)ar->act, .policy = &c->pol, .sink_blocks = ar->sink_blocks,
+		.n_sink = ar->n_sink };
 	if (ar->layout_version != KVQ_LAYOUT_VERSION) {
 		r = client_fail(c, KVQ_ELAYOUT, "pool layout version %u, libkvq has %u", ar->layout_version,
 				KVQ_LAYOUT_VERSION);
@@ -233,6 +236,11 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	}
 	if (kvq_layout_new(&lp, &L, err, sizeof(err)) < 0) {
 		r = client_fail(c, KVQ_ELAYOUT, "pool layout: %s", err);
+		goto out;
+	}
+	if (L->n_sink && !be->sinks) {
+		r = client_fail(c, -ENOTSUP, "pool %s keeps sink blocks: this libkvq's %s kernels do not read them",
+				p->pool, be->name);
 		goto out;
 	}
 	if (L->total_bytes != ar->total_bytes || L->window != ar->window) {
@@ -263,25 +271,49 @@ out:
 	return r;
 }
 
+int kvq_client_set_sinks(kvq_client *c, uint32_t sink_blocks, uint32_t n_sink)
+{
+	if (!c || sink_blocks > 1 || (!sink_blocks && n_sink) || n_sink > KVQ_MAX_SLOTS)
+		return -EINVAL;
+	if (c->base || c->L)
+		return client_fail(c, -EISCONN, "sink blocks are set before the attach");
+	c->sink_blocks = sink_blocks;
+	c->n_sink = n_sink;
+	return 0;
+}
+
 int kvq_client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t *ret_open, uint32_t *ret_reserved,
 		     uint32_t *ret_sealed)
+{
+	return client_alloc(c, n_open, n_sealed, 0, ret_open, ret_reserved, ret_sealed, NULL);
+}
+
+int kvq_client_alloc_sinks(kvq_client *c, uint32_t n, uint32_t *ret_ids)
+{
+	return client_alloc(c, 0, 0, n, NULL, NULL, NULL, ret_ids);
+}
+
+int client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t n_sink, uint32_t *ret_open,
+		 uint32_t *ret_reserved, uint32_t *ret_sealed, uint32_t *ret_sink)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Alloc a = KVQ__ALLOC__INIT;
 	const Kvq__AllocReply *ar;
 	int r;
 
-	if (!c || (n_open && (!ret_open || !ret_reserved)) || (n_sealed && !ret_sealed))
+	if (!c || (n_open && (!ret_open || !ret_reserved)) || (n_sealed && !ret_sealed) || (n_sink && !ret_sink))
 		return -EINVAL;
 	a.n_open = n_open;
 	a.n_sealed = n_sealed;
+	a.n_sink = n_sink;
 	e.body_case = KVQ__ENVELOPE__BODY_ALLOC;
 	e.alloc = &a;
 	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_ALLOC_REPLY, &rep);
 	if (r < 0)
 		return r;
 	ar = rep->alloc_reply;
-	if (ar->n_open_ids != n_open || ar->n_reserved_ids != n_open || ar->n_sealed_ids != n_sealed) {
+	if (ar->n_open_ids != n_open || ar->n_reserved_ids != n_open || ar->n_sealed_ids != n_sealed ||
+	    ar->n_sink_ids != n_sink) {
 		kvq_frame_envelope_free(rep);
 		c->conn.broken = true;   /* the daemon holds slots we cannot name: drop them all */
 		return client_fail(c, KVQ_EPROTOCOL, "alloc reply with the wrong counts");
@@ -292,6 +324,8 @@ int kvq_client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t
 	}
 	if (n_sealed)
 		memcpy(ret_sealed, ar->sealed_ids, n_sealed * sizeof(uint32_t));
+	for (uint32_t i = 0; i < n_sink; i++)
+		ret_sink[i] = KVQ_SINK_ID(ar->sink_ids[i]);
 	kvq_frame_envelope_free(rep);
 	return 0;
 }
@@ -336,6 +370,10 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 	if (!c || !c->L || !n || !sealed_ids || !tokens || !ret_ids || salt_len > KVQ_PROTO_MAX_SALT ||
 	    parent > (int64_t)UINT32_MAX || n > KVQ_PROTO_MAX_IDS)
 		return -EINVAL;
+	/* ids carry their class (KVQ_SINK_ID); a sink can start a chain only */
+	for (uint32_t i = 1; i < n; i++)
+		if (sealed_ids[i] & KVQ_SINK_FLAG)
+			return -EINVAL;
 	B = c->L->block_tokens;
 	b = calloc(n, sizeof(*b));
 	bp = calloc(n, sizeof(*bp));
@@ -344,11 +382,22 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 		goto out;
 	}
 	for (uint32_t i = 0; i < n; i++) {
+		const uint32_t id = sealed_ids[i], par = i ? sealed_ids[i - 1] : (uint32_t)parent;
+
 		kvq__publish_block__init(&b[i]);
-		b[i].sealed_id = sealed_ids[i];
-		if (i || parent >= 0) {
+		if (id & KVQ_SINK_FLAG) {
+			b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
+			b[i].sink_id = id & ~KVQ_SINK_FLAG;
+		} else {
+			b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
+			b[i].sealed_id = id;
+		}
+		if ((i || parent >= 0) && (par & KVQ_SINK_FLAG)) {
+			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID;
+			b[i].parent_sink_id = par & ~KVQ_SINK_FLAG;
+		} else if (i || parent >= 0) {
 			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
-			b[i].parent_id = i ? sealed_ids[i - 1] : (uint32_t)parent;
+			b[i].parent_id = par;
 		}
 		b[i].n_tokens = B;
 		b[i].tokens = (uint32_t *)tokens + (size_t)i * B;
@@ -368,7 +417,9 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 		r = client_fail(c, KVQ_EPROTOCOL, "publish reply with the wrong count");
 		goto out;
 	}
-	memcpy(ret_ids, rep->publish_reply->ids, n * sizeof(uint32_t));
+	/* a reply id is of its block's class */
+	for (uint32_t i = 0; i < n; i++)
+		ret_ids[i] = rep->publish_reply->ids[i] | (sealed_ids[i] & KVQ_SINK_FLAG);
 out:
 	kvq_frame_envelope_free(rep);
 	free(bp);
@@ -406,17 +457,32 @@ int client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint
 	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_LOOKUP_REPLY, &rep);
 	if (r < 0)
 		return r;
-	n = rep->lookup_reply->n_sealed_ids;
-	if (n > max_tokens / c->L->block_tokens) {
+	n = rep->lookup_reply->n_sealed_ids + rep->lookup_reply->n_sink_ids;
+	if (n > max_tokens / c->L->block_tokens || rep->lookup_reply->n_sink_ids > 1) {
 		kvq_frame_envelope_free(rep);
 		c->conn.broken = true;   /* references we cannot name: drop them all */
 		return client_fail(c, KVQ_EPROTOCOL, "lookup reply longer than asked for");
 	}
-	if (n)
-		memcpy(ret_ids, rep->lookup_reply->sealed_ids, n * sizeof(uint32_t));
+	/* block 0's sink first, when the pool keeps one */
+	for (size_t i = 0; i < rep->lookup_reply->n_sink_ids; i++)
+		ret_ids[i] = KVQ_SINK_ID(rep->lookup_reply->sink_ids[i]);
+	for (size_t i = 0; i < rep->lookup_reply->n_sealed_ids; i++)
+		ret_ids[rep->lookup_reply->n_sink_ids + i] = rep->lookup_reply->sealed_ids[i];
 	*ret_n = (uint32_t)n;
 	kvq_frame_envelope_free(rep);
 	return 0;
+}
+
+/* Splits ids (n of them) by class: sealed ones to sealed[*ns], sink ones
+ * (KVQ_SINK_ID) to sink[*nk], their flag cleared. */
+static void split_ids(const uint32_t *ids, uint32_t n, uint32_t *sealed, size_t *ns, uint32_t *sink, size_t *nk)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		if (ids[i] & KVQ_SINK_FLAG)
+			sink[(*nk)++] = ids[i] & ~KVQ_SINK_FLAG;
+		else if (sealed)
+			sealed[(*ns)++] = ids[i];
+	}
 }
 
 int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_ids, uint32_t n_open,
@@ -424,30 +490,53 @@ int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Release rl = KVQ__RELEASE__INIT;
+	uint32_t *sealed, *open, *sink;
+	int r = -ENOMEM;
 
 	if (!c || (n_sealed && !sealed_ids) || (n_open && !open_ids))
 		return -EINVAL;
-	rl.n_sealed_ids = n_sealed;
-	rl.sealed_ids = (uint32_t *)sealed_ids;
-	rl.n_open_ids = n_open;
-	rl.open_ids = (uint32_t *)open_ids;
-	e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
-	e.release = &rl;
-	return kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
+	/* a sink id may come in either list: a sequence's block 0 in its window, or sealed */
+	sealed = malloc(((size_t)n_sealed + 1) * sizeof(*sealed));
+	open = malloc(((size_t)n_open + 1) * sizeof(*open));
+	sink = malloc(((size_t)n_sealed + n_open + 1) * sizeof(*sink));
+	if (sealed && open && sink) {
+		split_ids(sealed_ids, n_sealed, sealed, &rl.n_sealed_ids, sink, &rl.n_sink_ids);
+		split_ids(open_ids, n_open, open, &rl.n_open_ids, sink, &rl.n_sink_ids);
+		rl.sealed_ids = sealed;
+		rl.open_ids = open;
+		rl.sink_ids = sink;
+		e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
+		e.release = &rl;
+		r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
+	}
+	free(sealed);
+	free(open);
+	free(sink);
+	return r;
 }
 
 int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Fork f = KVQ__FORK__INIT;
+	uint32_t *sealed, *sink;
+	int r = -ENOMEM;
 
 	if (!c || (n && !sealed_ids))
 		return -EINVAL;
-	f.n_sealed_ids = n;
-	f.sealed_ids = (uint32_t *)sealed_ids;
-	e.body_case = KVQ__ENVELOPE__BODY_FORK;
-	e.fork = &f;
-	return kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
+	sealed = malloc(((size_t)n + 1) * sizeof(*sealed));
+	sink = malloc(((size_t)n + 1) * sizeof(*sink));
+	if (sealed && sink) {
+		split_ids(sealed_ids, n, sealed, &f.n_sealed_ids, sink, &f.n_sink_ids);
+		f.sealed_ids = sealed;
+		f.sink_ids = sink;
+		e.body_case = KVQ__ENVELOPE__BODY_FORK;
+		e.fork = &f;
+		r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
+	}
+	free(sealed);
+	free(sink);
+	return r;
 }
 
 int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats)

@@ -72,6 +72,7 @@ struct kvq_client {
 	struct client_timing timing;
 	char group[KVQ_PROTO_MAX_NAME + 1];   /* kvq_client_set_group: "" for none */
 	uint32_t rank, world_size;
+	uint32_t sink_blocks, n_sink;         /* kvq_client_set_sinks */
 };
 
 /*
@@ -90,6 +91,8 @@ struct kvq_seq {
 	size_t rid_len;
 	uint32_t *tokens;
 	uint32_t n, cap;
+	/* with sink blocks, block 0's entry is its sink (KVQ_SINK_ID): in open
+	 * (resv -1) while in the window, in sealed after, never sealed itself */
 	int32_t *sealed;
 	uint32_t n_sealed, n_pub;       /* sealed[0..n_pub) are published */
 	int32_t *open, *resv;
@@ -112,6 +115,7 @@ struct kvq_seq {
 struct client_backend {
 	const char *name;               /* as the attach reply names it */
 	bool compiled;                  /* false: this libkvq was built without it (no operations) */
+	bool sinks;                     /* its kernels read sink blocks (kernels/layout.h) */
 	/* maps the pool from the attach reply's descriptor (kept by the caller)
 	 * and sets c->base and c->map_bytes; nothing is left mapped on failure */
 	int (*map)(kvq_client *c, int fd, uint64_t map_bytes, int device, const uint8_t *uuid, size_t uuid_len);
@@ -164,6 +168,10 @@ void timing_sent(kvq_client *c);
 /* Leaves the reason in kvq_client_error; returns r. */
 __attribute__((format(printf, 3, 4)))
 int client_fail(kvq_client *c, int r, const char *fmt, ...);
+
+/* kvq_client_alloc with n_sink sink slots too (ret_sink: KVQ_SINK_ID()s). */
+int client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t n_sink, uint32_t *ret_open,
+		 uint32_t *ret_reserved, uint32_t *ret_sealed, uint32_t *ret_sink);
 
 /* kvq_client_lookup with a request id (rid_len 0: none), for a group's
  * member pool (kvq_seq_set_request). */

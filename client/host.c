@@ -78,6 +78,7 @@ static void host_seq_free(kvq_seq *s)
 const struct client_backend client_host = {
 	.name = "host",
 	.compiled = true,
+	.sinks = true,
 	.map = host_map,
 	.unmap = host_unmap,
 	.write = host_write,

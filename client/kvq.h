@@ -146,6 +146,19 @@ int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
  */
 int kvq_client_set_group(kvq_client *c, const char *group, uint32_t rank, uint32_t world_size);
 
+/*
+ * Interface 5: makes the next kvq_client_attach ask for a pool with
+ * sink_blocks (0 or 1; kvq.proto "Sink blocks"): with 1 every sequence's
+ * first block is kept exact, in the open window's dtype, in a sink slot,
+ * and kvq_seq does the rest.  The attach must give the pool's value
+ * (KVQ_ELAYOUT otherwise; the default 0 joins only pools without sinks).
+ * n_sink: sink slots of a pool the attach creates with given slot counts
+ * (0: as many as open slots).  Set before the attach; returns 0, -EINVAL
+ * or -EISCONN.  A cuda pool with sink blocks is refused at attach
+ * (-ENOTSUP): the CUDA kernels do not read sink blocks yet.
+ */
+int kvq_client_set_sinks(kvq_client *c, uint32_t sink_blocks, uint32_t n_sink);
+
 /* The attached pool's layout (struct kvq_layout of kernels/layout.h), or
  * NULL before a successful attach. */
 const struct kvq_layout *kvq_client_layout(const kvq_client *c);
@@ -196,7 +209,13 @@ int kvq_client_set_trace(kvq_client *c, kvq_trace_fn fn, void *ctx);
  * the layout's slot ids; every one a call returns is held by this
  * connection until released (or the connection closes).  Batches are
  * all-or-nothing: on failure nothing changed and ret_* are untouched.
+ * Interface 5: where a call takes or returns sealed ids, a sink block (a
+ * pool with sink blocks) is named KVQ_SINK_ID(sink id): sealed ids are
+ * below 2^30 (KVQ_MAX_SLOTS), a sink's carries KVQ_SINK_FLAG.  Release
+ * takes one in either list.
  */
+#define KVQ_SINK_FLAG (1u << 30)
+#define KVQ_SINK_ID(id) ((uint32_t)(id) | KVQ_SINK_FLAG)
 
 /* n_open open slots, each with a reserved sealed slot, and n_sealed sealed
  * slots.  ret_open / ret_reserved get n_open ids, ret_sealed n_sealed (NULL
@@ -206,6 +225,12 @@ int kvq_client_set_trace(kvq_client *c, kvq_trace_fn fn, void *ctx);
 int kvq_client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t *ret_open,
 		     uint32_t *ret_reserved, uint32_t *ret_sealed);
 
+/* Interface 5: n sink slots of a pool with sink blocks, each a held,
+ * unpublished block (ret_ids[n]: KVQ_SINK_ID()s), evicting cached chains
+ * when none is free.  Returns 0, -EINVAL (no sink blocks), -ENOSPC,
+ * -EDQUOT or another daemon code. */
+int kvq_client_alloc_sinks(kvq_client *c, uint32_t n, uint32_t *ret_ids);
+
 /* Tells the daemon open_ids[i] now lives in its reserved slot sealed_ids[i]
  * (send after the seal's data is written).  Returns 0 or a daemon code. */
 int kvq_client_seal(kvq_client *c, uint32_t n, const uint32_t *open_ids, const uint32_t *sealed_ids);
@@ -213,7 +238,8 @@ int kvq_client_seal(kvq_client *c, uint32_t n, const uint32_t *open_ids, const u
 /* Publishes a chain of n sealed blocks: block i holds tokens
  * [i*B, (i+1)*B) of tokens, its parent is block i-1, block 0's parent is
  * parent (a cached block held by the caller, or -1 for a sequence's first
- * block).  salt (salt_len <= 64 bytes, NULL for none) separates cache hits.
+ * block; in a pool with sink blocks a chain starts with a sink block,
+ * sealed_ids[0] = KVQ_SINK_ID(), and only there).  salt (salt_len <= 64 bytes, NULL for none) separates cache hits.
  * Publish only after every layer of each block is written.  ret_ids[i]
  * (n entries) is the id to use from now on: sealed_ids[i], or the cached
  * block's id when the same key was cached already (the duplicate is freed
@@ -224,7 +250,8 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 /* Longest cached chain for tokens[0..n_tokens), at most max_tokens tokens
  * (S(n) of a prompt, kvq_layout_split).  ret_ids needs max_tokens / B
  * entries; *ret_n gets the number of blocks found (matched tokens =
- * *ret_n * B), each now referenced by the caller.  Returns 0 or a daemon
+ * *ret_n * B), each now referenced by the caller; in a pool with sink
+ * blocks ret_ids[0] is a KVQ_SINK_ID().  Returns 0 or a daemon
  * code. */
 int kvq_client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens,
 		      const void *salt, size_t salt_len, uint32_t *ret_ids, uint32_t *ret_n);
@@ -352,7 +379,10 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq);
 
 /* The sequence's block table: *ret_sealed / *ret_n_sealed and *ret_open /
  * *ret_n_open (pointers valid until the next call on s).  Between begin and
- * commit this is the table before the write.  Returns 0. */
+ * commit this is the table before the write.  In a pool with sink blocks
+ * block 0 is its sink, KVQ_SINK_ID(), in the open list while it is in the
+ * window (its reservation has none) and in the sealed list after.
+ * Returns 0. */
 int kvq_seq_blocks(const kvq_seq *s, const int32_t **ret_sealed, uint32_t *ret_n_sealed,
 		   const int32_t **ret_open, uint32_t *ret_n_open);
 

@@ -12,6 +12,22 @@
 
 #include "client.h"
 
+/* Whether a table entry names a sink block (KVQ_SINK_ID, kvq.h). */
+static bool is_sink(int32_t id)
+{
+	return id >= 0 && ((uint32_t)id & KVQ_SINK_FLAG);
+}
+
+/* kvq_seq_table.sink (kernels/layout.h) of a table whose block 0 is the
+ * sequence's: that block's entry is the first sealed one (ns of them) or
+ * else the first open one (no); 0 when it is no sink. */
+static uint32_t table_sink(const int32_t *sealed, uint32_t ns, const int32_t *open, uint32_t no)
+{
+	int32_t id = ns ? sealed[0] : no ? open[0] : -1;
+
+	return is_sink(id) ? ((uint32_t)id & ~KVQ_SINK_FLAG) + 1 : 0;
+}
+
 static int seq_reserve_tokens(kvq_seq *s, uint32_t need)
 {
 	uint32_t *t;
@@ -205,7 +221,9 @@ int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t
 int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
 {
 	const struct kvq_layout *L;
-	uint32_t B, N, s1, nb_old, nb_new, n_new_open = 0, n_new_sealed = 0, *ao = NULL, *ar = NULL, *as = NULL;
+	uint32_t B, N, s1, nb_old, nb_new, n_new_open = 0, n_new_sealed = 0, n_new_sink = 0, sk = 0;
+	uint32_t *ao = NULL, *ar = NULL, *as = NULL;
+	bool sinks;
 	int r;
 
 	if (!s || !tokens || !m)
@@ -223,13 +241,17 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
 				   "appending %u tokens would unseal the cached prefix: append the whole prompt", m);
 	nb_old = s->n_sealed + s->n_open;
 	nb_new = (N + B - 1) / B;
+	/* a pool with sink blocks keeps block 0 in a sink slot from its first token */
+	sinks = L->n_sink > 0;
 	for (uint32_t b = nb_old; b < nb_new; b++) {
-		if (b < s1)
+		if (b == 0 && sinks)
+			n_new_sink++;
+		else if (b < s1)
 			n_new_sealed++;
 		else
 			n_new_open++;
 	}
-	if (n_new_open + n_new_sealed > KVQ_PROTO_MAX_IDS)
+	if (n_new_open + n_new_sealed + n_new_sink > KVQ_PROTO_MAX_IDS)
 		return client_fail(s->c, -E2BIG, "%u tokens need more than %u blocks in one request", m,
 				   KVQ_PROTO_MAX_IDS);
 	r = seq_reserve_tokens(s, N);
@@ -245,7 +267,7 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
 		r = -ENOMEM;
 		goto out;
 	}
-	r = kvq_client_alloc(s->c, n_new_open, n_new_sealed, ao, ar, as);
+	r = client_alloc(s->c, n_new_open, n_new_sealed, n_new_sink, ao, ar, as, &sk);
 	if (r < 0)
 		goto out;
 	/* the table after the write: blocks < s1 sealed, the rest open */
@@ -257,8 +279,13 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
 		if (b < nb_old) {
 			s->p_open[j] = s->open[j];
 			s->p_resv[j] = s->resv[j];
+			if (b < s1)   /* sealed into its reservation; a sink stays where it is */
+				s->p_sealed[b] = is_sink(s->open[j]) ? s->open[j] : s->resv[j];
+		} else if (b == 0 && sinks) {
+			s->p_open[j] = b < s1 ? -1 : (int32_t)sk;
+			s->p_resv[j] = -1;
 			if (b < s1)
-				s->p_sealed[b] = s->resv[j];   /* sealed into its reservation */
+				s->p_sealed[b] = (int32_t)sk;
 		} else if (b < s1) {
 			s->p_open[j] = -1;                  /* straight from the input */
 			s->p_resv[j] = -1;
@@ -299,6 +326,8 @@ int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 	w.m = s->m;
 	w.sealed = s->p_sealed + s->n_sealed;
 	w.open = s->p_open;
+	/* the table starts at block 0 only while nothing is sealed */
+	w.sink = s->n_sealed ? 0 : table_sink(s->p_sealed, s->p_n_sealed, s->p_open, s->p_n_open);
 	r = s->c->be->write(s, layer, &w, s->p_n_sealed - s->n_sealed, s->p_n_open, k, v);
 	if (r < 0)
 		return r;
@@ -333,6 +362,8 @@ int kvq_seq_commit(kvq_seq *s)
 		goto out;
 	}
 	for (uint32_t b = s->n_sealed; b < nb_old && b < s1; b++) {
+		if (is_sink(s->open[b - s->n_sealed]))
+			continue;   /* a sink block is never sealed: it is a block already */
 		so[n_seal] = (uint32_t)s->open[b - s->n_sealed];
 		ss[n_seal++] = (uint32_t)s->resv[b - s->n_sealed];
 	}
@@ -421,6 +452,7 @@ static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t
 		as->open = s->p_open + (s->p_n_sealed - s->n_sealed);
 		*ns = s->p_n_sealed;
 		*no = s->p_n_open - (s->p_n_sealed - s->n_sealed);
+		as->sink = table_sink(as->sealed, *ns, as->open, *no);
 	} else {
 		/* right after from_prompt the table has no open window: the
 		 * kernel's split would not match it */
@@ -431,6 +463,7 @@ static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t
 		as->open = s->open;
 		*ns = s->n_sealed;
 		*no = s->n_open;
+		as->sink = table_sink(as->sealed, *ns, as->open, *no);
 	}
 	if (!n_q || n_q > as->n || !q_heads || q_heads % L->kv_heads)
 		return client_fail(s->c, -EINVAL, "attention: bad query counts");
@@ -478,7 +511,7 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 {
 	const struct kvq_layout *L;
 	kvq_seq *f = NULL;
-	uint32_t *ids = NULL, *ao = NULL, *ar = NULL;
+	uint32_t *ids = NULL, *ao = NULL, *ar = NULL, sk = 0, k;
 	bool forked = false, opened = false;
 	int r;
 
@@ -508,24 +541,30 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 			goto out;
 		forked = true;
 	}
+	/* a sink block still in the window is still written: copied as open ones are */
+	k = s->n_open && is_sink(s->open[0]) ? 1 : 0;
 	if (s->n_open) {
-		r = kvq_client_alloc(s->c, s->n_open, 0, ao, ar, NULL);
+		r = client_alloc(s->c, s->n_open - k, 0, k, ao, ar, NULL, &sk);
 		if (r < 0)
 			goto out;
 		opened = true;
 	}
 	for (uint32_t i = 0; i < s->n_open; i++) {
+		const bool sink = i < k;
+		const uint32_t to_id = sink ? sk & ~KVQ_SINK_FLAG : ao[i - k];
+		const uint32_t from_id = (uint32_t)s->open[i] & ~KVQ_SINK_FLAG;
+
 		for (uint32_t l = 0; l < L->layers; l++) {
 			uint8_t *b = s->c->base;
-			/* an open slice is contiguous over all heads */
-			uint8_t *to = b + kvq_layout_off(L, KVQ_OPEN, ao[i], l, 0, KVQ_K_CODES);
-			const uint8_t *from = b + kvq_layout_off(L, KVQ_OPEN, (uint32_t)s->open[i], l, 0, KVQ_K_CODES);
+			/* an open (or sink) slice is contiguous over all heads */
+			uint8_t *to = b + kvq_layout_off(L, sink ? KVQ_SINK : KVQ_OPEN, to_id, l, 0, KVQ_K_CODES);
+			const uint8_t *from = b + kvq_layout_off(L, sink ? KVQ_SINK : KVQ_OPEN, from_id, l, 0, KVQ_K_CODES);
 
 			if ((r = s->c->be->copy(s->c, to, from, L->layer[l].open_slice)) < 0)
 				goto out;
 		}
-		f->open[i] = (int32_t)ao[i];
-		f->resv[i] = (int32_t)ar[i];
+		f->open[i] = sink ? (int32_t)sk : (int32_t)ao[i - k];
+		f->resv[i] = sink ? -1 : (int32_t)ar[i - k];
 	}
 	memcpy(f->sealed, s->sealed, s->n_sealed * sizeof(int32_t));
 	f->n_sealed = s->n_sealed;
@@ -545,7 +584,7 @@ out:
 		if (forked)
 			kvq_client_release(s->c, s->n_sealed, ids, 0, NULL);
 		if (opened)
-			kvq_client_release(s->c, 0, NULL, s->n_open, ao);
+			kvq_client_release(s->c, k, &sk, s->n_open - k, ao);
 		kvq_seq_free(f);
 	}
 	free(ids);
