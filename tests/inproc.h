@@ -195,6 +195,7 @@ static void inproc_publish_req(Kvq__Envelope *e, Kvq__Publish *q, Kvq__PublishBl
 	kvq__publish__init(q);
 	for (size_t i = 0; i < n; i++) {
 		kvq__publish_block__init(&b[i]);
+		b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
 		b[i].sealed_id = ids[i];
 		b[i].n_tokens = INPROC_B;
 		b[i].tokens = tokens + i * INPROC_B;

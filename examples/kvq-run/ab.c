@@ -117,9 +117,10 @@ int cmd_ab(void)
 	double secs = now_s() - t0, ppl_ref = exp(st[0].nll / scored);
 	if (o.json)
 		printf("{\"file\":\"%s\",\"ctx\":%u,\"block\":%u,\"score_from\":%u,\"tokens\":%zu,\"scored\":%llu,\"seconds\":%.1f,\"gen\":%u,"
-		       "\"gen_prompts\":%u,\"rotate\":%s,\"k_center\":%s,\"path\":\"%s\",\"ref\":{\"kv\":\"f16\","
+		       "\"gen_prompts\":%u,\"rotate\":%s,\"sink\":%s,\"k_center\":%s,\"path\":\"%s\",\"ref\":{\"kv\":\"f16\","
 		       "\"window\":%u,\"bits_per_value\":%.4f,\"ppl\":%.6f,\"rep4\":%.4f},\"results\":[",
 		       o.file, ctx, o.block, o.score_from, n, (unsigned long long)scored, secs, o.gen, gp, o.rotate ? "true" : "false",
+		       o.sink ? "true" : "false",
 		       k_center ? "true" : "false", o.gpu ? "gpu" : "cpu", k[0].window, k[0].bits, ppl_ref,
 		       st[0].ngrams ? (double)st[0].repeats / st[0].ngrams : 0.0);
 	else
@@ -133,14 +134,15 @@ int cmd_ab(void)
 		double match = st[0].gen ? (double)st[j].match / st[0].gen : 0.0;
 
 		if (o.json)
-			printf("%s{\"kv\":\"%s\",\"window\":%u,\"bits_per_value\":%.4f,\"ppl\":%.6f,\"dppl_pct\":%.4f,"
-			       "\"kl\":%.6f,\"top1\":%.6f,\"rep4\":%.4f,\"cont_match\":%.4f}",
-			       j > 1 ? "," : "", k[j].canon, k[j].window, k[j].bits, ppl, d, kl, top1, r4, match);
+			printf("%s{\"kv\":\"%s\",\"window\":%u,\"bits_per_value\":%.4f,\"seq_bits_per_value\":%.4f,"
+			       "\"ppl\":%.6f,\"dppl_pct\":%.4f,\"kl\":%.6f,\"top1\":%.6f,\"rep4\":%.4f,\"cont_match\":%.4f}",
+			       j > 1 ? "," : "", k[j].canon, k[j].window, k[j].bits, k[j].seq_bits, ppl, d, kl, top1, r4,
+			       match);
 		else
-			printf("  kv %-32s window %3u  %5.2f bits/value  ppl %.4f (%+.3f%%)  KL %.5f  top-1 %.2f%%  "
-			       "repeated 4-grams %.1f%% (f16 %.1f%%)  continuation = f16 for %.1f%% of tokens\n",
-			       k[j].canon, k[j].window, k[j].bits, ppl, d, kl, 100 * top1, 100 * r4, 100 * r4ref,
-			       100 * match);
+			printf("  kv %-32s window %3u  %5.2f bits/value (%5.2f at 2048 tokens)  ppl %.4f (%+.3f%%)  "
+			       "KL %.5f  top-1 %.2f%%  repeated 4-grams %.1f%% (f16 %.1f%%)  continuation = f16 for "
+			       "%.1f%% of tokens\n", k[j].canon, k[j].window, k[j].bits, k[j].seq_bits, ppl, d, kl,
+			       100 * top1, 100 * r4, 100 * r4ref, 100 * match);
 	}
 	if (o.json)
 		printf("]}\n");

@@ -167,6 +167,8 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 		h = (h ^ (seqs << 8)) * 0x100000001b3ull;
 	if (o.gpu)   /* a cuda pool is another pool than the host one */
 		h = (h ^ (0x100u + (unsigned)o.device)) * 0x100000001b3ull;
+	if (o.sink)   /* sink_blocks is compared at attach */
+		h = (h ^ 0x51c0000u) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = k->canon,
@@ -176,7 +178,9 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
 	if (r < 0)
 		die("connect to kvqd: %s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r));
-	r = kvq_client_attach(k->c, &p);
+	r = kvq_client_set_sinks(k->c, o.sink ? 1 : 0, 0);
+	if (r == 0)
+		r = kvq_client_attach(k->c, &p);
 	if (r < 0)
 		die("attach: %s (%s)%s", kvq_strerror(r), kvq_client_error(k->c),
 		    o.gpu && r == -ENODEV ? "; --gpu needs kvqd to offer cuda pools" : "");
@@ -187,6 +191,16 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	k->window = L->window;
 	k->bits = 8.0 * kvq_codebook_amortised(L->sealed_block_bytes, L->codebook_bytes, KVQ_CB_POOL_BYTES) /
 		  ((double)L->block_tokens * L->layers * L->kv_heads * L->head_dim * 2);
+	{
+		/* 2048 tokens: S/B blocks (the first a sink with sink blocks), then the window */
+		const uint32_t n = 2048, S = kvq_layout_split(L, n), B = L->block_tokens;
+		const double per_block = (double)B * L->layers * L->kv_heads * L->head_dim * 2;
+		const uint32_t sealed = S / B - (L->n_sink && S ? 1 : 0);
+		const double sink = L->n_sink ? 8.0 * L->open_block_bytes : 0.0;
+		const double open = 8.0 * (double)((n - S + B - 1) / B - (L->n_sink && !S ? 1 : 0)) * L->open_block_bytes;
+
+		k->seq_bits = (k->bits * per_block * sealed + sink + open) / ((double)n * per_block / B);
+	}
 }
 
 void kv_reset(struct kv *k)

@@ -73,6 +73,7 @@ static void usage(FILE *f)
 		   "         tokens of FILE)  --gen N (ab: greedy tokens per continuation, default 64, 0 none)\n"
 		   "         --gen-prompts N (ab: continuations, default 4)  --kv POLICY@W: open window W\n"
 		   "         --block N (tokens per KV block, default 32)  --rotate (+rot on every quantized part)\n"
+		   "         --sink (pools with sink blocks: each sequence's first block kept exact)\n"
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
 		   "         calibrate's means)  --show N (ab --prompts: the N prompts that differ most per\n"
 		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)  --codebooks PATH\n"
@@ -98,7 +99,7 @@ int main(int argc, char **argv)
 		{ "json", 0, NULL, 'j' }, { "raw", 0, NULL, 'r' }, { "special", 0, NULL, 'S' },
 		{ "decode", 0, NULL, 'D' }, { "system", 1, NULL, 'y' }, { "system-file", 1, NULL, 'Y' },
 		{ "no-prefix-cache", 0, NULL, 'N' }, { "stats", 0, NULL, 'T' }, { "dump", 1, NULL, 'd' },
-		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' },
+		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' }, { "sink", 0, NULL, 'I' },
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
 		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
 		{ "score-from", 1, NULL, 'F' }, { "codebooks", 1, NULL, 'C' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
@@ -137,6 +138,7 @@ int main(int argc, char **argv)
 		case 'B': o.block = num(optarg, "--block"); break;
 		case 'G': o.gen_prompts = num(optarg, "--gen-prompts"); break;
 		case 'R': o.rotate = true; break;
+		case 'I': o.sink = true; break;
 		case 'o': o.out = optarg; break;
 		case 'K': o.k_center = optarg; break;
 		case 'C':

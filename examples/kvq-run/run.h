@@ -29,7 +29,7 @@ struct opts {
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block, show, score_from;
 	unsigned threads;
 	int device;
-	bool json, raw, special, decode, no_cache, stats, rotate, gpu;
+	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink;
 };
 
 /* One policy's pool and sequence. */
@@ -40,6 +40,8 @@ struct kv {
 	kvq_seq *s;
 	double bits;         /* stored bits per value of a sealed block, scales included, and codebooks
 	                      * amortised over a 1 GiB pool (kvq_codebook_amortised) */
+	double seq_bits;     /* bits per value of everything a sequence of 2048 tokens holds: its
+	                      * sealed blocks as bits counts them, its sink and its open slices */
 	uint32_t window;
 };
 

@@ -65,6 +65,10 @@ static uint64_t state_hash(void)
 		mix(&h, s.cached_referenced);
 		mix(&h, s.sealed_evictable);
 		mix(&h, s.open_used);
+		mix(&h, s.sink_free);
+		mix(&h, s.sink_private);
+		mix(&h, s.sink_cached);
+		mix(&h, s.sink_referenced);
 		mix(&h, s.refs);
 		mix(&h, s.evictions);
 	}
@@ -93,7 +97,7 @@ static void check_pool(const struct kvq_pools_rec *p)
 	struct kvq_pool_stats s;
 	uint64_t *refs, total = 0;
 	uint8_t *open;
-	uint32_t clients = 0, n_open = 0;
+	uint32_t clients = 0, n_open = 0, nb;
 
 	if (!p->allocated) {
 		FUZZ_ASSERT(p->clients == 0);
@@ -104,7 +108,11 @@ static void check_pool(const struct kvq_pools_rec *p)
 	FUZZ_ASSERT(s.open_free + s.open_used == s.n_open && s.open_used == s.sealed_reserved);
 	FUZZ_ASSERT(s.cached_referenced <= s.sealed_cached);
 	FUZZ_ASSERT(s.sealed_evictable <= s.sealed_cached - s.cached_referenced);
-	refs = calloc(s.n_sealed ? s.n_sealed : 1, sizeof(*refs));
+	FUZZ_ASSERT(s.sink_free + s.sink_private + s.sink_cached == s.n_sink);
+	FUZZ_ASSERT(s.sink_referenced <= s.sink_cached && s.sink_evictable <= s.sink_cached - s.sink_referenced);
+	/* blocks: sealed ids, then sink ids (daemon/pool.h) */
+	nb = s.n_sealed + s.n_sink;
+	refs = calloc(nb ? nb : 1, sizeof(*refs));
 	open = calloc(s.n_open ? s.n_open : 1, 1);
 	FUZZ_ASSERT(refs && open);
 	for (int l = 0; l < 2; l++)
@@ -116,7 +124,7 @@ static void check_pool(const struct kvq_pools_rec *p)
 			clients++;
 			FUZZ_ASSERT(c->lease);
 			while (kvq_lease_next_sealed(c->lease, &pos, &id, &n) == 1) {
-				FUZZ_ASSERT(id < s.n_sealed && n > 0);
+				FUZZ_ASSERT(id < nb && n > 0);
 				refs[id] += n;
 			}
 			pos = 0;
@@ -127,7 +135,7 @@ static void check_pool(const struct kvq_pools_rec *p)
 			}
 		}
 	FUZZ_ASSERT(clients == p->clients && n_open == s.open_used);
-	for (uint32_t id = 0; id < s.n_sealed; id++) {
+	for (uint32_t id = 0; id < nb; id++) {
 		int state = kvq_pool_state(p->pool, id);
 
 		FUZZ_ASSERT(refs[id] == kvq_pool_refs(p->pool, id));
@@ -136,6 +144,8 @@ static void check_pool(const struct kvq_pools_rec *p)
 			int64_t parent = kvq_prefix_parent(p->prefix, id);
 
 			FUZZ_ASSERT(parent == -1 || kvq_pool_state(p->pool, (uint32_t)parent) == KVQ_POOL_CACHED);
+			/* with sinks a chain starts with its sink and only there */
+			FUZZ_ASSERT(!s.n_sink || (parent == -1) == (id >= s.n_sealed));
 		} else if (state == KVQ_POOL_FREE) {
 			FUZZ_ASSERT(refs[id] == 0);
 		}

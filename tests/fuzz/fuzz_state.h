@@ -17,7 +17,9 @@
 static const char fuzz_conf[] =
 	"[kvqd]\nbackend = host\nmemory_budget = 64M\ncreate_on_attach = yes\ncreate_capacity = 256K\n"
 	"[pool " INPROC_POOL "]\nmodel = " INPROC_MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\n"
-	"block_tokens = 16\npolicy = int8\ncapacity = 128K\nattention_timing = yes\n";
+	"block_tokens = 16\npolicy = int8\ncapacity = 128K\nattention_timing = yes\n"
+	"[pool " INPROC_POOL "-sink]\nmodel = " INPROC_MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\n"
+	"block_tokens = 16\npolicy = int4g32\ncapacity = 128K\nsink_blocks = 1\n";
 
 __attribute__((unused))
 static void fuzz_slot_uids(uid_t uids[FUZZ_SLOTS])

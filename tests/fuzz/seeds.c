@@ -344,6 +344,90 @@ static int admin(int s, Kvq__Envelope__BodyCase body, const char *pool)
 	return status(s, &e);
 }
 
+/* A request on the pool with sink blocks (fuzz_state.h): an Alloc of one
+ * sink, one open and one sealed slot. */
+static int alloc_sink(int s, uint32_t *sink, uint32_t *open, uint32_t *resv, uint32_t *sealed)
+{
+	Kvq__Alloc a = KVQ__ALLOC__INIT;
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+	struct kvq_reply r;
+	int st;
+
+	a.n_open = a.n_sealed = a.n_sink = 1;
+	e.body_case = KVQ__ENVELOPE__BODY_ALLOC;
+	e.alloc = &a;
+	st = call(s, &e, &r);
+	if (st == 0) {
+		*sink = r.e.alloc_reply->sink_ids[0];
+		*open = r.e.alloc_reply->open_ids[0];
+		*resv = r.e.alloc_reply->reserved_ids[0];
+		*sealed = r.e.alloc_reply->sealed_ids[0];
+	}
+	kvq_reply_fini(&r);
+	return st;
+}
+
+/* A chain of token blocks 0, 1, ...: sink (unless it is -1, then the first
+ * of sealed[n] starts it), then sealed[n]. */
+static int publish_sink(int s, int64_t sink, uint32_t *sealed, size_t n)
+{
+	Kvq__PublishBlock b[4], *pb[4];
+	Kvq__Publish q = KVQ__PUBLISH__INIT;
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+	size_t nb = 0;
+
+	for (size_t i = 0; i < n + (sink >= 0); i++, nb++) {
+		kvq__publish_block__init(&b[i]);
+		b[i].n_tokens = INPROC_B;
+		b[i].tokens = tokens + i * INPROC_B;
+		pb[i] = &b[i];
+		if (sink >= 0 && i == 0) {
+			b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
+			b[i].sink_id = (uint32_t)sink;
+			continue;
+		}
+		b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
+		b[i].sealed_id = sealed[i - (sink >= 0)];
+		if (sink >= 0 && i == 1) {
+			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID;
+			b[i].parent_sink_id = (uint32_t)sink;
+		} else if (i) {
+			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
+			b[i].parent_id = sealed[i - 1 - (sink >= 0)];
+		}
+	}
+	q.n_blocks = nb;
+	q.blocks = pb;
+	e.body_case = KVQ__ENVELOPE__BODY_PUBLISH;
+	e.publish = &q;
+	return status(s, &e);
+}
+
+/* Sink ids and sealed ids in one Release or Fork (fork when fork is set). */
+static int sink_ids(int s, bool fork, uint32_t *sink, size_t n_sink, uint32_t *sealed, size_t n_sealed)
+{
+	Kvq__Release rl = KVQ__RELEASE__INIT;
+	Kvq__Fork fk = KVQ__FORK__INIT;
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
+
+	if (fork) {
+		fk.n_sink_ids = n_sink;
+		fk.sink_ids = sink;
+		fk.n_sealed_ids = n_sealed;
+		fk.sealed_ids = sealed;
+		e.body_case = KVQ__ENVELOPE__BODY_FORK;
+		e.fork = &fk;
+	} else {
+		rl.n_sink_ids = n_sink;
+		rl.sink_ids = sink;
+		rl.n_sealed_ids = n_sealed;
+		rl.sealed_ids = sealed;
+		e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
+		e.release = &rl;
+	}
+	return status(s, &e);
+}
+
 /* ---------------------------------------------------------------- sessions */
 
 /* A worker's life: alloc, seal, an attention report, publish a chain, a
@@ -372,6 +456,61 @@ static void s_prefix(void)
 	stats(1, "");
 	release(0, chain, 3, NULL, 0);
 	stats(0, INPROC_POOL);
+}
+
+/* The pool with sink blocks: a chain from its sink (one block sealed out of
+ * the window, one straight), a second worker's lookup hits it from the sink
+ * on, forks and releases it; a chain without its sink and an attach that
+ * does not know sinks are refused; Stats. */
+static void s_sinks(void)
+{
+	uint32_t sink = 0, open = 0, resv = 0, sealed = 0, chain[2], y[1] = { 0 }, o[1], r[1];
+	Kvq__PoolCreate pc;
+	Kvq__Attach a;
+	Kvq__Envelope e;
+
+	hello(0, KVQ_PROTOCOL_VERSION);
+	inproc_attach_req(&e, &a, &pc, INPROC_POOL "-sink", false);
+	a.policy = "int4g32";
+	status(0, &e);   /* no sink_blocks: refused */
+	a.sink_blocks = 1;
+	status(0, &e);
+	alloc_sink(0, &sink, &open, &resv, &sealed);
+	seal(0, &open, &resv, 1);
+	chain[0] = resv;
+	chain[1] = sealed;
+	publish_sink(0, sink, chain, 2);
+	hello(1, KVQ_PROTOCOL_VERSION);
+	status(1, &e);
+	{
+		Kvq__Lookup q = KVQ__LOOKUP__INIT;
+		Kvq__Envelope le = KVQ__ENVELOPE__INIT;
+		struct kvq_reply rep;
+		uint32_t got_sink[1], got[2];
+		size_t ns = 0, n = 0;
+
+		q.n_tokens = 3 * INPROC_B;
+		q.tokens = tokens;
+		q.max_tokens = 3 * INPROC_B;
+		le.body_case = KVQ__ENVELOPE__BODY_LOOKUP;
+		le.lookup = &q;
+		if (call(1, &le, &rep) == 0 && rep.e.lookup_reply->n_sink_ids == 1 &&
+		    rep.e.lookup_reply->n_sealed_ids == 2) {
+			got_sink[0] = rep.e.lookup_reply->sink_ids[0];
+			memcpy(got, rep.e.lookup_reply->sealed_ids, sizeof(got));
+			ns = 1;
+			n = 2;
+		}
+		kvq_reply_fini(&rep);
+		sink_ids(1, true, got_sink, ns, got, n);
+		sink_ids(1, false, got_sink, ns, got, n);
+		sink_ids(1, false, got_sink, ns, got, n);
+	}
+	alloc(1, 0, 1, o, r, y);
+	publish_sink(1, -1, y, 1);   /* a chain without its sink: refused */
+	stats(1, "");
+	sink_ids(0, false, &sink, 1, chain, 2);
+	stats(0, INPROC_POOL "-sink");
 }
 
 /* Salted and unsalted chains, a lookup that misses, release of open slots. */
@@ -533,7 +672,8 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < 4 * INPROC_B; i++)
 		tokens[i] = 1000 + 7 * i;
 	if (session("prefix", s_prefix) < 0 || session("salt", s_salt) < 0 || session("admin", s_admin) < 0 ||
-	    session("faults", s_faults) < 0 || session("refused", s_refused) < 0 || faults() < 0)
+	    session("faults", s_faults) < 0 || session("refused", s_refused) < 0 || session("sinks", s_sinks) < 0 ||
+	    faults() < 0)
 		r = 1;
 	free(frames.p);
 	free(records.p);

@@ -258,6 +258,7 @@ static void op_publish(struct client *c)
 		return;
 	for (size_t i = 0; i < n; i++) {
 		kvq__publish_block__init(&pb[i]);
+		pb[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
 		pb[i].sealed_id = b->sealed[idx[i]];
 		for (uint32_t t = 0; t < B_; t++)
 			tok[i][t] = token(prompt, (uint32_t)i * B_ + t);

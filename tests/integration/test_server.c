@@ -312,6 +312,7 @@ static int publish(struct cli *c, uint32_t n, const uint32_t *ids, uint32_t *ret
 
 	for (uint32_t i = 0; i < n; i++) {
 		kvq__publish_block__init(&b[i]);
+		b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
 		b[i].sealed_id = ids[i];
 		if (i) {
 			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;

@@ -96,6 +96,7 @@ static void messages_init(void)
 	attach.layout_version = 1;
 	attach.create = &pool_create;
 	attach.codebooks = true;
+	attach.sink_blocks = 1;
 
 	kvq__attach_reply__init(&attach_reply);
 	attach_reply.layout_version = 1;
@@ -107,6 +108,8 @@ static void messages_init(void)
 	attach_reply.act = KVQ__DTYPE__DTYPE_BF16;
 	attach_reply.n_sealed = 4096;
 	attach_reply.n_open = 512;
+	attach_reply.sink_blocks = 1;
+	attach_reply.n_sink = 300;
 	attach_reply.policy = "0-9:int8;10-31:kivi2";
 	attach_reply.total_bytes = 5000000000ull;
 	attach_reply.map_bytes = 5001707520ull;
@@ -121,6 +124,7 @@ static void messages_init(void)
 	kvq__alloc__init(&alloc_req);
 	alloc_req.n_open = 6;
 	alloc_req.n_sealed = 6;
+	alloc_req.n_sink = 1;
 
 	kvq__alloc_reply__init(&alloc_reply);
 	alloc_reply.n_open_ids = N_ELEM(ids_a);
@@ -129,6 +133,8 @@ static void messages_init(void)
 	alloc_reply.reserved_ids = ids_b;
 	alloc_reply.n_sealed_ids = 3;
 	alloc_reply.sealed_ids = ids_b + 3;
+	alloc_reply.n_sink_ids = 1;
+	alloc_reply.sink_ids = ids_a;
 
 	kvq__seal__init(&seal);
 	seal.n_open_ids = N_ELEM(ids_a);
@@ -139,12 +145,14 @@ static void messages_init(void)
 
 	for (int i = 0; i < 2; i++)
 		kvq__publish_block__init(&pub_blocks[i]);
-	pub_blocks[0].sealed_id = 17;
+	pub_blocks[0].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
+	pub_blocks[0].sink_id = 17;
 	pub_blocks[0].n_tokens = 16;
 	pub_blocks[0].tokens = toks_a;
-	pub_blocks[1].sealed_id = 0;
-	pub_blocks[1].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
-	pub_blocks[1].parent_id = 0;  /* id 0 is a real id: presence matters */
+	pub_blocks[1].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
+	pub_blocks[1].sealed_id = 0;  /* id 0 is a real id: presence matters */
+	pub_blocks[1].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID;
+	pub_blocks[1].parent_sink_id = 0;
 	pub_blocks[1].n_tokens = 16;
 	pub_blocks[1].tokens = toks_b;
 	pub_blocks[1].salt.data = salt;
@@ -167,17 +175,23 @@ static void messages_init(void)
 	kvq__lookup_reply__init(&lookup_reply);
 	lookup_reply.n_sealed_ids = 2;
 	lookup_reply.sealed_ids = ids_a + 1;
+	lookup_reply.n_sink_ids = 1;
+	lookup_reply.sink_ids = ids_b;
 
 	kvq__release__init(&release);
 	release.n_sealed_ids = N_ELEM(ids_a);
 	release.sealed_ids = ids_a;
 	release.n_open_ids = 2;
 	release.open_ids = ids_b;
+	release.n_sink_ids = 1;
+	release.sink_ids = ids_b + 2;
 	kvq__release_reply__init(&release_reply);
 
 	kvq__fork__init(&fork_req);
 	fork_req.n_sealed_ids = N_ELEM(ids_b);
 	fork_req.sealed_ids = ids_b;
+	fork_req.n_sink_ids = 2;
+	fork_req.sink_ids = ids_a;
 	kvq__fork_reply__init(&fork_reply);
 
 	kvq__stats__init(&stats);
@@ -301,9 +315,14 @@ static int pool_stats_eq(const Kvq__PoolStats *a, const Kvq__PoolStats *b)
 
 static int publish_block_eq(const Kvq__PublishBlock *a, const Kvq__PublishBlock *b)
 {
-	if (a->sealed_id != b->sealed_id || a->parent_case != b->parent_case)
+	if (a->block_case != b->block_case || a->parent_case != b->parent_case)
+		return 0;
+	if (a->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID ? a->sealed_id != b->sealed_id
+								 : a->sink_id != b->sink_id)
 		return 0;
 	if (a->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID && a->parent_id != b->parent_id)
+		return 0;
+	if (a->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID && a->parent_sink_id != b->parent_sink_id)
 		return 0;
 	return u32s_eq(a->n_tokens, a->tokens, b->n_tokens, b->tokens) && bin_eq(a->salt, b->salt);
 }
@@ -335,7 +354,7 @@ static int envelope_eq(const Kvq__Envelope *a, const Kvq__Envelope *b)
 		       x->kv_heads == y->kv_heads && x->head_dim == y->head_dim &&
 		       x->block_tokens == y->block_tokens && str_eq(x->policy, y->policy) &&
 		       x->window == y->window && x->act == y->act && x->layout_version == y->layout_version &&
-		       x->codebooks == y->codebooks;
+		       x->codebooks == y->codebooks && x->sink_blocks == y->sink_blocks;
 	}
 	case KVQ__ENVELOPE__BODY_ATTACH_REPLY: {
 		const Kvq__AttachReply *x = a->attach_reply, *y = b->attach_reply;
@@ -347,16 +366,19 @@ static int envelope_eq(const Kvq__Envelope *a, const Kvq__Envelope *b)
 		       x->total_bytes == y->total_bytes && x->map_bytes == y->map_bytes &&
 		       str_eq(x->backend, y->backend) && x->device == y->device &&
 		       bin_eq(x->device_uuid, y->device_uuid) && str_eq(x->model_id, y->model_id) &&
-		       bin_eq(x->codebooks_sha256, y->codebooks_sha256);
+		       bin_eq(x->codebooks_sha256, y->codebooks_sha256) && x->sink_blocks == y->sink_blocks &&
+		       x->n_sink == y->n_sink;
 	}
 	case KVQ__ENVELOPE__BODY_ALLOC:
-		return a->alloc->n_open == b->alloc->n_open && a->alloc->n_sealed == b->alloc->n_sealed;
+		return a->alloc->n_open == b->alloc->n_open && a->alloc->n_sealed == b->alloc->n_sealed &&
+		       a->alloc->n_sink == b->alloc->n_sink;
 	case KVQ__ENVELOPE__BODY_ALLOC_REPLY: {
 		const Kvq__AllocReply *x = a->alloc_reply, *y = b->alloc_reply;
 
 		return u32s_eq(x->n_open_ids, x->open_ids, y->n_open_ids, y->open_ids) &&
 		       u32s_eq(x->n_reserved_ids, x->reserved_ids, y->n_reserved_ids, y->reserved_ids) &&
-		       u32s_eq(x->n_sealed_ids, x->sealed_ids, y->n_sealed_ids, y->sealed_ids);
+		       u32s_eq(x->n_sealed_ids, x->sealed_ids, y->n_sealed_ids, y->sealed_ids) &&
+		       u32s_eq(x->n_sink_ids, x->sink_ids, y->n_sink_ids, y->sink_ids);
 	}
 	case KVQ__ENVELOPE__BODY_SEAL:
 		return u32s_eq(a->seal->n_open_ids, a->seal->open_ids, b->seal->n_open_ids, b->seal->open_ids) &&
@@ -376,14 +398,19 @@ static int envelope_eq(const Kvq__Envelope *a, const Kvq__Envelope *b)
 		       a->lookup->max_tokens == b->lookup->max_tokens && bin_eq(a->lookup->salt, b->lookup->salt);
 	case KVQ__ENVELOPE__BODY_LOOKUP_REPLY:
 		return u32s_eq(a->lookup_reply->n_sealed_ids, a->lookup_reply->sealed_ids,
-			       b->lookup_reply->n_sealed_ids, b->lookup_reply->sealed_ids);
+			       b->lookup_reply->n_sealed_ids, b->lookup_reply->sealed_ids) &&
+		       u32s_eq(a->lookup_reply->n_sink_ids, a->lookup_reply->sink_ids, b->lookup_reply->n_sink_ids,
+			       b->lookup_reply->sink_ids);
 	case KVQ__ENVELOPE__BODY_RELEASE:
 		return u32s_eq(a->release->n_sealed_ids, a->release->sealed_ids, b->release->n_sealed_ids,
 			       b->release->sealed_ids) &&
 		       u32s_eq(a->release->n_open_ids, a->release->open_ids, b->release->n_open_ids,
-			       b->release->open_ids);
+			       b->release->open_ids) &&
+		       u32s_eq(a->release->n_sink_ids, a->release->sink_ids, b->release->n_sink_ids,
+			       b->release->sink_ids);
 	case KVQ__ENVELOPE__BODY_FORK:
-		return u32s_eq(a->fork->n_sealed_ids, a->fork->sealed_ids, b->fork->n_sealed_ids, b->fork->sealed_ids);
+		return u32s_eq(a->fork->n_sealed_ids, a->fork->sealed_ids, b->fork->n_sealed_ids, b->fork->sealed_ids) &&
+		       u32s_eq(a->fork->n_sink_ids, a->fork->sink_ids, b->fork->n_sink_ids, b->fork->sink_ids);
 	case KVQ__ENVELOPE__BODY_STATS:
 		return str_eq(a->stats->pool, b->stats->pool);
 	case KVQ__ENVELOPE__BODY_STATS_REPLY: {
@@ -1049,6 +1076,7 @@ static void test_check(void)
 	ok(r == -E2BIG, "lookup salt over KVQ_PROTO_MAX_SALT: -E2BIG (%s)", err);
 
 	kvq__publish_block__init(&blk);
+	blk.block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
 	blk.n_tokens = KVQ_PROTO_MAX_TOKENS / 2 + 1;
 	blk.tokens = many;   /* only counted, never read */
 	kvq__publish__init(&pub);
@@ -1057,6 +1085,11 @@ static void test_check(void)
 	e.body_case = KVQ__ENVELOPE__BODY_PUBLISH;
 	e.publish = &pub;
 	ok(kvq_frame_check(&e, 1, NULL, 0) == 0, "publish of KVQ_PROTO_MAX_TOKENS / 2 + 1 tokens: fine");
+	blk.block_case = KVQ__PUBLISH_BLOCK__BLOCK__NOT_SET;
+	r = kvq_frame_check(&e, 1, err, sizeof(err));
+	ok(r == -EINVAL && strstr(err, "no sealed_id or sink_id"), "publish of a block naming no block: -EINVAL (%s)",
+	   err);
+	blk.block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
 	{
 		Kvq__PublishBlock *two[2] = { &blk, &blk };
 
