@@ -78,6 +78,7 @@ GET(get_device_memory, i->device_memory)
 GET(get_bytes_per_token, i->sealed_block_bytes / i->block_tokens)
 GET(get_slots_sealed, i->st.n_sealed)
 GET(get_slots_open, i->st.n_open)
+GET(get_slots_sink, i->st.n_sink)
 GET(get_lookup, i->lookup_tokens)
 GET(get_hit, i->hit_tokens)
 GET(get_evictions, i->st.evictions)
@@ -100,6 +101,8 @@ static const struct pool_metric pool_metrics[] = {
 	  get_bytes_per_token },
 	{ "kvq_pool_sealed_slots", "gauge", "Sealed slots of the pool.", get_slots_sealed },
 	{ "kvq_pool_open_slots", "gauge", "Open slots of the pool.", get_slots_open },
+	{ "kvq_pool_sink_slots", "gauge", "Sink slots of the pool (sink blocks: each sequence's first block exact; "
+	  "0 without).", get_slots_sink },
 	{ "kvq_prefix_lookup_tokens_total", "counter", "Tokens prefix lookups asked for.", get_lookup },
 	{ "kvq_prefix_hit_tokens_total", "counter", "Tokens prefix lookups found cached.", get_hit },
 	{ "kvq_evictions_total", "counter", "Cached blocks evicted.", get_evictions },
@@ -192,7 +195,7 @@ static void write_devices(kvq_server *s, struct evbuffer *b)
 		d[j].capacity += i.total_bytes;
 		d[j].used += ((uint64_t)i.st.sealed_private + i.st.sealed_cached + i.st.sealed_reserved) *
 				     i.sealed_block_bytes +
-			     (uint64_t)i.st.open_used * i.open_block_bytes;
+			     ((uint64_t)i.st.open_used + i.st.sink_private + i.st.sink_cached) * i.open_block_bytes;
 	}
 	static const struct {
 		const char *name, *help;
@@ -201,7 +204,8 @@ static void write_devices(kvq_server *s, struct evbuffer *b)
 		{ "kvq_device_pools", "Allocated pools on the device (backend, device: -1 for host).",
 		  offsetof(struct dev, pools) },
 		{ "kvq_device_capacity_bytes", "Bytes of the pools on the device.", offsetof(struct dev, capacity) },
-		{ "kvq_device_used_bytes", "Bytes of those pools' slots in use (sealed held, cached, reserved; open used).",
+		{ "kvq_device_used_bytes", "Bytes of those pools' slots in use (sealed held, cached, reserved; open used; "
+		  "sink held, cached).",
 		  offsetof(struct dev, used) },
 		{ "kvq_device_memory_bytes", "Memory of the device (host: physical memory).", offsetof(struct dev, memory) },
 	};
@@ -312,23 +316,28 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 	write_counters(s, b);
 
 	family(b, "kvq_blocks", "gauge", "Slots of each pool by state (sealed: free, reserved, held, cached; "
-		  "cached and referenced; open: used, free).");
+		  "cached and referenced; open: used, free; sink slots, 0 without sink blocks: free, held, cached, "
+		  "referenced).");
 	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
 		static const char *const states[] = { "free", "reserved", "held", "cached", "referenced",
-						      "open_used", "open_free" };
+						      "open_used", "open_free", "sink_free", "sink_held", "sink_cached",
+						      "sink_referenced" };
 		const uint64_t v[] = { i.st.sealed_free, i.st.sealed_reserved, i.st.sealed_private, i.st.sealed_cached,
-				       i.st.cached_referenced, i.st.open_used, i.st.open_free };
+				       i.st.cached_referenced, i.st.open_used, i.st.open_free, i.st.sink_free,
+				       i.st.sink_private, i.st.sink_cached, i.st.sink_referenced };
 
 		samples(b, "kvq_blocks", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
 	}
 	family(b, "kvq_pool_bytes", "gauge", "Bytes of each pool's slots by state (sealed: held, cached, "
-		  "reserved; open: used).");
+		  "reserved; open: used; sink: held, cached).");
 	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
-		static const char *const states[] = { "held", "cached", "reserved", "open" };
+		static const char *const states[] = { "held", "cached", "reserved", "open", "sink_held", "sink_cached" };
 		const uint64_t v[] = { (uint64_t)i.st.sealed_private * i.sealed_block_bytes,
 				       (uint64_t)i.st.sealed_cached * i.sealed_block_bytes,
 				       (uint64_t)i.st.sealed_reserved * i.sealed_block_bytes,
-				       (uint64_t)i.st.open_used * i.open_block_bytes };
+				       (uint64_t)i.st.open_used * i.open_block_bytes,
+				       (uint64_t)i.st.sink_private * i.open_block_bytes,
+				       (uint64_t)i.st.sink_cached * i.open_block_bytes };
 
 		samples(b, "kvq_pool_bytes", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
 	}

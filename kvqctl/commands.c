@@ -137,8 +137,9 @@ static void pool_figures(const Kvq__PoolStats *p, struct pool_fig *f)
 		f->bpt_f16 = (double)L->sealed_block_bytes / p->block_tokens;
 		kvq_layout_free(L);
 	}
+	/* a sink slot is an open slice */
 	f->used = ((uint64_t)p->sealed_held + p->cached + p->sealed_reserved) * p->sealed_block_bytes +
-		  (uint64_t)p->open_used * p->open_block_bytes;
+		  ((uint64_t)p->open_used + p->sink_held + p->sink_cached) * p->open_block_bytes;
 }
 
 /* A pool's codebooks_sha256 in hex, its first n bytes (all: 32), or "-"
@@ -197,6 +198,7 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_u64("block_tokens", p->block_tokens);
 	j_u64("window", p->window);
 	j_str("window_dtype", p->act == KVQ__DTYPE__DTYPE_BF16 ? "bf16" : "f16");
+	j_u64("sink_blocks", p->sink_blocks);
 	j_u64("capacity_bytes", p->total_bytes);
 	j_u64("device_memory_bytes", p->device_memory);
 	j_num("capacity_share_of_device", ratio(p->total_bytes, p->device_memory));
@@ -211,6 +213,12 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_u64("cached", p->cached);
 	j_u64("referenced", p->referenced);
 	j_u64("open", p->open_used);
+	/* sink slots (0 without sink blocks): an open slice each */
+	j_u64("sink_slots", p->n_sink);
+	j_u64("sink_free", p->sink_free);
+	j_u64("sink", p->sink_held);
+	j_u64("sink_cached", p->sink_cached);
+	j_u64("sink_referenced", p->sink_referenced);
 	j_close('}');
 	j_num("bytes_per_token", f.bpt);
 	j_num("f16_bytes_per_token", f.bpt_f16);
@@ -227,6 +235,7 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_u64("sealed_tokens", p->sealed_tokens);
 	j_u64("sealed_distinct_tokens", p->sealed_distinct_tokens);
 	j_u64("open_tokens_max", p->open_tokens_max);
+	j_u64("sink_tokens_max", p->sink_tokens);
 	j_u64("bytes", p->resident_bytes);
 	j_u64("f16_bytes", p->resident_f16_bytes);
 	j_num("effective_batch_gain", ratio(p->resident_f16_bytes, p->resident_bytes));
@@ -243,6 +252,7 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 		j_u64("id", c->id);
 		j_u64("sealed_blocks", c->sealed_blocks);
 		j_u64("open_blocks", c->open_blocks);
+		j_u64("sink_blocks", c->sink_blocks);
 		j_u64("bytes", c->bytes);
 		j_close('}');
 	}
@@ -365,6 +375,9 @@ static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	       100.0 * ratio(f.used, p->device_memory));
 	printf("  blocks          free %u, open %u, sealed %u, cached %u (referenced %u), reserved %u\n",
 	       p->sealed_free, p->open_used, p->sealed_held, p->cached, p->referenced, p->sealed_reserved);
+	if (p->sink_blocks)
+		printf("  sink blocks     %u slots (first blocks kept exact): free %u, held %u, cached %u "
+		       "(referenced %u)\n", p->n_sink, p->sink_free, p->sink_held, p->sink_cached, p->sink_referenced);
 	printf("  bytes/token     %.1f sealed, f16 %.1f: ratio %.3f (%.2fx the tokens of f16)\n", f.bpt, f.bpt_f16,
 	       f.bpt / f.bpt_f16, f.bpt_f16 / f.bpt);
 	printf("  prefix          %llu of %llu tokens looked up were cached: hit rate %.1f%%\n",
@@ -441,16 +454,20 @@ int cmd_pools(struct cmdline *cl)
 	if (cl->json) {
 		json_stats(sr, false);
 	} else {
-		printf("%-20s %-8s %-4s %-24s %12s %12s %7s %7s %7s %-9s\n", "POOL", "BACKEND", "DEV", "POLICY",
-		       "CAPACITY", "IN USE", "CACHED", "HIT%", "CLIENTS", "CODEBOOKS");
+		printf("%-20s %-8s %-4s %-24s %12s %12s %7s %13s %7s %7s %-9s\n", "POOL", "BACKEND", "DEV", "POLICY",
+		       "CAPACITY", "IN USE", "CACHED", "SINKS", "HIT%", "CLIENTS", "CODEBOOKS");
 		for (size_t i = 0; i < sr->n_pools; i++) {
 			const Kvq__PoolStats *p = sr->pools[i];
 			struct pool_fig f;
+			char sk[32] = "-";
 
 			pool_figures(p, &f);
-			printf("%-20s %-8s %-4s %-24s %12s %12s %7u %7.1f %7u %-9s\n", p->name, p->backend,
+			/* sink slots in use (held or cached) of all */
+			if (p->sink_blocks)
+				snprintf(sk, sizeof(sk), "%u/%u", p->sink_held + p->sink_cached, p->n_sink);
+			printf("%-20s %-8s %-4s %-24s %12s %12s %7u %13s %7.1f %7u %-9s\n", p->name, p->backend,
 			       dev_str(p->device, d, sizeof(d)), p->policy, human_bytes((double)p->total_bytes, a, sizeof(a)),
-			       human_bytes((double)f.used, b, sizeof(b)), p->cached,
+			       human_bytes((double)f.used, b, sizeof(b)), p->cached + p->sink_cached, sk,
 			       p->lookup_tokens ? 100.0 * ratio(p->hit_tokens, p->lookup_tokens) : 0.0, p->clients,
 			       sha_str(&p->codebooks_sha256, 4, h, sizeof(h)));
 		}
@@ -483,6 +500,7 @@ int cmd_clients(struct cmdline *cl)
 			j_str("pool", c->pool);
 			j_u64("sealed_blocks", c->sealed_blocks);
 			j_u64("open_blocks", c->open_blocks);
+			j_u64("sink_blocks", c->sink_blocks);
 			j_u64("bytes", c->bytes);
 			j_bool("exiting", c->exiting);
 			j_close('}');
@@ -490,14 +508,14 @@ int cmd_clients(struct cmdline *cl)
 		j_close(']');
 		j_close('}');
 	} else {
-		printf("%-6s %-16s %-8s %-6s %-20s %8s %6s %12s %s\n", "ID", "NAME", "PID", "UID", "POOL", "SEALED",
-		       "OPEN", "BYTES", "STATE");
+		printf("%-6s %-16s %-8s %-6s %-20s %8s %6s %6s %12s %s\n", "ID", "NAME", "PID", "UID", "POOL", "SEALED",
+		       "OPEN", "SINK", "BYTES", "STATE");
 		for (size_t i = 0; i < sr->n_clients; i++) {
 			const Kvq__ClientStats *c = sr->clients[i];
 
-			printf("%-6llu %-16s %-8u %-6u %-20s %8u %6u %12s %s\n", (unsigned long long)c->id,
+			printf("%-6llu %-16s %-8u %-6u %-20s %8u %6u %6u %12s %s\n", (unsigned long long)c->id,
 			       *c->name ? c->name : "-", c->pid, c->uid, *c->pool ? c->pool : "-", c->sealed_blocks,
-			       c->open_blocks, human_bytes((double)c->bytes, a, sizeof(a)),
+			       c->open_blocks, c->sink_blocks, human_bytes((double)c->bytes, a, sizeof(a)),
 			       c->exiting ? "exiting" : "live");
 		}
 	}
@@ -570,6 +588,7 @@ const struct option pool_create_opts[] = {
 	{ "open", required_argument, NULL, 'O' },        { "backend", required_argument, NULL, 'b' },
 	{ "device", required_argument, NULL, 'd' },      { "acl-uids", required_argument, NULL, 'u' },
 	{ "acl-gids", required_argument, NULL, 'g' },    { "codebooks", required_argument, NULL, 'k' },
+	{ "sink-blocks", required_argument, NULL, 'K' }, { "sinks", required_argument, NULL, 'N' },
 	{ NULL, 0, NULL, 0 },
 };
 CTL_OPTS_FIT(pool_create_opts);
@@ -618,6 +637,8 @@ int cmd_pool_create(struct cmdline *cl)
 			break;
 		case 'S': r = parse_u32(optarg, 1, KVQ_MAX_SLOTS, &pc.n_sealed); break;
 		case 'O': r = parse_u32(optarg, 1, KVQ_MAX_SLOTS, &pc.n_open); break;
+		case 'K': r = parse_u32(optarg, 0, 1, &a.sink_blocks); break;
+		case 'N': r = parse_u32(optarg, 1, KVQ_MAX_SLOTS, &pc.n_sink); break;
 		case 'b':
 			if (strcmp(optarg, "host") && strcmp(optarg, "cuda"))
 				r = -EINVAL;
@@ -651,6 +672,8 @@ int cmd_pool_create(struct cmdline *cl)
 		return die("pool create needs --model, --layers, --kv-heads, --head-dim and --policy"), 2;
 	if (!pc.n_sealed != !pc.n_open)
 		return die("pool create: give both --sealed and --open, or neither"), 2;
+	if (pc.n_sink && (!pc.n_sealed || !a.sink_blocks))
+		return die("pool create: --sinks goes with --sink-blocks 1, --sealed and --open"), 2;
 	/* sealed: what kvqd checks is what it copies into the pool */
 	if (codebooks) {
 		r = kvq_memfd_from_file(codebooks, KVQ_CB_MAX_FILE, "kvq-codebooks", &cb_fd, err, sizeof(err));
@@ -682,6 +705,8 @@ int cmd_pool_create(struct cmdline *cl)
 
 		printf("pool %s created: %s, %u sealed + %u open slots", a.pool,
 		       human_bytes((double)p->total_bytes, b, sizeof(b)), p->n_sealed, p->n_open);
+		if (p->n_sink)
+			printf(" + %u sink slots", p->n_sink);
 		if (p->codebooks_sha256.len)
 			printf(", codebooks sha256 %s...", sha_str(&p->codebooks_sha256, 8, h, sizeof(h)));
 		printf("\n");

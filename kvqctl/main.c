@@ -176,14 +176,16 @@ static const struct command commands[] = {
 	{ "flush", NULL, "POOL", "evict every unreferenced cached block (admin)", NULL, NULL, cmd_evict },
 	{ "pool", "create", "NAME --model ID --layers L --kv-heads H --head-dim D --policy P\n"
 	  "       [--block-tokens B] [--window R] [--window-dtype f16|bf16] [--capacity SIZE]\n"
-	  "       [--sealed N --open N] [--backend host|cuda] [--device N]\n"
-	  "       [--acl-uids LIST] [--acl-gids LIST] [--codebooks FILE]",
+	  "       [--sealed N --open N] [--sink-blocks 0|1] [--sinks N] [--backend host|cuda]\n"
+	  "       [--device N] [--acl-uids LIST] [--acl-gids LIST] [--codebooks FILE]",
 	  "create a pool (admin)",
 	  "  --block-tokens B     tokens per block (default 32)\n"
 	  "  --window R           the open window in tokens (default: the policy's)\n"
 	  "  --window-dtype T     f16 or bf16: the open window's values\n"
 	  "  --capacity SIZE      bytes (K, M, G, T: powers of 1024; default create_capacity)\n"
 	  "  --sealed N --open N  slot counts instead of --capacity (both or neither)\n"
+	  "  --sink-blocks 0|1    1: each sequence's first block kept exact (kvqd.conf(5))\n"
+	  "  --sinks N            sink slots with --sealed and --open (default: as many as open)\n"
 	  "  --backend B          host or cuda;  --device N  the GPU\n"
 	  "  --acl-uids LIST      users who may attach (names or numbers, comma-separated)\n"
 	  "  --acl-gids LIST      groups who may attach (default: the caller, root and kvqd)\n"
@@ -194,7 +196,7 @@ static const struct command commands[] = {
 	{ "plan", NULL, "[--model Llama-3-8B|Llama-3-70B|SmolLM2-135M] [--layers L] [--kv-heads H]\n"
 	  "       [--head-dim D] [--params N] [--weight-bits BITS] [--gpu-memory SIZE]\n"
 	  "       [--gpus N] [--utilization U] [--context TOKENS] [--block-tokens B]\n"
-	  "       [--policy P]...",
+	  "       [--sink-blocks 0|1] [--policy P]...",
 	  "memory for weights and KV; sequences per KV policy (no daemon needed)",
 	  "  --model M            a preset, or --layers, --kv-heads, --head-dim and --params\n"
 	  "                       (these also override a preset's values; --params 8e9, 8B, 135M)\n"
@@ -204,6 +206,7 @@ static const struct command commands[] = {
 	  "  --utilization U      share of GPU memory to plan with: 0.9 or 90% (default)\n"
 	  "  --context TOKENS     tokens per sequence (default 8192)\n"
 	  "  --block-tokens B     tokens per block (default 32)\n"
+	  "  --sink-blocks 0|1    1: each sequence's first block kept exact (kvqd.conf(5))\n"
 	  "  --policy P           a KV policy as in kvqd.conf(5), beside every format (repeatable)\n",
 	  plan_opts, cmd_plan },
 };

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -46,10 +47,11 @@ struct plan_row {
  * One policy's figures from the pool layout: a sequence of n tokens holds
  * S(n)/B sealed blocks and its open window in open blocks, each open block
  * with the sealed slot reserved for its seal (what kvqd allocates and what
- * quotas count).
+ * quotas count); with sink blocks its first block is a sink slot (an open
+ * block's bytes, no reservation) instead.
  */
-static int plan_policy(const struct model *m, uint32_t B, const char *policy, uint32_t n, double budget,
-		       struct plan_row *row)
+static int plan_policy(const struct model *m, uint32_t B, const char *policy, uint32_t n, bool sink,
+		       double budget, struct plan_row *row)
 {
 	struct kvq_policy pol;
 	struct kvq_layout_params lp = { .layers = m->layers, .kv_heads = m->kv_heads, .head_dim = m->head_dim,
@@ -73,6 +75,9 @@ static int plan_policy(const struct model *m, uint32_t B, const char *policy, ui
 	S = kvq_layout_split(L, n);
 	row->seq_bytes = (double)(S / B) * (double)L->sealed_block_bytes +
 			 (double)((n - S + B - 1) / B) * (double)(L->open_block_bytes + L->sealed_block_bytes);
+	if (sink)   /* block 0: a sink slot for a sealed block, or for an open one and its reservation */
+		row->seq_bytes += (double)L->open_block_bytes -
+				  (double)(S ? L->sealed_block_bytes : L->open_block_bytes + L->sealed_block_bytes);
 	budget -= row->codebook_bytes;
 	row->tokens = budget > 0 ? budget / row->bytes_per_token : 0;
 	row->sequences = budget > 0 ? (uint64_t)floor(budget / row->seq_bytes) : 0;
@@ -87,6 +92,7 @@ const struct option plan_opts[] = {
 	{ "gpu-memory", required_argument, NULL, 'g' },  { "gpus", required_argument, NULL, 'n' },
 	{ "utilization", required_argument, NULL, 'u' }, { "context", required_argument, NULL, 'c' },
 	{ "block-tokens", required_argument, NULL, 'B' }, { "policy", required_argument, NULL, 'p' },
+	{ "sink-blocks", required_argument, NULL, 'k' },
 	{ NULL, 0, NULL, 0 },
 };
 CTL_OPTS_FIT(plan_opts);
@@ -100,7 +106,7 @@ CTL_OPTS_FIT(plan_opts);
 struct plan {
 	struct model m;
 	double wbits, gpu_mem, util, weights, usable, budget;
-	uint32_t gpus, context, B;
+	uint32_t gpus, context, B, sink;
 	size_t n_pol;
 	const char *policies[N_UNIFORM + MAX_POLICIES];
 	struct plan_row rows[N_UNIFORM + MAX_POLICIES];
@@ -183,6 +189,7 @@ static int plan_args(struct cmdline *cl, struct plan *p)
 			if (r == 0 && p->B % 16)
 				r = -EINVAL;
 			break;
+		case 'k': r = parse_u32(optarg, 0, 1, &p->sink); break;
 		case 'p':
 			if (n_extra >= MAX_POLICIES)
 				return die("plan: at most %d --policy options", MAX_POLICIES), 2;
@@ -235,7 +242,7 @@ static int plan_rows(struct plan *p)
 			p->rows[i].policy[0] = 0;
 			continue;
 		}
-		if (plan_policy(m, p->B, p->policies[i], p->context, p->budget, &p->rows[i]))
+		if (plan_policy(m, p->B, p->policies[i], p->context, p->sink, p->budget, &p->rows[i]))
 			return 1;
 	}
 	return 0;
@@ -261,6 +268,7 @@ static void plan_json(const struct plan *p)
 	j_num("kv_budget_bytes", p->budget);
 	j_bool("fits", p->budget > 0);
 	j_u64("context_tokens", p->context);
+	j_u64("sink_blocks", p->sink);
 	j_u64("block_tokens", p->B);
 	j_open("policies", '[');
 	for (size_t i = 0; i < p->n_pol; i++) {
@@ -291,7 +299,8 @@ static void plan_print(const struct plan *p)
 	printf("weights   %.4g-bit: %.2f GB\n", p->wbits, p->weights / 1e9);
 	printf("memory    %u x %.2f GB at %.0f%% = %.2f GB; KV budget %.2f GB\n", p->gpus, p->gpu_mem / 1e9,
 	       p->util * 100, p->usable / 1e9, p->budget / 1e9);
-	printf("context   %u tokens, blocks of %u tokens\n", p->context, p->B);
+	printf("context   %u tokens, blocks of %u tokens%s\n", p->context, p->B,
+	       p->sink ? ", the first kept exact (sink blocks)" : "");
 	if (p->budget <= 0)
 		printf("the weights do not fit: no room for KV\n");
 	printf("\n%-26s %9s %12s %7s %13s %10s %14s %10s\n", "POLICY", "B/VALUE", "KV/TOKEN", "VS F16",

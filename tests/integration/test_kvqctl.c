@@ -315,6 +315,19 @@ static void test_plan(void)
 	   "plan with explicit geometry and a mixed policy (canonical form in the table)");
 	ok(KVQCTL("plan", "--model", "GPT-9") == 2 && strstr(R.err, "unknown model") && !strchr(strchr(R.err, '\n') + 1, '\n'),
 	   "plan with an unknown model: exit 2, one line");
+	{
+		/* sink blocks: block 0 of a sequence is an open slice (f16) in place of an int8 block */
+		double plain, sink;
+
+		KVQCTL("--json", "plan", "--model", "Llama-3-70B", "--context", "8192");
+		plain = jnum(R.out, "\"policy\":\"int8\"", "kv_bytes_per_sequence");
+		KVQCTL("--json", "plan", "--model", "Llama-3-70B", "--context", "8192", "--sink-blocks", "1");
+		sink = jnum(R.out, "\"policy\":\"int8\"", "kv_bytes_per_sequence");
+		ok(sink - plain == 32.0 * 80 * 8 * 128 * 2 * 2 - 32.0 * 80 * 8 * (128 + 2) * 2 &&
+		   jnum(R.out, NULL, "sink_blocks") == 1,
+		   "plan --sink-blocks 1: a sequence holds an f16 block in place of an int8 one (+%.0f bytes)",
+		   sink - plain);
+	}
 }
 
 int main(void)
@@ -459,6 +472,16 @@ int main(void)
 		  "--policy", "int8") == 1 && strstr(R.err, "exists"), "creating it twice: exit 1, exists");
 	ok(KVQCTL("--json", "pools") == 0 && strstr(R.out, "\"name\":\"extra\"") &&
 	   jnum(R.out, "\"name\":\"extra\"", "capacity_bytes") <= 2 << 20, "the new pool is listed, within its capacity");
+	ok(KVQCTL("pool", "create", "sinky", "--model", "m@3", "--layers", "2", "--kv-heads", "2", "--head-dim", "64",
+		  "--policy", "int4g32", "--sealed", "32", "--open", "4", "--sink-blocks", "1", "--sinks", "3") == 0 &&
+	   strstr(R.out, "+ 3 sink slots"), "pool create --sink-blocks 1 --sinks 3");
+	ok(KVQCTL("--json", "pools") == 0 && jnum(R.out, "\"name\":\"sinky\"", "sink_blocks") == 1 &&
+	   jnum(R.out, "\"name\":\"sinky\"", "sink_slots") == 3 && jnum(R.out, "\"name\":\"sinky\"", "sink_free") == 3,
+	   "stats --json: the pool's sink blocks, 3 sink slots, all free");
+	ok(KVQCTL("pools") == 0 && strstr(R.out, "0/3"), "pools: sink slots in use of all (0/3)");
+	ok(KVQCTL("pool", "create", "sinkless", "--model", "m@3", "--layers", "2", "--kv-heads", "2", "--head-dim", "64",
+		  "--policy", "int8", "--sealed", "32", "--open", "4", "--sinks", "3") == 2 && strstr(R.err, "--sink-blocks 1"),
+	   "pool create --sinks without --sink-blocks 1: exit 2");
 
 	/* metrics */
 	silent = silent_connection();
@@ -483,6 +506,9 @@ int main(void)
 		ok(metric(text, "kvq_pool_clients{pool=\"ctl\"} ") == 1 && metric(text, "kvq_pool_clients{pool=\"extra\"} ") == 0,
 		   "metrics: clients per pool");
 		ok(metric(text, "kvq_pool_sealed_bytes_per_token{pool=\"ctl\"} ") == bpt, "metrics: bytes per token");
+		ok(metric(text, "kvq_pool_sink_slots{pool=\"sinky\"} ") == 3 &&
+		   metric(text, "kvq_blocks{pool=\"sinky\",state=\"sink_free\"} ") == 3 &&
+		   metric(text, "kvq_pool_sink_slots{pool=\"ctl\"} ") == 0, "metrics: sink slots (3 free; 0 without)");
 		ok(metric(text, "kvq_connections_max ") == expected_max_connections(),
 		   "metrics: the connection limit (%g: max_connections, or what the fd limit allows)",
 		   metric(text, "kvq_connections_max "));
@@ -501,6 +527,7 @@ int main(void)
 
 	ok(KVQCTL("pool", "drop", "extra") == 0 && KVQCTL("--json", "pools") == 0 && !strstr(R.out, "\"extra\""),
 	   "pool drop frees a pool nobody attached to");
+	ok(KVQCTL("pool", "drop", "sinky") == 0, "pool drop of the pool with sink blocks");
 out:
 	kvq_client_free(a);
 	kvq_client_free(b);
