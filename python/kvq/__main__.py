@@ -4,7 +4,7 @@ libkvq reports them (kvq_client_stats), under kvqctl's names: the text has
 kvqctl stats' labels, --json its keys (blocks free/open/sealed/cached/
 referenced/reserved, prefix lookup/hit tokens and hit rate, evictions,
 alloc failures, clients).  kvqctl shows more (policy, bytes per token,
-clients' names), which libkvq's stats do not carry."""
+sink slots, clients' names), which libkvq's stats do not carry."""
 import argparse
 import json
 import sys

@@ -20,7 +20,7 @@ import subprocess
 # What this package was written against: libkvq's version (major.minor must
 # be equal), the protocol libkvq speaks to kvqd, the soname.
 VERSION = "0.1.0"
-PROTOCOL = 5
+PROTOCOL = 6
 SONAME = "libkvq.so.3"
 
 # kvq_wire.h's project codes (beyond errno)
@@ -70,6 +70,7 @@ PROTOTYPES = {
     "kvq_client_id": (c_u64, [c_p]),
     "kvq_client_attach": (c_int, [c_p, ctypes.POINTER(AttachParams)]),
     "kvq_client_set_group": (c_int, [c_p, c_char_p, c_u32, c_u32]),
+    "kvq_client_set_sinks": (c_int, [c_p, c_u32, c_u32]),
     "kvq_client_backend": (c_char_p, [c_p]),
     "kvq_client_device": (c_int, [c_p]),
     "kvq_client_set_stream": (c_int, [c_p, c_p]),

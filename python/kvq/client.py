@@ -169,7 +169,7 @@ class Client:
 
     def attach(self, pool, model_id, layers, kv_heads, head_dim, block_tokens=32, policy="f16", window=0,
                act="f16", create=True, n_sealed=0, n_open=0, backend=None, device=-1, codebooks=None,
-               group=None, rank=0, world_size=0):
+               group=None, rank=0, world_size=0, sink_blocks=0, n_sink=0):
         """Joins pool (created with this geometry and policy when create and
         kvqd allows it; n_sealed and n_open 0: sized by kvqd's
         configuration; backend 'host', 'cuda' or None for kvqd's default;
@@ -181,7 +181,11 @@ class Client:
         policy, codebooks, ...).  group, rank, world_size: join that
         tensor-parallel group as rank of world_size (kvq_client_set_group):
         pool is then this rank's member pool, kv_heads the model's, and each
-        lookup needs the request id every rank gives (Sequence.lookup)."""
+        lookup needs the request id every rank gives (Sequence.lookup).
+        sink_blocks 1: a pool that keeps each sequence's first block exact
+        (kvqd.conf(5) sink_blocks; it must be the pool's), n_sink its sink
+        slots when the attach creates it with n_sealed and n_open (0: as
+        many as open slots) (kvq_client_set_sinks)."""
         if act not in ACTS:
             raise ValueError(f"act: 'f16' or 'bf16', not {act!r}")
         p = _lib.AttachParams(pool=pool.encode(), model_id=model_id.encode(), layers=layers, kv_heads=kv_heads,
@@ -191,6 +195,8 @@ class Client:
                               codebooks=os.fsencode(codebooks) if codebooks is not None else None)
         if group is not None:
             self._call(f"group {group}", L.kvq_client_set_group, group.encode(), rank, world_size)
+        if sink_blocks or n_sink:
+            self._call("sink blocks", L.kvq_client_set_sinks, sink_blocks, n_sink)
         self._call(f"attach {pool}", L.kvq_client_attach, ctypes.byref(p), call="attach")
         if group is not None:   # a member pool holds the rank's shard of the heads
             kv_heads = self.stats()["kv_heads"]

@@ -127,7 +127,7 @@ def reference(steps, data):
 
 def test_import_checks_libkvq(ctx):
     """import: the libkvq found, its version and protocol; a missing one is a clear ImportError."""
-    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 5, (kvq.libkvq_version, kvq.protocol)
+    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 6, (kvq.libkvq_version, kvq.protocol)
     assert os.path.samefile(kvq.libkvq_path, os.environ["KVQ_LIBRARY"])
     if os.environ.get("KVQ_TEST_INSTALLED"):   # the venv's copy, not the source tree's
         assert "site-packages" in kvq.__file__, kvq.__file__
@@ -446,6 +446,30 @@ def test_group_ranks_agree(ctx):
         r1.close()
 
 
+def test_sink_blocks_exact(ctx):
+    """int4g32 KV, B + 1 tokens: with sink blocks the first block is kept exact, so attention equals float64 over the inputs (f16 rounding); without, block 0 is quantized"""
+    rng = np.random.default_rng(11)
+    k, v = rand_kv(rng, B + 1), rand_kv(rng, B + 1)
+    q = rng.standard_normal((1, QH, G["head_dim"])).astype(np.float32)
+    ref = reference([B + 1], [[(k, v, q)] * G["layers"]])[-1]
+    errs = {}
+    for sink in (1, 0):
+        with kvq.attach(f"sinks{sink}", "python-test", socket=ctx["sock"], policy="int4g32", sink_blocks=sink,
+                        **G) as c, c.sequence() as s:
+            s.begin(np.arange(B + 1))
+            for layer in range(G["layers"]):
+                s.write(layer, k, v)
+            s.commit()
+            out = s.attention(G["layers"] - 1, q)
+            errs[sink] = np.abs(out - ref).max() / max(1.0, np.abs(ref).max())
+    assert errs[1] < 2e-3 and errs[0] > 10 * errs[1], errs
+    try:
+        kvq.attach("sinks1", "python-test", socket=ctx["sock"], policy="int4g32", **G)
+        raise AssertionError("attached a sink pool without sink_blocks")
+    except kvq.PoolRefused as e:
+        assert "sink_blocks 1" in e.message, e.message
+
+
 def test_stats_cli_matches_kvqctl(ctx):
     """python -m kvq --json stats POOL gives kvqctl --json stats' figures for the pool"""
     with kvq.attach("share", "python-test", socket=ctx["sock"], policy="int8", **G):
@@ -457,7 +481,10 @@ def test_stats_cli_matches_kvqctl(ctx):
     for key, val in mine.items():
         if key == "clients_attached":
             continue   # the two connections differ by kvqctl's own
-        same = abs(pool[key] - val) < 1e-12 if isinstance(val, float) else pool[key] == val
+        if isinstance(val, dict):   # kvqctl's have more (sink slots)
+            same = {k: pool[key][k] for k in val} == val
+        else:
+            same = abs(pool[key] - val) < 1e-12 if isinstance(val, float) else pool[key] == val
         assert same, f"{key}: python -m kvq {val}, kvqctl {pool[key]}"
     assert len(mine) >= 15
     text = subprocess.run([sys.executable, "-m", "kvq", "--socket", ctx["sock"], "stats", "share"], check=True,
