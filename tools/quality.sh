@@ -6,7 +6,8 @@
 # enough for the model's maximum context), at context 2048 and at the
 # model's maximum (8192): plain; with K centered (kvq-run --k-center, the
 # means calibrated on another text, Debian's Apache-2.0); with the Hadamard
-# rotation (--rotate); with both; then tools/quality-table.py.  Needs a build (build/) and the
+# rotation (--rotate); with both; rotated with and without sink blocks
+# (--sink: each sequence's first block exact); then tools/quality-table.py.  Needs a build (build/) and the
 # model (tools/fetch-model.sh); starts its own kvqd on a temporary socket.
 #   tools/quality.sh [OUTDIR]      (default bench/quality; the table goes to OUTDIR/../QUALITY.md)
 # Environment: KVQ_THREADS (default 2), KVQ_QUALITY_RUNS (a subset of the run
@@ -31,6 +32,9 @@ all=(bf16 int8 fp8 fp8e5m2 int4g64 int4g32 kivi4 kivi2 k=int8,v=int4g32
 	int4g32@128 kivi4@32 kivi4@256 kivi2@32 kivi2@256)
 # at 8192 (one window of the whole text: slow on two cores) a subset
 long=(int8 fp8 int4g32 kivi4 kivi2 k=int8,v=int4g32 "0-9:int8;10-:kivi4" kivi2@256)
+# sink blocks against the same policies without, both rotated: the per-token
+# formats, KIVI, and mixes near 4 bits per value
+sinkset=(int8 fp8 int4g32 int4g64 kivi4 kivi2@32 k=int4g64,v=kivi2@32 k=int4g32,v=int4g64)
 
 gpl3=/usr/share/common-licenses/GPL-3
 gfdl=/usr/share/common-licenses/GFDL-1.3
@@ -50,6 +54,10 @@ runs=(
 	"rotkc-gpl3-8192 $gpl3 8192 long 0 0 rot,kc"
 	"rotkc-gfdl-2048 $gfdl 2048 all 32 2 rot,kc"
 	"rotkc-maketext-8192 $maketext 8192 long 0 0 rot,kc"
+	"rotset-gpl3-2048 $gpl3 2048 sinkset 0 0 rot"
+	"sink-rot-gpl3-2048 $gpl3 2048 sinkset 0 0 rot,sink"
+	"rotset-gfdl-2048 $gfdl 2048 sinkset 0 0 rot"
+	"sink-rot-gfdl-2048 $gfdl 2048 sinkset 0 0 rot,sink"
 )
 
 # every run (and the calibration) gets its own kvqd: kvq-run's pools are
@@ -77,6 +85,7 @@ for r in "${runs[@]}"; do
 	kc) args+=(--k-center "$kc/kc.bin") ;;
 	rot) args+=(--rotate) ;;
 	rot,kc) args+=(--rotate --k-center "$kc/kc.bin") ;;
+	rot,sink) args+=(--rotate --sink) ;;
 	esac
 	[ -n "${KVQ_TEXTS:-}" ] && text=$KVQ_TEXTS/$(basename "$text")
 	for p in "${pol[@]}"; do
