@@ -30,7 +30,7 @@ struct kvq_group {
 	char name[KVQ_PROTO_MAX_NAME + 1];
 	char model[KVQ_PROTO_MAX_MODEL_ID + 1];
 	struct kvq_policy policy;
-	uint32_t world, layers, kv_heads, head_dim, block_tokens, act;
+	uint32_t world, layers, kv_heads, head_dim, block_tokens, act, sink_blocks;
 	struct kvq_pools_rec *member[KVQ_GROUP_MAX_RANKS];
 	uint32_t n_members;
 	struct pending *pending;
@@ -77,9 +77,10 @@ int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const stru
 		return KVQ_EPOLICY;
 	if (g && (g->world != a->world_size || strcmp(g->model, a->model_id) || g->layers != a->layers ||
 		  g->kv_heads != a->kv_heads || g->head_dim != a->head_dim || g->block_tokens != a->block_tokens ||
-		  g->act != (uint32_t)a->act || !kvq_policy_equal(&g->policy, &pol)))
-		return kvq_seterr(err, errlen, "group %s is %u ranks of model %s, %ux%ux%u, %u tokens/block", g->name,
-				  g->world, g->model, g->layers, g->kv_heads, g->head_dim, g->block_tokens),
+		  g->act != (uint32_t)a->act || !kvq_policy_equal(&g->policy, &pol) || g->sink_blocks != a->sink_blocks))
+		return kvq_seterr(err, errlen, "group %s is %u ranks of model %s, %ux%ux%u, %u tokens/block, sink_blocks %u",
+				  g->name, g->world, g->model, g->layers, g->kv_heads, g->head_dim, g->block_tokens,
+				  g->sink_blocks),
 		       KVQ_ELAYOUT;
 	if (g && g->member[a->rank] && g->member[a->rank] != p)
 		return kvq_seterr(err, errlen, "rank %u of group %s is pool %s", a->rank, g->name,
@@ -165,6 +166,7 @@ int kvq_group_join(struct kvq_pools *ps, const Kvq__Attach *a, struct kvq_pools_
 		g->head_dim = a->head_dim;
 		g->block_tokens = a->block_tokens;
 		g->act = (uint32_t)a->act;
+		g->sink_blocks = a->sink_blocks;
 		g->next = ps->groups;
 		ps->groups = g;
 	}

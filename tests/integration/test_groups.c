@@ -319,6 +319,24 @@ int main(void)
 	ok(!c && r == KVQ_ELAYOUT, "a rank with another model is refused (%d)", r);
 	c = attach_rank("plain", "tp.r0", 0, 0, HEADS / WORLD, MODEL, &r);
 	ok(!c && r == KVQ_ELAYOUT, "a plain attach to a member pool is refused (%d)", r);
+	{
+		/* a rank whose pool would keep sink blocks where the group's do not */
+		struct kvq_attach_params p = { .pool = "tp.sink", .model_id = MODEL, .layers = L_, .kv_heads = HEADS,
+					       .head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16,
+					       .create = 1, .n_sealed = 28, .n_open = 24, .backend = "host", .device = -1 };
+		c = NULL;
+		r = kvq_client_connect(sock_path, "sinkrank", &c);
+		if (r == 0)
+			r = kvq_client_set_group(c, group_name, 1, WORLD);
+		if (r == 0)
+			r = kvq_client_set_sinks(c, 1, 0);
+		if (r == 0)
+			r = kvq_client_attach(c, &p);
+		ok(r == KVQ_ELAYOUT, "a rank with sink blocks in a group without is refused (%d: %s)", r,
+		   c ? kvq_client_error(c) : "");
+		kvq_client_free(c);
+		c = NULL;
+	}
 	/* a lookup without a request id */
 	c = attach_rank("norid", "tp.r2", 2, WORLD, HEADS, MODEL, &r);
 	uint32_t tok[256], n = prompt_of(0, tok), ids[16], got_n = 99;
