@@ -152,13 +152,15 @@ void client_trace(kvq_client *c, int op, uint32_t layer, bool device, const void
 		  void *out);
 
 /* timing.c: the phase of an attention call of n_q query rows, the KV bytes
- * one of layer with ns sealed and no open blocks reads, and the CLOCK_MONOTONIC
+ * one of layer reads over table t with ns sealed and no open entries (a sink
+ * block, an open slice, among the sealed ones), and the CLOCK_MONOTONIC
  * seconds; a call of seconds into its bin; whether a report is due (the
  * backend's completed calls binned first); the report into rep, with
  * bins[] and ptrs[] of the caller's (KVQ_PROTO_MAX_TIMING_BINS each,
  * pointing into c until timing_sent); once it was sent, the bins emptied. */
 int timing_phase(uint32_t n_q);
-uint64_t timing_kv_bytes(const kvq_client *c, uint32_t layer, uint32_t ns, uint32_t no);
+uint64_t timing_kv_bytes(const kvq_client *c, uint32_t layer, const struct kvq_seq_table *t, uint32_t ns,
+			 uint32_t no);
 double timing_now(void);
 void timing_add(kvq_client *c, uint32_t layer, int phase, uint64_t kv_bytes, double seconds);
 bool timing_due(kvq_client *c);

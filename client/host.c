@@ -53,7 +53,7 @@ static int host_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table
 	if (r < 0)
 		return client_fail(s->c, r, "attention: bad query counts");
 	if (s->c->timing.report_ms)
-		timing_add(s->c, layer, timing_phase(as->m), timing_kv_bytes(s->c, layer, ns, no), timing_now() - t0);
+		timing_add(s->c, layer, timing_phase(as->m), timing_kv_bytes(s->c, layer, as, ns, no), timing_now() - t0);
 	return 0;
 }
 

@@ -213,7 +213,7 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table 
 	t = gpu_timer_begin(c);
 	r = kvq_cuda_attention(&a, rec, 1, q, out);
 	if (t && r == 0)
-		gpu_timer_put(c->timing.gpu, t, c->stream, layer, timing_phase(as->m), timing_kv_bytes(c, layer, ns, no));
+		gpu_timer_put(c->timing.gpu, t, c->stream, layer, timing_phase(as->m), timing_kv_bytes(c, layer, as, ns, no));
 	if (r == -ENOTSUP)
 		return client_fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
 				   kvq_fmt_name(ll->vfmt), L->head_dim);

@@ -27,7 +27,8 @@ int kvq_attn_new(const struct kvq_layout *L, struct kvq_attn **ret)
 		return -ENOMEM;
 	for (uint32_t l = 0; l < L->layers; l++) {
 		const struct kvq_layer_layout *ll = &L->layer[l];
-		uint64_t region = (uint64_t)ll->n_sealed * ll->sealed_slice + (uint64_t)ll->n_open * ll->open_slice;
+		uint64_t region = (uint64_t)ll->n_sealed * ll->sealed_slice +
+				  ((uint64_t)ll->n_open + ll->n_sink) * ll->open_slice;
 
 		for (int ph = 0; ph < KVQ_ATTN_PHASES; ph++) {
 			struct kvq_attn_hist *h = find(a, ph, ll->kfmt, ll->vfmt);
