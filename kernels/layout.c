@@ -96,8 +96,9 @@ int kvq_layout_new(const struct kvq_layout_params *p, struct kvq_layout **ret, c
 			   KVQ_MAX_SLOTS);
 		return -EINVAL;
 	}
-	if (p->sink_blocks > 1 || (p->sink_blocks && !p->n_sink) || (!p->sink_blocks && p->n_sink)) {
-		kvq_seterr(err, errlen, "sink_blocks %u is not 0 or 1, or %u sink slots do not match it",
+	if (p->sink_blocks > 1 || !p->sink_blocks != !p->n_sink) {
+		kvq_seterr(err, errlen, p->sink_blocks > 1 ? "sink_blocks %u is not 0 or 1 (%u sink slots)"
+			   : "sink_blocks %u with %u sink slots: sink blocks need sink slots, and only they",
 			   p->sink_blocks, p->n_sink);
 		return -EINVAL;
 	}

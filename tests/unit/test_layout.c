@@ -431,6 +431,15 @@ static void byte_map(const struct kvq_layout *L, struct mapstats *st)
 				claim(map, L->total_bytes, kvq_layout_off(L, KVQ_OPEN, s, l, h, KVQ_V_CODES), rows, st);
 				st->want_claimed += 2 * rows;
 			}
+		/* sink slices: open slices after the open ones */
+		for (uint32_t s = 0; s < L->n_sink; s++)
+			for (uint32_t h = 0; h < L->kv_heads; h++) {
+				claim(map, L->total_bytes, kvq_layout_off(L, KVQ_SINK, s, l, h, KVQ_K_CODES), rows, st);
+				claim(map, L->total_bytes, kvq_layout_off(L, KVQ_SINK, s, l, h, KVQ_V_CODES), rows, st);
+				st->want_claimed += 2 * rows;
+				st->tail_bad += kvq_layout_off(L, KVQ_SINK, s, l, h, KVQ_K_CODES) !=
+						kvq_layout_off(L, KVQ_OPEN, L->n_open + s, l, h, KVQ_K_CODES);
+			}
 		/* this layer's codebooks: 256 centroids of D FP16 values per head */
 		for (int is_v = 0; is_v < 2; is_v++)
 			if (ll->codebook[is_v] != UINT64_MAX) {
@@ -443,7 +452,8 @@ static void byte_map(const struct kvq_layout *L, struct mapstats *st)
 		/* between the layer's last slice and the next region (or the
 		 * codebook region) only the rounding to 256 may be left, and
 		 * nothing of it claimed */
-		end = ll->region + (uint64_t)L->n_sealed * ll->sealed_slice + (uint64_t)L->n_open * ll->open_slice;
+		end = ll->region + (uint64_t)L->n_sealed * ll->sealed_slice +
+		      ((uint64_t)L->n_open + L->n_sink) * ll->open_slice;
 		{
 			uint64_t next = l + 1 < L->layers ? L->layer[l + 1].region : L->codebook_off;
 			if (next < end || next - end >= 256 || next != up(end, 256))
@@ -515,6 +525,9 @@ static void test_byte_map(void)
 		lp = params(&p, 1 + (uint32_t)(tap_rand() % 4), D, B, (uint32_t)(tap_rand() % 6),
 			    (uint32_t)(tap_rand() % 4));
 		lp.act = tap_rand() % 2 ? KVQ_DT_BF16 : KVQ_DT_F16;
+		/* a third of them keep sink blocks */
+		lp.sink_blocks = i % 3 == 0;
+		lp.n_sink = lp.sink_blocks ? 1 + (uint32_t)(tap_rand() % 3) : 0;
 		rc = kvq_layout_new(&lp, &L, NULL, 0);
 		if (rc != 0) {
 			bad++;
@@ -532,7 +545,7 @@ static void test_byte_map(void)
 		n++;
 		kvq_layout_free(L);
 	}
-	ok(bad == 0, "byte maps of %d random pools (mixed formats, 0-5 sealed, 0-3 open slots): every "
+	ok(bad == 0, "byte maps of %d random pools (mixed formats, 0-5 sealed, 0-3 open, a third 1-3 sink slots): every "
 	   "byte claimed at most once, inside the pool, 16/256-aligned (%d wrong)", n, bad);
 }
 
@@ -746,6 +759,12 @@ static void test_reject(void)
 	reject(&lp, "n_open > KVQ_MAX_SLOTS", "slot counts", "1073741825");
 	lp = base; lp.n_sealed = UINT32_MAX;
 	reject(&lp, "n_sealed 2^32 - 1", "slot counts", NULL);
+	lp = base; lp.sink_blocks = 1;
+	reject(&lp, "sink blocks without sink slots", "sink_blocks 1", "0 sink slots");
+	lp = base; lp.n_sink = 2;
+	reject(&lp, "sink slots without sink blocks", "sink_blocks 0", "2 sink slots");
+	lp = base; lp.sink_blocks = 2; lp.n_sink = 2;
+	reject(&lp, "sink_blocks 2", "sink_blocks 2", NULL);
 	lp = base; lp.policy = NULL;
 	reject(&lp, "no policy", "policy", NULL);
 	p_bad = p3;
