@@ -18,7 +18,7 @@
 # Environment: KVQ_CTX (tokens per window, default 2048; a text needs two
 # windows at least), KVQ_COMPARE_OUT (OUTDIR), KVQ_THREADS (default 2),
 # KVQ_RUN_ARGS (more kvq-run options, e.g. "--gpu"; with "--rotate" the
-# JSON files are named llama-rot-*), KVQ_RUN and KVQD (the
+# JSON files are named llama-rot-*, with "--sink" llama-sink-*), KVQ_RUN and KVQD (the
 # programs, default build/'s), LLAMA_CPP_PYTHON (the version, default
 # below), LLAMA_BUILD (where llama.cpp is built, default
 # ~/.cache/kvqd/llama.cpp-VERSION).
@@ -77,6 +77,8 @@ for text in "$@"; do
 	name=$(basename "$text" | tr 'A-Z.' 'a-z-')
 	# kvqd's formats rotated (+rot) beside llama.cpp's: their own files
 	[[ " ${run_args[*]} " == *" --rotate "* ]] && name=rot-$name
+	# with sink blocks (--sink): their own files too
+	[[ " ${run_args[*]} " == *" --sink "* ]] && name=sink-$name
 	# kvq-run tokenize takes the text as one argument (at most 128 KiB)
 	if [ "$(wc -c <"$text")" -gt 131000 ]; then
 		echo "llama-compare: $text is over 128 KiB; give its first part" >&2
