@@ -35,6 +35,7 @@ long=(int8 fp8 int4g32 kivi4 kivi2 k=int8,v=int4g32 "0-9:int8;10-:kivi4" kivi2@2
 # sink blocks against the same policies without, both rotated: the per-token
 # formats, KIVI, and mixes near 4 bits per value
 sinkset=(int8 fp8 int4g32 int4g64 kivi4 kivi2@32 k=int4g64,v=kivi2@32 k=int4g32,v=int4g64)
+sinklong=(int8 fp8 int4g32 kivi4)
 
 gpl3=/usr/share/common-licenses/GPL-3
 gfdl=/usr/share/common-licenses/GFDL-1.3
@@ -58,6 +59,8 @@ runs=(
 	"sink-rot-gpl3-2048 $gpl3 2048 sinkset 0 0 rot,sink"
 	"rotset-gfdl-2048 $gfdl 2048 sinkset 0 0 rot"
 	"sink-rot-gfdl-2048 $gfdl 2048 sinkset 0 0 rot,sink"
+	"rotset-gpl3-8192 $gpl3 8192 sinklong 0 0 rot"
+	"sink-rot-gpl3-8192 $gpl3 8192 sinklong 0 0 rot,sink"
 )
 
 # every run (and the calibration) gets its own kvqd: kvq-run's pools are
