@@ -30,30 +30,36 @@ static uint32_t wire_of(const struct kvq_pools_rec *p, uint32_t b)
 	return b >= p->L->n_sealed ? b - p->L->n_sealed : b;
 }
 
-/* The block ids of sealed[n_sealed] then sink[n_sink] in a new array (free
- * it), or NULL with err set: -EINVAL for an id out of range, or -ENOMEM. */
-static uint32_t *blocks_of(const struct kvq_pools_rec *p, const uint32_t *sealed, size_t n_sealed,
-			   const uint32_t *sink, size_t n_sink, const char *what, int *ret, char *err,
-			   size_t errlen)
+/* The block ids of sealed[n_sealed] then sink[n_sink]: sealed itself when
+ * there is no sink id, else a new array in *owned (free it; NULL when none
+ * was needed), and *ret 0; or *ret -EINVAL (an id out of range, err set)
+ * or -ENOMEM. */
+static const uint32_t *blocks_of(const struct kvq_pools_rec *p, const uint32_t *sealed, size_t n_sealed,
+				 const uint32_t *sink, size_t n_sink, const char *what, uint32_t **owned, int *ret,
+				 char *err, size_t errlen)
 {
-	uint32_t *b = calloc(n_sealed + n_sink + 1, sizeof(*b));
+	uint32_t *b = NULL, id;
 
+	*owned = NULL;
 	*ret = -ENOMEM;
-	if (!b)
+	if (n_sink && !(b = calloc(n_sealed + n_sink, sizeof(*b))))
 		return NULL;
 	for (size_t i = 0; i < n_sealed + n_sink; i++) {
 		int is_sink = i >= n_sealed;
-		uint32_t id = is_sink ? sink[i - n_sealed] : sealed[i];
 
-		if (block_of(p, is_sink, id, &b[i]) < 0) {
+		if (block_of(p, is_sink, is_sink ? sink[i - n_sealed] : sealed[i], &id) < 0) {
 			free(b);
 			*ret = -EINVAL;
 			kvq_seterr(err, errlen, "%s.%s[%zu] = %u: out of range", what, is_sink ? "sink_ids" : "sealed_ids",
-				   is_sink ? i - n_sealed : i, id);
+				   is_sink ? i - n_sealed : i, is_sink ? sink[i - n_sealed] : sealed[i]);
 			return NULL;
 		}
+		if (b)
+			b[i] = id;
 	}
-	return b;
+	*owned = b;
+	*ret = 0;
+	return b ? b : sealed;
 }
 
 int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
@@ -86,8 +92,8 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	open = calloc(a->n_open + 1, sizeof(*open));
 	resv = calloc(a->n_open + 1, sizeof(*resv));
 	sealed = calloc(a->n_sealed + 1, sizeof(*sealed));
-	sink = calloc(a->n_sink + 1, sizeof(*sink));
-	if (!open || !resv || !sealed || !sink ||
+	sink = a->n_sink ? calloc(a->n_sink, sizeof(*sink)) : NULL;
+	if (!open || !resv || !sealed || (a->n_sink && !sink) ||
 	    kvq_lease_reserve(c->lease, a->n_sealed + a->n_sink, a->n_open) < 0) {
 		ret = -ENOMEM;
 		goto fail;
@@ -191,13 +197,31 @@ out:
 	return ret;
 }
 
+/* Block ids of a publish block: *blk its own, *par its parent's or -1
+ * (unset).  Returns 0, or -1 when an id is out of its class's range. */
+static int publish_ids(const struct kvq_pools_rec *p, const Kvq__PublishBlock *b, uint32_t *blk, int32_t *par)
+{
+	const int psink = b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID;
+	uint32_t pb;
+
+	*par = -1;
+	if (block_of(p, b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID,
+		     b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID ? b->sink_id : b->sealed_id, blk) < 0)
+		return -1;
+	if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT__NOT_SET)
+		return 0;
+	if (block_of(p, psink, psink ? b->parent_sink_id : b->parent_id, &pb) < 0)
+		return -1;
+	*par = (int32_t)pb;
+	return 0;
+}
+
 int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
 {
 	const Kvq__Publish *q = req->publish;
 	Kvq__PublishReply *rep = r->e.publish_reply;
 	struct kvq_pools_rec *p = c->pool;
-	uint32_t B = p->L->block_tokens, *ids = NULL, *blk = NULL;
-	int32_t *par = NULL;
+	uint32_t B = p->L->block_tokens, *ids = NULL;
 	kvq_lease *seen = NULL;
 	int ret;
 
@@ -205,9 +229,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	if (ret < 0)
 		return ret;
 	ids = calloc(q->n_blocks + 1, sizeof(*ids));
-	blk = calloc(q->n_blocks + 1, sizeof(*blk));
-	par = calloc(q->n_blocks + 1, sizeof(*par));
-	if (!ids || !blk || !par) {
+	if (!ids) {
 		ret = -ENOMEM;
 		goto out;
 	}
@@ -217,7 +239,8 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		const int has_parent = b->parent_case != KVQ__PUBLISH_BLOCK__PARENT__NOT_SET;
 		const uint32_t wid = sink ? b->sink_id : b->sealed_id;
 		const char *fld = sink ? "sink_id" : "sealed_id";
-		uint32_t pb = 0;
+		uint32_t blk = 0, tmp;
+		int32_t par;
 
 		if (b->n_tokens != B) {
 			ret = (kvq_seterr(err, errlen, "publish.blocks[%zu]: %zu tokens, a block has %u", i,
@@ -231,33 +254,29 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 					 "first block is its sink block and no other is", i, p->name), -EINVAL);
 			goto out;
 		}
-		if (block_of(p, sink, wid, &blk[i]) < 0 || !kvq_lease_sealed(c->lease, blk[i]) ||
-		    kvq_pool_check_sealed(p->pool, blk[i], KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
-		    kvq_lease_sealed_add(seen, blk[i], 1) != 1) {
+		if (block_of(p, sink, wid, &blk) < 0 || !kvq_lease_sealed(c->lease, blk) ||
+		    kvq_pool_check_sealed(p->pool, blk, KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
+		    kvq_lease_sealed_add(seen, blk, 1) != 1) {
 			ret = (kvq_seterr(err, errlen,
 					 "publish.blocks[%zu].%s %u: not an unpublished block held by the "
 					 "caller (or named twice)", i, fld, wid), -EINVAL);
 			goto out;
 		}
-		par[i] = -1;
 		if (!has_parent)
 			continue;
-		if (block_of(p, b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID,
-			     b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID ? b->parent_sink_id
-											: b->parent_id, &pb) < 0 ||
-		    (!kvq_lease_sealed(seen, pb) &&
-		     (!kvq_lease_sealed(c->lease, pb) ||
-		      kvq_pool_check_sealed(p->pool, pb, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0))) {
+		if (publish_ids(p, b, &tmp, &par) < 0 ||
+		    (!kvq_lease_sealed(seen, (uint32_t)par) &&
+		     (!kvq_lease_sealed(c->lease, (uint32_t)par) ||
+		      kvq_pool_check_sealed(p->pool, (uint32_t)par, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0))) {
 			ret = (kvq_seterr(err, errlen,
 					 "publish.blocks[%zu]: its parent is neither a cached block the caller holds "
 					 "nor an earlier block of this request", i), -EINVAL);
 			goto out;
 		}
-		if (pb == blk[i]) {
+		if ((uint32_t)par == blk) {
 			ret = (kvq_seterr(err, errlen, "publish.blocks[%zu]: its own parent", i), -EINVAL);
 			goto out;
 		}
-		par[i] = (int32_t)pb;
 	}
 	if (kvq_lease_reserve(c->lease, (uint32_t)q->n_blocks, 0) < 0) {
 		ret = -ENOMEM;
@@ -265,29 +284,30 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	}
 	for (size_t i = 0; i < q->n_blocks; i++) {
 		const Kvq__PublishBlock *b = q->blocks[i];
-		int32_t parent = par[i];
-		uint32_t got;
+		uint32_t blk, got, bj;
+		int32_t parent, pj;
 
+		publish_ids(p, b, &blk, &parent);   /* validated above */
 		/* an earlier block of this request may have become a cached duplicate */
 		for (size_t j = 0; parent >= 0 && j < i; j++)
-			if (blk[j] == (uint32_t)par[i])
+			if (publish_ids(p, q->blocks[j], &bj, &pj) == 0 && bj == (uint32_t)parent)
 				parent = (int32_t)ids[j];
-		ret = kvq_prefix_publish(p->prefix, blk[i], parent, b->tokens, b->salt.data, b->salt.len, &got);
+		ret = kvq_prefix_publish(p->prefix, blk, parent, b->tokens, b->salt.data, b->salt.len, &got);
 		if (ret < 0) {
 			/* validated above: only libcrypto can fail here */
-			kvq_log(LOG_ERR, "pool %s: publish of block %u failed: %s", p->name, blk[i], strerror(-ret));
+			kvq_log(LOG_ERR, "pool %s: publish of block %u failed: %s", p->name, blk, strerror(-ret));
 			kvq_seterr(err, errlen, "publish.blocks[%zu] failed; blocks before it are published", i);
 			goto out;
 		}
-		if (got != blk[i]) {
+		if (got != blk) {
 			/* the caller's holds move to the cached copy and the duplicate
 			 * goes, unless the copy is at its reference limit */
-			uint32_t n = kvq_lease_sealed(c->lease, blk[i]);
+			uint32_t n = kvq_lease_sealed(c->lease, blk);
 
 			if (kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, got, n) == 0)
-				kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, blk[i], n);
+				kvq_lease_give(c->lease, p->pool, KVQ_LEASE_REF, blk, n);
 			else
-				got = blk[i];
+				got = blk;
 		}
 		ids[i] = got;
 	}
@@ -300,8 +320,6 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	ids = NULL;
 out:
 	free(ids);
-	free(blk);
-	free(par);
 	kvq_lease_free(seen);
 	return ret;
 }
@@ -409,21 +427,22 @@ int kvq_req_release(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	struct kvq_pools_rec *p = c->pool;
 	kvq_lease *want = NULL;
 	size_t nb = q->n_sealed_ids + q->n_sink_ids;
+	uint32_t *owned;
 	int ret;
-	uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "release", &ret,
-				  err, errlen);
+	const uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "release",
+					&owned, &ret, err, errlen);
 
-	if (!blk)
+	if (ret < 0)
 		return ret;
 	ret = check_held(c, blk, nb, "release", &want, err, errlen);
 	if (ret < 0) {
-		free(blk);
+		free(owned);
 		return ret;
 	}
 	for (size_t i = 0; i < q->n_open_ids; i++)
 		if (!kvq_lease_open_has(c->lease, q->open_ids[i]) || kvq_lease_open_add(want, q->open_ids[i]) < 0) {
 			kvq_lease_free(want);
-			free(blk);
+			free(owned);
 			return kvq_seterr(err, errlen, "release.open_ids[%zu] = %u: not held (or named twice)", i,
 					  q->open_ids[i]), -EINVAL;
 		}
@@ -432,7 +451,7 @@ int kvq_req_release(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	for (size_t i = 0; i < q->n_open_ids; i++)
 		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_OPEN, q->open_ids[i], 1);
 	kvq_lease_free(want);
-	free(blk);
+	free(owned);
 	return 0;
 }
 
@@ -441,30 +460,31 @@ int kvq_req_fork(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply 
 	const Kvq__Fork *q = req->fork;
 	struct kvq_pools_rec *p = c->pool;
 	size_t nb = q->n_sealed_ids + q->n_sink_ids;
+	uint32_t *owned;
 	int ret;
-	uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "fork", &ret, err,
-				  errlen);
+	const uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "fork", &owned,
+					&ret, err, errlen);
 
-	if (!blk)
+	if (ret < 0)
 		return ret;
 	for (size_t i = 0; i < nb; i++) {
 		uint32_t id = blk[i];
 
 		if (!kvq_lease_sealed(c->lease, id)) {
-			free(blk);
+			free(owned);
 			return kvq_seterr(err, errlen, "fork: block %zu (%s %u) not held by the caller", i,
 					  id >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, id)), -EINVAL;
 		}
 		/* a batch naming one id n times must fit below the limits n times over */
 		if (kvq_pool_refs(p->pool, id) >= KVQ_POOL_MAX_REFS - nb ||
 		    kvq_lease_sealed(c->lease, id) >= UINT32_MAX - nb) {
-			free(blk);
+			free(owned);
 			return kvq_seterr(err, errlen, "fork: block %zu (%s %u): too many references", i,
 					  id >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, id)), -EOVERFLOW;
 		}
 	}
 	for (size_t i = 0; i < nb; i++)
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, blk[i], 1);
-	free(blk);
+	free(owned);
 	return 0;
 }
