@@ -23,6 +23,7 @@
 
 #include "../tap.h"
 #include "../daemon.h"
+#include "../synth.h"
 #include "kvq.h"
 #include "layout.h"
 
@@ -57,19 +58,11 @@ struct shared {
 
 static struct shared *sh;
 
-/* Synthetic K/V: a pure function of (token, position, layer, head, dim), so
- * every worker computes the same values for the same prompt. */
+/* Synthetic K/V (synth.h): every worker computes the same values for the
+ * same prompt. */
 static uint16_t kv_val(uint32_t tok, uint32_t pos, uint32_t layer, uint32_t h, uint32_t d, int is_v)
 {
-	uint64_t x = ((uint64_t)tok << 32) ^ ((uint64_t)pos << 20) ^ (layer << 12) ^ (h << 8) ^ (d << 1) ^
-		     (uint64_t)is_v;
-
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ull;
-	x ^= x >> 33;
-	return kvq_f16_from_f32((float)((double)(x >> 11) / (double)(1ull << 53) * 4.0 - 2.0));
+	return kvq_f16_from_f32((float)synth_kv(tok, pos, layer, h, d, is_v));
 }
 
 static void make_kv(const uint32_t *tok, uint32_t pos0, uint32_t m, uint32_t layer, uint16_t *k, uint16_t *v)

@@ -32,6 +32,7 @@
 #include "../tap.h"
 #include "../daemon.h"
 #include "../ref.h"
+#include "../synth.h"
 #include "kvq.h"
 #include "layout.h"
 
@@ -46,19 +47,11 @@
 
 static char sock_path[108];
 
+/* Synthetic K/V (synth.h), the first tokens large, as attention sinks are. */
 static uint16_t kv_val(uint32_t tok, uint32_t pos, uint32_t layer, uint32_t h, uint32_t d, int is_v)
 {
-	uint64_t x = ((uint64_t)tok << 32) ^ ((uint64_t)pos << 20) ^ (layer << 12) ^ (h << 8) ^ (d << 1) ^
-		     (uint64_t)is_v;
-	double y;
+	double y = synth_kv(tok, pos, layer, h, d, is_v);
 
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ull;
-	x ^= x >> 33;
-	y = (double)(x >> 11) / (double)(1ull << 53) * 4.0 - 2.0;
-	/* the first tokens large, as attention sinks are */
 	return kvq_f16_from_f32((float)(pos < 3 ? 20.0 * y : y));
 }
 
