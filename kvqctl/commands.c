@@ -353,7 +353,7 @@ static void print_daemon(const Kvq__StatsReply *sr)
 static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 {
 	struct pool_fig f;
-	char a[32], b[32], d[16], h[2 * KVQ_PROTO_SHA256 + 1];
+	char a[32], b[32], d[16], h[2 * KVQ_PROTO_SHA256 + 1], sk[32] = "";
 
 	pool_figures(p, &f);
 	printf("\npool %s\n", p->name);
@@ -368,8 +368,10 @@ static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	       p->kv_heads, p->head_dim, p->block_tokens, p->window,
 	       p->act == KVQ__DTYPE__DTYPE_BF16 ? "bf16" : "f16");
 	printf("  backend         %s, device %s\n", p->backend, dev_str(p->device, d, sizeof(d)));
-	printf("  capacity        %s, %u sealed + %u open slots, %.2f%% of device memory (%s)\n",
-	       human_bytes((double)p->total_bytes, a, sizeof(a)), p->n_sealed, p->n_open,
+	if (p->n_sink)
+		snprintf(sk, sizeof(sk), " + %u sink", p->n_sink);
+	printf("  capacity        %s, %u sealed + %u open%s slots, %.2f%% of device memory (%s)\n",
+	       human_bytes((double)p->total_bytes, a, sizeof(a)), p->n_sealed, p->n_open, sk,
 	       100.0 * ratio(p->total_bytes, p->device_memory), human_bytes((double)p->device_memory, b, sizeof(b)));
 	printf("  in use          %s, %.2f%% of device memory\n", human_bytes((double)f.used, a, sizeof(a)),
 	       100.0 * ratio(f.used, p->device_memory));
