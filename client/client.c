@@ -473,6 +473,16 @@ int client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint
 	return 0;
 }
 
+/* How many of ids[n] are sink ids (KVQ_SINK_ID). */
+static size_t count_sinks(const uint32_t *ids, uint32_t n)
+{
+	size_t k = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		k += (ids[i] & KVQ_SINK_FLAG) != 0;
+	return k;
+}
+
 /* Splits ids (n of them) by class: sealed ones to sealed[*ns], sink ones
  * (KVQ_SINK_ID) to sink[*nk], their flag cleared. */
 static void split_ids(const uint32_t *ids, uint32_t n, uint32_t *sealed, size_t *ns, uint32_t *sink, size_t *nk)
@@ -480,7 +490,7 @@ static void split_ids(const uint32_t *ids, uint32_t n, uint32_t *sealed, size_t 
 	for (uint32_t i = 0; i < n; i++) {
 		if (ids[i] & KVQ_SINK_FLAG)
 			sink[(*nk)++] = ids[i] & ~KVQ_SINK_FLAG;
-		else if (sealed)
+		else
 			sealed[(*ns)++] = ids[i];
 	}
 }
@@ -490,28 +500,32 @@ int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Release rl = KVQ__RELEASE__INIT;
-	uint32_t *sealed, *open, *sink;
-	int r = -ENOMEM;
+	uint32_t *buf = NULL;
+	int r;
 
 	if (!c || (n_sealed && !sealed_ids) || (n_open && !open_ids))
 		return -EINVAL;
-	/* a sink id may come in either list: a sequence's block 0 in its window, or sealed */
-	sealed = malloc(((size_t)n_sealed + 1) * sizeof(*sealed));
-	open = malloc(((size_t)n_open + 1) * sizeof(*open));
-	sink = malloc(((size_t)n_sealed + n_open + 1) * sizeof(*sink));
-	if (sealed && open && sink) {
-		split_ids(sealed_ids, n_sealed, sealed, &rl.n_sealed_ids, sink, &rl.n_sink_ids);
-		split_ids(open_ids, n_open, open, &rl.n_open_ids, sink, &rl.n_sink_ids);
-		rl.sealed_ids = sealed;
-		rl.open_ids = open;
-		rl.sink_ids = sink;
-		e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
-		e.release = &rl;
-		r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
+	rl.n_sealed_ids = n_sealed;
+	rl.sealed_ids = (uint32_t *)sealed_ids;
+	rl.n_open_ids = n_open;
+	rl.open_ids = (uint32_t *)open_ids;
+	/* a sink id may come in either list (a sequence's block 0 in its window,
+	 * or sealed): only then are the lists copied, split by class */
+	if (count_sinks(sealed_ids, n_sealed) + count_sinks(open_ids, n_open)) {
+		buf = malloc(2 * ((size_t)n_sealed + n_open) * sizeof(*buf));
+		if (!buf)
+			return -ENOMEM;
+		rl.sealed_ids = buf;
+		rl.open_ids = buf + n_sealed;
+		rl.sink_ids = buf + n_sealed + n_open;
+		rl.n_sealed_ids = rl.n_open_ids = 0;
+		split_ids(sealed_ids, n_sealed, rl.sealed_ids, &rl.n_sealed_ids, rl.sink_ids, &rl.n_sink_ids);
+		split_ids(open_ids, n_open, rl.open_ids, &rl.n_open_ids, rl.sink_ids, &rl.n_sink_ids);
 	}
-	free(sealed);
-	free(open);
-	free(sink);
+	e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
+	e.release = &rl;
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
+	free(buf);
 	return r;
 }
 
@@ -519,23 +533,26 @@ int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Fork f = KVQ__FORK__INIT;
-	uint32_t *sealed, *sink;
-	int r = -ENOMEM;
+	uint32_t *buf = NULL;
+	int r;
 
 	if (!c || (n && !sealed_ids))
 		return -EINVAL;
-	sealed = malloc(((size_t)n + 1) * sizeof(*sealed));
-	sink = malloc(((size_t)n + 1) * sizeof(*sink));
-	if (sealed && sink) {
-		split_ids(sealed_ids, n, sealed, &f.n_sealed_ids, sink, &f.n_sink_ids);
-		f.sealed_ids = sealed;
-		f.sink_ids = sink;
-		e.body_case = KVQ__ENVELOPE__BODY_FORK;
-		e.fork = &f;
-		r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
+	f.n_sealed_ids = n;
+	f.sealed_ids = (uint32_t *)sealed_ids;
+	if (count_sinks(sealed_ids, n)) {
+		buf = malloc(2 * (size_t)n * sizeof(*buf));
+		if (!buf)
+			return -ENOMEM;
+		f.sealed_ids = buf;
+		f.sink_ids = buf + n;
+		f.n_sealed_ids = 0;
+		split_ids(sealed_ids, n, f.sealed_ids, &f.n_sealed_ids, f.sink_ids, &f.n_sink_ids);
 	}
-	free(sealed);
-	free(sink);
+	e.body_case = KVQ__ENVELOPE__BODY_FORK;
+	e.fork = &f;
+	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
+	free(buf);
 	return r;
 }
 

@@ -136,9 +136,6 @@ int kvq_pool_alloc_sealed(kvq_pool *p, uint32_t count, uint32_t *ret_ids);
  * n_sealed ..), or -ENOSPC. */
 int kvq_pool_alloc_sink(kvq_pool *p, uint32_t count, uint32_t *ret_ids);
 
-/* n_sealed: the first sink block id. */
-uint32_t kvq_pool_n_sealed(const kvq_pool *p);
-
 /* Seals a used open slot: frees it and makes its reserved sealed slot a
  * PRIVATE block with one reference (its owner's).  Never fails for lack of
  * room.  Returns 0 and *ret_id (the sealed id), -ERANGE or -EINVAL. */
