@@ -31,6 +31,7 @@ struct kvq_group {
 	char model[KVQ_PROTO_MAX_MODEL_ID + 1];
 	struct kvq_policy policy;
 	uint32_t world, layers, kv_heads, head_dim, block_tokens, act, sink_blocks;
+	uint32_t window;          /* R of every member pool (the first's) */
 	struct kvq_pools_rec *member[KVQ_GROUP_MAX_RANKS];
 	uint32_t n_members;
 	struct pending *pending;
@@ -61,7 +62,7 @@ static struct kvq_group *group_find(const struct kvq_pools *ps, const char *name
 }
 
 int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const struct kvq_pools_rec *p,
-		    uint32_t *ret_heads, char *err, size_t errlen)
+		    uint32_t *ret_heads, uint32_t *ret_window, char *err, size_t errlen)
 {
 	const struct kvq_group *g = group_find(ps, a->group);
 	struct kvq_policy pol;
@@ -77,10 +78,12 @@ int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const stru
 		return KVQ_EPOLICY;
 	if (g && (g->world != a->world_size || strcmp(g->model, a->model_id) || g->layers != a->layers ||
 		  g->kv_heads != a->kv_heads || g->head_dim != a->head_dim || g->block_tokens != a->block_tokens ||
-		  g->act != (uint32_t)a->act || !kvq_policy_equal(&g->policy, &pol) || g->sink_blocks != a->sink_blocks))
-		return kvq_seterr(err, errlen, "group %s is %u ranks of model %s, %ux%ux%u, %u tokens/block, sink_blocks %u",
+		  g->act != (uint32_t)a->act || !kvq_policy_equal(&g->policy, &pol) || g->sink_blocks != a->sink_blocks ||
+		  (a->window && a->window != g->window)))
+		return kvq_seterr(err, errlen,
+				  "group %s is %u ranks of model %s, %ux%ux%u, %u tokens/block, window %u, sink_blocks %u",
 				  g->name, g->world, g->model, g->layers, g->kv_heads, g->head_dim, g->block_tokens,
-				  g->sink_blocks),
+				  g->window, g->sink_blocks),
 		       KVQ_ELAYOUT;
 	if (g && g->member[a->rank] && g->member[a->rank] != p)
 		return kvq_seterr(err, errlen, "rank %u of group %s is pool %s", a->rank, g->name,
@@ -90,6 +93,7 @@ int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const stru
 		return kvq_seterr(err, errlen, "pool %s is not rank %u of group %s", p->name, a->rank, a->group),
 		       KVQ_ELAYOUT;
 	*ret_heads = heads;
+	*ret_window = g ? g->window : a->window;
 	return 0;
 }
 
@@ -167,6 +171,7 @@ int kvq_group_join(struct kvq_pools *ps, const Kvq__Attach *a, struct kvq_pools_
 		g->block_tokens = a->block_tokens;
 		g->act = (uint32_t)a->act;
 		g->sink_blocks = a->sink_blocks;
+		g->window = p->L->window;
 		g->next = ps->groups;
 		ps->groups = g;
 	}

@@ -42,10 +42,12 @@ uint32_t kvq_group_shard_heads(uint32_t kv_heads, uint32_t world, char *err, siz
 
 /* Checks an Attach that names a group (a->group not empty) against the
  * group as it exists and against pool p (NULL when the attach creates it):
- * 0 and *ret_heads, the member pool's KV heads, or a negative code with
- * err filled (-EINVAL, KVQ_ELAYOUT, -EEXIST). */
+ * 0, *ret_heads (the member pool's KV heads) and *ret_window (the group's
+ * window: a rank asking for none gets the others'; a->window before the
+ * first member), or a negative code with err filled (-EINVAL, KVQ_ELAYOUT:
+ * the group's geometry, policy, window or sink_blocks differs, -EEXIST). */
 int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const struct kvq_pools_rec *p,
-		    uint32_t *ret_heads, char *err, size_t errlen);
+		    uint32_t *ret_heads, uint32_t *ret_window, char *err, size_t errlen);
 
 /* Makes allocated pool p rank a->rank of group a->group (creating the
  * group), after kvq_group_check passed: 0 or -ENOMEM. */

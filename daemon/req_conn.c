@@ -54,13 +54,15 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	if (a->group[0]) {
 		/* a rank of a tensor-parallel group: its member pool has its shard
 		 * of the model's heads, and is compared and created as such */
-		uint32_t heads;
+		uint32_t heads, window;
 
-		ret = kvq_group_check(&st->pools, a, p && kvq_conn_acl_ok(c, &p->acl) ? p : NULL, &heads, err, errlen);
+		ret = kvq_group_check(&st->pools, a, p && kvq_conn_acl_ok(c, &p->acl) ? p : NULL, &heads, &window,
+				      err, errlen);
 		if (ret < 0)
 			return ret;
 		member = *a;
 		member.kv_heads = heads;
+		member.window = window;
 		a = &member;
 	} else if (p && p->group[0] && kvq_conn_acl_ok(c, &p->acl)) {
 		return kvq_seterr(err, errlen, "pool %s is rank %u of group %s: attach with the group", p->name,

@@ -337,6 +337,24 @@ int main(void)
 		kvq_client_free(c);
 		c = NULL;
 	}
+	{
+		/* a rank whose pool would keep another window than the group's
+		 * (before the check, this new pool got as far as -EEXIST) */
+		struct kvq_attach_params p = { .pool = "tp.window", .model_id = MODEL, .layers = L_, .kv_heads = HEADS,
+					       .head_dim = D_, .block_tokens = B_, .window = 2 * B_, .policy = "int8",
+					       .act = KVQ_ACT_F16, .create = 1, .n_sealed = 28, .n_open = 24,
+					       .backend = "host", .device = -1 };
+		c = NULL;
+		r = kvq_client_connect(sock_path, "windowrank", &c);
+		if (r == 0)
+			r = kvq_client_set_group(c, group_name, 1, WORLD);
+		if (r == 0)
+			r = kvq_client_attach(c, &p);
+		ok(r == KVQ_ELAYOUT && c && strstr(kvq_client_error(c), "window 16"),
+		   "a rank with another window than the group's is refused (%d: %s)", r, c ? kvq_client_error(c) : "");
+		kvq_client_free(c);
+		c = NULL;
+	}
 	/* a lookup without a request id */
 	c = attach_rank("norid", "tp.r2", 2, WORLD, HEADS, MODEL, &r);
 	uint32_t tok[256], n = prompt_of(0, tok), ids[16], got_n = 99;
