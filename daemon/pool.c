@@ -180,7 +180,6 @@ int kvq_pool_alloc_sink(kvq_pool *p, uint32_t count, uint32_t *ret_ids)
 	return alloc_blocks(p, 1, count, ret_ids);
 }
 
-
 int kvq_pool_check_open(const kvq_pool *p, uint32_t open_id)
 {
 	if (open_id >= p->n_open)

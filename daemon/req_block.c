@@ -197,17 +197,23 @@ out:
 	return ret;
 }
 
-/* Block ids of a publish block: *blk its own, *par its parent's or -1
- * (unset).  Returns 0, or -1 when an id is out of its class's range. */
-static int publish_ids(const struct kvq_pools_rec *p, const Kvq__PublishBlock *b, uint32_t *blk, int32_t *par)
+/* A publish block's own block id (its sealed_id or sink_id) in *blk: 0, or
+ * -1 when out of its class's range. */
+static int publish_block(const struct kvq_pools_rec *p, const Kvq__PublishBlock *b, uint32_t *blk)
+{
+	const int sink = b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
+
+	return block_of(p, sink, sink ? b->sink_id : b->sealed_id, blk);
+}
+
+/* Its parent's block id in *par, or -1 when it has none: 0, or -1 when the
+ * id is out of its class's range. */
+static int publish_parent(const struct kvq_pools_rec *p, const Kvq__PublishBlock *b, int32_t *par)
 {
 	const int psink = b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID;
 	uint32_t pb;
 
 	*par = -1;
-	if (block_of(p, b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID,
-		     b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID ? b->sink_id : b->sealed_id, blk) < 0)
-		return -1;
 	if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT__NOT_SET)
 		return 0;
 	if (block_of(p, psink, psink ? b->parent_sink_id : b->parent_id, &pb) < 0)
@@ -239,7 +245,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		const int has_parent = b->parent_case != KVQ__PUBLISH_BLOCK__PARENT__NOT_SET;
 		const uint32_t wid = sink ? b->sink_id : b->sealed_id;
 		const char *fld = sink ? "sink_id" : "sealed_id";
-		uint32_t blk = 0, tmp;
+		uint32_t blk = 0;
 		int32_t par;
 
 		if (b->n_tokens != B) {
@@ -254,7 +260,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 					 "first block is its sink block and no other is", i, p->name), -EINVAL);
 			goto out;
 		}
-		if (block_of(p, sink, wid, &blk) < 0 || !kvq_lease_sealed(c->lease, blk) ||
+		if (publish_block(p, b, &blk) < 0 || !kvq_lease_sealed(c->lease, blk) ||
 		    kvq_pool_check_sealed(p->pool, blk, KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
 		    kvq_lease_sealed_add(seen, blk, 1) != 1) {
 			ret = (kvq_seterr(err, errlen,
@@ -264,7 +270,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		}
 		if (!has_parent)
 			continue;
-		if (publish_ids(p, b, &tmp, &par) < 0 ||
+		if (publish_parent(p, b, &par) < 0 ||
 		    (!kvq_lease_sealed(seen, (uint32_t)par) &&
 		     (!kvq_lease_sealed(c->lease, (uint32_t)par) ||
 		      kvq_pool_check_sealed(p->pool, (uint32_t)par, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0))) {
@@ -282,16 +288,20 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		ret = -ENOMEM;
 		goto out;
 	}
-	for (size_t i = 0; i < q->n_blocks; i++) {
+	for (size_t i = 0, dups = 0; i < q->n_blocks; i++) {
 		const Kvq__PublishBlock *b = q->blocks[i];
-		uint32_t blk, got, bj;
-		int32_t parent, pj;
+		uint32_t blk = 0, got, bj;
+		int32_t parent;
 
-		publish_ids(p, b, &blk, &parent);   /* validated above */
-		/* an earlier block of this request may have become a cached duplicate */
-		for (size_t j = 0; parent >= 0 && j < i; j++)
-			if (publish_ids(p, q->blocks[j], &bj, &pj) == 0 && bj == (uint32_t)parent)
+		publish_block(p, b, &blk);   /* validated above */
+		publish_parent(p, b, &parent);
+		/* an earlier block of this request may have become a cached
+		 * duplicate (searched only once one has: ids are unique here) */
+		for (size_t j = 0; dups && parent >= 0 && j < i; j++)
+			if (publish_block(p, q->blocks[j], &bj) == 0 && bj == (uint32_t)parent) {
 				parent = (int32_t)ids[j];
+				break;
+			}
 		ret = kvq_prefix_publish(p->prefix, blk, parent, b->tokens, b->salt.data, b->salt.len, &got);
 		if (ret < 0) {
 			/* validated above: only libcrypto can fail here */
@@ -309,6 +319,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 			else
 				got = blk;
 		}
+		dups += got != blk;
 		ids[i] = got;
 	}
 	/* the ids in the blocks' classes, once every parent was resolved */

@@ -247,6 +247,16 @@ static void accounting(void)
 	   kvq_lease_sealed(b->lease, resv[0]) == 1 && !kvq_lease_sealed(b->lease, dup[0]) &&
 	   kvq_pool_state(p->pool, dup[0]) == KVQ_POOL_FREE && balanced(p),
 	   "a duplicate publish: the hold moves to the cached block, the copy is freed");
+	{
+		/* a chain of two duplicates: the second's parent is the first,
+		 * which became the cached block, so the second is found under it */
+		uint32_t d2[2], g2[2], o2[2], r2[2];
+		ok(alloc(b, 0, 2, o2, r2, d2) == 0 && publish(b, d2, 2, g2) == 0 && g2[0] == resv[0] &&
+		   g2[1] == sealed[0] && kvq_pool_state(p->pool, d2[0]) == KVQ_POOL_FREE &&
+		   kvq_pool_state(p->pool, d2[1]) == KVQ_POOL_FREE && release(b, g2, 2, NULL, 0) == 0 &&
+		   kvq_lease_sealed(b->lease, resv[0]) == 1 && !kvq_lease_sealed(b->lease, sealed[0]) && balanced(p),
+		   "a chain of two duplicates in one publish: both holds move to the cached chain, both copies freed");
+	}
 	ok(lookup(b, look, &n) == 0 && n == 2 && look[0] == resv[0] && look[1] == sealed[0] &&
 	   kvq_lease_sealed(b->lease, resv[0]) == 2 && balanced(p), "Lookup: the chain of two, one hold each");
 	held[0] = look[1];
