@@ -228,7 +228,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	Kvq__PublishReply *rep = r->e.publish_reply;
 	struct kvq_pools_rec *p = c->pool;
 	uint32_t B = p->L->block_tokens, *ids = NULL;
-	kvq_lease *seen = NULL;
+	kvq_lease *seen = NULL;     /* the request's blocks, each counted its index + 1 */
 	int ret;
 
 	ret = kvq_lease_new(&seen);
@@ -262,7 +262,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		}
 		if (publish_block(p, b, &blk) < 0 || !kvq_lease_sealed(c->lease, blk) ||
 		    kvq_pool_check_sealed(p->pool, blk, KVQ_POOL_BIT(KVQ_POOL_PRIVATE)) < 0 ||
-		    kvq_lease_sealed_add(seen, blk, 1) != 1) {
+		    kvq_lease_sealed_add(seen, blk, (uint32_t)i + 1) != 1) {
 			ret = (kvq_seterr(err, errlen,
 					 "publish.blocks[%zu].%s %u: not an unpublished block held by the "
 					 "caller (or named twice)", i, fld, wid), -EINVAL);
@@ -288,20 +288,18 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		ret = -ENOMEM;
 		goto out;
 	}
-	for (size_t i = 0, dups = 0; i < q->n_blocks; i++) {
+	for (size_t i = 0; i < q->n_blocks; i++) {
 		const Kvq__PublishBlock *b = q->blocks[i];
-		uint32_t blk = 0, got, bj;
+		uint32_t blk = 0, got, j;
 		int32_t parent;
 
 		publish_block(p, b, &blk);   /* validated above */
 		publish_parent(p, b, &parent);
-		/* an earlier block of this request may have become a cached
-		 * duplicate (searched only once one has: ids are unique here) */
-		for (size_t j = 0; dups && parent >= 0 && j < i; j++)
-			if (publish_block(p, q->blocks[j], &bj) == 0 && bj == (uint32_t)parent) {
-				parent = (int32_t)ids[j];
-				break;
-			}
+		/* a parent published earlier in this request (seen maps it to
+		 * its index + 1) may have become a cached duplicate */
+		j = parent >= 0 ? kvq_lease_sealed(seen, (uint32_t)parent) : 0;
+		if (j)
+			parent = (int32_t)ids[j - 1];
 		ret = kvq_prefix_publish(p->prefix, blk, parent, b->tokens, b->salt.data, b->salt.len, &got);
 		if (ret < 0) {
 			/* validated above: only libcrypto can fail here */
@@ -319,7 +317,6 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 			else
 				got = blk;
 		}
-		dups += got != blk;
 		ids[i] = got;
 	}
 	/* the ids in the blocks' classes, once every parent was resolved */
