@@ -109,7 +109,8 @@ static const struct pool_metric pool_metrics[] = {
 	{ "kvq_alloc_failures_total", "counter", "Allocations refused for lack of room.", get_alloc_failures },
 	{ "kvq_pool_clients", "gauge", "Connections attached to the pool.", get_clients },
 	{ "kvq_resident_sequences", "gauge", "Live sequences: open slots used / (window / block tokens), rounded up "
-	  "(exact when the window is one block).", get_sequences },
+	  "(exact when the window is one block); with sink blocks the references on sink blocks (exact).",
+	  get_sequences },
 	{ "kvq_resident_bytes", "gauge", "Bytes the resident tokens take: their distinct sealed blocks, open slots "
 	  "and the sealed slots reserved for those.", get_resident_bytes },
 	{ "kvq_resident_f16_bytes", "gauge", "Bytes the same tokens would take in f16 (effective batch gain = this "

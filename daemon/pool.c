@@ -25,7 +25,7 @@ struct kvq_pool {
 
 	/* counters kept on each transition, so stats cost nothing; by class */
 	uint32_t n_reserved, n_private[2], n_cached[2], n_cached_ref[2];
-	uint64_t total_refs, evictions, alloc_failures;
+	uint64_t total_refs[2], evictions, alloc_failures;
 
 	struct kvq_pool_cache cache;   /* all NULL when none is attached */
 };
@@ -166,7 +166,7 @@ static int alloc_blocks(struct kvq_pool *p, int cls, uint32_t count, uint32_t *r
 		ret_ids[i] = s;
 	}
 	p->n_private[cls] += count;
-	p->total_refs += count;
+	p->total_refs[cls] += count;
 	return 0;
 }
 
@@ -216,7 +216,7 @@ int kvq_pool_seal(kvq_pool *p, uint32_t open_id, uint32_t *ret_id)
 	p->state[s] = KVQ_POOL_PRIVATE;
 	p->refs[s] = 1;
 	p->n_private[0]++;
-	p->total_refs++;
+	p->total_refs[0]++;
 	*ret_id = s;
 	return 0;
 }
@@ -259,7 +259,7 @@ int kvq_pool_ref(kvq_pool *p, uint32_t id)
 		return r;
 	if (p->refs[id] >= KVQ_POOL_MAX_REFS)
 		return -EOVERFLOW;
-	p->total_refs++;
+	p->total_refs[cls_of(p, id)]++;
 	if (p->refs[id]++ == 0) {
 		/* only a cached block can be at zero (a private one would be free) */
 		p->n_cached_ref[cls_of(p, id)]++;
@@ -277,7 +277,7 @@ int kvq_pool_unref(kvq_pool *p, uint32_t id)
 		return r;
 	if (p->refs[id] == 0)
 		return -EINVAL;
-	p->total_refs--;
+	p->total_refs[cls_of(p, id)]--;
 	if (--p->refs[id] > 0)
 		return 0;
 	if (p->state[id] == KVQ_POOL_PRIVATE) {
@@ -310,7 +310,8 @@ void kvq_pool_stats(const kvq_pool *p, struct kvq_pool_stats *ret)
 		.sink_evictable = p->cache.evictable ? p->cache.evictable(p->cache.ctx, 1) : 0,
 		.open_free = p->n_ofree,
 		.open_used = p->n_open - p->n_ofree,
-		.refs = p->total_refs,
+		.refs = p->total_refs[0],
+		.sink_refs = p->total_refs[1],
 		.evictions = p->evictions,
 		.alloc_failures = p->alloc_failures,
 	};

@@ -83,7 +83,7 @@ struct kvq_pool_stats {
 	uint32_t sealed_evictable;     /* cached blocks eviction could free now */
 	uint32_t open_free, open_used;
 	uint32_t sink_free, sink_private, sink_cached, sink_referenced, sink_evictable; /* as sealed_* */
-	uint64_t refs;                 /* sum of all sealed blocks' references */
+	uint64_t refs, sink_refs;      /* sum of the sealed blocks' references, of the sink blocks' */
 	uint64_t evictions;            /* blocks evicted, ever */
 	uint64_t alloc_failures;       /* allocations refused with -ENOSPC */
 };

@@ -353,7 +353,13 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 
 	if (per_seq == 0)
 		per_seq = 1;
-	o->sequences = st->open_used / per_seq + (st->open_used % per_seq != 0);
+	/* with sink blocks each live sequence holds one sink reference from
+	 * its first token (its own block 0, a cached one, a fork's); without,
+	 * its open slots tell, at most per_seq of them */
+	if (i->sink_blocks)
+		o->sequences = (uint32_t)st->sink_refs;
+	else
+		o->sequences = st->open_used / per_seq + (st->open_used % per_seq != 0);
 	o->sealed_tokens = st->refs * B;
 	o->sealed_distinct_tokens = distinct * B;
 	o->open_tokens_max = (uint64_t)st->open_used * B;

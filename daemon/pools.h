@@ -97,7 +97,10 @@ struct kvq_pools {
  * PoolStats 29-34, kvqctl(1) "Resident figures").  After a commit a live
  * sequence longer than the window holds window / B open slots and a shorter
  * one fewer, so sequences is a lower bound (exact when window = B) and
- * open_used the upper one; every reference on a sealed block is one
+ * open_used the upper one; with sink blocks every live sequence holds one
+ * sink reference from its first token, so sequences is exact (the sink
+ * references) and sealed_tokens leaves the sinks to sink_tokens; every
+ * reference on a sealed block is one
  * sequence's (libkvq takes one per sequence), so sealed_tokens counts
  * tokens as the sequences see them and sealed_distinct_tokens as stored.
  */

@@ -231,7 +231,7 @@ static void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_u64("clients_attached", p->clients);
 	j_open("resident", '{');
 	j_u64("sequences", p->sequences);
-	j_u64("sequences_max", p->open_used);
+	j_u64("sequences_max", p->sink_blocks ? p->sequences : p->open_used);
 	j_u64("sealed_tokens", p->sealed_tokens);
 	j_u64("sealed_distinct_tokens", p->sealed_distinct_tokens);
 	j_u64("open_tokens_max", p->open_tokens_max);
@@ -386,7 +386,7 @@ static void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	       (unsigned long long)p->hit_tokens, (unsigned long long)p->lookup_tokens,
 	       p->lookup_tokens ? 100.0 * ratio(p->hit_tokens, p->lookup_tokens) : 0.0);
 	printf("  resident        %u sequences (at most %u), %llu sealed tokens (%llu distinct), at most %llu open\n",
-	       p->sequences, p->open_used, (unsigned long long)p->sealed_tokens,
+	       p->sequences, p->sink_blocks ? p->sequences : p->open_used, (unsigned long long)p->sealed_tokens,
 	       (unsigned long long)p->sealed_distinct_tokens, (unsigned long long)p->open_tokens_max);
 	if (p->resident_bytes)
 		printf("  batch gain      %.2fx: f16 would take %s for what takes %s here (open window and "

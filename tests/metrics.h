@@ -2,7 +2,8 @@
 /*
  * The metrics endpoint for the integration tests: a free loopback port for
  * kvqd's metrics_listen, a GET, a strict reading of the text exposition
- * (format 0.0.4), one sample's value, and a number of kvqctl --json.
+ * (format 0.0.4), one sample's value, kvqctl --json stats and a number of its
+ * output.
  */
 #ifndef KVQ_TEST_METRICS_H
 #define KVQ_TEST_METRICS_H
@@ -227,6 +228,24 @@ static double metric(const char *body, const char *prefix)
 	return NAN;
 }
 
+
+/* `ctl --socket sock --json stats pool` into out (n bytes); its exit status
+ * as pclose gives it, -1 when it could not run. */
+__attribute__((unused))
+static int ctl_stats_json(const char *ctl, const char *sock, const char *pool, char *out, size_t n)
+{
+	char cmd[1024];
+	size_t got;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' --json stats %s", ctl, sock, pool);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	got = fread(out, 1, n - 1, f);
+	out[got] = 0;
+	return pclose(f);
+}
 
 /* The number after "key": at or after from in a JSON text, as kvqctl --json
  * writes it (NAN if none). */

@@ -70,6 +70,7 @@ static uint64_t state_hash(void)
 		mix(&h, s.sink_cached);
 		mix(&h, s.sink_referenced);
 		mix(&h, s.refs);
+		mix(&h, s.sink_refs);
 		mix(&h, s.evictions);
 	}
 	for (int l = 0; l < 2; l++)
@@ -95,7 +96,7 @@ static void check_pool(const struct kvq_pools_rec *p)
 {
 	const struct kvq_conn *lists[2] = { t.st.conns, t.st.dying };
 	struct kvq_pool_stats s;
-	uint64_t *refs, total = 0;
+	uint64_t *refs, total[2] = { 0, 0 };   /* sealed, sink */
 	uint8_t *open;
 	uint32_t clients = 0, n_open = 0, nb;
 
@@ -139,7 +140,7 @@ static void check_pool(const struct kvq_pools_rec *p)
 		int state = kvq_pool_state(p->pool, id);
 
 		FUZZ_ASSERT(refs[id] == kvq_pool_refs(p->pool, id));
-		total += refs[id];
+		total[id >= s.n_sealed] += refs[id];
 		if (state == KVQ_POOL_CACHED) {
 			int64_t parent = kvq_prefix_parent(p->prefix, id);
 
@@ -150,7 +151,7 @@ static void check_pool(const struct kvq_pools_rec *p)
 			FUZZ_ASSERT(refs[id] == 0);
 		}
 	}
-	FUZZ_ASSERT(total == s.refs);
+	FUZZ_ASSERT(total[0] == s.refs && total[1] == s.sink_refs);
 	free(refs);
 	free(open);
 }
@@ -265,7 +266,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (!p->allocated)
 			continue;
 		kvq_pool_stats(p->pool, &s);
-		FUZZ_ASSERT(p->clients == 0 && s.refs == 0 && s.open_used == 0 && s.sealed_reserved == 0 &&
+		FUZZ_ASSERT(p->clients == 0 && s.refs == 0 && s.sink_refs == 0 && s.open_used == 0 && s.sealed_reserved == 0 &&
 			    s.sealed_private == 0 && s.cached_referenced == 0);
 	}
 	inproc_stop(&t);

@@ -263,17 +263,7 @@ static char ctl_out[BODY_MAX], body[BODY_MAX];
 /* kvqctl --json stats POOL into ctl_out; its exit status. */
 static int ctl_stats(const char *pool)
 {
-	char cmd[1024];
-	size_t got;
-	FILE *f;
-
-	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' --json stats %s", ctl_bin, sock_path, pool);
-	f = popen(cmd, "r");
-	if (!f)
-		return -1;
-	got = fread(ctl_out, 1, sizeof(ctl_out) - 1, f);
-	ctl_out[got] = 0;
-	return pclose(f);
+	return ctl_stats_json(ctl_bin, sock_path, pool, ctl_out, sizeof(ctl_out));
 }
 
 /* The exposition's text (after the headers), or NULL. */

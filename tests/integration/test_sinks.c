@@ -11,6 +11,9 @@
  *    sealed blocks decoded by the test's own code, the window exact);
  *  - the prefix cache: a second sequence finds the chain from its sink on,
  *    shares the sink and the sealed blocks, and computes the same outputs;
+ *    kvqctl counts the live sequences (one of them still in its first
+ *    block, which holds no open slot) and leaves the sinks out of the
+ *    sealed tokens;
  *  - fork while block 0 is in the window copies the sink (a new slot, the
  *    same bytes), and the copies then diverge without touching each other;
  *  - a pool with 2 sink slots: a third sequence's sink evicts the least
@@ -31,6 +34,7 @@
 
 #include "../tap.h"
 #include "../daemon.h"
+#include "../metrics.h"
 #include "../ref.h"
 #include "../synth.h"
 #include "kvq.h"
@@ -45,7 +49,7 @@
 #define NQ 2
 #define MODEL "test/sinks@1"
 
-static char sock_path[108];
+static char sock_path[108], ctl_out[16384];
 
 /* Synthetic K/V (synth.h), the first tokens large, as attention sinks are. */
 static uint16_t kv_val(uint32_t tok, uint32_t pos, uint32_t layer, uint32_t h, uint32_t d, int is_v)
@@ -253,9 +257,22 @@ static void test_write_and_attend(kvq_client *c, const uint32_t *tok, float (*fi
 	kvq_seq_free(s);
 }
 
+/* kvqctl --json stats of pool into ctl_out; its exit status. */
+static int ctl_stats(const char *pool)
+{
+	const char *top = getenv("top_builddir"), *env = getenv("KVQ_TEST_KVQCTL");
+	char ctl[512];
+
+	if (env)
+		snprintf(ctl, sizeof(ctl), "%s", env);
+	else
+		snprintf(ctl, sizeof(ctl), "%s/kvqctl/kvqctl", top ? top : ".");
+	return ctl_stats_json(ctl, sock_path, pool, ctl_out, sizeof(ctl_out));
+}
+
 static void test_prefix(kvq_client *c, const uint32_t *tok, float (*want)[NQ * QH_ * D_])
 {
-	kvq_seq *a = NULL, *b = NULL;
+	kvq_seq *a = NULL, *b = NULL, *s3 = NULL;
 	float out[L_][NQ * QH_ * D_];
 	uint32_t hit = 0;
 	int32_t s0;
@@ -273,6 +290,19 @@ static void test_prefix(kvq_client *c, const uint32_t *tok, float (*want)[NQ * Q
 	r = r < 0 ? r : attend(b, out);
 	ok(r == 0 && memcmp(out, want, sizeof out) == 0,
 	   "attention over the shared chain equals the cold sequence's, bit for bit");
+	/* a third sequence in its first block: a sink slot, no open slot */
+	r = r < 0 ? r : kvq_seq_new(c, NULL, 0, &s3);
+	r = r < 0 ? r : append(s3, tok, 0, B_ / 2);
+	r = r < 0 ? r : ctl_stats("sinks");
+	ok(r == 0 && jnum(ctl_out, "\"resident\"", "sequences") == 3 &&
+	   jnum(ctl_out, "\"resident\"", "sequences_max") == 3 &&
+	   jnum(ctl_out, "\"resident\"", "sealed_tokens") == 2 * (NTOK / B_ - 1) * B_ &&
+	   jnum(ctl_out, "\"resident\"", "sealed_distinct_tokens") == (NTOK / B_ - 1) * B_,
+	   "kvqctl: 3 live sequences (the sink references), sealed tokens %d as seen, %d stored, sinks "
+	   "apart (%g, %g, %g, %g)", 2 * (NTOK / B_ - 1) * B_, (NTOK / B_ - 1) * B_,
+	   jnum(ctl_out, "\"resident\"", "sequences"), jnum(ctl_out, "\"resident\"", "sequences_max"),
+	   jnum(ctl_out, "\"resident\"", "sealed_tokens"), jnum(ctl_out, "\"resident\"", "sealed_distinct_tokens"));
+	kvq_seq_free(s3);
 	kvq_seq_free(b);
 	kvq_seq_free(a);
 }

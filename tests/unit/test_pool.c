@@ -352,8 +352,9 @@ static void test_sinks(void)
 	   "sinks are block ids 6 .. 8, distinct");
 	kvq_pool_stats(p, &st);
 	ok(st.sink_free == 0 && st.sink_private == 3 && st.sealed_free == 6 && st.sealed_private == 0 &&
-	   kvq_pool_state(p, sk[0]) == KVQ_POOL_PRIVATE && kvq_pool_refs(p, sk[0]) == 1,
-	   "taken as private blocks with one reference; the sealed class untouched");
+	   kvq_pool_state(p, sk[0]) == KVQ_POOL_PRIVATE && kvq_pool_refs(p, sk[0]) == 1 && st.sink_refs == 3 &&
+	   st.refs == 0, "taken as private blocks with one reference (counted as sink references); the sealed class "
+	   "untouched");
 	ok(kvq_pool_alloc_sink(p, 1, &extra) == -ENOSPC && kvq_pool_alloc_sealed(p, 6, sl) == 0,
 	   "a fourth sink: -ENOSPC; the 6 sealed slots still all there");
 	/* chains: sink sk[i] then sealed sl[2i], sl[2i+1], all cached, released */
@@ -369,7 +370,7 @@ static void test_sinks(void)
 	kvq_pool_ref(p, sk[2]);   /* one chain's sink stays in use */
 	kvq_pool_stats(p, &st);
 	ok(st.sink_cached == 3 && st.sink_referenced == 1 && st.sink_evictable == 2 && st.sealed_cached == 6 &&
-	   st.sealed_evictable == 6 && st.cached_referenced == 0,
+	   st.sealed_evictable == 6 && st.cached_referenced == 0 && st.sink_refs == 1 && st.refs == 0,
 	   "3 cached sinks (1 referenced, 2 evictable), 6 cached sealed (the counts keep the classes apart)");
 	ok(kvq_pool_alloc_sink(p, 3, sk + 3) == -ENOSPC && f->n_victims == 0,
 	   "3 sinks with 2 evictable: -ENOSPC, nothing evicted");
