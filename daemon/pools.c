@@ -357,7 +357,7 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 	 * its first token (its own block 0, a cached one, a fork's); without,
 	 * its open slots tell, at most per_seq of them */
 	if (i->sink_blocks)
-		o->sequences = (uint32_t)st->sink_refs;
+		o->sequences = st->sink_refs > UINT32_MAX ? UINT32_MAX : (uint32_t)st->sink_refs;
 	else
 		o->sequences = st->open_used / per_seq + (st->open_used % per_seq != 0);
 	o->sealed_tokens = st->refs * B;
