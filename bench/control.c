@@ -373,6 +373,7 @@ static int ctl_ops(struct ctl_conn *c, const struct ctl_cfg *cfg, struct ctl_ops
 	e_seal.seal = &se;
 	for (uint32_t i = 0; i < CTL_BATCH; i++) {
 		kvq__publish_block__init(&blk[i]);
+		blk[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
 		if (i)
 			blk[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
 		blk[i].n_tokens = B;
