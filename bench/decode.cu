@@ -10,7 +10,8 @@
  * a cold 8192-token prompt, and the first at 9/3 heads and D = 64 (the
  * chunk's KV written first, as a worker does; TFLOP/s as FlashAttention
  * counts them);
- * append: the kvq_cuda_write of a 64 x 2048-token prefill (input read,
+ * append: the kvq_cuda_write of a 64 x 2048-token prefill at D = 128 and
+ * 64, median of --runs (input read,
  * sealed slices and open rows written) against a device-to-device copy.
  * Time: CUDA events around each launch, median of the runs after warm-up,
  * the L2 flushed before each run; the kernel kvq_cuda_attention chose and
@@ -165,7 +166,7 @@ struct result {
 /* Times one format on one shape; returns 0, or 1 when it does not fit. */
 static uint32_t force_splits;   /* --splits: 0 lets kvq_cuda_attention choose */
 
-static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, struct result *ret)
+static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, int write_runs, struct result *ret)
 {
 	const uint32_t L_ = 32, D = sh.D;
 	struct kvq_policy pol;
@@ -235,7 +236,7 @@ static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, struc
 	CK(cudaMalloc(&dseq, sh.batch * (sizeof *w > sizeof *s ? sizeof *w : sizeof *s)));
 	CK(cudaMemcpy(dseq, w, sh.batch * sizeof *w, cudaMemcpyHostToDevice));
 	/* the prefill's write (the same bytes each time), timed too */
-	ret->write_ms = median_ms(1, 4, "kvq_cuda_write", [&] {
+	ret->write_ms = median_ms(1, write_runs, "kvq_cuda_write", [&] {
 		return kvq_cuda_write(L, pool, 0, (const struct kvq_seq_table *)dseq, sh.batch, sh.ctx, kin, vin,
 				      NULL);
 	});
@@ -377,9 +378,9 @@ static int parse_shape(const char *arg, struct shape *sh)
 static void usage(const char *mode)
 {
 	fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST] [--runs N (1-200)] [--block B (16-256, "
-			"a multiple of 16)] [--splits N (1-64 KV splits, not chosen)] [--sdpa FILE (bench/sdpa.py's output)]%s\n", mode,
-		strcmp(mode, "decode") ? "" : " [--shape BATCHxCONTEXTxHQ/HKVxD]... [--fi FILE (fi_attn or fi_decode "
-					     "output)]...");
+			"a multiple of 16)] [--splits N (1-64 KV splits, not chosen)] [--sdpa FILE (bench/sdpa.py's output)]%s%s\n", mode,
+		strcmp(mode, "prefill") ? " [--shape BATCHxCONTEXTxHQ/HKVxD]..." : "",
+		strcmp(mode, "decode") ? "" : " [--fi FILE (fi_attn or fi_decode output)]...");
 }
 
 /* kvq-bench decode | prefill | append: the command name is argv[0]. */
@@ -397,15 +398,16 @@ extern "C" int bench_decode(int argc, char **argv)
 	/* 4 sequences: a 2048-token chunk over a cached 8192-token prefix (the
 	 * first shape, the one --quick runs), a 512-token chunk over 8192, a cold
 	 * 8192-token prompt, and the first at SmolLM2's shape (9/3 heads, D = 64);
-	 * append: a 64 x 2048 prefill */
+	 * append: a 64 x 2048 prefill, at D = 128 (32/8 heads) and SmolLM2's
+	 * D = 64 (9/3) */
 	static const struct shape prefill_shapes[] = {
 		{ 4, 10240, 32, 8, 2048, 128 }, { 4, 8704, 32, 8, 512, 128 }, { 4, 8192, 32, 8, 8192, 128 },
 		{ 4, 10240, 9, 3, 2048, 64 },
 	};
-	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1, 128 } };
+	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1, 128 }, { 64, 2048, 9, 3, 1, 64 } };
 	const int is_prefill = !strcmp(mode, "prefill"), is_append = !strcmp(mode, "append");
 	const struct shape *shapes = is_prefill ? prefill_shapes : is_append ? append_shapes : decode_shapes;
-	int nshapes_all = is_prefill ? 4 : is_append ? 1 : 6;
+	int nshapes_all = is_prefill ? 4 : is_append ? 2 : 6;
 	struct shape given[16];
 	int ngiven = 0;
 
@@ -423,7 +425,7 @@ extern "C" int bench_decode(int argc, char **argv)
 		else if (!strcmp(argv[i], "--block") && i + 1 < argc && atoi(argv[i + 1]) >= 16 &&
 			 atoi(argv[i + 1]) <= 256 && atoi(argv[i + 1]) % 16 == 0)
 			B = (uint32_t)atoi(argv[++i]);
-		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--shape") && i + 1 < argc && ngiven < 16 &&
+		else if (!is_prefill && !strcmp(argv[i], "--shape") && i + 1 < argc && ngiven < 16 &&
 			 !parse_shape(argv[i + 1], &given[ngiven]))
 			ngiven++, i++;
 		else if (!strcmp(argv[i], "--splits") && i + 1 < argc && atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64)
@@ -476,7 +478,7 @@ extern "C" int bench_decode(int argc, char **argv)
 			if (quick)
 				sh.batch = 2;
 			struct result *r = &res[nres];
-			if (run_one(f, sh, B, quick ? 5 : runs, r)) {
+			if (run_one(f, sh, B, quick ? 5 : runs, is_append ? (quick ? 5 : runs) : 4, r)) {
 				printf("%-16s %5u %7u  (does not fit in device memory)\n", f, sh.batch, sh.ctx);
 				continue;
 			}

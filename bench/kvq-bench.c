@@ -34,7 +34,7 @@ void usage(FILE *f)
 		"  decode    GPU decode attention per format and shape: ms, GB/s, share of read bandwidth\n"
 		"  prefill   GPU attention of prompt chunks over a cached prefix (2048 and 512 over 8192, a cold\n"
 		"            8192, D = 64): ms, TFLOP/s, against SDPA\n"
-		"  append    GPU write (append + seal) of a 64 x 2048-token prefill against copy bandwidth\n"
+		"  append    GPU write (append + seal) of a 64 x 2048-token prefill (D = 128 and 64) against copy bandwidth\n"
 		"            (kvq-bench decode|prefill|append --help for their options)\n"
 		"  timing    what libkvq's attention timing costs a GPU worker: a 30-layer token of decode\n"
 		"            calls untimed and with libkvq's event pairs (kvq-bench timing --help)\n"

@@ -154,8 +154,7 @@ int kvq_client_set_group(kvq_client *c, const char *group, uint32_t rank, uint32
  * (KVQ_ELAYOUT otherwise; the default 0 joins only pools without sinks).
  * n_sink: sink slots of a pool the attach creates with given slot counts
  * (0: as many as open slots).  Set before the attach; returns 0, -EINVAL
- * or -EISCONN.  A cuda pool with sink blocks is refused at attach
- * (-ENOTSUP): the CUDA kernels do not read sink blocks yet.
+ * or -EISCONN.
  */
 int kvq_client_set_sinks(kvq_client *c, uint32_t sink_blocks, uint32_t n_sink);
 

@@ -308,6 +308,7 @@ static void gpu_seq_free(kvq_seq *s)
 const struct client_backend client_cuda = {
 	.name = "cuda",
 	.compiled = true,
+	.sinks = true,
 	.map = cuda_import,
 	.unmap = gpu_unmap,
 	.write = gpu_write,

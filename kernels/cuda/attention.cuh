@@ -150,9 +150,10 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(attn_args a)
 
 	for (uint32_t tile = tile0; tile < tile1; tile++) {
 		const uint32_t t0 = tile * tt, blk = t0 / l.B, tb = t0 % l.B;
-		const bool sealed = blk < n_sealed_blk;
-		const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
-		const bool ok = id >= 0 && (uint32_t)id < (sealed ? l.n_sealed : l.n_open);
+		const bool sink = blk == 0 && s.sink;   /* read as an open block */
+		const bool sealed = !sink && blk < n_sealed_blk;
+		const int32_t id = block_id(l, s, blk, n_sealed_blk, sink, sealed);
+		const bool ok = id >= 0;
 		const uint32_t nvalid = !ok ? 0 : (kv_end - t0 < tt ? kv_end - t0 : tt);
 		const int kk = sealed && ok ? KK : KVQ_PARAM_NONE, vk = sealed && ok ? VK : KVQ_PARAM_NONE;
 

@@ -35,6 +35,19 @@ __device__ __forceinline__ const uint8_t *open_head(const layer_dev &l, const ui
 	return base + kvq_head_off(l.open_base, l.open_slice, l.open_head, id, h);
 }
 
+/* The id of block blk of table s (n_sealed_blk sealed blocks in it): a
+ * sink block's open id (n_open + sink - 1: its sink slice, layout.h), a
+ * sealed id, or an open id; -1 when it is out of its class's range (read
+ * as nothing). */
+__device__ __forceinline__ int32_t block_id(const layer_dev &l, const kvq_seq_table &s, uint32_t blk,
+					    uint32_t n_sealed_blk, bool sink, bool sealed)
+{
+	if (sink)
+		return s.sink <= l.n_sink ? (int32_t)(l.n_open + s.sink - 1) : -1;
+	const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
+	return id >= 0 && (uint32_t)id < (sealed ? l.n_sealed : l.n_open) ? id : -1;
+}
+
 /* Head h's codebooks of the layer's K (is_v 0) or V (1): [subspace][256]
  * [subdim] FP16 (codebook.h), or NULL where that format has none.  Call
  * it with a constant is_v: a computed index would copy l to local memory. */
@@ -146,13 +159,13 @@ template <uint32_t E> __device__ __forceinline__ void warp_rotate(float x[E], ui
 	const uint32_t lane = threadIdx.x & 31;
 	const float norm = kvq_rot_norm(n);
 
+	/* the lower lane of a pair keeps x + o, the upper o - x: both are
+	 * fma(±1, x, o), one rounding of the same sum, with no select */
 	for (uint32_t len = 1; len < n && len < 32; len <<= 1) {
-		const bool upper = lane & len;
+		const float sgn = lane & len ? -1.0f : 1.0f;
 #pragma unroll
-		for (uint32_t i = 0; i < E; i++) {
-			const float o = __shfl_xor_sync(0xffffffffu, x[i], len);
-			x[i] = upper ? __fsub_rn(o, x[i]) : __fadd_rn(x[i], o);
-		}
+		for (uint32_t i = 0; i < E; i++)
+			x[i] = __fmaf_rn(sgn, x[i], __shfl_xor_sync(0xffffffffu, x[i], len));
 	}
 #pragma unroll
 	for (uint32_t s = 1; s < E; s <<= 1)
@@ -258,6 +271,10 @@ struct attn_args {
 	float scale;
 	int out_dtype;
 	uint32_t g, q_heads, chunks, nrp, tt, splits, total_q, max_q;
+	/* KVQ_ROT_K, KVQ_ROT_V: what the kernel (and merge_kernel) rotate
+	 * themselves, q on load and the output in the epilogue (decode and
+	 * pq-decode kernels); 0 where dispatch rotates around the launch */
+	uint32_t rot;
 };
 
 /* ----------------------------------------------------------------- errors */

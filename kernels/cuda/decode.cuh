@@ -429,9 +429,10 @@ __device__ __forceinline__ uint32_t dec_slot(const attn_args &a, const kvq_seq_t
 	if (u >= end)
 		return DEC_NOSLOT;
 	const uint32_t blk = u * DEC_CHUNK / a.l.B;
-	const bool sealed = blk < n_sealed_blk;
-	const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
-	if (id < 0 || (uint32_t)id >= (sealed ? a.l.n_sealed : a.l.n_open))
+	const bool sink = blk == 0 && s.sink;   /* read as an open block */
+	const bool sealed = !sink && blk < n_sealed_blk;
+	const int32_t id = block_id(a.l, s, blk, n_sealed_blk, sink, sealed);
+	if (id < 0)
 		return DEC_NOSLOT;
 	return (uint32_t)id | (sealed ? 0u : 0x80000000u);
 }
@@ -562,7 +563,24 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 	/* query row qn, head dims [qc·S/4, (qc+1)·S/4) of each span of S dims, in
 	 * dim order (qd), then as B fragments of every k-step (qf) */
 	uint32_t qd[D / 8], qf[D / 8];
-	if (qn < nr) {
+	if (a.rot & KVQ_ROT_K) {
+		/* q into K's basis here (a.rot), through sm_o: the stages are not
+		 * in use yet */
+		for (uint32_t i = threadIdx.x; i < nr * D; i += DEC_WARPS * 32)
+			sm_o[(i / D) * OSTRIDE + i % D] =
+				act<ACT>::to_f(reinterpret_cast<const typename act<ACT>::T *>(a.q)[out_row(a, s, h, i / D) * D + i % D]);
+		__syncthreads();
+		rotate_q_rows<D, ACT>(sm_o, OSTRIDE, nr, 1.0f);
+		__syncthreads();
+#pragma unroll
+		for (int j = 0; j < LY::KPARTS; j++)
+#pragma unroll
+			for (int i = 0; i < SQ / 2; i++) {
+				const float *p = sm_o + qn * OSTRIDE + j * LY::KSPAN + qc * SQ + 2 * i;
+				qd[j * (SQ / 2) + i] = qn < nr ? act<ACT>::pack(p[0], p[1]) : 0u;
+			}
+		__syncthreads();   /* read before the stages are copied into */
+	} else if (qn < nr) {
 		const size_t qix = ((size_t)(s.row0 + qn / g) * a.q_heads + h * g + qn % g) * D + qc * SQ;
 #pragma unroll
 		for (int j = 0; j < LY::KPARTS; j++)
@@ -623,7 +641,23 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 	 * is computed (two register buffers: twice the bytes in flight;
 	 * dec_tune). */
 	const uint32_t us = n_sealed_blk * l.B / DEC_CHUNK < u1 ? n_sealed_blk * l.B / DEC_CHUNK : u1;
+	/* a chunk of the open window (or of a sink block), read as stored */
+	auto open_chunk = [&](uint32_t sl, uint32_t uc) {
+		const uint32_t t0 = uc * DEC_CHUNK, tb = t0 % l.B;
+		const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h);
+		dec_raw<OF, OF, D, true, LY> r;
+		dec_load(r, oh, oh + (size_t)l.B * D * 2, NULL, NULL, l.B, tb, t0, s.n);
+		dec_compute<OF, OF, D, ACT, true, LY>(st, r, t0, qf, kq, qg, lim, sl2);
+	};
 	uint32_t u = u0 + warp;
+	/* a sink block's chunks (kernels/layout.h) first, as open ones: the
+	 * sealed pipelines below start past them */
+	const uint32_t ue = !s.sink ? 0 : l.B / DEC_CHUNK < u1 ? l.B / DEC_CHUNK : u1;
+	for (; u < ue; u += DEC_WARPS) {
+		const uint32_t sl = dec_slot(a, s, u, u1, n_sealed_blk);
+		if (sl != DEC_NOSLOT)
+			open_chunk(sl, u);
+	}
 	if constexpr (NS > 0) {
 		/* NS stages per warp: chunk u + (NS - 1)·W is copied in while
 		 * chunk u is computed (W = DEC_WARPS); a lane reads back only the
@@ -687,16 +721,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 		sn = dec_slot(a, s, u + DEC_WARPS, u1, n_sealed_blk);
 		if (sl == DEC_NOSLOT)
 			continue;
-		const uint32_t t0 = u * DEC_CHUNK, tb = t0 % l.B;
 		if (!(sl >> 31)) {
 			RS r;
 			dec_load_sealed(a, r, sl, u, h, s.n);
 			dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl, u, h, qf, kq, qg, lim, sl2);
 		} else {
-			const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h);
-			dec_raw<OF, OF, D, true, LY> r;
-			dec_load(r, oh, oh + (size_t)l.B * D * 2, NULL, NULL, l.B, tb, t0, s.n);
-			dec_compute<OF, OF, D, ACT, true, LY>(st, r, t0, qf, kq, qg, lim, sl2);
+			open_chunk(sl, u);
 		}
 	}
 
@@ -720,8 +750,16 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 				st.acc[mt][i] * st.unit[mt * 16 / LY::VGS];
 	__syncthreads();
 
-	for (uint32_t idx = threadIdx.x; idx < nr * D; idx += DEC_WARPS * 32) {
-		const uint32_t r = idx / D, d = idx % D;
+	/* V rotated back here (a.rot, the range whole): the rows' results
+	 * through warp 0's rows of sm_o first */
+	const bool rot_out = (a.rot & KVQ_ROT_V) && a.splits == 1;
+	constexpr uint32_t PER = (8 * D + DEC_WARPS * 32 - 1) / (DEC_WARPS * 32);
+	float y[PER];
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++) {
+		const uint32_t idx = threadIdx.x + k * DEC_WARPS * 32, r = idx / D, d = idx % D;
+		if (idx >= nr * D)
+			break;
 		sm_state m;
 		float o = 0.0f;
 		m.init();
@@ -731,8 +769,22 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 			m.merge(sm_state{ sm_m[w][r], sm_l[w][r] }, &wa, &wb);
 			o = o * wa + sm_o[(w * 8 + r) * OSTRIDE + d] * wb;
 		}
-		emit<D>(a, blockIdx.x, (size_t)(s.row0 + r / g) * a.q_heads + h * g + r % g, d, o, m);
+		if (rot_out)
+			y[k] = m.normalize(o);
+		else
+			emit<D>(a, blockIdx.x, out_row(a, s, h, r), d, o, m);
 	}
+	if (!rot_out)
+		return;
+	__syncthreads();
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++) {
+		const uint32_t idx = threadIdx.x + k * DEC_WARPS * 32;
+		if (idx < nr * D)
+			sm_o[(idx / D) * OSTRIDE + idx % D] = y[k];
+	}
+	__syncthreads();
+	emit_rotated<D>(a, s, h, sm_o, OSTRIDE, 0, nr);
 }
 
 /* CTAs of one instance that fit on a multiprocessor (0 on error). */

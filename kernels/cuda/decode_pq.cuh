@@ -186,16 +186,22 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 	const uint32_t c0 = blockIdx.x * per, c1 = c0 + per < nch ? c0 + per : nch;
 	const uint32_t n_sealed_blk = split_of(l, s.n) / l.B;
 
-	/* q in fp32 times scale · log2 e; padding rows zero */
+	/* q in fp32 times scale · log2 e (rotated into K's basis first where
+	 * the kernel rotates, a.rot); padding rows zero */
+	const float qmul = a.scale * KVQ_LOG2E;
 	for (uint32_t i = tid; i < PQ_ROWS * D; i += blockDim.x) {
 		const uint32_t r = i / D, d = i % D;
 		float x = 0.0f;
 		if (r < nr) {
-			const uint32_t qi = (r0 + r) / g, j = (r0 + r) % g;
-			const size_t qix = ((size_t)(s.row0 + qi) * a.q_heads + h * g + j) * D + d;
-			x = AT::to_f(reinterpret_cast<const typename AT::T *>(a.q)[qix]) * (a.scale * KVQ_LOG2E);
+			x = AT::to_f(reinterpret_cast<const typename AT::T *>(a.q)[out_row(a, s, h, r0 + r) * D + d]);
+			if (!(a.rot & KVQ_ROT_K))
+				x *= qmul;
 		}
 		qf[i] = x;
+	}
+	if (a.rot & KVQ_ROT_K) {
+		__syncthreads();
+		rotate_q_rows<D, ACT>(qf, D, nr, qmul);
 	}
 	/* V's centroids, [m][code][DV] in the pool, [code][m][DV] here */
 	{
@@ -236,10 +242,11 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 	typedef pq_chunk<MW, TPL / 4> chunk_t;
 	auto fetch = [&](uint32_t c, chunk_t &x) {
 		const uint32_t t0 = c * PQ_CHUNK, blk = t0 / l.B, tb = t0 % l.B;
-		x.sealed = blk < n_sealed_blk;
-		const int32_t id = x.sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
+		const bool sink = blk == 0 && s.sink;   /* read as an open block */
+		x.sealed = !sink && blk < n_sealed_blk;
+		const int32_t id = block_id(l, s, blk, n_sealed_blk, sink, x.sealed);
 		x.hs = NULL;
-		if (id < 0 || (uint32_t)id >= (x.sealed ? l.n_sealed : l.n_open))
+		if (id < 0)
 			return;   /* a bad id reads nothing (the others' kernels: zeros) */
 		x.hs = x.sealed ? sealed_head(l, a.base, (uint32_t)id, h) : open_head(l, a.base, (uint32_t)id, h);
 		if (!x.sealed)
@@ -397,8 +404,16 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 		pl[warp * PQ_ROWS + lane] = ll;
 	}
 	__syncthreads();
-	for (uint32_t i = tid; i < nr * D; i += blockDim.x) {
-		const uint32_t r = i / D, d = i % D;
+	/* V rotated back here (a.rot, the range whole): the rows' results
+	 * through warp 0's rows of part first */
+	const bool rot_out = (a.rot & KVQ_ROT_V) && a.splits == 1;
+	constexpr uint32_t PER = (PQ_ROWS * D + PQ_WARPS * 32 - 1) / (PQ_WARPS * 32);
+	float y[PER];
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++) {
+		const uint32_t i = tid + k * PQ_WARPS * 32, r = i / D, d = i % D;
+		if (i >= nr * D)
+			break;
 		sm_state st;
 		float o = 0.0f;
 		st.init();
@@ -407,9 +422,22 @@ __global__ void __launch_bounds__(PQ_WARPS * 32, 1) pq_decode_kernel(attn_args a
 			st.merge(sm_state{ pm[w * PQ_ROWS + r], pl[w * PQ_ROWS + r] }, &wa, &wb);
 			o = o * wa + part[(w * PQ_ROWS + r) * D + d] * wb;
 		}
-		const uint32_t qi = (r0 + r) / g, j = (r0 + r) % g;
-		emit<D>(a, blockIdx.x, (size_t)(s.row0 + qi) * a.q_heads + h * g + j, d, o, st);
+		if (rot_out)
+			y[k] = st.normalize(o);
+		else
+			emit<D>(a, blockIdx.x, out_row(a, s, h, r0 + r), d, o, st);
 	}
+	if (!rot_out)
+		return;
+	__syncthreads();
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++) {
+		const uint32_t i = tid + k * PQ_WARPS * 32;
+		if (i < nr * D)
+			part[i] = y[k];
+	}
+	__syncthreads();
+	emit_rotated<D>(a, s, h, part, D, r0, nr);
 }
 
 template <int KF, int VF, int D, int ACT> int pq_decode_launch(const attn_args &a, uint32_t nseq, void *stream)

@@ -7,9 +7,11 @@
  * head dim go to decode_kernel for a step of at most 8 query rows per KV
  * head and to prefill_kernel for more, pairs of KVQ_CUDA_PQ_PAIRS to
  * pq_decode_kernel for such a step; the rest to attn_kernel.  A layer that
- * rotates K has q rotated into the workspace first, one that rotates V its
- * output taken in fp32 into the workspace and rotated back into out after
- * (rot_rows_kernel): one kernel each, whatever the pair. */
+ * rotates K or V: decode_kernel and pq_decode_kernel rotate q as they load
+ * it and their output in the epilogue (merge_kernel after a split's
+ * merge); around prefill_kernel and attn_kernel, q is rotated into the
+ * workspace first and the output taken in fp32 into the workspace and
+ * rotated back into out after (rot_rows_kernel, rot_in_kernel). */
 #include "attention.cuh"
 #include "decode.cuh"
 #include "decode_pq.cuh"
@@ -207,8 +209,18 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	return 0;
 }
 
+/* The rotation (KVQ_ROT_K, KVQ_ROT_V) the launched kernel does itself: the
+ * decode and pq-decode kernels rotate q as they load it and the output in
+ * their epilogue (and merge_kernel after the merge); around the others
+ * dispatch runs rot_rows_kernel before and after. */
+static uint32_t rot_in_kernel(const struct kvq_cuda_attn *a, const struct shape &s)
+{
+	return (s.dec.launch || (!s.pf.launch && s.pq)) && a->L->head_dim % 32 == 0 ? a->L->layer[a->layer].rot : 0;
+}
+
 /* The workspace: split partials, then a rotated layer's q (K rotated) and
- * fp32 output (V rotated), each 256-byte aligned. */
+ * fp32 output (V rotated) where the kernel does not rotate them itself,
+ * each 256-byte aligned. */
 struct ws_parts {
 	size_t partials, q, out, total;
 };
@@ -216,7 +228,7 @@ struct ws_parts {
 static ws_parts ws_layout(const struct kvq_cuda_attn *a, const struct shape &s)
 {
 	const size_t rows = (size_t)a->total_q * a->q_heads, D = a->L->head_dim;
-	const uint32_t rot = a->L->layer[a->layer].rot;
+	const uint32_t rot = a->L->layer[a->layer].rot & ~rot_in_kernel(a, s);
 	ws_parts w;
 
 	w.partials = s.splits > 1 ? ((size_t)s.splits * rows * (D + 2) * sizeof(float) + 255) & ~(size_t)255 : 0;
@@ -347,8 +359,9 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	if ((r = launch_splits(a, s)))
 		return r;
 	const ws_parts w = ws_layout(a, s);
+	const uint32_t fused = rot_in_kernel(a, s), around = ll->rot & ~fused;
 	uint8_t *wsb = (uint8_t *)a->workspace;
-	if (ll->rot & KVQ_ROT_K) {   /* q into K's basis */
+	if (around & KVQ_ROT_K) {   /* q into K's basis */
 		if ((r = rot_rows(a, seqs, nseq, q, a->q_dtype, wsb + w.partials, a->q_dtype, 0)))
 			return r;
 		q = wsb + w.partials;
@@ -358,10 +371,11 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	x.base = (const uint8_t *)a->base;
 	x.seqs = seqs;
 	x.q = q;
-	x.out = ll->rot & KVQ_ROT_V ? wsb + w.partials + w.q : out;   /* fp32, rotated back below */
+	x.out = around & KVQ_ROT_V ? wsb + w.partials + w.q : out;   /* fp32, rotated back below */
 	x.ws = (float *)a->workspace;
 	x.scale = a->scale;
-	x.out_dtype = ll->rot & KVQ_ROT_V ? KVQ_DT_F32 : a->out_dtype;
+	x.out_dtype = around & KVQ_ROT_V ? KVQ_DT_F32 : a->out_dtype;
+	x.rot = fused;
 	x.g = s.g;
 	x.q_heads = a->q_heads;
 	x.chunks = s.chunks;
@@ -374,7 +388,7 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 		       : attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act);
 	if ((r = launch(x, nseq, a->stream)))
 		return r;
-	if (ll->rot & KVQ_ROT_V)   /* the output out of V's basis, then to its dtype */
+	if (around & KVQ_ROT_V)   /* the output out of V's basis, then to its dtype */
 		return rot_rows(a, seqs, nseq, x.out, KVQ_DT_F32, out, a->out_dtype, 1);
 	return 0;
 }

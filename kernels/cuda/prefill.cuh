@@ -128,9 +128,10 @@ __device__ __forceinline__ pf_tile pf_tile_of(const attn_args &a, const kvq_seq_
 		x.hs[g] = NULL;
 		if (t >= kv_end)
 			continue;
-		const bool sealed = blk < n_sealed_blk;
-		const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
-		if (id < 0 || (uint32_t)id >= (sealed ? l.n_sealed : l.n_open)) {
+		const bool sink = blk == 0 && s.sink;   /* read as an open block */
+		const bool sealed = !sink && blk < n_sealed_blk;
+		const int32_t id = block_id(l, s, blk, n_sealed_blk, sink, sealed);
+		if (id < 0) {
 			x.bad = true;
 			continue;
 		}

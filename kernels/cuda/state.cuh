@@ -89,11 +89,77 @@ __device__ __forceinline__ void emit(const attn_args &a, uint32_t split, size_t 
 	}
 }
 
-/* Merges split partials: out = Σ_s w_s o_s / Σ_s w_s l_s. */
+/* Rows 0 .. nr - 1 of buf (stride floats apart, D elements each: q in fp32)
+ * into K's basis as rot_rows_kernel puts them (warp_rotate, rounded to the
+ * activation dtype), then times mul; a warp per row.  The caller syncs. */
+template <int D, int ACT> __device__ void rotate_q_rows(float *buf, uint32_t stride, uint32_t nr, float mul)
+{
+	const uint32_t lane = threadIdx.x & 31;
+
+	for (uint32_t r = threadIdx.x / 32; r < nr; r += blockDim.x / 32) {
+		float x[D / 32];
+#pragma unroll
+		for (uint32_t i = 0; i < D / 32; i++)
+			x[i] = buf[r * stride + 32 * i + lane];
+		warp_rotate<D / 32>(x, kvq_rot_block(D, 0));
+#pragma unroll
+		for (uint32_t i = 0; i < D / 32; i++)
+			buf[r * stride + 32 * i + lane] = act<ACT>::to_f(act<ACT>::from_f(x[i])) * mul;
+	}
+}
+
+/* Output row of a CTA's row r (from row r0 of its query rows, g per token):
+ * query token times q_heads plus head. */
+__device__ __forceinline__ size_t out_row(const attn_args &a, const kvq_seq_table &s, uint32_t h, uint32_t r)
+{
+	return (size_t)(s.row0 + r / a.g) * a.q_heads + h * a.g + r % a.g;
+}
+
+/* The epilogue of a layer whose V the kernel rotates back itself (a.rot)
+ * with the KV range whole: rows 0 .. nr - 1 of buf (normalised results,
+ * stride floats apart), query rows r0 .. of KV head h, out of V's basis
+ * (warp_rotate, as rot_rows_kernel) into out; a warp per row.  The caller
+ * syncs before. */
+template <int D>
+__device__ void emit_rotated(const attn_args &a, const kvq_seq_table &s, uint32_t h, const float *buf,
+			     uint32_t stride, uint32_t r0, uint32_t nr)
+{
+	const uint32_t lane = threadIdx.x & 31;
+
+	for (uint32_t r = threadIdx.x / 32; r < nr; r += blockDim.x / 32) {
+		float x[D / 32];
+#pragma unroll
+		for (uint32_t i = 0; i < D / 32; i++)
+			x[i] = buf[r * stride + 32 * i + lane];
+		warp_rotate<D / 32>(x, kvq_rot_block(D, 1));
+		const size_t row = out_row(a, s, h, r0 + r);
+#pragma unroll
+		for (uint32_t i = 0; i < D / 32; i++)
+			store_out(a.out_dtype, a.out, row * D + 32 * i + lane, x[i]);
+	}
+}
+
+/* x[d] of a row of D elements in shared memory through kvq_rotate's blocks
+ * of n (0: none), thread d for element d (blockDim.x == D): warp_rotate's
+ * arithmetic, a stage at a time; returns the element. */
+__device__ __forceinline__ float cta_rotate(float *x, uint32_t d, uint32_t n)
+{
+	for (uint32_t len = 1; len < n; len <<= 1) {
+		__syncthreads();
+		const float v = x[d], o = x[d ^ len];
+		__syncthreads();
+		x[d] = (d & len) ? __fsub_rn(o, v) : __fadd_rn(v, o);
+	}
+	return n ? __fmul_rn(x[d], kvq_rot_norm(n)) : x[d];
+}
+
+/* Merges split partials: out = Σ_s w_s o_s / Σ_s w_s l_s, rotated back in
+ * blocks of rot_n (0: not) when the kernel rotates V itself (a.rot). */
 template <int D>
 __global__ void merge_kernel(const kvq_seq_table *seqs, const float *ws, void *out, int out_dtype,
-			     uint32_t splits, uint32_t total_q, uint32_t q_heads)
+			     uint32_t splits, uint32_t total_q, uint32_t q_heads, uint32_t rot_n)
 {
+	__shared__ float xs[D];
 	const kvq_seq_table s = seqs[blockIdx.z];
 	const uint32_t qi = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
 
@@ -110,7 +176,8 @@ __global__ void merge_kernel(const kvq_seq_table *seqs, const float *ws, void *o
 		st.merge(sm_state{ w[D], w[D + 1] }, &wa, &wb);
 		acc = acc * wa + w[d] * wb;
 	}
-	store_out(out_dtype, out, row * D + d, st.normalize(acc));
+	xs[d] = st.normalize(acc);
+	store_out(out_dtype, out, row * D + d, cta_rotate(xs, d, rot_n));
 }
 
 /* After a launch that wrote split partials: the merge into out. */
@@ -119,7 +186,8 @@ template <int D> int merge_launch(const attn_args &a, uint32_t nseq, void *strea
 	if (a.splits <= 1)
 		return 0;
 	merge_kernel<D><<<dim3(a.max_q, a.q_heads, nseq), D, 0, (cudaStream_t)stream>>>(
-		a.seqs, a.ws, a.out, a.out_dtype, a.splits, a.total_q, a.q_heads);
+		a.seqs, a.ws, a.out, a.out_dtype, a.splits, a.total_q, a.q_heads,
+		a.rot & KVQ_ROT_V ? kvq_rot_block(D, 1) : 0u);
 	return cudaPeekAtLastError() == cudaSuccess ? 0 : fail_launch();
 }
 

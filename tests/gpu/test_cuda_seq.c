@@ -9,14 +9,16 @@
  * steps go through kvq_seq_begin/write/commit on both (K/V from device
  * memory for one layer, host memory for the other); then
  *  - attention (prefill queries during the write, decode queries after)
- *    on the GPU matches the CPU's within 2e-3 of max|cpu| (4e-3 for the
- *    prefill queries of a layer that rotates K: rot_tol);
+ *    on the GPU matches the CPU's within 2e-3 of max|cpu| (2.5e-2 at a
+ *    layer that rotates K: rot_tol);
  *  - every sealed block of the cuda pool holds the same bytes as the host
  *    pool's (the CUDA seal through libkvq equals the CPU seal);
  *  - a fork's attention equals its parent's, bit for bit;
  *  - a second client on the cuda pool finds the published prefix and its
  *    attention over it equals the first client's, bit for bit;
  *  - after kvq_seq_free every open slot is back (Stats).
+ * All of it twice: in plain pools, then in pools with sink blocks (each
+ * sequence's first block exact in a sink slot; its bytes compared too).
  * Prints "1..0 # SKIP" where no GPU is usable.
  */
 #include <config.h>
@@ -50,6 +52,7 @@
 #define POLICY "0:int8+rot;1:k=int8,v=pq2"
 
 static char sock_path[108], tmpdir[64], daemon_bin[512], cb_path[128];
+static uint32_t sinks;   /* the pools of this pass keep sink blocks */
 static uint16_t kv[LAYERS][2][NTOK * KVH * D];   /* K and V of every token, f16 */
 
 static struct kvq_attach_params params(const char *pool, const char *backend)
@@ -92,6 +95,8 @@ static kvq_client *attach(const char *name, const char *pool, const char *backen
 	int r = kvq_client_connect(sock_path, name, &c);
 
 	if (r == 0)
+		r = kvq_client_set_sinks(c, sinks, 0);
+	if (r == 0)
 		r = kvq_client_attach(c, &p);
 	if (!ok(r == 0, "%s attaches to %s (%s): %d %s", name, pool, backend, r, c ? kvq_client_error(c) : "")) {
 		kvq_client_free(c);
@@ -108,15 +113,20 @@ static float qval(void)
 }
 
 /* The bound of cuda against host attention at layer l: 2e-3 of max|cpu|,
- * 4e-3 where the layer rotates K: the CUDA kernels take q in the
- * activation dtype, so a rotated q is rounded to FP16 once more on the GPU
- * while the CPU keeps the caller's FP32 q (2.5e-3 measured on the H200 with
- * this test's outlier tokens, 60 times the others). */
+ * 2.5e-2 where the layer rotates K.  The CUDA kernels take q in the
+ * activation dtype, so a rotated q is rounded to FP16 on the GPU while the
+ * host path keeps the caller's FP32 q (qval's q is exact in FP16 only
+ * before the rotation).  This test's outlier tokens (K and V 60 times the
+ * others) have logits of about +-60, which that rounding (2^-11 of each
+ * element) moves by up to a few hundredths: over 28 seeds on an H100 the
+ * rotated layer's difference ran from 2e-4 to 1.7e-2 (prefill, decode
+ * after commit and decode steps alike); a wrong rotation is off by the
+ * output's own size. */
 static double rot_tol(uint32_t l)
 {
 	struct kvq_policy pol;
 
-	return kvq_policy_parse(POLICY, LAYERS, &pol, NULL, 0) == 0 && (pol.rot[l] & KVQ_ROT_K) ? 4e-3 : 2e-3;
+	return kvq_policy_parse(POLICY, LAYERS, &pol, NULL, 0) == 0 && (pol.rot[l] & KVQ_ROT_K) ? 2.5e-2 : 2e-3;
 }
 
 static double rel_diff(const float *a, const float *ref, size_t n)
@@ -153,11 +163,157 @@ static int write_tokens(kvq_seq *s, int cuda, const uint32_t *tok, uint32_t n0, 
 	return r;
 }
 
+/* One pass: the prompt, decode steps and the checks on pools hp and gp
+ * (with sink blocks: hps and gps). */
+static void run_pools(const uint32_t *tok, void *dbuf)
+{
+	static float q[8 * QH * D], oh[8 * QH * D], og[8 * QH * D], o2[8 * QH * D];
+	const char *hpool = sinks ? "hps" : "hp", *gpool = sinks ? "gps" : "gp";
+
+	diag("pools %s", sinks ? "with sink blocks" : "without sink blocks");
+	kvq_client *ch = attach("host-worker", hpool, "host"), *cg = attach("gpu-worker", gpool, "cuda");
+	kvq_seq *sh = NULL, *sg = NULL;
+	if (!ch || !cg || kvq_seq_new(ch, NULL, 0, &sh) || kvq_seq_new(cg, NULL, 0, &sg))
+		goto out;
+	/* the prompt, with prefill queries (the last 7 tokens) during the write */
+	int rh = write_tokens(sh, 0, tok, 0, PROMPT, dbuf), rg = write_tokens(sg, 1, tok, 0, PROMPT, dbuf);
+	ok(rh == 0 && rg == 0, "prompt of %u tokens written on both pools (%d, %d: %s)", PROMPT, rh, rg,
+	   kvq_client_error(cg));
+	for (uint32_t l = 0; l < LAYERS; l++) {
+		for (size_t i = 0; i < 7 * QH * D; i++)
+			q[i] = qval();
+		rh = kvq_seq_attention(sh, l, QH, 7, 0, q, oh);
+		rg = kvq_seq_attention(sg, l, QH, 7, 0, q, og);
+		double e = rel_diff(og, oh, 7 * QH * D), tol = rot_tol(l);
+		ok(rh == 0 && rg == 0 && e <= tol, "layer %u prefill attention, cuda vs host: %.2e (<= %.0e; %d, %d: %s)",
+		   l, e, tol, rh, rg, kvq_client_error(cg));
+	}
+	rh = kvq_seq_commit(sh);
+	rg = kvq_seq_commit(sg);
+	ok(rh == 0 && rg == 0, "prompt committed and published on both (%d, %d: %s)", rh, rg, kvq_client_error(cg));
+
+	/* decode queries of the committed prompt, kept for the prefix check */
+	static float qd[LAYERS][QH * D], od[LAYERS][QH * D];
+	for (uint32_t l = 0; l < LAYERS; l++) {
+		for (size_t i = 0; i < QH * D; i++)
+			qd[l][i] = qval();
+		rh = kvq_seq_attention(sh, l, QH, 1, 0, qd[l], oh);
+		rg = kvq_seq_attention(sg, l, QH, 1, 0, qd[l], od[l]);
+		double e = rel_diff(od[l], oh, QH * D), tol = rot_tol(l);
+		ok(rh == 0 && rg == 0 && e <= tol, "layer %u decode attention after commit, cuda vs host: %.2e (<= %.0e)",
+		   l, e, tol);
+	}
+
+	/* decode steps: one token each, attention on every layer */
+	for (uint32_t st = 0; st < STEPS; st++) {
+		rh = write_tokens(sh, 0, tok, PROMPT + st, 1, dbuf);
+		rg = write_tokens(sg, 1, tok, PROMPT + st, 1, dbuf);
+		double worst = 0, over = 0;   /* the largest difference, and of difference / bound */
+		uint32_t wl = 0;
+		for (uint32_t l = 0; l < LAYERS && !rh && !rg; l++) {
+			for (size_t i = 0; i < QH * D; i++)
+				q[i] = qval();
+			rh = kvq_seq_attention(sh, l, QH, 1, 0, q, oh);
+			rg = kvq_seq_attention(sg, l, QH, 1, 0, q, og);
+			double e = rel_diff(og, oh, QH * D);
+			wl = e > worst ? l : wl;
+			worst = fmax(worst, e);
+			over = fmax(over, e / rot_tol(l));
+		}
+		if (!rh && !rg) {
+			rh = kvq_seq_commit(sh);
+			rg = kvq_seq_commit(sg);
+		}
+		ok(rh == 0 && rg == 0 && over <= 1, "decode step %u: cuda vs host %.2e at layer %u (%.2f of the "
+		   "layer's bound at worst; %d, %d: %s)", st, worst, wl, over, rh, rg, kvq_client_error(cg));
+	}
+
+	/* sealed bytes: the cuda pool's blocks equal the host pool's */
+	{
+		const int32_t *idh, *idg;
+		uint32_t nh = 0, ng = 0;
+		const struct kvq_layout *Lh = kvq_client_layout(ch), *Lg = kvq_client_layout(cg);
+		kvq_seq_blocks(sh, &idh, &nh, NULL, NULL);
+		kvq_seq_blocks(sg, &idg, &ng, NULL, NULL);
+		uint32_t diff = 0, checked = 0;
+		for (uint32_t b = 0; b < nh && b < ng; b++)
+			for (uint32_t l = 0; l < LAYERS; l++) {
+				/* a sink block (KVQ_SINK_ID): its sink slice, an open slice */
+				const int cls = (uint32_t)idh[b] & KVQ_SINK_FLAG ? KVQ_SINK : KVQ_SEALED;
+				size_t len = cls == KVQ_SINK ? Lh->layer[l].open_slice : Lh->layer[l].sealed_slice;
+				uint8_t *buf = malloc(len);
+				const uint8_t *hp = (const uint8_t *)kvq_client_base(ch) +
+						    kvq_layout_off(Lh, cls, (uint32_t)idh[b] & ~KVQ_SINK_FLAG, l, 0,
+								   KVQ_K_CODES);
+				const uint8_t *gp = (const uint8_t *)kvq_client_base(cg) +
+						    kvq_layout_off(Lg, cls, (uint32_t)idg[b] & ~KVQ_SINK_FLAG, l, 0,
+								   KVQ_K_CODES);
+				if (!buf || cudaMemcpy(buf, gp, len, cudaMemcpyDeviceToHost) != cudaSuccess || memcmp(buf, hp, len))
+					diff++;
+				checked++;
+				free(buf);
+			}
+		ok(nh == ng && nh > 0 && !diff && !sinks == !((uint32_t)idg[0] & KVQ_SINK_FLAG),
+		   "%u sealed slices%s: cuda pool bytes equal the host pool's (%u differ)", checked,
+		   sinks ? " (the first a sink slice)" : "", diff);
+	}
+
+	/* a fork reads the same KV */
+	{
+		kvq_seq *f = NULL;
+		int rf = kvq_seq_fork(sg, &f);
+		for (size_t i = 0; i < QH * D; i++)
+			q[i] = qval();
+		rg = rf ? rf : kvq_seq_attention(sg, 1, QH, 1, 0, q, og);
+		int r2 = rf ? rf : kvq_seq_attention(f, 1, QH, 1, 0, q, o2);
+		ok(rf == 0 && rg == 0 && r2 == 0 && !memcmp(og, o2, QH * D * sizeof(float)),
+		   "fork on the cuda pool: attention equals the parent's (%d %d %d)", rf, rg, r2);
+		kvq_seq_free(f);
+	}
+
+	/* another worker finds the published prompt and reads the same blocks */
+	{
+		kvq_client *c2 = attach("gpu-worker-2", gpool, "cuda");
+		kvq_seq *s2 = NULL;
+		uint32_t hit = 0;
+		int r = c2 ? kvq_seq_new(c2, NULL, 0, &s2) : -1;
+		if (r == 0)
+			r = kvq_seq_from_prompt(s2, tok, PROMPT, &hit);
+		ok(r == 0 && hit == kvq_layout_split(kvq_client_layout(cg), PROMPT),
+		   "second worker: prefix hit of %u tokens (%d)", hit, r);
+		if (r == 0)
+			r = write_tokens(s2, 1, tok, hit, PROMPT - hit, dbuf);
+		if (r == 0)
+			r = kvq_seq_commit(s2);
+		int same = r == 0;
+		for (uint32_t l = 0; l < LAYERS && r == 0; l++) {
+			r = kvq_seq_attention(s2, l, QH, 1, 0, qd[l], o2);
+			same &= r == 0 && !memcmp(o2, od[l], QH * D * sizeof(float));
+		}
+		ok(same, "second worker's attention over the shared blocks equals the first's, bit for bit (%d)", r);
+		kvq_seq_free(s2);
+		kvq_client_free(c2);
+	}
+
+	kvq_seq_free(sg);
+	sg = NULL;
+	{
+		struct kvq_stats st;
+		int r = kvq_client_stats(ch, gpool, &st);
+		ok(r == 0 && st.open_used == 0, "after kvq_seq_free the cuda pool's open slots are back (%u used)",
+		   st.open_used);
+	}
+out:
+	kvq_seq_free(sh);
+	kvq_seq_free(sg);
+	kvq_client_free(ch);
+	kvq_client_free(cg);
+}
+
 int main(void)
 {
 	int ndev = 0;
 	uint32_t tok[NTOK];
-	static float q[8 * QH * D], oh[8 * QH * D], og[8 * QH * D], o2[8 * QH * D];
 	void *dbuf = NULL;
 
 	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
@@ -185,135 +341,8 @@ int main(void)
 	}
 	if (cudaMalloc(&dbuf, (size_t)2 * PROMPT * KVH * D * 2) != cudaSuccess)
 		return 1;
-
-	kvq_client *ch = attach("host-worker", "hp", "host"), *cg = attach("gpu-worker", "gp", "cuda");
-	kvq_seq *sh = NULL, *sg = NULL;
-	if (!ch || !cg || kvq_seq_new(ch, NULL, 0, &sh) || kvq_seq_new(cg, NULL, 0, &sg))
-		goto out;
-
-	/* the prompt, with prefill queries (the last 7 tokens) during the write */
-	int rh = write_tokens(sh, 0, tok, 0, PROMPT, dbuf), rg = write_tokens(sg, 1, tok, 0, PROMPT, dbuf);
-	ok(rh == 0 && rg == 0, "prompt of %u tokens written on both pools (%d, %d: %s)", PROMPT, rh, rg,
-	   kvq_client_error(cg));
-	for (uint32_t l = 0; l < LAYERS; l++) {
-		for (size_t i = 0; i < 7 * QH * D; i++)
-			q[i] = qval();
-		rh = kvq_seq_attention(sh, l, QH, 7, 0, q, oh);
-		rg = kvq_seq_attention(sg, l, QH, 7, 0, q, og);
-		double e = rel_diff(og, oh, 7 * QH * D), tol = rot_tol(l);
-		ok(rh == 0 && rg == 0 && e <= tol, "layer %u prefill attention, cuda vs host: %.2e (<= %.0e; %d, %d: %s)",
-		   l, e, tol, rh, rg, kvq_client_error(cg));
-	}
-	rh = kvq_seq_commit(sh);
-	rg = kvq_seq_commit(sg);
-	ok(rh == 0 && rg == 0, "prompt committed and published on both (%d, %d: %s)", rh, rg, kvq_client_error(cg));
-
-	/* decode queries of the committed prompt, kept for the prefix check */
-	static float qd[LAYERS][QH * D], od[LAYERS][QH * D];
-	for (uint32_t l = 0; l < LAYERS; l++) {
-		for (size_t i = 0; i < QH * D; i++)
-			qd[l][i] = qval();
-		rh = kvq_seq_attention(sh, l, QH, 1, 0, qd[l], oh);
-		rg = kvq_seq_attention(sg, l, QH, 1, 0, qd[l], od[l]);
-		double e = rel_diff(od[l], oh, QH * D);
-		ok(rh == 0 && rg == 0 && e <= 2e-3, "layer %u decode attention after commit, cuda vs host: %.2e", l, e);
-	}
-
-	/* decode steps: one token each, attention on every layer */
-	for (uint32_t st = 0; st < STEPS; st++) {
-		rh = write_tokens(sh, 0, tok, PROMPT + st, 1, dbuf);
-		rg = write_tokens(sg, 1, tok, PROMPT + st, 1, dbuf);
-		double worst = 0;
-		for (uint32_t l = 0; l < LAYERS && !rh && !rg; l++) {
-			for (size_t i = 0; i < QH * D; i++)
-				q[i] = qval();
-			rh = kvq_seq_attention(sh, l, QH, 1, 0, q, oh);
-			rg = kvq_seq_attention(sg, l, QH, 1, 0, q, og);
-			worst = fmax(worst, rel_diff(og, oh, QH * D));
-		}
-		if (!rh && !rg) {
-			rh = kvq_seq_commit(sh);
-			rg = kvq_seq_commit(sg);
-		}
-		ok(rh == 0 && rg == 0 && worst <= 2e-3, "decode step %u: cuda vs host %.2e (%d, %d: %s)", st, worst, rh,
-		   rg, kvq_client_error(cg));
-	}
-
-	/* sealed bytes: the cuda pool's blocks equal the host pool's */
-	{
-		const int32_t *idh, *idg;
-		uint32_t nh = 0, ng = 0;
-		const struct kvq_layout *Lh = kvq_client_layout(ch), *Lg = kvq_client_layout(cg);
-		kvq_seq_blocks(sh, &idh, &nh, NULL, NULL);
-		kvq_seq_blocks(sg, &idg, &ng, NULL, NULL);
-		uint32_t diff = 0, checked = 0;
-		for (uint32_t b = 0; b < nh && b < ng; b++)
-			for (uint32_t l = 0; l < LAYERS; l++) {
-				size_t len = Lh->layer[l].sealed_slice;
-				uint8_t *buf = malloc(len);
-				const uint8_t *hp = (const uint8_t *)kvq_client_base(ch) +
-						    kvq_layout_off(Lh, KVQ_SEALED, (uint32_t)idh[b], l, 0, KVQ_K_CODES);
-				const uint8_t *gp = (const uint8_t *)kvq_client_base(cg) +
-						    kvq_layout_off(Lg, KVQ_SEALED, (uint32_t)idg[b], l, 0, KVQ_K_CODES);
-				if (!buf || cudaMemcpy(buf, gp, len, cudaMemcpyDeviceToHost) != cudaSuccess || memcmp(buf, hp, len))
-					diff++;
-				checked++;
-				free(buf);
-			}
-		ok(nh == ng && nh > 0 && !diff, "%u sealed slices: cuda pool bytes equal the host pool's (%u differ)",
-		   checked, diff);
-	}
-
-	/* a fork reads the same KV */
-	{
-		kvq_seq *f = NULL;
-		int rf = kvq_seq_fork(sg, &f);
-		for (size_t i = 0; i < QH * D; i++)
-			q[i] = qval();
-		rg = rf ? rf : kvq_seq_attention(sg, 1, QH, 1, 0, q, og);
-		int r2 = rf ? rf : kvq_seq_attention(f, 1, QH, 1, 0, q, o2);
-		ok(rf == 0 && rg == 0 && r2 == 0 && !memcmp(og, o2, QH * D * sizeof(float)),
-		   "fork on the cuda pool: attention equals the parent's (%d %d %d)", rf, rg, r2);
-		kvq_seq_free(f);
-	}
-
-	/* another worker finds the published prompt and reads the same blocks */
-	{
-		kvq_client *c2 = attach("gpu-worker-2", "gp", "cuda");
-		kvq_seq *s2 = NULL;
-		uint32_t hit = 0;
-		int r = c2 ? kvq_seq_new(c2, NULL, 0, &s2) : -1;
-		if (r == 0)
-			r = kvq_seq_from_prompt(s2, tok, PROMPT, &hit);
-		ok(r == 0 && hit == kvq_layout_split(kvq_client_layout(cg), PROMPT),
-		   "second worker: prefix hit of %u tokens (%d)", hit, r);
-		if (r == 0)
-			r = write_tokens(s2, 1, tok, hit, PROMPT - hit, dbuf);
-		if (r == 0)
-			r = kvq_seq_commit(s2);
-		int same = r == 0;
-		for (uint32_t l = 0; l < LAYERS && r == 0; l++) {
-			r = kvq_seq_attention(s2, l, QH, 1, 0, qd[l], o2);
-			same &= r == 0 && !memcmp(o2, od[l], QH * D * sizeof(float));
-		}
-		ok(same, "second worker's attention over the shared blocks equals the first's, bit for bit (%d)", r);
-		kvq_seq_free(s2);
-		kvq_client_free(c2);
-	}
-
-	kvq_seq_free(sg);
-	sg = NULL;
-	{
-		struct kvq_stats st;
-		int r = kvq_client_stats(ch, "gp", &st);
-		ok(r == 0 && st.open_used == 0, "after kvq_seq_free the cuda pool's open slots are back (%u used)",
-		   st.open_used);
-	}
-out:
-	kvq_seq_free(sh);
-	kvq_seq_free(sg);
-	kvq_client_free(ch);
-	kvq_client_free(cg);
+	for (sinks = 0; sinks < 2; sinks++)
+		run_pools(tok, dbuf);
 	cudaFree(dbuf);
 	kill(d, SIGTERM);
 	int st = 0;
