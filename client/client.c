@@ -556,15 +556,16 @@ int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
 	return r;
 }
 
-int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats)
+/* The Stats reply's record of pool (NULL: the attached one) in *ret_rep
+ * (freed by the caller with kvq_frame_envelope_free), or -ENOENT, a daemon
+ * code; *ret_p points into it. */
+static int pool_stats(kvq_client *c, const char *pool, Kvq__Envelope **ret_rep, const Kvq__PoolStats **ret_p)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Stats s = KVQ__STATS__INIT;
 	const Kvq__StatsReply *sr;
 	int r;
 
-	if (!c || !ret_stats)
-		return -EINVAL;
 	if (!pool)
 		pool = c->pool;
 	if (!*pool)
@@ -576,41 +577,78 @@ int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stat
 	if (r < 0)
 		return r;
 	sr = rep->stats_reply;
-	r = client_fail(c, -ENOENT, "kvqd reports no pool %s", pool);
-	for (size_t i = 0; i < sr->n_pools; i++) {
-		const Kvq__PoolStats *p = sr->pools[i];
-		struct kvq_stats st = { 0 };
-
-		if (strcmp(p->name, pool))
-			continue;
-		snprintf(st.name, sizeof(st.name), "%s", p->name);
-		snprintf(st.model_id, sizeof(st.model_id), "%s", p->model_id);
-		snprintf(st.backend, sizeof(st.backend), "%s", p->backend);
-		st.device = p->device;
-		st.layers = p->layers;
-		st.kv_heads = p->kv_heads;
-		st.head_dim = p->head_dim;
-		st.block_tokens = p->block_tokens;
-		st.window = p->window;
-		st.total_bytes = p->total_bytes;
-		st.n_sealed = p->n_sealed;
-		st.n_open = p->n_open;
-		st.sealed_free = p->sealed_free;
-		st.sealed_reserved = p->sealed_reserved;
-		st.sealed_held = p->sealed_held;
-		st.cached = p->cached;
-		st.referenced = p->referenced;
-		st.open_used = p->open_used;
-		st.lookup_tokens = p->lookup_tokens;
-		st.hit_tokens = p->hit_tokens;
-		st.evictions = p->evictions;
-		st.alloc_failures = p->alloc_failures;
-		st.clients = p->clients;
-		*ret_stats = st;
-		c->conn.msg[0] = 0;
-		r = 0;
-		break;
-	}
+	for (size_t i = 0; i < sr->n_pools; i++)
+		if (!strcmp(sr->pools[i]->name, pool)) {
+			*ret_rep = rep;
+			*ret_p = sr->pools[i];
+			c->conn.msg[0] = 0;
+			return 0;
+		}
 	kvq_frame_envelope_free(rep);
-	return r;
+	return client_fail(c, -ENOENT, "kvqd reports no pool %s", pool);
+}
+
+int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats)
+{
+	Kvq__Envelope *rep = NULL;
+	const Kvq__PoolStats *p;
+	struct kvq_stats st = { 0 };
+	int r;
+
+	if (!c || !ret_stats)
+		return -EINVAL;
+	r = pool_stats(c, pool, &rep, &p);
+	if (r < 0)
+		return r;
+	snprintf(st.name, sizeof(st.name), "%s", p->name);
+	snprintf(st.model_id, sizeof(st.model_id), "%s", p->model_id);
+	snprintf(st.backend, sizeof(st.backend), "%s", p->backend);
+	st.device = p->device;
+	st.layers = p->layers;
+	st.kv_heads = p->kv_heads;
+	st.head_dim = p->head_dim;
+	st.block_tokens = p->block_tokens;
+	st.window = p->window;
+	st.total_bytes = p->total_bytes;
+	st.n_sealed = p->n_sealed;
+	st.n_open = p->n_open;
+	st.sealed_free = p->sealed_free;
+	st.sealed_reserved = p->sealed_reserved;
+	st.sealed_held = p->sealed_held;
+	st.cached = p->cached;
+	st.referenced = p->referenced;
+	st.open_used = p->open_used;
+	st.lookup_tokens = p->lookup_tokens;
+	st.hit_tokens = p->hit_tokens;
+	st.evictions = p->evictions;
+	st.alloc_failures = p->alloc_failures;
+	st.clients = p->clients;
+	*ret_stats = st;
+	kvq_frame_envelope_free(rep);
+	return 0;
+}
+
+int kvq_client_sink_stats(kvq_client *c, const char *pool, struct kvq_sink_stats *ret_stats)
+{
+	Kvq__Envelope *rep = NULL;
+	const Kvq__PoolStats *p;
+	int r;
+
+	if (!c || !ret_stats)
+		return -EINVAL;
+	r = pool_stats(c, pool, &rep, &p);
+	if (r < 0)
+		return r;
+	*ret_stats = (struct kvq_sink_stats){
+		.sink_blocks = p->sink_blocks,
+		.n_sink = p->n_sink,
+		.sink_free = p->sink_free,
+		.sink_held = p->sink_held,
+		.sink_cached = p->sink_cached,
+		.sink_referenced = p->sink_referenced,
+		.sequences = p->sequences,
+		.sink_tokens = p->sink_tokens,
+	};
+	kvq_frame_envelope_free(rep);
+	return 0;
 }

@@ -85,6 +85,17 @@ struct kvq_stats {
 	uint32_t clients;
 };
 
+/* A pool's sink blocks as Stats reports them (kvq.proto PoolStats 40-46;
+ * interface 6): sink_blocks 0 or 1, its sink slots (n_sink) free, held
+ * (allocated, not published), cached and cached with a reference; the
+ * live sequences (with sink blocks: the references on sink blocks, exact)
+ * and the tokens of referenced sink blocks (at most). */
+struct kvq_sink_stats {
+	uint32_t sink_blocks, n_sink, sink_free, sink_held, sink_cached, sink_referenced;
+	uint32_t sequences;
+	uint64_t sink_tokens;
+};
+
 /* Connects to path (NULL: kvq_default_socket) and says Hello with name
  * (printable ASCII without blanks, at most 64 bytes; NULL: "libkvq").
  * Connecting and every call after are bounded: 30 s for the connection to
@@ -269,6 +280,10 @@ int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids);
  * attach.  Returns 0 and *ret_stats, -ENOENT when the daemon does not
  * report that pool to this caller, or a daemon code. */
 int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats);
+
+/* The same pool's sink blocks (struct kvq_sink_stats), by one more Stats
+ * request; the same returns. */
+int kvq_client_sink_stats(kvq_client *c, const char *pool, struct kvq_sink_stats *ret_stats);
 
 /* ---------------------------------------------------------------- sequence */
 

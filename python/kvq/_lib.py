@@ -51,6 +51,12 @@ class Stats(ctypes.Structure):
                 ("hit_tokens", c_u64), ("evictions", c_u64), ("alloc_failures", c_u64), ("clients", c_u32)]
 
 
+class SinkStats(ctypes.Structure):
+    """struct kvq_sink_stats"""
+    _fields_ = [("sink_blocks", c_u32), ("n_sink", c_u32), ("sink_free", c_u32), ("sink_held", c_u32),
+                ("sink_cached", c_u32), ("sink_referenced", c_u32), ("sequences", c_u32), ("sink_tokens", c_u64)]
+
+
 class Trace(ctypes.Structure):
     """struct kvq_trace"""
     _fields_ = [("op", c_int), ("layer", c_u32), ("device", c_int), ("k", c_p), ("v", c_p), ("q", c_p),
@@ -76,6 +82,7 @@ PROTOTYPES = {
     "kvq_client_set_stream": (c_int, [c_p, c_p]),
     "kvq_client_set_trace": (c_int, [c_p, TRACE_FN, c_p]),
     "kvq_client_stats": (c_int, [c_p, c_char_p, ctypes.POINTER(Stats)]),
+    "kvq_client_sink_stats": (c_int, [c_p, c_char_p, ctypes.POINTER(SinkStats)]),
     "kvq_seq_new": (c_int, [c_p, c_p, ctypes.c_size_t, ctypes.POINTER(c_p)]),
     "kvq_seq_free": (None, [c_p]),
     "kvq_seq_tokens": (c_u32, [c_p]),

@@ -214,6 +214,13 @@ class Client:
             d[f] = d[f].decode(errors="replace")
         return d
 
+    def sink_stats(self, pool=None):
+        """The pool's sink blocks as kvq_client_sink_stats gives them, a
+        dict with struct kvq_sink_stats' field names."""
+        st = _lib.SinkStats()
+        self._call("sink stats", L.kvq_client_sink_stats, pool.encode() if pool else None, ctypes.byref(st))
+        return {f: getattr(st, f) for f, _ in _lib.SinkStats._fields_}
+
     def sequence(self, salt=None):
         """A new empty Sequence; salt (bytes, at most 64) separates its
         cache hits from other salts'."""

@@ -11,9 +11,9 @@
  *    sealed blocks decoded by the test's own code, the window exact);
  *  - the prefix cache: a second sequence finds the chain from its sink on,
  *    shares the sink and the sealed blocks, and computes the same outputs;
- *    kvqctl counts the live sequences (one of them still in its first
- *    block, which holds no open slot) and leaves the sinks out of the
- *    sealed tokens;
+ *    kvqctl and kvq_client_sink_stats count the live sequences (one of them
+ *    still in its first block, which holds no open slot), and kvqctl
+ *    leaves the sinks out of the sealed tokens;
  *  - fork while block 0 is in the window copies the sink (a new slot, the
  *    same bytes), and the copies then diverge without touching each other;
  *  - a pool with 2 sink slots: a third sequence's sink evicts the least
@@ -302,6 +302,18 @@ static void test_prefix(kvq_client *c, const uint32_t *tok, float (*want)[NQ * Q
 	   "apart (%g, %g, %g, %g)", 2 * (NTOK / B_ - 1) * B_, (NTOK / B_ - 1) * B_,
 	   jnum(ctl_out, "\"resident\"", "sequences"), jnum(ctl_out, "\"resident\"", "sequences_max"),
 	   jnum(ctl_out, "\"resident\"", "sealed_tokens"), jnum(ctl_out, "\"resident\"", "sealed_distinct_tokens"));
+	{
+		struct kvq_sink_stats ks = { 0 };
+
+		r = r < 0 ? r : kvq_client_sink_stats(c, NULL, &ks);
+		ok(r == 0 && ks.sink_blocks == 1 && ks.n_sink == 8 &&
+		   ks.sequences == 3 && ks.sink_referenced == 1 && ks.sink_held == 1 &&
+		   ks.sink_free + ks.sink_held + ks.sink_cached == ks.n_sink &&
+		   ks.sink_tokens == (uint64_t)2 * B_ && jnum(ctl_out, "\"resident\"", "sink_tokens_max") == 2 * B_,
+		   "kvq_client_sink_stats: 3 sequences, 1 cached sink shared, 1 held, %d sink tokens at most, "
+		   "as kvqctl says (%u %u %u %u %llu)", 2 * B_, ks.sequences, ks.sink_referenced, ks.sink_held,
+		   ks.n_sink, (unsigned long long)ks.sink_tokens);
+	}
 	kvq_seq_free(s3);
 	kvq_seq_free(b);
 	kvq_seq_free(a);

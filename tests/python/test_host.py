@@ -447,12 +447,12 @@ def test_group_ranks_agree(ctx):
 
 
 def test_sink_blocks_exact(ctx):
-    """int4g32 KV, B + 1 tokens: with sink blocks the first block is kept exact, so attention equals float64 over the inputs (f16 rounding); without, block 0 is quantized"""
+    """int4g32 KV, B + 1 tokens: with sink blocks the first block is kept exact, so attention equals float64 over the inputs (f16 rounding); without, block 0 is quantized; sink_stats counts the one sequence and its sink"""
     rng = np.random.default_rng(11)
     k, v = rand_kv(rng, B + 1), rand_kv(rng, B + 1)
     q = rng.standard_normal((1, QH, G["head_dim"])).astype(np.float32)
     ref = reference([B + 1], [[(k, v, q)] * G["layers"]])[-1]
-    errs = {}
+    errs, sk = {}, {}
     for sink in (1, 0):
         with kvq.attach(f"sinks{sink}", "python-test", socket=ctx["sock"], policy="int4g32", sink_blocks=sink,
                         **G) as c, c.sequence() as s:
@@ -462,7 +462,11 @@ def test_sink_blocks_exact(ctx):
             s.commit()
             out = s.attention(G["layers"] - 1, q)
             errs[sink] = np.abs(out - ref).max() / max(1.0, np.abs(ref).max())
+            sk[sink] = c.sink_stats()
     assert errs[1] < 2e-3 and errs[0] > 10 * errs[1], errs
+    assert (sk[1]["sink_blocks"] == 1 and sk[1]["n_sink"] >= 1 and sk[1]["sequences"] == 1 and
+            sk[1]["sink_held"] + sk[1]["sink_referenced"] == 1 and sk[1]["sink_tokens"] == B), sk[1]
+    assert sk[0]["sink_blocks"] == 0 and sk[0]["n_sink"] == 0 and sk[0]["sink_tokens"] == 0, sk[0]
     try:
         kvq.attach("sinks1", "python-test", socket=ctx["sock"], policy="int4g32", **G)
         raise AssertionError("attached a sink pool without sink_blocks")
@@ -481,7 +485,7 @@ def test_stats_cli_matches_kvqctl(ctx):
     for key, val in mine.items():
         if key == "clients_attached":
             continue   # the two connections differ by kvqctl's own
-        if isinstance(val, dict):   # kvqctl's have more (sink slots)
+        if isinstance(val, dict):   # kvqctl's have more (resident tokens and bytes)
             same = {k: pool[key][k] for k in val} == val
         else:
             same = abs(pool[key] - val) < 1e-12 if isinstance(val, float) else pool[key] == val
