@@ -557,15 +557,18 @@ int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
 }
 
 /* The Stats reply's record of pool (NULL: the attached one) in *ret_rep
- * (freed by the caller with kvq_frame_envelope_free), or -ENOENT, a daemon
- * code; *ret_p points into it. */
-static int pool_stats(kvq_client *c, const char *pool, Kvq__Envelope **ret_rep, const Kvq__PoolStats **ret_p)
+ * (freed by the caller with kvq_frame_envelope_free), or -EINVAL (no c or
+ * no out, the caller's ret), -ENOENT, a daemon code; *ret_p points into it. */
+static int pool_stats(kvq_client *c, const char *pool, const void *out, Kvq__Envelope **ret_rep,
+		      const Kvq__PoolStats **ret_p)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Stats s = KVQ__STATS__INIT;
 	const Kvq__StatsReply *sr;
 	int r;
 
+	if (!c || !out)
+		return -EINVAL;
 	if (!pool)
 		pool = c->pool;
 	if (!*pool)
@@ -593,11 +596,8 @@ int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stat
 	Kvq__Envelope *rep = NULL;
 	const Kvq__PoolStats *p;
 	struct kvq_stats st = { 0 };
-	int r;
+	int r = pool_stats(c, pool, ret_stats, &rep, &p);
 
-	if (!c || !ret_stats)
-		return -EINVAL;
-	r = pool_stats(c, pool, &rep, &p);
 	if (r < 0)
 		return r;
 	snprintf(st.name, sizeof(st.name), "%s", p->name);
@@ -632,11 +632,8 @@ int kvq_client_sink_stats(kvq_client *c, const char *pool, struct kvq_sink_stats
 {
 	Kvq__Envelope *rep = NULL;
 	const Kvq__PoolStats *p;
-	int r;
+	int r = pool_stats(c, pool, ret_stats, &rep, &p);
 
-	if (!c || !ret_stats)
-		return -EINVAL;
-	r = pool_stats(c, pool, &rep, &p);
 	if (r < 0)
 		return r;
 	*ret_stats = (struct kvq_sink_stats){
