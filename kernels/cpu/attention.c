@@ -7,7 +7,8 @@
  * time, with an online softmax per block and fp32 accumulation.
  *
  * A rotated layer (policy "+rot") takes q into K's basis as the tile loads
- * it, and its output back out of V's as the tile stores it.
+ * it (rounded to the activation dtype, as the CUDA kernels take it), and its
+ * output back out of V's as the tile stores it.
  *
  * Codebook formats (pq2, pq1) never decode a centroid per token: a tile
  * builds, once, a table per query row and K subspace of q . centroid for
@@ -258,15 +259,14 @@ static void tile_begin(struct work *w, struct tile *t, const struct kvq_seq_tabl
 		for (uint32_t d = 0; d < D; d++)
 			t->qf[i * D + d] = kvq_act_to_f32(a->q_dtype, qrow, d);
 		if (w->L->layer[a->layer].rot & KVQ_ROT_K) {
-			/* q in K's basis, in its own dtype: as if the caller had
-			 * rotated it (so the CUDA kernels, which take q in the
-			 * activation dtype, agree) */
+			/* q in K's basis, rounded to the dtype the CUDA kernels
+			 * take it in (its own, or the pool's activation dtype for
+			 * a float q), so that host and cuda pools agree */
+			const int rd = a->q_dtype == KVQ_DT_F32 ? w->L->act : a->q_dtype;
 			kvq_rotate(t->qf + i * D, D, kvq_rot_block(D, 0));
-			if (a->q_dtype != KVQ_DT_F32)
-				for (uint32_t d = 0; d < D; d++)
-					t->qf[i * D + d] = a->q_dtype == KVQ_DT_BF16
-								   ? kvq_bf16_to_f32(kvq_bf16_from_f32(t->qf[i * D + d]))
-								   : kvq_f16_to_f32(kvq_f16_from_f32(t->qf[i * D + d]));
+			for (uint32_t d = 0; d < D; d++)
+				t->qf[i * D + d] = rd == KVQ_DT_BF16 ? kvq_bf16_to_f32(kvq_bf16_from_f32(t->qf[i * D + d]))
+								     : kvq_f16_to_f32(kvq_f16_from_f32(t->qf[i * D + d]));
 		}
 		for (uint32_t d = 0; d < D; d++)
 			t->qf[i * D + d] *= a->scale;

@@ -5,9 +5,10 @@
  * window, seal full blocks, prefill straight into sealed slots) and paged
  * attention that reads KV as stored.  A layer whose policy rotates K or V
  * (policy.h, "+rot") has its rows rotated by the write (kvq_rotate) before
- * anything is stored; attention rotates q when K is (in q's own dtype, as
- * if the caller had rotated it), and rotates its output back (in fp32) when
- * V is: callers see no rotation.  All functions are reentrant; none
+ * anything is stored; attention rotates q when K is (rounded to q's own
+ * dtype, or to the activation dtype for a float q: the dtype the CUDA
+ * kernels take q in), and rotates its output back (in fp32) when V is:
+ * callers see no rotation.  All functions are reentrant; none
  * allocates in its loops.  Stack use is about 100 KiB; attention keeps up
  * to 4 MiB of per-thread scratch between calls (decode-sized tiles of all
  * heads, or a codebook format's tables).

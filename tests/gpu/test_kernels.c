@@ -397,12 +397,11 @@ static void attend_layer(const struct tcase *tc, const struct kvq_layout *L, con
 			row_rel = fmax(row_rel, rm > 0 ? re / rm : re);
 		}
 		double rel = rmax > 0 ? emax / rmax : emax;
-		/* BF16 at a layer that rotates K: 2e-2.  Both sides round the
-		 * rotated q to BF16, after FP32 rotations whose last bits may
-		 * differ, so now and then an element lands one BF16 step
-		 * (2^-8 of it) apart and moves a logit by that much of
-		 * q_i k_i scale: 1.4e-2 seen once on an H100 (int4g64+rot,
-		 * sink decode) */
+		/* BF16 at a layer that rotates K: 2e-2.  Both sides take the
+		 * same rotated q, rounded to BF16 (the rotations are the same
+		 * stages in the same order); 1.4e-2 was seen once on an H100
+		 * (int4g64+rot, sink decode), its cause not pinned down: the
+		 * BF16 probabilities of the PV product are the likeliest */
 		double tol = tc->act != KVQ_DT_BF16 ? 2e-3 : L->layer[layer].rot & KVQ_ROT_K ? 2e-2 : 1e-2;
 		int bf = tc->act == KVQ_DT_BF16;
 		worst[bf] = fmax(worst[bf], rel);

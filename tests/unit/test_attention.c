@@ -17,8 +17,8 @@
  * computed too: its distance to the kernel's output is the cost of the
  * format, reported as a figure (with a loose sanity bound on data without
  * outliers).  A rotated layer ("+rot") stores K and V in the rotated basis:
- * the reference rotates q (K rotated; kvq_rotate, rounded to q's dtype as
- * cpu.h says) and its output back (V rotated, in float64), the stored
+ * the reference rotates q (K rotated; kvq_rotate, rounded to q's dtype,
+ * or to the activation dtype for a float q, as cpu.h says) and its output back (V rotated, in float64), the stored
  * values as decoded; f16 and bf16 with rotation must
  * also stay within the output's rounding of attention over the inputs.
  * Bad inputs must return -EINVAL and leave the output untouched.
@@ -539,8 +539,8 @@ static void run_case(const struct tcase *tc)
 		int rcs[2] = { 0, 0 }, ran[2] = { 0, 0 };
 
 		/* stored values are in the rotated basis of a rotated part; q
-		 * rotated in its own dtype (kvq_rotate, checked against float64
-		 * by test_write, then rounded as cpu.h says) */
+		 * rotated (kvq_rotate, checked against float64 by test_write),
+		 * then rounded as cpu.h says */
 		memcpy(qrot, qd, nout * sizeof *qd);
 		if (L->layer[l].rot & KVQ_ROT_K)
 			for (size_t r = 0; r < nout / D; r++) {
@@ -548,10 +548,10 @@ static void run_case(const struct tcase *tc)
 				for (uint32_t d = 0; d < D; d++)
 					x[d] = (float)qd[r * D + d];
 				kvq_rotate(x, D, kvq_rot_block(D, 0));
+				const int rd = tc->qdt == KVQ_DT_F32 ? tc->act : tc->qdt;
 				for (uint32_t d = 0; d < D; d++)
-					qrot[r * D + d] = tc->qdt == KVQ_DT_F32 ? x[d]
-							  : tc->qdt == KVQ_DT_BF16 ? kvq_bf16_to_f32(kvq_bf16_from_f32(x[d]))
-										   : kvq_f16_to_f32(kvq_f16_from_f32(x[d]));
+					qrot[r * D + d] = rd == KVQ_DT_BF16 ? kvq_bf16_to_f32(kvq_bf16_from_f32(x[d]))
+									    : kvq_f16_to_f32(kvq_f16_from_f32(x[d]));
 			}
 		for (uint32_t i = 0; i < ns; i++) {
 			ref_attend(seqs[i].ks[l], seqs[i].vs[l], seqs[i].n, seqs[i].n_q, H, QH, D, scale,
