@@ -18,9 +18,10 @@
  * format, reported as a figure (with a loose sanity bound on data without
  * outliers).  A rotated layer ("+rot") stores K and V in the rotated basis:
  * the reference rotates q (K rotated; kvq_rotate, rounded to q's dtype,
- * or to the activation dtype for a float q, as cpu.h says) and its output back (V rotated, in float64), the stored
- * values as decoded; f16 and bf16 with rotation must
- * also stay within the output's rounding of attention over the inputs.
+ * or to the activation dtype for a float q, as cpu.h says) and its output
+ * back (V rotated, in float64), the stored values as decoded; f16 and bf16
+ * with rotation must also stay within the output's rounding of attention
+ * over the inputs.
  * Bad inputs must return -EINVAL and leave the output untouched.
  */
 #include <errno.h>
