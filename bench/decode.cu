@@ -163,38 +163,56 @@ struct result {
 	double write_ms, write_bytes;  /* kvq_cuda_write of the whole context (append/seal) */
 };
 
-/* Times one format on one shape; returns 0, or 1 when it does not fit. */
 static uint32_t force_splits;   /* --splits: 0 lets kvq_cuda_attention choose */
 
-static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, int write_runs, struct result *ret)
+/* The layout of format fmt on shape sh: 32 layers, B tokens a block, a
+ * sealed slot for each block of every sequence, the open slots of its
+ * window. */
+static struct kvq_layout *bench_layout(const char *fmt, struct shape sh, uint32_t B)
 {
-	const uint32_t L_ = 32, D = sh.D;
 	struct kvq_policy pol;
 	struct kvq_layout *L = NULL;
 	char err[256];
 
-	if (kvq_policy_parse(fmt, L_, &pol, err, sizeof err)) {
+	if (kvq_policy_parse(fmt, 32, &pol, err, sizeof err)) {
 		fprintf(stderr, PROG ": %s\n", err);
 		exit(2);
 	}
 	uint32_t R = kvq_layout_default_window(&pol, B), nb = (sh.ctx + B - 1) / B, nw = R / B + 1;
-	struct kvq_layout_params lp = { .layers = L_, .kv_heads = sh.kv_heads, .head_dim = D, .block_tokens = B,
+	struct kvq_layout_params lp = { .layers = 32, .kv_heads = sh.kv_heads, .head_dim = sh.D, .block_tokens = B,
 		.window = R, .n_sealed = sh.batch * nb, .n_open = sh.batch * nw, .act = KVQ_DT_F16, .policy = &pol };
 	if (kvq_layout_new(&lp, &L, err, sizeof err)) {
 		fprintf(stderr, PROG ": %s\n", err);
 		exit(2);
 	}
+	return L;
+}
+
+/* Whether format fmt's pool fits on shape sh beside the inputs (K and V of
+ * the whole context) and 1 GiB to spare, out of free_b free bytes; sets
+ * *ret_bytes to its size. */
+static bool pool_fits(const char *fmt, struct shape sh, uint32_t B, size_t free_b, size_t *ret_bytes)
+{
+	struct kvq_layout *L = bench_layout(fmt, sh, B);
+
+	*ret_bytes = L->total_bytes;
+	kvq_layout_free(L);
+	return *ret_bytes + (size_t)sh.batch * sh.ctx * sh.kv_heads * sh.D * 4 + ((size_t)1 << 30) <= free_b;
+}
+
+/* Times one format on one shape in the pool memory `pool` (every format of
+ * a shape in the same memory: formats timed in pools allocated one after
+ * another decoded up to 17 % apart for the allocation alone). */
+static void run_one(const char *fmt, struct shape sh, uint32_t B, void *pool, int runs, int write_runs,
+		    struct result *ret)
+{
+	const uint32_t D = sh.D;
+	struct kvq_layout *L = bench_layout(fmt, sh, B);
+	const uint32_t nb = (sh.ctx + B - 1) / B, nw = L->window / B + 1;
 	const size_t rows = (size_t)sh.batch * sh.ctx, per = (size_t)sh.kv_heads * D;
-	size_t free_b = 0, total_b = 0;
-	CK(cudaMemGetInfo(&free_b, &total_b));
-	if (L->total_bytes + rows * per * 4 + ((size_t)1 << 30) > free_b) {
-		kvq_layout_free(L);
-		return 1;
-	}
-	void *pool, *kin, *vin, *q, *out, *dseq, *ws = NULL;
+	void *kin, *vin, *q, *out, *dseq, *ws = NULL;
 	int32_t *ids = (int32_t *)malloc((size_t)sh.batch * nb * sizeof(int32_t)), *dids;
 	int32_t *oids = (int32_t *)malloc((size_t)sh.batch * nb * sizeof(int32_t)), *doids;
-	CK(cudaMalloc(&pool, L->total_bytes));
 	CK(cudaMalloc(&kin, rows * per * 2));
 	CK(cudaMalloc(&vin, rows * per * 2));
 	const size_t qel = (size_t)sh.batch * sh.nq * sh.q_heads * D;
@@ -269,7 +287,6 @@ static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, int w
 	ret->s = sh;
 	ret->gbps = bytes / (ret->ms * 1e-3) / 1e9;
 
-	cudaFree(pool);
 	cudaFree(kin);
 	cudaFree(vin);
 	cudaFree(q);
@@ -284,7 +301,6 @@ static int run_one(const char *fmt, struct shape sh, uint32_t B, int runs, int w
 	free(w);
 	free(s);
 	kvq_layout_free(L);
-	return 0;
 }
 
 /* Copy bandwidth: a device-to-device cudaMemcpy of 2 GiB, bytes read + written. */
@@ -383,6 +399,26 @@ static void usage(const char *mode)
 		strcmp(mode, "decode") ? "" : " [--fi FILE (fi_attn or fi_decode output)]...");
 }
 
+/* The entries of a --format list into fmts (allocated; a k=X,v=Y spec is
+ * one entry), at most max; returns their number. */
+static int split_formats(const char *list, char **fmts, int max)
+{
+	char buf[1024], *save = NULL;
+	int n = 0;
+
+	snprintf(buf, sizeof buf, "%s", list);
+	for (char *f = strtok_r(buf, ",", &save); f && n < max; f = strtok_r(NULL, ",", &save)) {
+		char pair[128];
+		if (!strncmp(f, "k=", 2) || !strncmp(f, "v=", 2)) {
+			const char *o = strtok_r(NULL, ",", &save);
+			snprintf(pair, sizeof pair, "%s,%s", f, o ? o : "");
+			f = pair;
+		}
+		fmts[n++] = strdup(f);
+	}
+	return n;
+}
+
 /* kvq-bench decode | prefill | append: the command name is argv[0]. */
 extern "C" int bench_decode(int argc, char **argv)
 {
@@ -463,25 +499,31 @@ extern "C" int bench_decode(int argc, char **argv)
 	struct result res[128];
 	int nres = 0;
 	const int nshapes = quick ? 1 : nshapes_all;
+	char *fmts[64];
+	int nf = split_formats(list, fmts, 64);
 	for (int si = 0; si < nshapes; si++) {
 		double f16_ms = 0;
-		char *save = NULL, buf[256];
-		snprintf(buf, sizeof buf, "%s", list);
-		for (char *f = strtok_r(buf, ",", &save); f && nres < 128; f = strtok_r(NULL, ",", &save)) {
-			char pair[64];
-			if (!strncmp(f, "k=", 2) || !strncmp(f, "v=", 2)) {   /* k=X,v=Y is one entry */
-				const char *o = strtok_r(NULL, ",", &save);
-				snprintf(pair, sizeof pair, "%s,%s", f, o ? o : "");
-				f = pair;
-			}
-			struct shape sh = shapes[si];
-			if (quick)
-				sh.batch = 2;
+		struct shape sh = shapes[si];
+		if (quick)
+			sh.batch = 2;
+		/* one pool for the shape, as large as its largest format that fits */
+		size_t free_b = 0, total_b = 0, need = 0, bytes;
+		bool fits[64];
+		CK(cudaMemGetInfo(&free_b, &total_b));
+		for (int fi = 0; fi < nf; fi++)
+			if ((fits[fi] = pool_fits(fmts[fi], sh, B, free_b, &bytes)) && bytes > need)
+				need = bytes;
+		void *pool = NULL;
+		if (need)
+			CK(cudaMalloc(&pool, need));
+		for (int fi = 0; fi < nf && nres < 128; fi++) {
+			const char *f = fmts[fi];
 			struct result *r = &res[nres];
-			if (run_one(f, sh, B, quick ? 5 : runs, is_append ? (quick ? 5 : runs) : 4, r)) {
+			if (!fits[fi]) {
 				printf("%-16s %5u %7u  (does not fit in device memory)\n", f, sh.batch, sh.ctx);
 				continue;
 			}
+			run_one(f, sh, B, pool, quick ? 5 : runs, is_append ? (quick ? 5 : runs) : 4, r);
 			r->format = strdup(f);
 			if (!strcmp(f, "f16"))
 				f16_ms = r->ms;
@@ -500,7 +542,11 @@ extern "C" int bench_decode(int argc, char **argv)
 			fflush(stdout);
 			nres++;
 		}
+		if (pool)
+			CK(cudaFree(pool));
 	}
+	for (int fi = 0; fi < nf; fi++)
+		free(fmts[fi]);
 	if (is_prefill || !is_append)
 		printf("GB/s: bytes of KV the step reads per second; TFLOP/s: 4 x query heads x D per unmasked query-key "
 		       "pair; vsSDPA: PyTorch SDPA FP16 (contiguous K/V) time / ours%s; vsFI16, vsFI8: FlashInfer's "
