@@ -89,6 +89,19 @@ __device__ __forceinline__ void emit(const attn_args &a, uint32_t split, size_t 
 	}
 }
 
+/* Row r of buf (stride floats apart, D elements) through warp_rotate in
+ * blocks of n: lane l's x[i] is element 32 i + l. */
+template <int D>
+__device__ __forceinline__ void load_rotated(const float *buf, uint32_t stride, uint32_t r, uint32_t n, float x[D / 32])
+{
+	const uint32_t lane = threadIdx.x & 31;
+
+#pragma unroll
+	for (uint32_t i = 0; i < D / 32; i++)
+		x[i] = buf[r * stride + 32 * i + lane];
+	warp_rotate<D / 32>(x, n);
+}
+
 /* Rows 0 .. nr - 1 of buf (stride floats apart, D elements each: q in fp32)
  * into K's basis as rot_rows_kernel puts them (warp_rotate, rounded to the
  * activation dtype), then times mul; a warp per row.  The caller syncs. */
@@ -98,10 +111,7 @@ template <int D, int ACT> __device__ void rotate_q_rows(float *buf, uint32_t str
 
 	for (uint32_t r = threadIdx.x / 32; r < nr; r += blockDim.x / 32) {
 		float x[D / 32];
-#pragma unroll
-		for (uint32_t i = 0; i < D / 32; i++)
-			x[i] = buf[r * stride + 32 * i + lane];
-		warp_rotate<D / 32>(x, kvq_rot_block(D, 0));
+		load_rotated<D>(buf, stride, r, kvq_rot_block(D, 0), x);
 #pragma unroll
 		for (uint32_t i = 0; i < D / 32; i++)
 			buf[r * stride + 32 * i + lane] = act<ACT>::to_f(act<ACT>::from_f(x[i])) * mul;
@@ -128,10 +138,7 @@ __device__ void emit_rotated(const attn_args &a, const kvq_seq_table &s, uint32_
 
 	for (uint32_t r = threadIdx.x / 32; r < nr; r += blockDim.x / 32) {
 		float x[D / 32];
-#pragma unroll
-		for (uint32_t i = 0; i < D / 32; i++)
-			x[i] = buf[r * stride + 32 * i + lane];
-		warp_rotate<D / 32>(x, kvq_rot_block(D, 1));
+		load_rotated<D>(buf, stride, r, kvq_rot_block(D, 1), x);
 		const size_t row = out_row(a, s, h, r0 + r);
 #pragma unroll
 		for (uint32_t i = 0; i < D / 32; i++)
