@@ -524,7 +524,6 @@ extern "C" int bench_decode(int argc, char **argv)
 				continue;
 			}
 			run_one(f, sh, B, pool, quick ? 5 : runs, is_append ? (quick ? 5 : runs) : 4, r);
-			r->format = strdup(f);
 			if (!strcmp(f, "f16"))
 				f16_ms = r->ms;
 			if (is_append) {
@@ -545,8 +544,6 @@ extern "C" int bench_decode(int argc, char **argv)
 		if (pool)
 			CK(cudaFree(pool));
 	}
-	for (int fi = 0; fi < nf; fi++)
-		free(fmts[fi]);
 	if (is_prefill || !is_append)
 		printf("GB/s: bytes of KV the step reads per second; TFLOP/s: 4 x query heads x D per unmasked query-key "
 		       "pair; vsSDPA: PyTorch SDPA FP16 (contiguous K/V) time / ours%s; vsFI16, vsFI8: FlashInfer's "
@@ -581,5 +578,7 @@ extern "C" int bench_decode(int argc, char **argv)
 		}
 		printf("]}\n");
 	}
+	for (int fi = 0; fi < nf; fi++)   /* the results' format names */
+		free(fmts[fi]);
 	return 0;
 }
