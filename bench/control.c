@@ -24,6 +24,7 @@
 #include "bench.h"
 #include "conn.h"
 #include "frame.h"
+#include "frame_io.h"
 #include "kvq_wire.h"
 
 /*

@@ -18,6 +18,15 @@
  * its KV splits are printed beside.
  * Bytes: what the step must read (sealed slices and the open rows up to n).
  * Read bandwidth: a read-only reduction over 4 GiB in the same run.
+ * `--grid` (decode) times the serving grid instead of the short list:
+ * batch x context in {1x131072, 8x65536, 64x8192, 256x2048, 256x1024,
+ * 128x4096} by heads {32/8, 64/8, 40/8, 8/1} at D = 128 and 9/3 at D = 64,
+ * and prints per cell each format's % of read bandwidth against its
+ * target and whether a scalar format was slower than one of more bytes per
+ * token (a cell whose f16 step reads under 256 MiB is printed, not
+ * judged); `--format all` takes every pair with kernels.
+ * `--kernels portable` times the kernels that run on sm_80 and later even
+ * where a Hopper family exists (KVQ_CUDA_KERNELS, kvq_cuda.h).
  * `--sdpa FILE` takes bench/sdpa.py's PyTorch times for the speed-up column,
  * `--fi FILE` the output of FlashInfer's timing programs (fi_attn, fi_decode)
  * for theirs.
@@ -31,6 +40,7 @@
 #include <string.h>
 
 #include "cuda/kvq_cuda.h"
+#include "format.h"
 #include "policy.h"
 #include "layout.h"
 
@@ -161,6 +171,7 @@ struct result {
 	uint32_t splits;
 	double ms, gbps;               /* attention */
 	double write_ms, write_bytes;  /* kvq_cuda_write of the whole context (append/seal) */
+	double token_bytes;            /* KV bytes of a sealed token (all KV heads of the layer) */
 };
 
 static uint32_t force_splits;   /* --splits: 0 lets kvq_cuda_attention choose */
@@ -285,6 +296,7 @@ static void run_one(const char *fmt, struct shape sh, uint32_t B, void *pool, in
 					   (double)(sh.ctx - sealed) * sh.kv_heads * D * 2 * 2);
 	ret->format = fmt;
 	ret->s = sh;
+	ret->token_bytes = (double)L->layer[0].sealed_slice / B;
 	ret->gbps = bytes / (ret->ms * 1e-3) / 1e9;
 
 	cudaFree(kin);
@@ -391,12 +403,117 @@ static int parse_shape(const char *arg, struct shape *sh)
 	return 0;
 }
 
+/* --grid: the serving shapes the decode targets are judged on, batch x
+ * context by heads (D = 128, and SmolLM2's 9/3 at D = 64). */
+static int grid_shapes(struct shape *out)
+{
+	static const uint32_t bc[][2] = { { 1, 131072 }, { 8, 65536 }, { 64, 8192 },
+					  { 256, 2048 }, { 256, 1024 }, { 128, 4096 } };
+	static const uint32_t heads[][3] = { { 32, 8, 128 }, { 64, 8, 128 }, { 40, 8, 128 }, { 8, 1, 128 }, { 9, 3, 64 } };
+	int n = 0;
+
+	for (size_t h = 0; h < sizeof heads / sizeof heads[0]; h++)
+		for (size_t i = 0; i < sizeof bc / sizeof bc[0]; i++)
+			out[n++] = (struct shape){ bc[i][0], bc[i][1], heads[h][0], heads[h][1], 1, heads[h][2] };
+	return n;
+}
+#define GRID_SHAPES 30
+
+/* A cell is judged where the f16 step of one layer reads at least 256 MiB
+ * (below, launch latency dominates). */
+static bool judged(const struct shape *sh)
+{
+	return (double)sh->batch * sh->ctx * sh->kv_heads * sh->D * 2 * 2 >= 256.0 * (1 << 20);
+}
+
+/* The target of a format (a --format entry), % of read bandwidth; 0 where
+ * none is set.  A pair with a codebook part is held to the codebook
+ * formats' (and not slower than int8); a mixed pair with a 4- or 2-bit
+ * part to kivi2's. */
+static double target_pct(const char *fmt, bool *codebook)
+{
+	static const struct { const char *name; double pct; } t[] = {
+		{ "f16", 95 }, { "bf16", 95 }, { "int8", 93 }, { "fp8", 93 }, { "fp8e5m2", 93 },
+		{ "int4g32", 85 }, { "int4g64", 85 }, { "int4g128", 85 }, { "kivi4", 80 }, { "kivi2", 70 },
+		{ "pq2", 50 }, { "pq1", 50 },
+	};
+	struct kvq_policy pol;
+
+	*codebook = false;
+	if (kvq_policy_parse(fmt, 1, &pol, NULL, 0))
+		return 0;
+	const int k = pol.k[0], v = pol.v[0];
+	*codebook = kvq_fmt_code(k) == KVQ_CODE_INDEX || kvq_fmt_code(v) == KVQ_CODE_INDEX;
+	if (k == v) {
+		for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+			if (!strcmp(kvq_fmt_name(k), t[i].name))
+				return t[i].pct;
+		return 0;
+	}
+	return *codebook ? 50 : kvq_fmt_bits(k) <= 4 || kvq_fmt_bits(v) <= 4 ? 70 : 0;
+}
+
+/* The checks of one cell of the grid, its n results in r: each format
+ * against its target, codebook formats not slower than int8, and no scalar
+ * format slower than one of more bytes per token. */
+static void grid_checks(const struct result *r, int n, double rbw)
+{
+	const struct shape *sh = &r[0].s;
+	const double f16_mib = (double)sh->batch * sh->ctx * sh->kv_heads * sh->D * 4 / (1 << 20);
+	const bool judge = judged(sh);
+	double int8_ms = 0, want[64];
+	bool cb[64];
+
+	n = n < 64 ? n : 64;
+	for (int i = 0; i < n; i++) {
+		want[i] = target_pct(r[i].format, &cb[i]);
+		if (!strcmp(r[i].format, "int8"))
+			int8_ms = r[i].ms;
+	}
+	printf("cell %ux%u %u/%u D=%u: the f16 step reads %.0f MiB%s\n", sh->batch, sh->ctx, sh->q_heads, sh->kv_heads,
+	       sh->D, f16_mib, judge ? "" : ", not judged (under 256 MiB)");
+	printf("  %-16s %7s %7s %6s %-6s %-6s %s\n", "format", "%read", "target", "B/tok", "target", "order",
+	       "slower than");
+	for (int i = 0; i < n; i++) {
+		const double pct = 100.0 * r[i].gbps / rbw;
+		const char *slower = NULL;   /* a scalar format of more bytes per token that was faster */
+		for (int j = 0; j < n && !cb[i] && !slower; j++)
+			if (!cb[j] && r[j].token_bytes > r[i].token_bytes && r[j].ms < r[i].ms)
+				slower = r[j].format;
+		const bool hit = pct >= want[i] && !(cb[i] && int8_ms > 0 && r[i].ms > int8_ms);
+		printf("  %-16s %6.1f%% %6.0f%% %6.0f %-6s %-6s %s\n", r[i].format, pct, want[i], r[i].token_bytes,
+		       !judge ? "-" : want[i] > 0 ? (hit ? "PASS" : "MISS") : "none",
+		       !judge || cb[i] ? "-" : slower ? "MISS" : "PASS", slower ? slower : "");
+	}
+}
+
+/* --format all: every (K, V) pair with CUDA attention kernels at D = 128,
+ * as --format entries, into fmts (allocated); returns their number. */
+static int all_formats(char **fmts, int max)
+{
+	int n = 0;
+
+	for (int k = 0; k < KVQ_FMT_COUNT; k++)
+		for (int v = 0; v < KVQ_FMT_COUNT && n < max; v++)
+			if (kvq_cuda_attention_supported(k, v, 128, KVQ_DT_F16)) {
+				char f[64];
+				if (k == v)
+					snprintf(f, sizeof f, "%s", kvq_fmt_name(k));
+				else
+					snprintf(f, sizeof f, "k=%s,v=%s", kvq_fmt_name(k), kvq_fmt_name(v));
+				fmts[n++] = strdup(f);
+			}
+	return n;
+}
+
 static void usage(const char *mode)
 {
-	fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST] [--runs N (1-200)] [--block B (16-256, "
-			"a multiple of 16)] [--splits N (1-64 KV splits, not chosen)] [--sdpa FILE (bench/sdpa.py's output)]%s%s\n", mode,
+	fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST|all] [--runs N (1-200)] [--block B (16-256, "
+			"a multiple of 16)] [--splits N (1-64 KV splits, not chosen)] [--sdpa FILE (bench/sdpa.py's output)] "
+			"[--kernels portable|auto (KVQ_CUDA_KERNELS)]%s%s\n", mode,
 		strcmp(mode, "prefill") ? " [--shape BATCHxCONTEXTxHQ/HKVxD]..." : "",
-		strcmp(mode, "decode") ? "" : " [--fi FILE (fi_attn or fi_decode output)]...");
+		strcmp(mode, "decode") ? "" : " [--fi FILE (fi_attn or fi_decode output)]... [--grid (the serving grid: "
+		"batch x context x heads, targets checked)]");
 }
 
 /* The entries of a --format list into fmts (allocated; a k=X,v=Y spec is
@@ -444,8 +561,8 @@ extern "C" int bench_decode(int argc, char **argv)
 	const int is_prefill = !strcmp(mode, "prefill"), is_append = !strcmp(mode, "append");
 	const struct shape *shapes = is_prefill ? prefill_shapes : is_append ? append_shapes : decode_shapes;
 	int nshapes_all = is_prefill ? 4 : is_append ? 2 : 6;
-	struct shape given[16];
-	int ngiven = 0;
+	struct shape given[16], grid[GRID_SHAPES];
+	int ngiven = 0, use_grid = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json"))
@@ -468,6 +585,11 @@ extern "C" int bench_decode(int argc, char **argv)
 			force_splits = (uint32_t)atoi(argv[++i]);
 		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--fi") && i + 1 < argc && n_fi < MAX_FI)
 			fi_files[n_fi++] = argv[++i];
+		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--grid"))
+			use_grid = 1;
+		else if (!strcmp(argv[i], "--kernels") && i + 1 < argc &&
+			 (!strcmp(argv[i + 1], "portable") || !strcmp(argv[i + 1], "auto")))
+			setenv("KVQ_CUDA_KERNELS", argv[++i], 1);   /* read once, before the kernels are used */
 		else {
 			usage(mode);
 			return 2;
@@ -476,6 +598,10 @@ extern "C" int bench_decode(int argc, char **argv)
 	if (ngiven) {
 		shapes = given;
 		nshapes_all = ngiven;
+	}
+	if (use_grid) {   /* --grid takes the place of the list (and of --shape) */
+		shapes = grid;
+		nshapes_all = grid_shapes(grid);
 	}
 	int ndev = 0;
 	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
@@ -488,19 +614,20 @@ extern "C" int bench_decode(int argc, char **argv)
 	printf("device: %s, %d SMs; read-only bandwidth %.0f GB/s (4 GiB reduction)", p.name, p.multiProcessorCount, rbw);
 	if (is_append)
 		printf("; copy %.0f GB/s (2 GiB cudaMemcpy, read + written)", cbw);
-	printf("\npool: L=32 (layer 0 timed), B=%u, f16 activations; median of %d runs, L2 flushed before each\n", B,
-	       runs);
+	printf("\npool: L=32 (layer 0 timed), B=%u, f16 activations; median of %d runs, L2 flushed before each; "
+	       "kernels %s\n", B, runs, kvq_cuda_kernels());
 	if (is_append)
 		printf("%-8s %5s %7s %6s %9s %8s %8s\n", "format", "batch", "tokens", "heads", "write ms", "GB/s", "%copy");
 	else
 		printf("%-16s %5s %7s %5s %6s %4s %9s %8s %7s %7s %6s %6s %6s %6s %-8s\n", "format", "batch", "context",
 		       "nq", "heads", "D", "ms", "GB/s", "%read", "TFLOP/s", "vsf16", "vsSDPA", "vsFI16", "vsFI8", "kernel");
 
-	struct result res[128];
-	int nres = 0;
 	const int nshapes = quick ? 1 : nshapes_all;
 	char *fmts[64];
-	int nf = split_formats(list, fmts, 64);
+	int nf = !strcmp(list, "all") ? all_formats(fmts, 64) : split_formats(list, fmts, 64);
+	const int max_res = nf * nshapes;
+	struct result *res = (struct result *)calloc(max_res ? max_res : 1, sizeof *res);
+	int nres = 0;
 	for (int si = 0; si < nshapes; si++) {
 		double f16_ms = 0;
 		struct shape sh = shapes[si];
@@ -516,7 +643,8 @@ extern "C" int bench_decode(int argc, char **argv)
 		void *pool = NULL;
 		if (need)
 			CK(cudaMalloc(&pool, need));
-		for (int fi = 0; fi < nf && nres < 128; fi++) {
+		const int cell0 = nres;
+		for (int fi = 0; fi < nf && nres < max_res; fi++) {
 			const char *f = fmts[fi];
 			struct result *r = &res[nres];
 			if (!fits[fi]) {
@@ -543,6 +671,10 @@ extern "C" int bench_decode(int argc, char **argv)
 		}
 		if (pool)
 			CK(cudaFree(pool));
+		if (use_grid && nres > cell0) {
+			grid_checks(res + cell0, nres - cell0, rbw);
+			fflush(stdout);
+		}
 	}
 	if (is_prefill || !is_append)
 		printf("GB/s: bytes of KV the step reads per second; TFLOP/s: 4 x query heads x D per unmasked query-key "
@@ -550,7 +682,7 @@ extern "C" int bench_decode(int argc, char **argv)
 		       "fastest decode at the shape with FP16 or FP8 KV / ours%s; kernel: what ran / its KV splits\n",
 		       sdpa ? "" : " (no --sdpa file: 0)", n_fi ? "" : " (no --fi file: 0)");
 	if (json) {
-		printf("{\"read_gbps\":%.1f,\"block\":%u,", rbw, B);
+		printf("{\"read_gbps\":%.1f,\"block\":%u,\"kernels\":\"%s\",", rbw, B, kvq_cuda_kernels());
 		if (is_append)
 			printf("\"copy_gbps\":%.1f,", cbw);
 		printf("\"%s\":[", mode);
@@ -580,5 +712,6 @@ extern "C" int bench_decode(int argc, char **argv)
 	}
 	for (int fi = 0; fi < nf; fi++)   /* the results' format names */
 		free(fmts[fi]);
+	free(res);
 	return 0;
 }

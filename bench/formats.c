@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvq-bench formats: its options, the machine's shape (threads, last-level
- * cache) and the run over geometries and formats.
+ * cache, available memory), the working set's size, and the run over
+ * geometries and formats.
  *
  * "formats" compares the storage formats at two model geometries: bytes per
  * token of a sealed block (every scale and zero included), the ratio to f16,
@@ -28,6 +29,8 @@
 #include "codebook.h"
 #include "format.h"
 #include "formats.h"
+#include "memory.h"
+#include "team.h"
 
 #define DEFAULT_LLC (32ull << 20)
 
@@ -114,6 +117,121 @@ static void detect_llc(struct cfg *c)
 	}
 }
 
+/*
+ * What the run may touch: the kernel's MemAvailable (what can be allocated
+ * without swapping), or free pages where /proc has no such line.  A
+ * working set that does not fit is not a slower measurement but the OOM
+ * killer's (it was: 24 GiB asked of a 24 GiB machine, no output).
+ */
+static void detect_mem(struct cfg *c)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[128];
+	long pages = -1, page = sysconf(_SC_PAGESIZE);
+
+	c->mem_avail = 0;
+	c->mem_src = "unknown";
+	while (f && fgets(line, sizeof line, f)) {
+		unsigned long long kb;
+
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+			c->mem_avail = (uint64_t)kb << 10;
+			c->mem_src = "MemAvailable";
+			break;
+		}
+	}
+	if (f)
+		fclose(f);
+	if (c->mem_avail)
+		return;
+#ifdef _SC_AVPHYS_PAGES
+	pages = sysconf(_SC_AVPHYS_PAGES);
+#endif
+	if (pages > 0 && page > 0) {
+		c->mem_avail = (uint64_t)pages * (uint64_t)page;
+		c->mem_src = "free pages";
+	}
+}
+
+#define WS_LLC_AIM 8.0   /* a full run's smallest step, in LLCs */
+/* The least that still measures memory: a cyclic pass over 3 LLCs finds at
+ * most a third of it in cache whatever the replacement policy (none under
+ * LRU), and the formats whose decode nears the read pass (f16 to int8) read
+ * 8 to 16 times the smallest step. */
+#define WS_LLC_MIN 3.0
+/* The share of available memory the run touches at its peak: the rest for
+ * the page cache, the kernel and whatever else starts meanwhile. */
+#define MEM_USE 0.75
+/* The process besides the workload and the read pass: queries, outputs,
+ * id tables, the quantizer's input, the threads' stacks. */
+#define MEM_SLACK (64.0 * (1 << 20))
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Peak memory of a run with these plans: the read pass's buffer, then (freed)
+ * the largest workload, twice with --rot (the plain one kept for +rot). */
+static double peak_bytes(const struct cfg *c, const struct plan *pl)
+{
+	double step = c->ws_target, work = 0.0;
+
+	for (unsigned gi = 0; gi < NGEOMS; gi++) {
+		if (pl[gi].max_step_bytes > step)
+			step = pl[gi].max_step_bytes;
+		if (pl[gi].max_resident_bytes > work)
+			work = pl[gi].max_resident_bytes;
+	}
+	work *= c->rot ? 2.0 : 1.0;
+	return (work > step ? work : step) + MEM_SLACK;
+}
+
+/*
+ * The working set: the aim (c->ws_target on entry), cut until the run's
+ * peak fits the memory it may use; refused when that leaves a full run's
+ * smallest step under WS_LLC_MIN LLCs, since its figures would then time
+ * the cache.  Plans pl for the chosen size; c->ws_why says what and why.
+ */
+static int size_working_set(struct cfg *c, struct plan *pl)
+{
+	const double aim = c->ws_target, llc = (double)c->llc;
+	const double usable = MEM_USE * (double)c->mem_avail;
+	double peak;
+	char mem[128];
+
+	if (c->mem_avail)
+		snprintf(mem, sizeof mem, "%.1f GiB usable (%.0f%% of %s %.1f GiB)", usable / GIB, 100.0 * MEM_USE,
+			 c->mem_src, (double)c->mem_avail / GIB);
+	else
+		snprintf(mem, sizeof mem, "available memory unknown, not bounded");
+	for (unsigned it = 0;; it++) {
+		for (unsigned gi = 0; gi < NGEOMS; gi++)
+			if (plan_geometry(&geoms[gi], c, &pl[gi]) < 0)
+				return -1;
+		peak = peak_bytes(c, pl);
+		if (!c->mem_avail || peak <= usable)
+			break;
+		if (it == 8 || usable <= MEM_SLACK) {
+			fprintf(stderr, PROG " formats: cannot run here: the run needs %.1f GiB at its peak with %u "
+				"sequences of %s, and there is %s\n", peak / GIB, pl[0].nseq, geoms[0].name, mem);
+			return -1;
+		}
+		/* the plan is linear in the target but for the rounding of nseq */
+		c->ws_target *= 0.98 * (usable - MEM_SLACK) / (peak - MEM_SLACK);
+	}
+	if (!c->quick && c->ws_target < WS_LLC_MIN * llc) {
+		fprintf(stderr, PROG " formats: cannot measure honestly here: a decode step must read at least "
+			"%.0f x the last-level cache (%.0f MiB; LLC %.0f MiB from %s), but within %s the smallest "
+			"format's step can read only %.0f MiB (%.1f x the LLC): free memory, or run --quick for a "
+			"smoke test whose figures are not a measurement\n", WS_LLC_MIN, WS_LLC_MIN * llc / (1 << 20),
+			llc / (1 << 20), c->llc_src, mem, c->ws_target / (1 << 20), c->ws_target / llc);
+		return -1;
+	}
+	snprintf(c->ws_why, sizeof c->ws_why,
+		 "decode working set >= %.0f MiB per step: %.1f x the LLC%s; peak memory %.1f GiB, %s",
+		 c->ws_target / (1 << 20), c->ws_target / llc,
+		 c->ws_target >= aim ? (c->quick ? " (--quick)" : ", the aim") : ", cut from the aim to fit memory",
+		 peak / GIB, mem);
+	return 0;
+}
+
 /* Rounds of the plain and the "+rot" workload measured one after the other
  * (drift and other processes hit both alike; their ratio's median is the
  * rotation's cost). */
@@ -127,11 +245,11 @@ static double rot_ratio(struct team *team, const struct cfg *c, struct workload 
 	struct share sh = { 0 };
 	double ratio[ROT_ROUNDS];
 
-	quick.runs = MIN_RUNS;
-	quick.budget_s = 0.0;
+	quick.runs.n = MIN_RUNS;
+	quick.runs.budget_s = 0.0;
 	for (unsigned i = 0; i < ROT_ROUNDS; i++) {
-		double p = measure(team, c->threads, decode_job, wp, wp->step_bytes, &quick, 1, &sh);
-		double r = measure(team, c->threads, decode_job, wr, wr->step_bytes, &quick, 1, &sh);
+		double p = measure(team, c->threads, decode_job, wp, wp->step_bytes, &quick.runs, 1, &sh);
+		double r = measure(team, c->threads, decode_job, wr, wr->step_bytes, &quick.runs, 1, &sh);
 		ratio[i] = r / p;
 	}
 	return median(ratio, ROT_ROUNDS);
@@ -206,34 +324,35 @@ int cmd_formats(int argc, char **argv)
 	c.threads = np > 0 ? (unsigned)np : 1;
 	detect_llc(&c);
 	c.read_avx2 = cpu_has_avx2();
+	detect_mem(&c);
 	if (c.quick) {
 		c.ws_target = (double)c.llc;
 		c.blocks_per_seq = 64;
-		c.runs = MIN_RUNS;
-		c.min_run_s = 0.02;
-		c.budget_s = 0.0;
+		c.runs.n = MIN_RUNS;
+		c.runs.min_run_s = 0.02;
+		c.runs.budget_s = 0.0;
 	} else {
-		c.ws_target = 8.0 * (double)c.llc;
+		c.ws_target = WS_LLC_AIM * (double)c.llc;
 		c.blocks_per_seq = 256;   /* 8208 tokens: a common context length */
-		c.runs = 5;
-		c.min_run_s = 0.2;
-		c.budget_s = 2.5;
+		c.runs.n = 5;
+		c.runs.min_run_s = 0.2;
+		c.runs.budget_s = 2.5;
 	}
 
-	for (unsigned gi = 0; gi < NGEOMS; gi++) {
-		if (plan_geometry(&geoms[gi], &c, &pl[gi]) < 0)
-			return 1;
+	if (size_working_set(&c, pl) < 0)
+		return 1;
+	for (unsigned gi = 0; gi < NGEOMS; gi++)
 		if (pl[gi].max_step_bytes > max_step)
 			max_step = pl[gi].max_step_bytes;
-	}
 	if (team_start(&team, c.threads) < 0) {
 		fprintf(stderr, PROG ": out of memory\n");
 		return 1;
 	}
 	fprintf(stderr, PROG ": CPU kernels %s, %u threads, LLC %.0f MiB (%s)\n", kvq_cpu_isa(), c.threads,
 		(double)c.llc / (1 << 20), c.llc_src);
+	fprintf(stderr, PROG ": %s\n", c.ws_why);
 	/* the read pass covers at least the largest decode working set */
-	if (measure_memory(&team, &c, max_step > c.ws_target ? max_step : c.ws_target, &mem) < 0)
+	if (measure_memory(&team, c.threads, c.read_avx2, &c.runs, max_step > c.ws_target ? max_step : c.ws_target, &mem) < 0)
 		goto fail;
 
 	for (unsigned gi = 0; gi < NGEOMS; gi++) {
@@ -290,11 +409,11 @@ int cmd_formats(int argc, char **argv)
 			r->n = w.n;
 			fprintf(stderr, " %.0f MiB, 1 thread ...", w.step_bytes / (1 << 20));
 			/* workload_check's step was the warm-up */
-			r->dec1 = measure(&team, 1, decode_job, &w, w.step_bytes, &c, 1, &sh);
+			r->dec1 = measure(&team, 1, decode_job, &w, w.step_bytes, &c.runs, 1, &sh);
 			fprintf(stderr, " %.2f GB/s", r->dec1);
 			if (c.threads > 1) {
 				fprintf(stderr, ", %u threads ...", c.threads);
-				r->decn = measure(&team, c.threads, decode_job, &w, w.step_bytes, &c, 1, &sh);
+				r->decn = measure(&team, c.threads, decode_job, &w, w.step_bytes, &c.runs, 1, &sh);
 				fprintf(stderr, " %.2f GB/s", r->decn);
 			} else {
 				r->decn = r->dec1;

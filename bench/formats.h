@@ -1,22 +1,21 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvq-bench formats: the types its files share: the run's configuration and
- * geometries (bench/formats.c), the thread team and its timing loop
- * (bench/team.c), the memory passes (bench/memory.c), the decode workload
- * (bench/workload.c) and the report (bench/report.c).
+ * geometries (bench/formats.c), the decode workload (bench/workload.c) and
+ * the report (bench/report.c); the thread team and its timing loop have
+ * bench/team.h, the memory passes bench/memory.h.
  */
 #ifndef KVQ_BENCH_FORMATS_H
 #define KVQ_BENCH_FORMATS_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "cpu/cpu.h"
 #include "layout.h"
+#include "team.h"
 
 #define BLOCK_TOKENS 32u
-#define MIN_RUNS 3u
 
 struct cfg {
 	int json, quick;
@@ -26,10 +25,11 @@ struct cfg {
 	uint64_t llc, llc_sysconf, llc_sysfs;
 	const char *llc_src;
 	double ws_target;          /* bytes read per decode step, at least */
+	uint64_t mem_avail;        /* bytes available at the start (0: unknown) */
+	const char *mem_src;
+	char ws_why[320];          /* the working set chosen and why, for the report */
 	uint32_t blocks_per_seq;   /* n = blocks_per_seq * B + B / 2 for every format */
-	unsigned runs;       /* at most; at least MIN_RUNS once budget_s is spent */
-	double min_run_s;
-	double budget_s;     /* per figure, so slow formats keep the command short */
+	struct runs runs;          /* how long each figure is timed */
 	int read_avx2;
 };
 
@@ -47,6 +47,7 @@ extern const struct geom geoms[NGEOMS];
 struct plan {
 	uint32_t n, nseq;
 	double max_step_bytes;
+	double max_resident_bytes;   /* memory the largest format's workload touches */
 };
 
 struct result {
@@ -61,45 +62,6 @@ struct result {
 	double rot_ratio;    /* "+rot" rows: GB/s against the plain format's, measured in
 			      * alternation (the median of ROT_ROUNDS pairs, all threads) */
 };
-
-struct membw {
-	double read1, readn, copy1, copyn;   /* GB/s */
-	double fma1, fman;                   /* G vector (8-lane) FMAs per second; 0 without AVX2 */
-	double bytes;
-	double cpu_share;
-};
-
-/* CPU time this process got during timed runs against what its running
- * threads could have used: well below 1 means other processes took the
- * CPUs (the machine may be shared) and the figures are low. */
-struct share {
-	double cpu, avail;
-};
-
-typedef void (*job_fn)(void *arg, unsigned idx, unsigned n);
-
-/* Persistent workers released by a barrier, so a timed step costs two
- * barrier waits rather than thread creation.  The caller is thread 0. */
-struct team {
-	unsigned n;
-	pthread_t *tid;
-	unsigned *idx;
-	pthread_barrier_t go, done;
-	job_fn fn;
-	void *arg;
-	int quit;
-};
-
-/* bench/team.c: the team, and the median rate of a job over timed runs */
-double share_of(const struct share *sh);
-int team_start(struct team *t, unsigned n);
-void team_stop(struct team *t);
-double measure(struct team *t, unsigned nthr, job_fn fn, void *arg, double bytes, const struct cfg *c,
-	       int warm, struct share *sh);
-
-/* bench/memory.c: the read-only, memcpy and FMA passes */
-int cpu_has_avx2(void);
-int measure_memory(struct team *t, const struct cfg *c, double bytes, struct membw *m);
 
 /* bench/workload.c: one geometry and format's decode step, ready to time */
 struct workload {
@@ -124,7 +86,8 @@ int workload_check(struct workload *w);
 void workload_free(struct workload *w);
 void decode_job(void *arg, unsigned idx, unsigned n);
 
-/* bench/report.c: the table, and the JSON line after it */
+/* bench/report.c: the table, and the JSON line after it (m: memory.h) */
+struct membw;
 void print_table(const struct cfg *c, const struct membw *m, const struct plan *pl,
 		 const struct result *res, unsigned nres, char notes[][160], unsigned nnotes);
 void print_json(const struct cfg *c, const struct membw *m, const struct result *res, unsigned nres);

@@ -17,7 +17,8 @@
 #endif
 
 #include "bench.h"
-#include "formats.h"
+#include "memory.h"
+#include "team.h"
 
 #define PAGE 4096u
 
@@ -140,10 +141,10 @@ __attribute__((target("avx2,fma"))) static void fma_job(void *arg, unsigned idx,
 }
 #endif
 
-int measure_memory(struct team *t, const struct cfg *c, double bytes, struct membw *m)
+int measure_memory(struct team *t, unsigned threads, int avx2, const struct runs *rn, double bytes, struct membw *m)
 {
-	size_t len = ((size_t)bytes + 2 * PAGE * c->threads - 1) / (2 * PAGE * c->threads) * (2 * PAGE * c->threads);
-	struct memjob j = { .len = len, .avx2 = c->read_avx2 };
+	size_t len = ((size_t)bytes + 2 * PAGE * threads - 1) / (2 * PAGE * threads) * (2 * PAGE * threads);
+	struct memjob j = { .len = len, .avx2 = avx2 };
 	struct share sh = { 0 };
 
 	m->fma1 = m->fman = 0.0;
@@ -157,15 +158,15 @@ int measure_memory(struct team *t, const struct cfg *c, double bytes, struct mem
 	memset(j.buf, 1, len);
 	fprintf(stderr, PROG ": read-only and memcpy passes over %.0f MiB\n", (double)len / (1 << 20));
 	m->bytes = (double)len;
-	m->read1 = measure(t, 1, read_job, &j, (double)len, c, 0, &sh);
-	m->readn = c->threads > 1 ? measure(t, c->threads, read_job, &j, (double)len, c, 0, &sh) : m->read1;
-	m->copy1 = measure(t, 1, copy_job, &j, (double)len, c, 0, &sh);
-	m->copyn = c->threads > 1 ? measure(t, c->threads, copy_job, &j, (double)len, c, 0, &sh) : m->copy1;
+	m->read1 = measure(t, 1, read_job, &j, (double)len, rn, 0, &sh);
+	m->readn = threads > 1 ? measure(t, threads, read_job, &j, (double)len, rn, 0, &sh) : m->read1;
+	m->copy1 = measure(t, 1, copy_job, &j, (double)len, rn, 0, &sh);
+	m->copyn = threads > 1 ? measure(t, threads, copy_job, &j, (double)len, rn, 0, &sh) : m->copy1;
 #ifdef BENCH_X86
-	if (c->read_avx2) {
+	if (avx2) {
 		double per = 12.0 * FMA_STEPS;
-		m->fma1 = measure(t, 1, fma_job, NULL, per, c, 0, &sh);
-		m->fman = c->threads > 1 ? measure(t, c->threads, fma_job, NULL, per * c->threads, c, 0, &sh) : m->fma1;
+		m->fma1 = measure(t, 1, fma_job, NULL, per, rn, 0, &sh);
+		m->fman = threads > 1 ? measure(t, threads, fma_job, NULL, per * threads, rn, 0, &sh) : m->fma1;
 	}
 #endif
 	m->cpu_share = share_of(&sh);

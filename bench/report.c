@@ -12,6 +12,7 @@
 #include "bench.h"
 #include "format.h"
 #include "formats.h"
+#include "memory.h"
 
 /* Size targets of the issue: the bound on ratio_to_f16, or 0 for none. */
 static double size_target(int fmt, uint32_t D)
@@ -69,9 +70,9 @@ void print_table(const struct cfg *c, const struct membw *m, const struct plan *
 	printf("kvq-bench formats: CPU kernels %s, read pass %s, %u threads, B=%u tokens per block%s\n",
 	       kvq_cpu_isa(), c->read_avx2 ? "avx2" : "portable", c->threads, BLOCK_TOKENS,
 	       c->quick ? " (--quick: small working set, figures not meaningful)" : "");
-	printf("last-level cache %.0f MiB (%s; sysconf %.0f MiB, sysfs %.0f MiB); decode working set >= %.0f MiB\n",
+	printf("last-level cache %.0f MiB (%s; sysconf %.0f MiB, sysfs %.0f MiB); %s\n",
 	       (double)c->llc / (1 << 20), c->llc_src, (double)c->llc_sysconf / (1 << 20),
-	       (double)c->llc_sysfs / (1 << 20), c->ws_target / (1 << 20));
+	       (double)c->llc_sysfs / (1 << 20), c->ws_why);
 	printf("memory (%.0f MiB): read-only %.2f GB/s 1 thread, %.2f GB/s %u threads; "
 	       "memcpy (read+written) %.2f GB/s 1 thread, %.2f GB/s %u threads; CPU share %.0f%%\n",
 	       m->bytes / (1 << 20), m->read1, m->readn, c->threads, m->copy1, m->copyn, c->threads,

@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "bench.h"
-#include "formats.h"
+#include "team.h"
 
 #define MAX_RUNS 16u
 
@@ -99,15 +99,15 @@ static void team_step(struct team *t, unsigned nthr, job_fn fn, void *arg)
 }
 
 /*
- * Median of bytes per second (in GB/s) over c->runs runs, or fewer (not
- * under MIN_RUNS) once c->budget_s is spent: the slowest formats take about a
- * second per step.  A run repeats steps until it lasts c->min_run_s, so short
+ * Median of bytes per second (in GB/s) over rn->n runs, or fewer (not
+ * under MIN_RUNS) once rn->budget_s is spent: the slowest formats take about a
+ * second per step.  A run repeats steps until it lasts rn->min_run_s, so short
  * steps are not dominated by clock and barrier overhead.  warm says the job
  * has just run (caches, TLB and clocks settled); otherwise one untimed step
  * comes first.
  */
-double measure(struct team *t, unsigned nthr, job_fn fn, void *arg, double bytes, const struct cfg *c,
-		      int warm, struct share *sh)
+double measure(struct team *t, unsigned nthr, job_fn fn, void *arg, double bytes, const struct runs *rn,
+	       int warm, struct share *sh)
 {
 	double rates[MAX_RUNS], start;
 	unsigned r = 0;
@@ -115,7 +115,7 @@ double measure(struct team *t, unsigned nthr, job_fn fn, void *arg, double bytes
 	if (!warm)
 		team_step(t, nthr, fn, arg);
 	start = now_s();
-	while (r < c->runs) {
+	while (r < rn->n) {
 		unsigned steps = 0;
 		double t0 = now_s(), c0 = cpu_s(), el;
 
@@ -123,11 +123,11 @@ double measure(struct team *t, unsigned nthr, job_fn fn, void *arg, double bytes
 			team_step(t, nthr, fn, arg);
 			steps++;
 			el = now_s() - t0;
-		} while (el < c->min_run_s);
+		} while (el < rn->min_run_s);
 		sh->cpu += cpu_s() - c0;
 		sh->avail += nthr * el;
 		rates[r++] = bytes * steps / el;
-		if (r >= MIN_RUNS && now_s() - start > c->budget_s)
+		if (r >= MIN_RUNS && now_s() - start > rn->budget_s)
 			break;
 	}
 	return median(rates, r) / 1e9;

@@ -65,33 +65,50 @@ static double seq_bytes(const struct kvq_layout *L, uint32_t layer, uint32_t n)
 	       (double)(n - S) * L->kv_heads * L->head_dim * kvq_dtype_bytes(L->act) * 2.0;
 }
 
+/* Bytes of the timed layer's region one sequence of n tokens occupies: its
+ * sealed slices and its open blocks whole (workload_init writes all of them;
+ * the layout is layer-major, so they are the only pages touched). */
+static double seq_region_bytes(const struct kvq_layout *L, uint32_t layer, uint32_t n)
+{
+	uint32_t S = kvq_layout_split(L, n), B = L->block_tokens;
+
+	return (double)(S / B) * (double)L->layer[layer].sealed_slice +
+	       (double)((n - S + B - 1) / B) * (double)L->layer[layer].open_slice;
+}
+
 /* Sequence count such that the format with the fewest bytes per token still
  * reads at least the target per step; more sequences rather than longer ones,
  * so the context length stays realistic. */
 int plan_geometry(const struct geom *g, const struct cfg *c, struct plan *pl)
 {
-	double min_b = 0.0;
+	double min_b = 0.0, max_region = 0.0, max_codebooks = 0.0;
 
 	pl->n = c->blocks_per_seq * BLOCK_TOKENS + BLOCK_TOKENS / 2;
 	pl->max_step_bytes = 0.0;
 	for (int f = 0; f < KVQ_FMT_COUNT; f++) {
 		struct kvq_layout *L;
-		double b;
+		double b, r;
 
 		if (!fmt_fits(f, g->head_dim))
 			continue;
 		if (make_layout(g, f, 0, 1, 1, &L) < 0)
 			return -1;
 		b = seq_bytes(L, 0, pl->n);
+		r = seq_region_bytes(L, 0, pl->n);
+		if ((double)L->codebook_bytes > max_codebooks)
+			max_codebooks = (double)L->codebook_bytes;
 		kvq_layout_free(L);
 		if (min_b == 0.0 || b < min_b)
 			min_b = b;
 		if (b > pl->max_step_bytes)
 			pl->max_step_bytes = b;
+		if (r > max_region)
+			max_region = r;
 	}
 	pl->nseq = (uint32_t)ceil(c->ws_target / min_b);
 	pl->nseq = (pl->nseq + c->threads - 1) / c->threads * c->threads;
 	pl->max_step_bytes *= pl->nseq;
+	pl->max_resident_bytes = max_region * pl->nseq + max_codebooks;
 	return 0;
 }
 

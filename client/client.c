@@ -13,9 +13,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "blockid.h"
 #include "codebook.h"
+#include "figure.h"
+#include "libkvq_internal.h"
 #include "memfd.h"
+#include "wire_block.h"
 
 /* A daemon that stops answering must not hang a worker forever. */
 #define CLIENT_TIMEOUT_MS 30000
@@ -154,7 +157,7 @@ int kvq_client_set_group(kvq_client *c, const char *group, uint32_t rank, uint32
 	return 0;
 }
 
-int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p)
+int client_attach(kvq_client *c, const struct kvq_attach_params *p)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Attach a = KVQ__ATTACH__INIT;
@@ -299,10 +302,18 @@ int client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t n_s
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Alloc a = KVQ__ALLOC__INIT;
 	const Kvq__AllocReply *ar;
+	const size_t nb = (size_t)n_sealed + n_sink;
+	struct kvq_block_ref *refs;
+	uint32_t *out[KVQ_BLOCK_NCLASS] = { [KVQ_BLOCK_SEALED] = ret_sealed, [KVQ_BLOCK_SINK] = ret_sink };
+	size_t n, k[KVQ_BLOCK_NCLASS] = { 0 };
 	int r;
 
 	if (!c || (n_open && (!ret_open || !ret_reserved)) || (n_sealed && !ret_sealed) || (n_sink && !ret_sink))
 		return -EINVAL;
+	/* before the call: a reply that cannot be read leaves slots no one can name */
+	refs = calloc(nb + 1, sizeof(*refs));
+	if (!refs)
+		return -ENOMEM;
 	a.n_open = n_open;
 	a.n_sealed = n_sealed;
 	a.n_sink = n_sink;
@@ -310,24 +321,28 @@ int client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t n_s
 	e.alloc = &a;
 	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_ALLOC_REPLY, &rep);
 	if (r < 0)
-		return r;
+		goto out;
 	ar = rep->alloc_reply;
-	if (ar->n_open_ids != n_open || ar->n_reserved_ids != n_open || ar->n_sealed_ids != n_sealed ||
-	    ar->n_sink_ids != n_sink) {
-		kvq_frame_envelope_free(rep);
+	r = kvq_wire_blocks_get(&ar->base, KVQ_WIRE_IDS, refs, nb, &n);
+	for (size_t i = 0; r == 0 && i < n; i++)
+		k[refs[i].cls]++;
+	if (r < 0 || ar->n_open_ids != n_open || ar->n_reserved_ids != n_open || k[KVQ_BLOCK_SEALED] != n_sealed ||
+	    k[KVQ_BLOCK_SINK] != n_sink) {
 		c->conn.broken = true;   /* the daemon holds slots we cannot name: drop them all */
-		return client_fail(c, KVQ_EPROTOCOL, "alloc reply with the wrong counts");
+		r = client_fail(c, KVQ_EPROTOCOL, "alloc reply with the wrong counts");
+		goto out;
 	}
 	if (n_open) {
 		memcpy(ret_open, ar->open_ids, n_open * sizeof(uint32_t));
 		memcpy(ret_reserved, ar->reserved_ids, n_open * sizeof(uint32_t));
 	}
-	if (n_sealed)
-		memcpy(ret_sealed, ar->sealed_ids, n_sealed * sizeof(uint32_t));
-	for (uint32_t i = 0; i < n_sink; i++)
-		ret_sink[i] = KVQ_SINK_ID(ar->sink_ids[i]);
+	memset(k, 0, sizeof(k));
+	for (size_t i = 0; i < nb; i++)
+		out[refs[i].cls][k[refs[i].cls]++] = client_block_id(refs[i]);
+out:
 	kvq_frame_envelope_free(rep);
-	return 0;
+	free(refs);
+	return r;
 }
 
 int kvq_client_seal(kvq_client *c, uint32_t n, const uint32_t *open_ids, const uint32_t *sealed_ids)
@@ -372,7 +387,7 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 		return -EINVAL;
 	/* ids carry their class (KVQ_SINK_ID); a sink can start a chain only */
 	for (uint32_t i = 1; i < n; i++)
-		if (sealed_ids[i] & KVQ_SINK_FLAG)
+		if (client_block_ref(sealed_ids[i]).cls == KVQ_BLOCK_SINK)
 			return -EINVAL;
 	B = c->L->block_tokens;
 	b = calloc(n, sizeof(*b));
@@ -382,22 +397,14 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 		goto out;
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		const uint32_t id = sealed_ids[i], par = i ? sealed_ids[i - 1] : (uint32_t)parent;
+		const struct kvq_block_ref id = client_block_ref(sealed_ids[i]);
+		const struct kvq_block_ref par = client_block_ref(i ? sealed_ids[i - 1] : (uint32_t)parent);
 
 		kvq__publish_block__init(&b[i]);
-		if (id & KVQ_SINK_FLAG) {
-			b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
-			b[i].sink_id = id & ~KVQ_SINK_FLAG;
-		} else {
-			b[i].block_case = KVQ__PUBLISH_BLOCK__BLOCK_SEALED_ID;
-			b[i].sealed_id = id;
-		}
-		if ((i || parent >= 0) && (par & KVQ_SINK_FLAG)) {
-			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID;
-			b[i].parent_sink_id = par & ~KVQ_SINK_FLAG;
-		} else if (i || parent >= 0) {
-			b[i].parent_case = KVQ__PUBLISH_BLOCK__PARENT_PARENT_ID;
-			b[i].parent_id = par;
+		if (kvq_wire_blocks_put(&b[i].base, KVQ_WIRE_BLOCK, &id, 1, NULL) < 0 ||
+		    kvq_wire_blocks_put(&b[i].base, KVQ_WIRE_PARENT, &par, i || parent >= 0, NULL) < 0) {
+			r = -EINVAL;
+			goto out;
 		}
 		b[i].n_tokens = B;
 		b[i].tokens = (uint32_t *)tokens + (size_t)i * B;
@@ -417,9 +424,13 @@ int kvq_client_publish(kvq_client *c, uint32_t n, const uint32_t *sealed_ids, in
 		r = client_fail(c, KVQ_EPROTOCOL, "publish reply with the wrong count");
 		goto out;
 	}
-	/* a reply id is of its block's class */
-	for (uint32_t i = 0; i < n; i++)
-		ret_ids[i] = rep->publish_reply->ids[i] | (sealed_ids[i] & KVQ_SINK_FLAG);
+	/* a reply id is an index in its block's class */
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvq_block_ref got = client_block_ref(sealed_ids[i]);
+
+		got.index = rep->publish_reply->ids[i];
+		ret_ids[i] = client_block_id(got);
+	}
 out:
 	kvq_frame_envelope_free(rep);
 	free(bp);
@@ -438,13 +449,20 @@ int client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
 	Kvq__Lookup l = KVQ__LOOKUP__INIT;
-	size_t n;
+	struct kvq_block_ref *refs;
+	size_t n, max;
 	int r;
 
 	if (!c || !c->L || (n_tokens && !tokens) || max_tokens > n_tokens || !ret_n ||
 	    (max_tokens >= c->L->block_tokens && !ret_ids) || salt_len > KVQ_PROTO_MAX_SALT ||
 	    rid_len > KVQ_PROTO_MAX_REQUEST_ID || (rid_len && !rid))
 		return -EINVAL;
+	/* before the call: a reply that cannot be read leaves references no one can name */
+	max = max_tokens / c->L->block_tokens;
+	max = max < KVQ_PROTO_MAX_IDS ? max : KVQ_PROTO_MAX_IDS;
+	refs = calloc(max + 1, sizeof(*refs));
+	if (!refs)
+		return -ENOMEM;
 	l.n_tokens = n_tokens;
 	l.tokens = (uint32_t *)tokens;
 	l.max_tokens = max_tokens;
@@ -456,43 +474,23 @@ int client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint
 	e.lookup = &l;
 	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_LOOKUP_REPLY, &rep);
 	if (r < 0)
-		return r;
-	n = rep->lookup_reply->n_sealed_ids + rep->lookup_reply->n_sink_ids;
-	if (n > max_tokens / c->L->block_tokens || rep->lookup_reply->n_sink_ids > 1) {
-		kvq_frame_envelope_free(rep);
+		goto out;
+	/* a chain: block 0's sink first, when the pool keeps one, and only there */
+	r = kvq_wire_blocks_get(&rep->lookup_reply->base, KVQ_WIRE_CHAIN, refs, max, &n);
+	for (size_t i = 1; r == 0 && i < n; i++)
+		r = refs[i].cls == KVQ_BLOCK_SINK ? -EINVAL : 0;
+	if (r < 0) {
 		c->conn.broken = true;   /* references we cannot name: drop them all */
-		return client_fail(c, KVQ_EPROTOCOL, "lookup reply longer than asked for");
+		r = client_fail(c, KVQ_EPROTOCOL, "lookup reply longer than asked for");
+		goto out;
 	}
-	/* block 0's sink first, when the pool keeps one */
-	for (size_t i = 0; i < rep->lookup_reply->n_sink_ids; i++)
-		ret_ids[i] = KVQ_SINK_ID(rep->lookup_reply->sink_ids[i]);
-	for (size_t i = 0; i < rep->lookup_reply->n_sealed_ids; i++)
-		ret_ids[rep->lookup_reply->n_sink_ids + i] = rep->lookup_reply->sealed_ids[i];
+	for (size_t i = 0; i < n; i++)
+		ret_ids[i] = client_block_id(refs[i]);
 	*ret_n = (uint32_t)n;
+out:
 	kvq_frame_envelope_free(rep);
-	return 0;
-}
-
-/* How many of ids[n] are sink ids (KVQ_SINK_ID). */
-static size_t count_sinks(const uint32_t *ids, uint32_t n)
-{
-	size_t k = 0;
-
-	for (uint32_t i = 0; i < n; i++)
-		k += (ids[i] & KVQ_SINK_FLAG) != 0;
-	return k;
-}
-
-/* Splits ids (n of them) by class: sealed ones to sealed[*ns], sink ones
- * (KVQ_SINK_ID) to sink[*nk], their flag cleared. */
-static void split_ids(const uint32_t *ids, uint32_t n, uint32_t *sealed, size_t *ns, uint32_t *sink, size_t *nk)
-{
-	for (uint32_t i = 0; i < n; i++) {
-		if (ids[i] & KVQ_SINK_FLAG)
-			sink[(*nk)++] = ids[i] & ~KVQ_SINK_FLAG;
-		else
-			sealed[(*ns)++] = ids[i];
-	}
+	free(refs);
+	return r;
 }
 
 int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_ids, uint32_t n_open,
@@ -500,31 +498,40 @@ int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Release rl = KVQ__RELEASE__INIT;
+	const size_t nmax = (size_t)n_sealed + n_open;
+	struct kvq_block_ref *refs = NULL;
 	uint32_t *buf = NULL;
+	size_t nr = 0;
 	int r;
 
 	if (!c || (n_sealed && !sealed_ids) || (n_open && !open_ids))
 		return -EINVAL;
-	rl.n_sealed_ids = n_sealed;
-	rl.sealed_ids = (uint32_t *)sealed_ids;
-	rl.n_open_ids = n_open;
-	rl.open_ids = (uint32_t *)open_ids;
-	/* a sink id may come in either list (a sequence's block 0 in its window,
-	 * or sealed): only then are the lists copied, split by class */
-	if (count_sinks(sealed_ids, n_sealed) + count_sinks(open_ids, n_open)) {
-		buf = malloc(2 * ((size_t)n_sealed + n_open) * sizeof(*buf));
-		if (!buf)
-			return -ENOMEM;
-		rl.sealed_ids = buf;
-		rl.open_ids = buf + n_sealed;
-		rl.sink_ids = buf + n_sealed + n_open;
-		rl.n_sealed_ids = rl.n_open_ids = 0;
-		split_ids(sealed_ids, n_sealed, rl.sealed_ids, &rl.n_sealed_ids, rl.sink_ids, &rl.n_sink_ids);
-		split_ids(open_ids, n_open, rl.open_ids, &rl.n_open_ids, rl.sink_ids, &rl.n_sink_ids);
+	refs = malloc((nmax + 1) * sizeof(*refs));
+	buf = malloc((2 * nmax + 1) * sizeof(*buf));   /* the blocks' wire ids, then the open ids */
+	if (!refs || !buf) {
+		r = -ENOMEM;
+		goto out;
 	}
+	rl.open_ids = buf + nmax;
+	for (uint32_t i = 0; i < n_sealed; i++)
+		refs[nr++] = client_block_ref(sealed_ids[i]);
+	/* a sink id may come in the open list too (a sequence's block 0 in its window) */
+	for (uint32_t i = 0; i < n_open; i++) {
+		const struct kvq_block_ref b = client_block_ref(open_ids[i]);
+
+		if (b.cls == KVQ_BLOCK_SINK)
+			refs[nr++] = b;
+		else
+			rl.open_ids[rl.n_open_ids++] = open_ids[i];
+	}
+	r = kvq_wire_blocks_put(&rl.base, KVQ_WIRE_IDS, refs, nr, buf);
+	if (r < 0)
+		goto out;
 	e.body_case = KVQ__ENVELOPE__BODY_RELEASE;
 	e.release = &rl;
 	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_RELEASE_REPLY, NULL);
+out:
+	free(refs);
 	free(buf);
 	return r;
 }
@@ -533,25 +540,28 @@ int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Fork f = KVQ__FORK__INIT;
+	struct kvq_block_ref *refs = NULL;
 	uint32_t *buf = NULL;
 	int r;
 
 	if (!c || (n && !sealed_ids))
 		return -EINVAL;
-	f.n_sealed_ids = n;
-	f.sealed_ids = (uint32_t *)sealed_ids;
-	if (count_sinks(sealed_ids, n)) {
-		buf = malloc(2 * (size_t)n * sizeof(*buf));
-		if (!buf)
-			return -ENOMEM;
-		f.sealed_ids = buf;
-		f.sink_ids = buf + n;
-		f.n_sealed_ids = 0;
-		split_ids(sealed_ids, n, f.sealed_ids, &f.n_sealed_ids, f.sink_ids, &f.n_sink_ids);
+	refs = malloc(((size_t)n + 1) * sizeof(*refs));
+	buf = malloc(((size_t)n + 1) * sizeof(*buf));
+	if (!refs || !buf) {
+		r = -ENOMEM;
+		goto out;
 	}
+	for (uint32_t i = 0; i < n; i++)
+		refs[i] = client_block_ref(sealed_ids[i]);
+	r = kvq_wire_blocks_put(&f.base, KVQ_WIRE_IDS, refs, n, buf);
+	if (r < 0)
+		goto out;
 	e.body_case = KVQ__ENVELOPE__BODY_FORK;
 	e.fork = &f;
 	r = kvq_conn_call(&c->conn, &e, KVQ__ENVELOPE__BODY_FORK_REPLY, NULL);
+out:
+	free(refs);
 	free(buf);
 	return r;
 }
@@ -591,6 +601,14 @@ static int pool_stats(kvq_client *c, const char *pool, const void *out, Kvq__Env
 	return client_fail(c, -ENOENT, "kvqd reports no pool %s", pool);
 }
 
+/* struct kvq_stats' and struct kvq_sink_stats' figures: frozen with the
+ * structs (interface 6), each the figure of its field's name. */
+#define STATS_FIGURES(X)                                                                                     \
+	X(total_bytes) X(n_sealed) X(n_open) X(sealed_free) X(sealed_reserved) X(sealed_held) X(cached)       \
+	X(referenced) X(open_used) X(lookup_tokens) X(hit_tokens) X(evictions) X(alloc_failures) X(clients)
+#define SINK_STATS_FIGURES(X) X(n_sink) X(sink_free) X(sink_held) X(sink_cached) X(sink_referenced) X(sequences) \
+	X(sink_tokens)
+
 int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stats)
 {
 	Kvq__Envelope *rep = NULL;
@@ -609,20 +627,9 @@ int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stat
 	st.head_dim = p->head_dim;
 	st.block_tokens = p->block_tokens;
 	st.window = p->window;
-	st.total_bytes = p->total_bytes;
-	st.n_sealed = p->n_sealed;
-	st.n_open = p->n_open;
-	st.sealed_free = p->sealed_free;
-	st.sealed_reserved = p->sealed_reserved;
-	st.sealed_held = p->sealed_held;
-	st.cached = p->cached;
-	st.referenced = p->referenced;
-	st.open_used = p->open_used;
-	st.lookup_tokens = p->lookup_tokens;
-	st.hit_tokens = p->hit_tokens;
-	st.evictions = p->evictions;
-	st.alloc_failures = p->alloc_failures;
-	st.clients = p->clients;
+#define FIGURE(f) st.f = kvq_figure_or_0(p, #f);
+	STATS_FIGURES(FIGURE)
+#undef FIGURE
 	*ret_stats = st;
 	kvq_frame_envelope_free(rep);
 	return 0;
@@ -632,20 +639,89 @@ int kvq_client_sink_stats(kvq_client *c, const char *pool, struct kvq_sink_stats
 {
 	Kvq__Envelope *rep = NULL;
 	const Kvq__PoolStats *p;
+	struct kvq_sink_stats st = { 0 };
 	int r = pool_stats(c, pool, ret_stats, &rep, &p);
 
 	if (r < 0)
 		return r;
-	*ret_stats = (struct kvq_sink_stats){
-		.sink_blocks = p->sink_blocks,
-		.n_sink = p->n_sink,
-		.sink_free = p->sink_free,
-		.sink_held = p->sink_held,
-		.sink_cached = p->sink_cached,
-		.sink_referenced = p->sink_referenced,
-		.sequences = p->sequences,
-		.sink_tokens = p->sink_tokens,
-	};
+	st.sink_blocks = p->sink_blocks;
+#define FIGURE(f) st.f = kvq_figure_or_0(p, #f);
+	SINK_STATS_FIGURES(FIGURE)
+#undef FIGURE
+	*ret_stats = st;
 	kvq_frame_envelope_free(rep);
 	return 0;
+}
+
+/* One Stats reply kept for its pool's figures. */
+struct kvq_pool_figures {
+	Kvq__Envelope *rep;
+	const Kvq__PoolStats *p;
+};
+
+int kvq_client_pool_figures(kvq_client *c, const char *pool, kvq_pool_figures **ret_figures)
+{
+	kvq_pool_figures *f;
+	int r;
+
+	if (!ret_figures)
+		return -EINVAL;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	r = pool_stats(c, pool, ret_figures, &f->rep, &f->p);
+	if (r < 0) {
+		free(f);
+		return r;
+	}
+	*ret_figures = f;
+	return 0;
+}
+
+size_t kvq_pool_figures_count(const kvq_pool_figures *f)
+{
+	return f ? f->p->n_figures : 0;
+}
+
+int kvq_pool_figures_at(const kvq_pool_figures *f, size_t i, const char **ret_name, uint64_t *ret_value)
+{
+	if (!f || !ret_name || !ret_value)
+		return -EINVAL;
+	if (i >= f->p->n_figures)
+		return -ENOENT;
+	*ret_name = f->p->figures[i]->name;
+	*ret_value = f->p->figures[i]->value;
+	return 0;
+}
+
+int kvq_pool_figures_get(const kvq_pool_figures *f, const char *name, uint64_t *ret_value)
+{
+	if (!f || !name || !ret_value)
+		return -EINVAL;
+	return kvq_figure_get(f->p, name, ret_value);
+}
+
+void kvq_pool_figures_free(kvq_pool_figures *f)
+{
+	if (!f)
+		return;
+	kvq_frame_envelope_free(f->rep);
+	free(f);
+}
+
+int kvq_client_pool_stat(kvq_client *c, const char *pool, const char *name, uint64_t *ret_value)
+{
+	kvq_pool_figures *f = NULL;
+	int r;
+
+	if (!name || !ret_value)
+		return -EINVAL;
+	r = kvq_client_pool_figures(c, pool, &f);
+	if (r < 0)
+		return r;
+	r = kvq_pool_figures_get(f, name, ret_value);
+	if (r < 0)
+		client_fail(c, r, "kvqd reports no figure %s of pool %s", name, f->p->name);
+	kvq_pool_figures_free(f);
+	return r;
 }

@@ -4,15 +4,13 @@
 #ifndef KVQ_CLIENT_CUDA_IMPORT_H
 #define KVQ_CLIENT_CUDA_IMPORT_H
 
-#include <cuda.h>
-
-#include "client.h"
+#include "libkvq_internal.h"
+#include "cuda/driver.h"
 
 struct client_cuda {
 	CUdevice dev;                   /* the device whose primary context is retained */
 	CUcontext ctx;                  /* its primary context, made current before CUDA work */
-	CUdeviceptr va;                 /* the reserved and mapped range */
-	size_t reserved;
+	struct kvq_driver_map map;      /* the pool in this process: c->base is map.va */
 };
 
 /* Imports fd (map_bytes of device memory on the daemon's device, identified
@@ -26,9 +24,5 @@ void cuda_unimport(kvq_client *c);
 
 /* Makes the pool's context current in the calling thread. */
 int cuda_ready(kvq_client *c);
-
-/* A driver error as libkvq reports it (-ENOMEM, -EINVAL, -ENOTSUP, else
- * -EIO), what failed named in kvq_client_error. */
-int cuda_fail(kvq_client *c, const char *what, CUresult r);
 
 #endif

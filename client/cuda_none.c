@@ -4,7 +4,7 @@
  * refuses a cuda pool with -ENOTSUP (never a silent host fallback on device
  * memory), a stream is refused, device-memory attention says why.
  */
-#include "client.h"
+#include "libkvq_internal.h"
 
 const struct client_backend client_cuda = {
 	.name = "cuda",

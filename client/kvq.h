@@ -53,10 +53,13 @@ enum { KVQ_ACT_F16 = 0, KVQ_ACT_BF16 = 1 };
  * a pool, codebooks sent must be the pool's (KVQ_ELAYOUT otherwise) and
  * NULL takes the pool's.
  *
- * The library reads every field, so a field added here changes libkvq's
- * interface incompatibly (a new soname): a program runs with the libkvq
- * whose kvq.h it was built with.  Zero-initialise the fields it does not
- * set (a designated initialiser does). */
+ * Interface 7: the struct grows at its end without a new soname.
+ * kvq_client_attach (a macro) passes the size of the caller's struct, and
+ * the library reads only that much (fields past it count as zero); a
+ * larger struct than the library knows is accepted when the bytes it does
+ * not know are zero, refused with -E2BIG otherwise (the program sets a
+ * field this libkvq does not have).  Zero-initialise the fields a program
+ * does not set (a designated initialiser does). */
 struct kvq_attach_params {
 	const char *pool;
 	const char *model_id;
@@ -71,7 +74,9 @@ struct kvq_attach_params {
 	const char *codebooks;          /* interface 3 */
 };
 
-/* One pool as Stats reports it (kvq.proto PoolStats). */
+/* One pool as Stats reports it (kvq.proto PoolStats).  Frozen with
+ * struct kvq_sink_stats (their size is the ABI): a figure added since is
+ * reached by name (kvq_client_pool_stat). */
 struct kvq_stats {
 	char name[65];
 	char model_id[257];
@@ -143,6 +148,19 @@ uint64_t kvq_client_id(const kvq_client *c);
  * the CPU kernels on a host pool.
  */
 int kvq_client_attach(kvq_client *c, const struct kvq_attach_params *p);
+
+/*
+ * Interface 7: kvq_client_attach reading the first size bytes of *p, at
+ * least KVQ_ATTACH_PARAMS_MIN (the struct of interfaces 3 to 6).  Returns
+ * what kvq_client_attach returns; -EINVAL for a smaller size, -E2BIG (with
+ * a message) when bytes past the struct this libkvq knows are not zero.
+ * kvq_client_attach calls it with sizeof *p; binaries built against
+ * interfaces 3 to 6 call the function of that name, which reads
+ * KVQ_ATTACH_PARAMS_MIN bytes.
+ */
+int kvq_client_attach_sized(kvq_client *c, const struct kvq_attach_params *p, size_t size);
+#define KVQ_ATTACH_PARAMS_MIN (offsetof(struct kvq_attach_params, codebooks) + sizeof(const char *))
+#define kvq_client_attach(c, p) kvq_client_attach_sized((c), (p), sizeof *(p))
 
 /*
  * Interface 4: makes the next kvq_client_attach join tensor-parallel group
@@ -284,6 +302,42 @@ int kvq_client_stats(kvq_client *c, const char *pool, struct kvq_stats *ret_stat
 /* The same pool's sink blocks (struct kvq_sink_stats), by one more Stats
  * request; the same returns. */
 int kvq_client_sink_stats(kvq_client *c, const char *pool, struct kvq_sink_stats *ret_stats);
+
+/*
+ * A pool's figures by name (interface 7): every figure kvqd reports of a
+ * pool, struct kvq_stats' and struct kvq_sink_stats' and the ones added
+ * since, each a name (frozen once shipped; libkvq(3), FIGURES) and a
+ * uint64_t value.  A program can list them without knowing them, and ask
+ * for one a newer kvqd has.
+ */
+typedef struct kvq_pool_figures kvq_pool_figures;
+
+/* The figure called name of a pool (NULL: the attached one), by one Stats
+ * request.  Returns 0 and *ret_value, -EINVAL, -ENOENT when the daemon
+ * does not report that pool to this caller or has no such figure (the
+ * reason in kvq_client_error), or a daemon code. */
+int kvq_client_pool_stat(kvq_client *c, const char *pool, const char *name, uint64_t *ret_value);
+
+/* All figures of a pool (NULL: the attached one) as one Stats request saw
+ * them, to read with kvq_pool_figures_at or _get and free with
+ * kvq_pool_figures_free.  Returns 0 and *ret_figures, -EINVAL, -ENOMEM,
+ * -ENOENT (no such pool for this caller) or a daemon code. */
+int kvq_client_pool_figures(kvq_client *c, const char *pool, kvq_pool_figures **ret_figures);
+
+/* How many figures f holds (0 for NULL). */
+size_t kvq_pool_figures_count(const kvq_pool_figures *f);
+
+/* Figure i (< kvq_pool_figures_count) of f, in kvqd's order: returns 0,
+ * *ret_name (valid until f is freed) and *ret_value; -ENOENT past the
+ * last; -EINVAL. */
+int kvq_pool_figures_at(const kvq_pool_figures *f, size_t i, const char **ret_name, uint64_t *ret_value);
+
+/* The figure of f called name: returns 0 and *ret_value, -ENOENT (none of
+ * that name) or -EINVAL. */
+int kvq_pool_figures_get(const kvq_pool_figures *f, const char *name, uint64_t *ret_value);
+
+/* Frees f; NULL is fine. */
+void kvq_pool_figures_free(kvq_pool_figures *f);
 
 /* ---------------------------------------------------------------- sequence */
 

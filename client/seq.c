@@ -2,7 +2,7 @@
 /*
  * kvq_seq: a sequence's block table on an attached client (kvq.h), the
  * same for every backend; the kernels and the waits are the backend's
- * (c->be, client.h).
+ * (c->be, libkvq_internal.h).
  */
 #include <errno.h>
 #include <math.h>
@@ -10,13 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
-
-/* Whether a table entry names a sink block (KVQ_SINK_ID, kvq.h). */
-static bool is_sink(int32_t id)
-{
-	return id >= 0 && ((uint32_t)id & KVQ_SINK_FLAG);
-}
+#include "blockid.h"
+#include "libkvq_internal.h"
 
 /* kvq_seq_table.sink (kernels/layout.h) of a table whose block 0 is the
  * sequence's: that block's entry is the first sealed one (ns of them) or
@@ -25,7 +20,7 @@ static uint32_t table_sink(const int32_t *sealed, uint32_t ns, const int32_t *op
 {
 	int32_t id = ns ? sealed[0] : no ? open[0] : -1;
 
-	return is_sink(id) ? ((uint32_t)id & ~KVQ_SINK_FLAG) + 1 : 0;
+	return id >= 0 ? kvq_seq_table_sink(client_block_ref((uint32_t)id)) : 0;
 }
 
 static int seq_reserve_tokens(kvq_seq *s, uint32_t need)
@@ -280,7 +275,7 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
 			s->p_open[j] = s->open[j];
 			s->p_resv[j] = s->resv[j];
 			if (b < s1)   /* sealed into its reservation; a sink stays where it is */
-				s->p_sealed[b] = is_sink(s->open[j]) ? s->open[j] : s->resv[j];
+				s->p_sealed[b] = client_entry_is_sink(s->open[j]) ? s->open[j] : s->resv[j];
 		} else if (b == 0 && sinks) {
 			s->p_open[j] = b < s1 ? -1 : (int32_t)sk;
 			s->p_resv[j] = -1;
@@ -362,7 +357,7 @@ int kvq_seq_commit(kvq_seq *s)
 		goto out;
 	}
 	for (uint32_t b = s->n_sealed; b < nb_old && b < s1; b++) {
-		if (is_sink(s->open[b - s->n_sealed]))
+		if (client_entry_is_sink(s->open[b - s->n_sealed]))
 			continue;   /* a sink block is never sealed: it is a block already */
 		so[n_seal] = (uint32_t)s->open[b - s->n_sealed];
 		ss[n_seal++] = (uint32_t)s->resv[b - s->n_sealed];
@@ -542,7 +537,7 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 		forked = true;
 	}
 	/* a sink block still in the window is still written: copied as open ones are */
-	k = s->n_open && is_sink(s->open[0]) ? 1 : 0;
+	k = s->n_open && client_entry_is_sink(s->open[0]) ? 1 : 0;
 	if (s->n_open) {
 		r = client_alloc(s->c, s->n_open - k, 0, k, ao, ar, NULL, &sk);
 		if (r < 0)
@@ -551,8 +546,8 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 	}
 	for (uint32_t i = 0; i < s->n_open; i++) {
 		const bool sink = i < k;
-		const uint32_t to_id = sink ? sk & ~KVQ_SINK_FLAG : ao[i - k];
-		const uint32_t from_id = (uint32_t)s->open[i] & ~KVQ_SINK_FLAG;
+		const uint32_t to_id = sink ? client_block_ref(sk).index : ao[i - k];
+		const uint32_t from_id = sink ? client_block_ref((uint32_t)s->open[i]).index : (uint32_t)s->open[i];
 
 		for (uint32_t l = 0; l < L->layers; l++) {
 			uint8_t *b = s->c->base;

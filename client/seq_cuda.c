@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The cuda backend (struct client_backend, client.h): the CUDA side of a
+ * The cuda backend (struct client_backend, libkvq_internal.h): the CUDA side of a
  * sequence on a cuda pool.  Everything runs on the client's stream, in
  * order; libkvq drains that stream before it tells kvqd a block is sealed
  * or published (no one may find a block before its bytes are there) and
@@ -151,7 +151,7 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, 
 	return r < 0 ? client_fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
 }
 
-/* Attention timing (client.h, struct client_timing's gpu: a struct
+/* Attention timing (libkvq_internal.h, struct client_timing's gpu: a struct
  * gpu_timing, gpu_timer.h): the pairs whose calls completed go to their
  * bins. */
 static void gpu_timing_add(void *arg, uint32_t layer, int phase, uint64_t kv_bytes, double seconds)

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Attention timings of a client (client.h, struct client_timing): binned
+/* Attention timings of a client (libkvq_internal.h, struct client_timing): binned
  * per phase and format pair, reported with a Seal at most every report_ms. */
 #include <string.h>
 #include <time.h>
 
-#include "client.h"
 #include "format.h"
+#include "libkvq_internal.h"
+#include "timing_buckets.h"
 
 int timing_phase(uint32_t n_q)
 {

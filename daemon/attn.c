@@ -7,6 +7,7 @@
 
 #include "attn.h"
 #include "format.h"
+#include "timing_buckets.h"
 
 /* Rounding slack of a client's sum of seconds against the bucket bounds. */
 #define SLACK 1e-9

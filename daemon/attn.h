@@ -15,6 +15,7 @@
 
 #include "frame.h"
 #include "layout.h"
+#include "timing_buckets.h"
 
 enum { KVQ_ATTN_DECODE = 0, KVQ_ATTN_PREFILL, KVQ_ATTN_PHASES };
 

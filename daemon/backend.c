@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "format.h"
+#include "seterr.h"
 
 const struct kvq_backend *kvq_backend_by_name(const char *name)
 {

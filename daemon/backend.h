@@ -15,8 +15,9 @@
  *    inference, CI, machines without a GPU.
  *  - cuda: device memory from cuMemCreate with POSIX file-descriptor handles,
  *    exported with cuMemExportToShareableHandle.  The driver is reached
- *    through cudaGetDriverEntryPointByVersion of the statically linked cudart,
- *    never by linking libcuda, so one build starts with or without a driver.
+ *    through cudaGetDriverEntryPointByVersion of the statically linked cudart
+ *    (kernels/cuda/driver.h, shared with libkvq), never by linking libcuda,
+ *    so one build starts with or without a driver.
  *
  * What an importer (libkvq) does with the descriptor and size it receives:
  *  - host: mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); close

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "format.h"
+#include "seterr.h"
 
 #define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 

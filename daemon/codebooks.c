@@ -8,8 +8,8 @@
 #include <openssl/evp.h>
 
 #include "codebooks.h"
-#include "format.h"
 #include "memfd.h"
+#include "seterr.h"
 
 int kvq_codebooks_open(int fd, const struct kvq_policy *policy, uint32_t kv_heads, uint32_t head_dim,
 		       struct kvq_codebooks *ret, char *err, size_t errlen)

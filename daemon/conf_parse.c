@@ -1,60 +1,53 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The kvqd.conf reader: lines, sections, keys and their values (format in
- * conf.h, every key in systemd/kvqd.conf.example); what needs more than one
- * value is conf_check.c's. */
-#include <ctype.h>
+/* The kvqd.conf reader: lines, sections and keys (format in conf.h), each
+ * value read by conf_value.c, the rows' defaults and inheritance; what
+ * needs more than one value is conf_check.c's. */
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
-#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <syslog.h>
 #include <unistd.h>
 
-#include "conf_parser.h"
-#include "frame.h"
-#include "layout.h"
+#include "conf_check.h"
+#include "conf_parse.h"
+#include "conf_schema.h"
+#include "conf_value.h"
+#include "format.h"
+#include "seterr.h"
 
-const struct conf_key conf_keys[K_COUNT] = {
-	[K_SOCKET] = { "socket", SEC_KVQD },
-	[K_BACKEND] = { "backend", SEC_KVQD },
-	[K_DEVICE] = { "device", SEC_KVQD | SEC_POOL },
-	[K_MEMORY_BUDGET] = { "memory_budget", SEC_KVQD },
-	[K_LOG_LEVEL] = { "log_level", SEC_KVQD },
-	[K_CREATE_ON_ATTACH] = { "create_on_attach", SEC_KVQD | SEC_POOL },
-	[K_CREATE_UIDS] = { "create_uids", SEC_KVQD },
-	[K_CREATE_GIDS] = { "create_gids", SEC_KVQD },
-	[K_CREATE_CAPACITY] = { "create_capacity", SEC_KVQD },
-	[K_CREATE_MEMORY_SHARE] = { "create_memory_share", SEC_KVQD },
-	[K_QUOTA_PER_UID] = { "quota_per_uid", SEC_KVQD | SEC_POOL },
-	[K_ADMIN_UIDS] = { "admin_uids", SEC_KVQD },
-	[K_ADMIN_GIDS] = { "admin_gids", SEC_KVQD },
-	[K_METRICS_LISTEN] = { "metrics_listen", SEC_KVQD },
-	[K_ATTENTION_TIMING] = { "attention_timing", SEC_KVQD | SEC_POOL },
-	[K_ATTENTION_REPORT_MS] = { "attention_report_ms", SEC_KVQD },
-	[K_MODEL] = { "model", SEC_POOL },
-	[K_LAYERS] = { "layers", SEC_POOL },
-	[K_KV_HEADS] = { "kv_heads", SEC_POOL },
-	[K_HEAD_DIM] = { "head_dim", SEC_POOL },
-	[K_BLOCK_TOKENS] = { "block_tokens", SEC_POOL },
-	[K_POLICY] = { "policy", SEC_POOL },
-	[K_WINDOW] = { "window", SEC_POOL },
-	[K_WINDOW_DTYPE] = { "window_dtype", SEC_POOL },
-	[K_SINK_BLOCKS] = { "sink_blocks", SEC_POOL },
-	[K_CAPACITY] = { "capacity", SEC_POOL },
-	[K_MEMORY_SHARE] = { "memory_share", SEC_POOL },
-	[K_ACL_UIDS] = { "acl_uids", SEC_POOL },
-	[K_ACL_GIDS] = { "acl_gids", SEC_POOL },
-#define K_LIMIT_NAME(key, def, lo, hi, unit, what) [K_LIMIT_##key] = { #key, SEC_KVQD },
-	KVQ_LIMITS(K_LIMIT_NAME)
-#undef K_LIMIT_NAME
+struct conf_parser {
+	const char *file;
+	char *err;
+	size_t errlen;
+	struct kvq_config *c;
+	int sec;                        /* enum kvq_conf_section of the open section, -1: none */
+	void *item;                     /* its struct: c, or the open named section */
+	unsigned line, sec_line;
+	unsigned single_line[KVQ_CONF_SEC_COUNT]; /* header line of each unnamed kind */
+	unsigned *seen;                 /* line where each key of the open section was set */
+	unsigned single_seen[K_COUNT];  /* the unnamed kinds' */
+	unsigned *item_seen[KVQ_CONF_SEC_COUNT]; /* each named section's, max x K_COUNT */
+	char policy[KVQ_POLICY_MAX_LEN + 1];  /* kept until layers is known */
+	char buf[KVQ_CONFIG_MAX_LINE + 1];
 };
 
-int conf_fail(struct conf_parser *p, unsigned line, const char *fmt, ...)
+/* The section kinds' hooks (KVQ_CONF_SECTIONS). */
+static const struct {
+	void (*init)(void *item);
+	int (*check)(const struct conf_check_section *sec, struct conf_check_error *e);
+} hooks[KVQ_CONF_SEC_COUNT] = {
+#define HOOKS(id, word, items, n_items, max, init, check) [KVQ_CONF_SEC_##id] = { init, check },
+	KVQ_CONF_SECTIONS(HOOKS)
+#undef HOOKS
+};
+
+/* "FILE:LINE: what is wrong" into p->err; returns -EINVAL. */
+static int conf_fail(struct conf_parser *p, unsigned line, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int conf_fail(struct conf_parser *p, unsigned line, const char *fmt, ...)
 {
 	char msg[KVQ_CONFIG_MSG_MAX];
 	va_list ap;
@@ -68,554 +61,215 @@ int conf_fail(struct conf_parser *p, unsigned line, const char *fmt, ...)
 
 /* ------------------------------------------------------------ values */
 
-static char *trim(char *s)
+/* Row k's value v into item, or FILE:LINE and what is wrong. */
+static int read_value(struct conf_parser *p, int k, const char *v, void *item)
 {
-	char *e;
+	struct conf_value_msg m;
+	int rc = conf_value_read(&m, k, v, item, p->policy);
 
-	while (*s == ' ' || *s == '\t')
-		s++;
-	e = s + strlen(s);
-	while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
-		*--e = '\0';
-	return s;
-}
-
-/* Decimal digits only: no sign, no blanks, no hex (strtoul takes all three). */
-int conf_parse_u64(const char *s, uint64_t *ret)
-{
-	uint64_t v = 0;
-
-	if (!isdigit((unsigned char)*s))
-		return -EINVAL;
-	for (; isdigit((unsigned char)*s); s++)
-		if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
-			return -ERANGE;
-	if (*s)
-		return -EINVAL;
-	*ret = v;
-	return 0;
-}
-
-int kvq_config_parse_size(const char *s, uint64_t *ret_bytes)
-{
-	char num[32];
-	uint64_t v, mult = 1;
-	size_t n = 0;
-	int rc;
-
-	while (isdigit((unsigned char)s[n]))
-		n++;
-	if (n == 0 || n >= sizeof num)
-		return n == 0 ? -EINVAL : -ERANGE;
-	memcpy(num, s, n);
-	num[n] = '\0';
-	if ((rc = conf_parse_u64(num, &v)) < 0)
-		return rc;
-	s += n;
-	while (*s == ' ' || *s == '\t')
-		s++;
-	if (*s) {
-		switch (toupper((unsigned char)*s)) {
-		case 'K': mult = 1ull << 10; break;
-		case 'M': mult = 1ull << 20; break;
-		case 'G': mult = 1ull << 30; break;
-		case 'T': mult = 1ull << 40; break;
-		default: return -EINVAL;
-		}
-		s++;
-		if (strcmp(s, "iB") != 0 && *s)
-			return -EINVAL;
-	}
-	if (__builtin_mul_overflow(v, mult, &v))
-		return -ERANGE;
-	*ret_bytes = v;
-	return 0;
-}
-
-/* "12", "12.5", with "%" when percent_sign is 1 (required) or 2 (optional). */
-static int parse_percent(const char *s, int percent_sign, double *ret)
-{
-	const char *q = s;
-	size_t n;
-	char num[32];
-	double v;
-
-	while (isdigit((unsigned char)*q))
-		q++;
-	if (q == s)
-		return -EINVAL;
-	if (*q == '.') {
-		q++;
-		if (!isdigit((unsigned char)*q))
-			return -EINVAL;
-		while (isdigit((unsigned char)*q))
-			q++;
-	}
-	n = (size_t)(q - s);
-	while (*q == ' ' || *q == '\t')
-		q++;
-	if (*q == '%')
-		q++;
-	else if (percent_sign == 1)
-		return -EINVAL;
-	if (*q || n >= sizeof num)
-		return -EINVAL;
-	memcpy(num, s, n);
-	num[n] = '\0';
-	v = strtod(num, NULL);
-	if (!(v > 0.0 && v <= 100.0))
-		return -ERANGE;
-	*ret = v;
-	return 0;
-}
-
-static int parse_bool(const char *s, bool *ret)
-{
-	static const char *const yes[] = { "yes", "true", "on", "1" }, *const no[] = { "no", "false", "off", "0" };
-
-	for (size_t i = 0; i < 4; i++) {
-		if (strcasecmp(s, yes[i]) == 0) {
-			*ret = true;
-			return 0;
-		}
-		if (strcasecmp(s, no[i]) == 0) {
-			*ret = false;
-			return 0;
-		}
-	}
-	return -EINVAL;
-}
-
-static int parse_log_level(const char *s, int *ret)
-{
-	static const struct { const char *name; int level; } levels[] = {
-		{ "emerg", LOG_EMERG }, { "alert", LOG_ALERT }, { "crit", LOG_CRIT }, { "err", LOG_ERR },
-		{ "error", LOG_ERR }, { "warning", LOG_WARNING }, { "warn", LOG_WARNING },
-		{ "notice", LOG_NOTICE }, { "info", LOG_INFO }, { "debug", LOG_DEBUG },
-	};
-
-	if (s[0] >= '0' && s[0] <= '7' && !s[1]) {
-		*ret = s[0] - '0';
-		return 0;
-	}
-	for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
-		if (strcasecmp(s, levels[i].name) == 0) {
-			*ret = levels[i].level;
-			return 0;
-		}
-	return -EINVAL;
-}
-
-/* A user or group name or number; names are looked up now, so a reload
- * (SIGHUP) picks up renamed or new accounts. */
-static int resolve_id(struct conf_parser *p, const char *s, bool group, uint32_t *ret)
-{
-	uint64_t v;
-	size_t size = 4096;
-	char *buf = NULL;
-	int rc;
-
-	if (isdigit((unsigned char)*s)) {
-		if (conf_parse_u64(s, &v) < 0 || v >= UINT32_MAX)
-			return conf_fail(p, p->line, "bad %s id '%s'", group ? "group" : "user", s);
-		*ret = (uint32_t)v;
-		return 0;
-	}
-	for (;;) {
-		struct passwd pw, *pwr = NULL;
-		struct group gr, *grr = NULL;
-		char *nb = realloc(buf, size);
-
-		if (!nb) {
-			free(buf);
-			kvq_seterr(p->err, p->errlen, "%s:%u: out of memory", p->file, p->line);
-			return -ENOMEM;
-		}
-		buf = nb;
-		if (group)
-			rc = getgrnam_r(s, &gr, buf, size, &grr);
-		else
-			rc = getpwnam_r(s, &pw, buf, size, &pwr);
-		if (rc == ERANGE && size < (1u << 20)) {
-			size *= 2;
-			continue;
-		}
-		free(buf);
-		if (rc == 0 && group && grr) {
-			*ret = (uint32_t)grr->gr_gid;
-			return 0;
-		}
-		if (rc == 0 && !group && pwr) {
-			*ret = (uint32_t)pwr->pw_uid;
-			return 0;
-		}
-		if (rc == 0 || rc == ENOENT || rc == ESRCH)
-			return conf_fail(p, p->line, "no such %s '%s'", group ? "group" : "user", s);
-		return conf_fail(p, p->line, "looking up %s '%s': %s", group ? "group" : "user", s, strerror(rc));
-	}
-}
-
-static int parse_ids(struct conf_parser *p, char *v, bool group, struct kvq_config_acl *acl)
-{
-	uint32_t *n = group ? &acl->n_gids : &acl->n_uids;
-	char *save = NULL, *tok;
-	int rc;
-
-	*n = 0;
-	/* strtok_r would skip empty items; "1,,2" is a typo worth reporting */
-	for (tok = v; tok; tok = save) {
-		uint32_t id = 0;
-
-		save = strchr(tok, ',');
-		if (save)
-			*save++ = '\0';
-		tok = trim(tok);
-		if (!*tok)
-			return conf_fail(p, p->line, "empty item in the %s list", group ? "group" : "user");
-		if (*n >= KVQ_CONFIG_MAX_IDS)
-			return conf_fail(p, p->line, "more than %u %ss in one list", KVQ_CONFIG_MAX_IDS,
-				         group ? "group" : "user");
-		if ((rc = resolve_id(p, tok, group, &id)) < 0)
-			return rc;
-		if (group)
-			acl->gids[(*n)++] = (gid_t)id;
-		else
-			acl->uids[(*n)++] = (uid_t)id;
-	}
-	acl->any = false;
-	return 0;
-}
-
-static int value_u32(struct conf_parser *p, const char *key, const char *v, uint32_t lo, uint32_t hi, uint32_t mult,
-		     uint32_t *ret)
-{
-	uint64_t x;
-
-	if (conf_parse_u64(v, &x) < 0 || x < lo || x > hi || x % mult)
-		return mult > 1 ? conf_fail(p, p->line, "%s '%s' is not a multiple of %u in %u-%u", key, v, mult, lo,
-					    hi)
-				: conf_fail(p, p->line, "%s '%s' is not a number in %u-%u", key, v, lo, hi);
-	*ret = (uint32_t)x;
-	return 0;
-}
-
-static int value_size(struct conf_parser *p, const char *key, const char *v, uint64_t *ret)
-{
-	int rc = kvq_config_parse_size(v, ret);
-
-	if (rc == -ERANGE)
-		return conf_fail(p, p->line, "%s '%s' exceeds 2^64 bytes", key, v);
 	if (rc < 0)
-		return conf_fail(p, p->line, "%s '%s' is not a size (bytes with an optional K, M, G or T suffix)",
-				 key, v);
-	if (*ret == 0)
-		return conf_fail(p, p->line, "%s must not be 0", key);
-	return 0;
+		conf_fail(p, p->line, "%s", m.msg);
+	return rc;
 }
 
-static int value_percent(struct conf_parser *p, const char *key, const char *v, int sign, double *ret)
+/* The defaults of section kind sec's rows into item, then the kind's init
+ * hook.  0, or what conf_value_read returns (a row's default that does not
+ * read is a bug tests/unit/test_conf_schema.c catches). */
+static int conf_parse_defaults(struct conf_parser *p, int sec, void *item)
 {
-	int rc = parse_percent(v, sign, ret);
-
-	if (rc == -ERANGE)
-		return conf_fail(p, p->line, "%s '%s' is not in (0, 100]%%", key, v);
-	if (rc < 0)
-		return conf_fail(p, p->line, "%s '%s' is not a percentage%s", key, v, sign == 1 ? " (N%)" : "");
-	return 0;
-}
-
-/* One of a pair of keys that set one amount, in bytes or as a share of a
- * total (an optional '%'); the other of the pair must not be set too. */
-static int value_amount(struct conf_parser *p, int key, int other, const char *v, int kind,
-			struct kvq_config_amount *a)
-{
-	const char *name = conf_keys[key].name;
-
-	if (p->seen[other])
-		return conf_fail(p, p->line, "%s and %s (line %u) exclude each other", name, conf_keys[other].name,
-				 p->seen[other]);
-	a->kind = kind;
-	if (kind == KVQ_AMOUNT_PERCENT)
-		return value_percent(p, name, v, 2, &a->percent);
-	return value_size(p, name, v, &a->bytes);
-}
-
-static int value_bool(struct conf_parser *p, const char *key, const char *v, bool *ret)
-{
-	if (parse_bool(v, ret) < 0)
-		return conf_fail(p, p->line, "%s '%s' is not yes or no", key, v);
-	return 0;
-}
-
-static int value_quota(struct conf_parser *p, const char *v, uint64_t *ret)
-{
-	if (strcmp(v, "none") == 0) {
-		*ret = KVQ_CONFIG_UNLIMITED;
-		return 0;
-	}
-	return value_size(p, "quota_per_uid", v, ret);
-}
-
-/* ------------------------------------------------------------ keys */
-
-/* A row of KVQ_LIMITS: a count, a size or milliseconds within its range. */
-static int value_limit(struct conf_parser *p, const struct kvq_limit_row *row, const char *v)
-{
-	uint64_t x;
 	int rc;
 
-	if (row->unit == KVQ_LIMIT_BYTES) {
-		if ((rc = value_size(p, row->key, v, &x)) < 0)
+	for (int k = 0; k < K_COUNT; k++)
+		if (conf_schema_keys[k].sec == sec && conf_schema_keys[k].def[0] &&
+		    (rc = read_value(p, k, conf_schema_keys[k].def, item)) < 0)
 			return rc;
-	} else if (conf_parse_u64(v, &x) < 0) {
-		return conf_fail(p, p->line, "%s '%s' is not a number%s", row->key, v,
-				 row->unit == KVQ_LIMIT_MS ? " of milliseconds" : "");
-	}
-	if (x < row->lo || x > row->hi)
-		return conf_fail(p, p->line, "%s '%s' is not in %llu-%llu%s", row->key, v, (unsigned long long)row->lo,
-				 (unsigned long long)row->hi, row->unit == KVQ_LIMIT_BYTES ? " bytes" : "");
-	*(uint64_t *)((char *)&p->c->limits + row->offset) = x;
+	if (hooks[sec].init)
+		hooks[sec].init(item);
 	return 0;
-}
-
-static int set_kvqd(struct conf_parser *p, int k, char *v)
-{
-	struct kvq_config *c = p->c;
-	uint32_t u;
-	uint64_t x;
-	int rc;
-
-	if (k >= K_FIRST_LIMIT)
-		return value_limit(p, &kvq_limit_rows[k - K_FIRST_LIMIT], v);
-	switch (k) {
-	case K_SOCKET:
-		if (v[0] != '/' || strlen(v) > KVQ_CONFIG_PATH_MAX)
-			return conf_fail(p, p->line, "socket must be an absolute path of at most %u bytes",
-				         KVQ_CONFIG_PATH_MAX);
-		strcpy(c->socket, v);
-		return 0;
-	case K_BACKEND:
-		if (strcmp(v, "auto") && strcmp(v, "host") && strcmp(v, "cuda"))
-			return conf_fail(p, p->line, "backend '%s' is not auto, host or cuda", v);
-		strcpy(c->backend, v);
-		return 0;
-	case K_DEVICE:
-		if ((rc = value_u32(p, "device", v, 0, KVQ_CONFIG_MAX_DEVICE, 1, &u)) < 0)
-			return rc;
-		c->device = (int)u;
-		return 0;
-	case K_MEMORY_BUDGET:
-		if (strchr(v, '%')) {
-			c->memory_budget.kind = KVQ_AMOUNT_PERCENT;
-			return value_percent(p, "memory_budget", v, 1, &c->memory_budget.percent);
-		}
-		c->memory_budget.kind = KVQ_AMOUNT_BYTES;
-		return value_size(p, "memory_budget", v, &c->memory_budget.bytes);
-	case K_LOG_LEVEL:
-		if (parse_log_level(v, &c->log_level) < 0)
-			return conf_fail(p, p->line, "log_level '%s' is not a syslog level (emerg .. debug, or 0-7)",
-					 v);
-		return 0;
-	case K_CREATE_ON_ATTACH:
-		return value_bool(p, "create_on_attach", v, &c->create_on_attach);
-	case K_CREATE_UIDS:
-		return parse_ids(p, v, false, &c->create_acl);
-	case K_CREATE_GIDS:
-		return parse_ids(p, v, true, &c->create_acl);
-	case K_CREATE_CAPACITY:
-		return value_amount(p, k, K_CREATE_MEMORY_SHARE, v, KVQ_AMOUNT_BYTES, &c->create_capacity);
-	case K_CREATE_MEMORY_SHARE:
-		return value_amount(p, k, K_CREATE_CAPACITY, v, KVQ_AMOUNT_PERCENT, &c->create_capacity);
-	case K_QUOTA_PER_UID:
-		if ((rc = value_quota(p, v, &x)) < 0)
-			return rc;
-		c->quota_per_uid = x;
-		return 0;
-	case K_ADMIN_UIDS:
-		return parse_ids(p, v, false, &c->admin_acl);
-	case K_ADMIN_GIDS:
-		return parse_ids(p, v, true, &c->admin_acl);
-	case K_METRICS_LISTEN: {
-		char addr[KVQ_CONFIG_LISTEN_MAX + 1], why[128];
-		uint16_t port;
-
-		if (kvq_config_parse_listen(v, addr, sizeof(addr), &port, why, sizeof(why)) < 0)
-			return conf_fail(p, p->line, "metrics_listen '%s': %s", v, why);
-		strcpy(c->metrics_listen, v);
-		return 0;
-	}
-	case K_ATTENTION_TIMING:
-		return value_bool(p, "attention_timing", v, &c->attention_timing);
-	case K_ATTENTION_REPORT_MS:
-		return value_u32(p, "attention_report_ms", v, KVQ_TIMING_MIN_REPORT_MS, KVQ_TIMING_MAX_REPORT_MS, 1,
-				 &c->attention_report_ms);
-	}
-	return conf_fail(p, p->line, "internal: key %d in [kvqd]", k);
-}
-
-static int set_pool(struct conf_parser *p, int k, char *v)
-{
-	struct kvq_config_pool *pl = p->pool;
-	size_t idx = (size_t)(pl - p->c->pools);
-	uint32_t u;
-	int rc;
-
-	switch (k) {
-	case K_DEVICE:
-		if ((rc = value_u32(p, "device", v, 0, KVQ_CONFIG_MAX_DEVICE, 1, &u)) < 0)
-			return rc;
-		pl->device = (int)u;
-		p->pool_device_line[idx] = p->line;
-		return 0;
-	case K_CREATE_ON_ATTACH:
-		return value_bool(p, "create_on_attach", v, &pl->create_on_attach);
-	case K_ATTENTION_TIMING:
-		p->pool_timing_line[idx] = p->line;
-		return value_bool(p, "attention_timing", v, &pl->attention_timing);
-	case K_QUOTA_PER_UID:
-		if ((rc = value_quota(p, v, &pl->quota_per_uid)) < 0)
-			return rc;
-		p->pool_quota_line[idx] = p->line;
-		return 0;
-	case K_MODEL:
-		if (strlen(v) > KVQ_CONFIG_MODEL_MAX)
-			return conf_fail(p, p->line, "model id longer than %u bytes", KVQ_CONFIG_MODEL_MAX);
-		for (const char *s = v; *s; s++)
-			if ((unsigned char)*s < 0x20 || *s == 0x7f)
-				return conf_fail(p, p->line, "model id holds a control character");
-		strcpy(pl->model, v);
-		return 0;
-	case K_LAYERS:
-		return value_u32(p, "layers", v, 1, KVQ_MAX_LAYERS, 1, &pl->layers);
-	case K_KV_HEADS:
-		return value_u32(p, "kv_heads", v, 1, KVQ_MAX_HEADS, 1, &pl->kv_heads);
-	case K_HEAD_DIM:
-		return value_u32(p, "head_dim", v, 32, KVQ_MAX_HEAD_DIM, 32, &pl->head_dim);
-	case K_BLOCK_TOKENS:
-		return value_u32(p, "block_tokens", v, 16, KVQ_MAX_BLOCK_TOKENS, 16, &pl->block_tokens);
-	case K_POLICY:
-		if (strlen(v) > KVQ_POLICY_MAX_LEN)
-			return conf_fail(p, p->line, "policy longer than %u bytes", KVQ_POLICY_MAX_LEN);
-		strcpy(p->policy, v);   /* parsed once layers is known */
-		return 0;
-	case K_WINDOW:
-		/* checked against block_tokens and the policy at the section's end */
-		return value_u32(p, "window", v, 1, 64 * KVQ_MAX_BLOCK_TOKENS, 1, &pl->window);
-	case K_WINDOW_DTYPE:
-		if (strcmp(v, "f16") == 0)
-			pl->act = KVQ_DT_F16;
-		else if (strcmp(v, "bf16") == 0)
-			pl->act = KVQ_DT_BF16;
-		else
-			return conf_fail(p, p->line, "window_dtype '%s' is not f16 or bf16", v);
-		return 0;
-	case K_SINK_BLOCKS:
-		return value_u32(p, "sink_blocks", v, 0, 1, 1, &pl->sink_blocks);
-	case K_CAPACITY:
-		return value_amount(p, k, K_MEMORY_SHARE, v, KVQ_AMOUNT_BYTES, &pl->capacity);
-	case K_MEMORY_SHARE:
-		return value_amount(p, k, K_CAPACITY, v, KVQ_AMOUNT_PERCENT, &pl->capacity);
-	case K_ACL_UIDS:
-		return parse_ids(p, v, false, &pl->acl);
-	case K_ACL_GIDS:
-		return parse_ids(p, v, true, &pl->acl);
-	}
-	return conf_fail(p, p->line, "internal: key %d in [pool]", k);
 }
 
 /* ------------------------------------------------------------ sections */
+
+/* The open section's required keys: all there (one of a pair). */
+static int check_required(struct conf_parser *p)
+{
+	const struct conf_schema_section *s = &conf_schema_sections[p->sec];
+	char where[KVQ_CONFIG_NAME_MAX + 32];
+
+	if (s->named)
+		snprintf(where, sizeof where, "%s '%s': ", s->word, ((const char *)p->item));
+	else
+		snprintf(where, sizeof where, "[%s]: ", s->word);
+	for (int k = 0; k < K_COUNT; k++) {
+		const struct conf_schema_key *r = &conf_schema_keys[k];
+		int twin = conf_schema_twin(k);
+
+		if (r->sec != p->sec || !(r->flags & KVQ_CONF_REQUIRED) || p->seen[k] || !conf_schema_owns_field(k))
+			continue;
+		if (twin < 0)
+			return conf_fail(p, p->sec_line, "%smissing key '%s'", where, r->name);
+		if (!p->seen[twin])
+			return conf_fail(p, p->sec_line, "%smissing key '%s' or '%s'", where, r->name,
+					 conf_schema_keys[twin].name);
+	}
+	return 0;
+}
 
 static int end_section(struct conf_parser *p)
 {
 	int rc = 0;
 
-	if (p->sec == SEC_POOL)
-		rc = conf_check_pool(p);
-	p->sec = SEC_NONE;
-	p->pool = NULL;
-	memset(p->seen, 0, sizeof p->seen);
+	if (p->sec >= 0) {
+		struct conf_check_section sec = { p->item, p->seen, p->policy, p->sec_line };
+		struct conf_check_error e;
+
+		rc = check_required(p);
+		if (rc == 0 && hooks[p->sec].check && hooks[p->sec].check(&sec, &e) < 0)
+			rc = conf_fail(p, e.line, "%s", e.msg);
+	}
+	p->sec = -1;
+	p->item = NULL;
+	p->seen = NULL;
 	return rc;
 }
 
-static int begin_section(struct conf_parser *p, char *s)
+/* A new named section of kind sec called name: its place, defaults and
+ * seen keys. */
+static int begin_named(struct conf_parser *p, int sec, const char *name)
 {
-	struct kvq_config *c = p->c;
-	struct kvq_config_pool *pl;
-	char *name;
+	const struct conf_schema_section *s = &conf_schema_sections[sec];
+	uint32_t *n = (uint32_t *)((char *)p->c + s->n_items);
+	struct kvq_config_named *item;
+	void *other;
 	int rc;
 
-	if ((rc = end_section(p)) < 0)
-		return rc;
-	s = trim(s);
-	if (strcmp(s, "kvqd") == 0) {
-		if (p->kvqd_line)
-			return conf_fail(p, p->line, "duplicate section [kvqd] (first on line %u)", p->kvqd_line);
-		p->kvqd_line = p->line;
-		p->sec = SEC_KVQD;
-		p->sec_line = p->line;
-		return 0;
-	}
-	if (strncmp(s, "pool", 4) != 0 || (s[4] && s[4] != ' ' && s[4] != '\t'))
-		return conf_fail(p, p->line, "unknown section [%s] (kvqd or pool NAME)", s);
-	name = trim(s + 4);
 	if (!*name)
-		return conf_fail(p, p->line, "pool section without a name: [pool NAME]");
+		return conf_fail(p, p->line, "%s section without a name: [%s NAME]", s->word, s->word);
 	if (!conf_valid_name(name))
-		return conf_fail(p, p->line, "pool name '%s' is not 1-%u of A-Z a-z 0-9 . _ -", name,
+		return conf_fail(p, p->line, "%s name '%s' is not 1-%u of A-Z a-z 0-9 . _ -", s->word, name,
 			         KVQ_CONFIG_NAME_MAX);
-	for (uint32_t i = 0; i < c->n_pools; i++)
-		if (strcmp(c->pools[i].name, name) == 0)
-			return conf_fail(p, p->line, "duplicate pool '%s' (first on line %u)", name, c->pools[i].line);
-	if (c->n_pools >= KVQ_CONFIG_MAX_POOLS)
-		return conf_fail(p, p->line, "more than %u pools", KVQ_CONFIG_MAX_POOLS);
+	for (uint32_t i = 0; (other = conf_schema_item(p->c, sec, i)); i++)
+		if (strcmp(((struct kvq_config_named *)other)->name, name) == 0)
+			return conf_fail(p, p->line, "duplicate %s '%s' (first on line %u)", s->word, name,
+					 ((struct kvq_config_named *)other)->line);
+	if (*n >= s->max)
+		return conf_fail(p, p->line, "more than %u %ss", s->max, s->word);
 
-	pl = &c->pools[c->n_pools++];
-	memset(pl, 0, sizeof *pl);
-	strcpy(pl->name, name);
-	pl->line = p->line;
-	conf_pool_defaults(pl);
-	p->pool = pl;
-	p->sec = SEC_POOL;
+	memcpy(&item, (char *)p->c + s->items, sizeof item);
+	item = (struct kvq_config_named *)((char *)item + (size_t)(*n) * s->size);
+	p->seen = p->item_seen[sec] + (size_t)(*n) * K_COUNT;
+	(*n)++;
+	memset(item, 0, s->size);
+	strcpy(item->name, name);
+	item->line = p->line;
+	p->sec = sec;
+	p->item = item;
+	if ((rc = conf_parse_defaults(p, sec, item)) < 0)
+		return rc;
 	p->sec_line = p->line;
 	p->policy[0] = '\0';
 	return 0;
 }
 
+static int begin_section(struct conf_parser *p, char *s)
+{
+	size_t wlen;
+	char *arg;
+	int sec, rc;
+
+	if ((rc = end_section(p)) < 0)
+		return rc;
+	s = conf_value_trim(s);
+	wlen = strcspn(s, " \t");
+	arg = conf_value_trim(s + wlen);
+	for (sec = 0; sec < KVQ_CONF_SEC_COUNT; sec++) {
+		const struct conf_schema_section *k = &conf_schema_sections[sec];
+
+		if (strlen(k->word) == wlen && strncmp(s, k->word, wlen) == 0 && (k->named || !*arg))
+			break;
+	}
+	if (sec == KVQ_CONF_SEC_COUNT)
+		return conf_fail(p, p->line, "unknown section [%s] (%s)", s, conf_schema_section_list());
+	if (conf_schema_sections[sec].named)
+		return begin_named(p, sec, arg);
+	if (p->single_line[sec])
+		return conf_fail(p, p->line, "duplicate section [%s] (first on line %u)", s, p->single_line[sec]);
+	p->single_line[sec] = p->line;
+	p->sec = sec;
+	p->item = p->c;
+	p->seen = p->single_seen;
+	p->sec_line = p->line;
+	return 0;
+}
+
 static int key_value(struct conf_parser *p, char *s)
 {
+	const struct conf_schema_section *sec;
 	char *eq = strchr(s, '='), *k, *v;
-	int key = -1, rc;
+	int key, twin, rc;
 
 	if (!eq)
 		return conf_fail(p, p->line, "expected 'key = value', a [section] or a comment");
 	*eq = '\0';
-	k = trim(s);
-	v = trim(eq + 1);
-	if (p->sec == SEC_NONE)
+	k = conf_value_trim(s);
+	v = conf_value_trim(eq + 1);
+	if (p->sec < 0)
 		return conf_fail(p, p->line, "key '%s' outside a section", k);
-	for (int i = 0; i < K_COUNT; i++)
-		if ((conf_keys[i].sections & p->sec) && strcmp(conf_keys[i].name, k) == 0)
-			key = i;
+	sec = &conf_schema_sections[p->sec];
+	key = conf_schema_find(p->sec, k);
 	if (key < 0) {
-		if (p->sec == SEC_KVQD)
-			return conf_fail(p, p->line, "unknown key '%s' in [kvqd]", k);
-		return conf_fail(p, p->line, "unknown key '%s' in [pool %s]", k, p->pool->name);
+		if (!sec->named)
+			return conf_fail(p, p->line, "unknown key '%s' in [%s]", k, sec->word);
+		return conf_fail(p, p->line, "unknown key '%s' in [%s %s]", k, sec->word, (const char *)p->item);
 	}
 	if (p->seen[key])
 		return conf_fail(p, p->line, "duplicate key '%s' (first on line %u)", k, p->seen[key]);
 	if (!*v)
 		return conf_fail(p, p->line, "key '%s' without a value", k);
-	rc = p->sec == SEC_KVQD ? set_kvqd(p, key, v) : set_pool(p, key, v);
-	if (rc < 0)
+	/* the keys of one amount (bytes, or a share) exclude each other */
+	if ((conf_schema_keys[key].type == KVQ_CONF_T_AMOUNT || conf_schema_keys[key].type == KVQ_CONF_T_SHARE) &&
+	    (twin = conf_schema_twin(key)) >= 0 && p->seen[twin])
+		return conf_fail(p, p->line, "%s and %s (line %u) exclude each other", k, conf_schema_keys[twin].name,
+				 p->seen[twin]);
+	if ((rc = read_value(p, key, v, p->item)) < 0)
 		return rc;
 	p->seen[key] = p->line;
 	return 0;
+}
+
+/* The [kvqd] row that row k inherits from. */
+static int parent(int k)
+{
+	return conf_schema_find(KVQ_CONF_SEC_KVQD, conf_schema_keys[k].name);
+}
+
+/* The KVQ_CONF_INHERIT rows that no named section set: from [kvqd], once
+ * the whole file is read, since [kvqd] may come last. */
+static void inherit(struct conf_parser *p)
+{
+	for (int sec = 0; sec < KVQ_CONF_SEC_COUNT; sec++) {
+		void *item;
+
+		if (!conf_schema_sections[sec].named)
+			continue;
+		for (uint32_t i = 0; (item = conf_schema_item(p->c, sec, i)); i++)
+			for (int k = 0; k < K_COUNT; k++) {
+				const struct conf_schema_key *r = &conf_schema_keys[k];
+				int from;
+
+				if (r->sec != sec || !(r->flags & KVQ_CONF_INHERIT) ||
+				    p->item_seen[sec][(size_t)i * K_COUNT + (size_t)k] || (from = parent(k)) < 0)
+					continue;
+				memcpy((char *)item + r->offset, (char *)p->c + conf_schema_keys[from].offset, r->size);
+			}
+	}
 }
 
 /* Settings that span sections: [kvqd] may come after the pools it gives
  * defaults to, and shares of one device must fit in its budget. */
 static int parse(struct conf_parser *p, const char *text, size_t len)
 {
+	struct conf_check_error e;
 	const char *s = text, *end = text + len;
 	int rc;
 
@@ -635,7 +289,7 @@ static int parse(struct conf_parser *p, const char *text, size_t len)
 		p->buf[n] = '\0';
 		s = nl ? nl + 1 : end;
 
-		line = trim(p->buf);
+		line = conf_value_trim(p->buf);
 		if (!*line || *line == '#' || *line == ';')
 			continue;
 		if (*line == '[') {
@@ -653,11 +307,66 @@ static int parse(struct conf_parser *p, const char *text, size_t len)
 	}
 	if ((rc = end_section(p)) < 0)
 		return rc;
-	conf_inherit(p);
-	return conf_check_all(p);
+	inherit(p);
+	if (conf_check_all(p->c, &e) < 0)
+		return conf_fail(p, e.line, "%s", e.msg);
+	return 0;
 }
 
 /* ------------------------------------------------------------ public */
+
+int kvq_config_new(struct kvq_config **ret_config)
+{
+	struct kvq_config *c = calloc(1, sizeof *c);
+	struct conf_parser *p = calloc(1, sizeof *p);
+	int rc = -ENOMEM;
+
+	if (c && p) {
+		p->file = "(defaults)";
+		p->c = c;
+		p->sec = KVQ_CONF_SEC_KVQD;
+		p->seen = p->single_seen;
+		rc = conf_parse_defaults(p, KVQ_CONF_SEC_KVQD, c);
+	}
+	free(p);
+	if (rc < 0) {
+		free(c);
+		return rc;
+	}
+	*ret_config = c;
+	return 0;
+}
+
+void kvq_config_free(struct kvq_config *c)
+{
+	if (!c)
+		return;
+	for (int sec = 0; sec < KVQ_CONF_SEC_COUNT; sec++)
+		if (conf_schema_sections[sec].named) {
+			void *items;
+
+			memcpy(&items, (char *)c + conf_schema_sections[sec].items, sizeof items);
+			free(items);
+		}
+	free(c);
+}
+
+/* Room for the most named sections of each kind, and their seen keys. */
+static int alloc_named(struct conf_parser *p, struct kvq_config *c)
+{
+	for (int sec = 0; sec < KVQ_CONF_SEC_COUNT; sec++) {
+		const struct conf_schema_section *s = &conf_schema_sections[sec];
+		void *items;
+
+		if (!s->named)
+			continue;
+		items = calloc(s->max, s->size);
+		memcpy((char *)c + s->items, &items, sizeof items);
+		if (!items || !(p->item_seen[sec] = calloc((size_t)s->max * K_COUNT, sizeof(unsigned))))
+			return -ENOMEM;
+	}
+	return 0;
+}
 
 int kvq_config_parse_string(const char *text, size_t len, const char *name, struct kvq_config **ret_config,
 			    char *err, size_t errlen)
@@ -673,7 +382,7 @@ int kvq_config_parse_string(const char *text, size_t len, const char *name, stru
 		return -EFBIG;
 	}
 	p = calloc(1, sizeof *p);
-	if (!p || kvq_config_new(&c) < 0 || !(c->pools = calloc(KVQ_CONFIG_MAX_POOLS, sizeof *c->pools))) {
+	if (!p || kvq_config_new(&c) < 0 || alloc_named(p, c) < 0) {
 		kvq_seterr(err, errlen, "%s: out of memory", name);
 		goto out;
 	}
@@ -681,6 +390,7 @@ int kvq_config_parse_string(const char *text, size_t len, const char *name, stru
 	p->err = err;
 	p->errlen = errlen;
 	p->c = c;
+	p->sec = -1;
 	rc = parse(p, text, len);
 	if (rc == 0) {
 		*ret_config = c;
@@ -688,6 +398,9 @@ int kvq_config_parse_string(const char *text, size_t len, const char *name, stru
 	}
 out:
 	kvq_config_free(c);
+	if (p)
+		for (int sec = 0; sec < KVQ_CONF_SEC_COUNT; sec++)
+			free(p->item_seen[sec]);
 	free(p);
 	return rc;
 }
@@ -746,4 +459,3 @@ out:
 	close(fd);
 	return rc;
 }
-

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "frame_check.h"
 #include "log.h"
 #include "request.h"
+#include "seterr.h"
 
 const struct kvq_request kvq_requests[] = { KVQ_REQUESTS(KVQ_REQUEST_ROW) KVQ_REQUEST_OTHER };
 const size_t kvq_requests_n = sizeof(kvq_requests) / sizeof(kvq_requests[0]);

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format.h"
 #include "groups.h"
 #include "kvq_wire.h"
 #include "log.h"
+#include "seterr.h"
 
 /* A lookup whose references wait for the ranks that have not asked yet. */
 struct pending {

@@ -16,6 +16,8 @@
 #include <event2/event.h>
 
 #include "conf.h"
+#include "conf_parse.h"
+#include "conf_schema.h"
 #include "frame.h"
 #include "kvq_wire.h"
 #include "log.h"
@@ -146,6 +148,16 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 	event_base_loopexit(d->base, NULL);
 }
 
+/* A key that a reload does not apply (its row in daemon/conf_keys.h). */
+static void on_reload_kept(void *arg, const char *word, const char *name, const char *key)
+{
+	(void)arg;
+	if (name)
+		kvq_log(LOG_NOTICE, "SIGHUP: [%s %s] %s changes at the next start", word, name, key);
+	else
+		kvq_log(LOG_NOTICE, "SIGHUP: %s changes at the next start", key);
+}
+
 static void on_reload(evutil_socket_t sig, short what, void *arg)
 {
 	struct daemon *d = arg;
@@ -161,8 +173,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 	if (load_config(d->config_path, &c) < 0) {
 		kvq_log(LOG_ERR, "SIGHUP: %s not reloaded; the old settings stay", d->config_path);
 	} else {
-		if (strcmp(c->metrics_listen, d->cfg->metrics_listen))
-			kvq_log(LOG_NOTICE, "SIGHUP: metrics_listen changes at the next start");
+		kvq_config_keep_running(d->cfg, c, on_reload_kept, NULL);
 		kvq_server_set_config(d->srv, c);
 		kvq_config_free(d->cfg);
 		d->cfg = c;
@@ -296,10 +307,10 @@ int main(int argc, char **argv)
 		kvq_log(LOG_INFO, "metrics at http://%s/metrics", d.cfg->metrics_listen);
 	}
 	kvq_log(LOG_NOTICE, "kvqd %s listening on %s", PACKAGE_VERSION, path);
-	if (kvq_server_max_connections(d.srv) < d.cfg->limits.max_connections)
+	if (kvq_server_max_connections(d.srv) < d.cfg->max_connections)
 		kvq_log(LOG_WARNING, "at most %u connections, not max_connections %llu: the file descriptor limit "
 			"allows no more (LimitNOFILE=)", kvq_server_max_connections(d.srv),
-			(unsigned long long)d.cfg->limits.max_connections);
+			(unsigned long long)d.cfg->max_connections);
 	kvq_server_status(d.srv, status, sizeof(status));
 	kvq_sd_ready(status);
 	if (event_base_dispatch(d.base) < 0) {

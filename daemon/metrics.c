@@ -13,12 +13,16 @@
 #include <event2/keyvalq_struct.h>
 
 #include "conf.h"
+#include "conf_value.h"
+#include "figures.h"
 #include "format.h"
 #include "hist.h"
 #include "kvq_wire.h"
 #include "log.h"
 #include "metrics.h"
 #include "server.h"
+#include "seterr.h"
+#include "timing_buckets.h"
 
 /* A scrape is a small GET; anything larger is not one. */
 #define METRICS_MAX_HEADERS 8192
@@ -66,58 +70,47 @@ static void samples(struct evbuffer *b, const char *name, const char *pool, cons
 	}
 }
 
-struct pool_metric {
-	const char *name, *type, *help;
-	uint64_t (*get)(const struct kvq_pools_info *i);
-};
+/* The first row of family (kvq_figures[] index). */
+static size_t family_first(const char *family)
+{
+	size_t r = 0;
 
-#define GET(fn, expr) \
-	static uint64_t fn(const struct kvq_pools_info *i) { return (expr); }
-GET(get_capacity, i->total_bytes)
-GET(get_device_memory, i->device_memory)
-GET(get_bytes_per_token, i->sealed_block_bytes / i->block_tokens)
-GET(get_slots_sealed, i->st.n_sealed)
-GET(get_slots_open, i->st.n_open)
-GET(get_slots_sink, i->st.n_sink)
-GET(get_lookup, i->lookup_tokens)
-GET(get_hit, i->hit_tokens)
-GET(get_evictions, i->st.evictions)
-GET(get_alloc_failures, i->alloc_failures)
-GET(get_clients, i->clients)
-GET(get_sequences, i->res.sequences)
-GET(get_resident_bytes, i->res.bytes)
-GET(get_resident_f16, i->res.f16_bytes)
-GET(get_report_ms, i->attention_report_ms)
-GET(get_group_pending, i->group_pending)
-#undef GET
+	while (r < kvq_figures_n && !(kvq_figures[r].family && !strcmp(kvq_figures[r].family, family)))
+		r++;
+	return r;
+}
 
-static const struct pool_metric pool_metrics[] = {
-	{ "kvq_pool_capacity_bytes", "gauge", "Bytes of the pool's layout.", get_capacity },
-	{ "kvq_pool_group_pending_lookups", "gauge",
-	  "Lookups of the pool's tensor-parallel group waiting for ranks (0: in no group).", get_group_pending },
-	{ "kvq_pool_device_memory_bytes", "gauge", "Memory of the pool's device (host: physical memory).",
-	  get_device_memory },
-	{ "kvq_pool_sealed_bytes_per_token", "gauge", "Bytes one sealed token takes over all layers, scales included.",
-	  get_bytes_per_token },
-	{ "kvq_pool_sealed_slots", "gauge", "Sealed slots of the pool.", get_slots_sealed },
-	{ "kvq_pool_open_slots", "gauge", "Open slots of the pool.", get_slots_open },
-	{ "kvq_pool_sink_slots", "gauge", "Sink slots of the pool (sink blocks: each sequence's first block exact; "
-	  "0 without).", get_slots_sink },
-	{ "kvq_prefix_lookup_tokens_total", "counter", "Tokens prefix lookups asked for.", get_lookup },
-	{ "kvq_prefix_hit_tokens_total", "counter", "Tokens prefix lookups found cached.", get_hit },
-	{ "kvq_evictions_total", "counter", "Cached blocks evicted.", get_evictions },
-	{ "kvq_alloc_failures_total", "counter", "Allocations refused for lack of room.", get_alloc_failures },
-	{ "kvq_pool_clients", "gauge", "Connections attached to the pool.", get_clients },
-	{ "kvq_resident_sequences", "gauge", "Live sequences: open slots used / (window / block tokens), rounded up "
-	  "(exact when the window is one block); with sink blocks the references on sink blocks (exact).",
-	  get_sequences },
-	{ "kvq_resident_bytes", "gauge", "Bytes the resident tokens take: their distinct sealed blocks, open slots "
-	  "and the sealed slots reserved for those.", get_resident_bytes },
-	{ "kvq_resident_f16_bytes", "gauge", "Bytes the same tokens would take in f16 (effective batch gain = this "
-	  "/ kvq_resident_bytes).", get_resident_f16 },
-	{ "kvq_attention_report_interval_ms", "gauge", "Attention timing: how often clients report, milliseconds "
-	  "(0: the pool does not time).", get_report_ms },
-};
+/* The per-pool families of the figures' table (figures.h): each at its
+ * first row, one sample per pool, or a labelled family's rows in order. */
+static void write_figures(kvq_server *s, struct evbuffer *b)
+{
+	struct kvq_pools_info i;
+	char extra[128];
+
+	for (size_t r = 0; r < kvq_figures_n; r++) {
+		const struct kvq_figure *f = &kvq_figures[r];
+		const struct kvq_figure_family *fam;
+
+		if (!f->family || family_first(f->family) != r)
+			continue;
+		fam = f->label ? kvq_figure_family(f->family) : NULL;
+		family(b, f->family, kvq_figure_type_name(f->type), fam ? fam->help : f->meaning);
+		for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
+			if (!fam) {
+				sample(b, f->family, i.name, NULL, f->value(&i));
+				continue;
+			}
+			for (size_t q = r; q < kvq_figures_n; q++) {
+				const struct kvq_figure *g = &kvq_figures[q];
+
+				if (!g->family || strcmp(g->family, f->family))
+					continue;
+				snprintf(extra, sizeof(extra), "%s=\"%s\"", fam->key, g->label);
+				sample(b, f->family, i.name, extra, g->value(&i));
+			}
+		}
+	}
+}
 
 /* NAME_bucket{LABELS,le="..."} cumulative, +Inf, NAME_sum, NAME_count:
  * bucket[n] counts per bound le[n] (not cumulative), count all of them. */
@@ -219,23 +212,13 @@ static void write_devices(kvq_server *s, struct evbuffer *b)
 	}
 }
 
-/* The resident tokens of each pool by kind, and the attention timings of
- * the pools that time. */
+/* The attention timings of the pools that time. */
 static void write_pool_work(kvq_server *s, struct evbuffer *b)
 {
 	struct kvq_pools_info i;
 	char labels[256];
 	struct evbuffer *lb;
 
-	family(b, "kvq_resident_tokens", "gauge", "Tokens resident in live sequences: sealed (as the sequences see "
-	       "them: references x block tokens), sealed_distinct (as stored), open_max (open slots x block tokens, "
-	       "an upper bound).  Sharing factor = sealed / sealed_distinct.");
-	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
-		static const char *const kinds[] = { "sealed", "sealed_distinct", "open_max" };
-		const uint64_t v[] = { i.res.sealed_tokens, i.res.sealed_distinct_tokens, i.res.open_tokens_max };
-
-		samples(b, "kvq_resident_tokens", i.name, "kind", kinds, v, sizeof(v) / sizeof(v[0]));
-	}
 	family(b, "kvq_attention_bins_total", "counter", "Bins of attention reports: taken as sent, clamped to what "
 	       "kvqd can believe, or dropped.");
 	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
@@ -301,7 +284,6 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 {
 	const struct kvq_hist *h;
 	const char *name;
-	struct kvq_pools_info i;
 	uint32_t live, exiting;
 
 	family(b, "kvq_build_info", "gauge", "kvqd's version (the value is 1).");
@@ -316,38 +298,7 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 	evbuffer_add_printf(b, "kvq_connections_max %u\n", kvq_server_max_connections(s));
 	write_counters(s, b);
 
-	family(b, "kvq_blocks", "gauge", "Slots of each pool by state (sealed: free, reserved, held, cached; "
-		  "cached and referenced; open: used, free; sink slots, 0 without sink blocks: free, held, cached, "
-		  "referenced).");
-	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
-		static const char *const states[] = { "free", "reserved", "held", "cached", "referenced",
-						      "open_used", "open_free", "sink_free", "sink_held", "sink_cached",
-						      "sink_referenced" };
-		const uint64_t v[] = { i.st.sealed_free, i.st.sealed_reserved, i.st.sealed_private, i.st.sealed_cached,
-				       i.st.cached_referenced, i.st.open_used, i.st.open_free, i.st.sink_free,
-				       i.st.sink_private, i.st.sink_cached, i.st.sink_referenced };
-
-		samples(b, "kvq_blocks", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
-	}
-	family(b, "kvq_pool_bytes", "gauge", "Bytes of each pool's slots by state (sealed: held, cached, "
-		  "reserved; open: used; sink: held, cached).");
-	for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++) {
-		static const char *const states[] = { "held", "cached", "reserved", "open", "sink_held", "sink_cached" };
-		const uint64_t v[] = { (uint64_t)i.st.sealed_private * i.sealed_block_bytes,
-				       (uint64_t)i.st.sealed_cached * i.sealed_block_bytes,
-				       (uint64_t)i.st.sealed_reserved * i.sealed_block_bytes,
-				       (uint64_t)i.st.open_used * i.open_block_bytes,
-				       (uint64_t)i.st.sink_private * i.open_block_bytes,
-				       (uint64_t)i.st.sink_cached * i.open_block_bytes };
-
-		samples(b, "kvq_pool_bytes", i.name, "state", states, v, sizeof(v) / sizeof(v[0]));
-	}
-	for (size_t m = 0; m < sizeof(pool_metrics) / sizeof(pool_metrics[0]); m++) {
-		family(b, pool_metrics[m].name, pool_metrics[m].type, pool_metrics[m].help);
-		for (uint32_t k = 0; kvq_server_pool_info(s, k, &i) == 0; k++)
-			sample(b, pool_metrics[m].name, i.name, NULL, pool_metrics[m].get(&i));
-	}
-
+	write_figures(s, b);
 	write_pool_work(s, b);
 	write_devices(s, b);
 

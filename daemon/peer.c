@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "frame_io.h"
 #include "log.h"
 #include "peer.h"
 

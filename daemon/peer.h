@@ -14,7 +14,7 @@
  * frames_per_wakeup frames the peer yields to the others and goes on at the
  * loop's next turn.  Input is one frame plus one read at most, since
  * nothing more is read while complete frames wait, and one descriptor at
- * most: the one that came with the frame being read (proto/frame.h,
+ * most: the one that came with the frame being read (proto/frame_io.h,
  * kvq_frame_recv_fds); every other is closed on receipt.
  */
 #ifndef KVQD_PEER_H

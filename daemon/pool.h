@@ -8,8 +8,8 @@
  * Ids.  Open ids 0 .. n_open-1.  Blocks, the slots that hold a sealed block
  * or a sequence's first block kept exact (a sink), share one id space here:
  * sealed slots 0 .. n_sealed-1, then sink slots n_sealed .. n_sealed +
- * n_sink - 1 (sink id s of the layout and the protocol is block id n_sealed
- * + s).  Sink and sealed blocks go through the same states and references
+ * n_sink - 1 (kernels/layout.h, kvq_layout_block_id: sink s is block id
+ * n_sealed + s).  Sink and sealed blocks go through the same states and references
  * and the prefix cache treats them alike; each class has its own free slots,
  * and a sink slot is never reserved (a sequence takes one at its start with
  * kvq_pool_alloc_sink()).  "Sealed id" below means any block id.

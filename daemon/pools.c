@@ -8,6 +8,7 @@
 #include "kvq_wire.h"
 #include "log.h"
 #include "pools.h"
+#include "seterr.h"
 
 int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, char *err, size_t errlen)
 {
@@ -494,61 +495,4 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 	o->rank = p->glink.g ? p->glink.rank : 0;
 	o->group_pending = p->glink.g ? *p->glink.pending : 0;
 	resident_of(o, p->f16_block_bytes, &o->res);
-}
-
-void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *o)
-{
-	struct kvq_pools_info i;
-
-	kvq_pools_info(p, &i);
-	kvq__pool_stats__init(o);
-	o->name = (char *)i.name;
-	o->model_id = (char *)i.model;
-	o->policy = (char *)i.policy;
-	o->backend = (char *)i.backend;
-	o->device = i.device;
-	o->layers = i.layers;
-	o->kv_heads = i.kv_heads;
-	o->head_dim = i.head_dim;
-	o->block_tokens = i.block_tokens;
-	o->window = i.window;
-	o->act = (Kvq__DType)i.act;
-	o->total_bytes = i.total_bytes;
-	o->sealed_block_bytes = i.sealed_block_bytes;
-	o->open_block_bytes = i.open_block_bytes;
-	o->device_memory = i.device_memory;
-	o->n_sealed = i.st.n_sealed;
-	o->n_open = i.st.n_open;
-	o->sealed_free = i.st.sealed_free;
-	o->sealed_reserved = i.st.sealed_reserved;
-	o->sealed_held = i.st.sealed_private;
-	o->cached = i.st.sealed_cached;
-	o->referenced = i.st.cached_referenced;
-	o->open_used = i.st.open_used;
-	o->lookup_tokens = i.lookup_tokens;
-	o->hit_tokens = i.hit_tokens;
-	o->evictions = i.st.evictions;
-	o->alloc_failures = i.alloc_failures;
-	o->clients = i.clients;
-	o->sequences = i.res.sequences;
-	o->sealed_tokens = i.res.sealed_tokens;
-	o->sealed_distinct_tokens = i.res.sealed_distinct_tokens;
-	o->open_tokens_max = i.res.open_tokens_max;
-	o->resident_bytes = i.res.bytes;
-	o->resident_f16_bytes = i.res.f16_bytes;
-	o->attention_report_ms = i.attention_report_ms;
-	o->group = (char *)i.group;
-	o->rank = i.rank;
-	o->world_size = i.world_size;
-	o->sink_blocks = i.sink_blocks;
-	o->n_sink = i.st.n_sink;
-	o->sink_free = i.st.sink_free;
-	o->sink_held = i.st.sink_private;
-	o->sink_cached = i.st.sink_cached;
-	o->sink_referenced = i.st.sink_referenced;
-	o->sink_tokens = i.res.sink_tokens;
-	if (i.codebooks_sha256) {
-		o->codebooks_sha256.data = (uint8_t *)i.codebooks_sha256;
-		o->codebooks_sha256.len = KVQ_PROTO_SHA256;
-	}
 }

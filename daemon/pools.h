@@ -199,7 +199,4 @@ void kvq_pools_rec_free(struct kvq_pools_rec *p);
 /* What an allocated p is and holds (strings valid while p lives). */
 void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *ret);
 
-/* The same as the protocol's PoolStats (strings point into p). */
-void kvq_pools_stats(const struct kvq_pools_rec *p, Kvq__PoolStats *ret);
-
 #endif

@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "figures.h"
 #include "kvq_wire.h"
 #include "log.h"
 #include "request.h"
+#include "seterr.h"
 
 /* A pool the caller may name in an admin request: hidden pools read as
  * absent, so the reply does not tell which names exist. */
@@ -50,7 +52,7 @@ int kvq_req_pool_add(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_re
 	const Kvq__Attach *a = q->spec;
 	struct kvq_pools_rec *p = NULL;
 	struct kvq_codebooks cb = { 0 };
-	Kvq__PoolStats *ps = NULL;
+	struct kvq_figures_stats *ps = NULL;
 	int ret;
 
 	if (kvq_pools_find(&st->pools, a->pool))
@@ -86,8 +88,8 @@ int kvq_req_pool_add(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_re
 	kvq_codebooks_close(&cb);
 	kvq_pools_add(&st->pools, p);
 	kvq_log(LOG_NOTICE, "pool %s added by uid %u", p->name, (unsigned)c->uid);
-	kvq_pools_stats(p, ps);
-	rep->pool = ps;
+	kvq_figures_stats(p, ps);
+	rep->pool = &ps->ps;
 	r->mem[0] = ps;
 	return 0;
 fail:

@@ -11,55 +11,44 @@
 #include "groups.h"
 #include "log.h"
 #include "request.h"
+#include "wire_block.h"
+#include "seterr.h"
+#include "timing_buckets.h"
 
-/* Block ids on the wire: sealed ids 0 .. n_sealed-1 and sink ids 0 ..
- * n_sink-1 in their own fields; daemon/pool.h numbers sink s as block
- * n_sealed + s.  Returns 0 and *ret (the block id), or -1 when id is out of
- * its class's range. */
-static int block_of(const struct kvq_pools_rec *p, int sink, uint32_t id, uint32_t *ret)
+/* The block ids of m's list of blocks (KVQ_WIRE_IDS: Release, Fork), each
+ * checked against the pool, in a new array (free it) of *ret_n, and *ret 0;
+ * or NULL and *ret -EINVAL (an index out of its class's range, err set) or
+ * -ENOMEM. */
+static uint32_t *blocks_of(const struct kvq_pools_rec *p, const ProtobufCMessage *m, const char *what,
+			   size_t *ret_n, int *ret, char *err, size_t errlen)
 {
-	if (id >= (sink ? p->L->n_sink : p->L->n_sealed))
-		return -1;
-	*ret = sink ? p->L->n_sealed + id : id;
-	return 0;
-}
+	struct kvq_block_ref *refs;
+	uint32_t *b;
+	size_t n, k[KVQ_BLOCK_NCLASS] = { 0 };
 
-/* The wire id of block b (its class follows from b). */
-static uint32_t wire_of(const struct kvq_pools_rec *p, uint32_t b)
-{
-	return b >= p->L->n_sealed ? b - p->L->n_sealed : b;
-}
-
-/* The block ids of sealed[n_sealed] then sink[n_sink]: sealed itself when
- * there is no sink id, else a new array in *owned (free it; NULL when none
- * was needed), and *ret 0; or *ret -EINVAL (an id out of range, err set)
- * or -ENOMEM. */
-static const uint32_t *blocks_of(const struct kvq_pools_rec *p, const uint32_t *sealed, size_t n_sealed,
-				 const uint32_t *sink, size_t n_sink, const char *what, uint32_t **owned, int *ret,
-				 char *err, size_t errlen)
-{
-	uint32_t *b = NULL, id;
-
-	*owned = NULL;
 	*ret = -ENOMEM;
-	if (n_sink && !(b = calloc(n_sealed + n_sink, sizeof(*b))))
-		return NULL;
-	for (size_t i = 0; i < n_sealed + n_sink; i++) {
-		int is_sink = i >= n_sealed;
-
-		if (block_of(p, is_sink, is_sink ? sink[i - n_sealed] : sealed[i], &id) < 0) {
-			free(b);
+	kvq_wire_blocks_get(m, KVQ_WIRE_IDS, NULL, 0, &n);
+	refs = calloc(n + 1, sizeof(*refs));
+	b = calloc(n + 1, sizeof(*b));
+	if (!refs || !b || kvq_wire_blocks_get(m, KVQ_WIRE_IDS, refs, n, &n) < 0)
+		goto fail;
+	for (size_t i = 0; i < n; i++) {
+		if (kvq_layout_block_id(p->L, refs[i], &b[i]) < 0) {
 			*ret = -EINVAL;
-			kvq_seterr(err, errlen, "%s.%s[%zu] = %u: out of range", what, is_sink ? "sink_ids" : "sealed_ids",
-				   is_sink ? i - n_sealed : i, is_sink ? sink[i - n_sealed] : sealed[i]);
-			return NULL;
+			kvq_seterr(err, errlen, "%s.%s[%zu] = %u: out of range", what,
+				   kvq_wire_block_field(KVQ_WIRE_IDS, refs[i].cls), k[refs[i].cls], refs[i].index);
+			goto fail;
 		}
-		if (b)
-			b[i] = id;
+		k[refs[i].cls]++;   /* the next one's index in its field */
 	}
-	*owned = b;
+	free(refs);
+	*ret_n = n;
 	*ret = 0;
-	return b ? b : sealed;
+	return b;
+fail:
+	free(refs);
+	free(b);
+	return NULL;
 }
 
 int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
@@ -68,7 +57,8 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	Kvq__AllocReply *rep = r->e.alloc_reply;
 	struct kvq_pools_rec *p = c->pool;
 	struct kvq_pool_stats st;
-	uint32_t *open = NULL, *resv = NULL, *sealed = NULL, *sink = NULL;
+	uint32_t *open = NULL, *resv = NULL, *sealed = NULL, *sink = NULL, *wire = NULL;
+	struct kvq_block_ref *refs = NULL;
 	uint64_t bytes;
 	int ret;
 
@@ -93,7 +83,9 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	resv = calloc(a->n_open + 1, sizeof(*resv));
 	sealed = calloc(a->n_sealed + 1, sizeof(*sealed));
 	sink = a->n_sink ? calloc(a->n_sink, sizeof(*sink)) : NULL;
-	if (!open || !resv || !sealed || (a->n_sink && !sink) ||
+	refs = calloc((size_t)a->n_sealed + a->n_sink + 1, sizeof(*refs));
+	wire = calloc((size_t)a->n_sealed + a->n_sink + 1, sizeof(*wire));
+	if (!open || !resv || !sealed || (a->n_sink && !sink) || !refs || !wire ||
 	    kvq_lease_reserve(c->lease, a->n_sealed + a->n_sink, a->n_open) < 0) {
 		ret = -ENOMEM;
 		goto fail;
@@ -113,29 +105,32 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	}
 	for (uint32_t i = 0; i < a->n_open; i++)
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_OPEN, open[i], 1);
-	for (uint32_t i = 0; i < a->n_sealed; i++)
+	for (uint32_t i = 0; i < a->n_sealed; i++) {
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, sealed[i], 1);
+		refs[i] = kvq_layout_block_ref(p->L, sealed[i]);
+	}
 	for (uint32_t i = 0; i < a->n_sink; i++) {
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, sink[i], 1);
-		sink[i] = wire_of(p, sink[i]);
+		refs[a->n_sealed + i] = kvq_layout_block_ref(p->L, sink[i]);
 	}
+	kvq_wire_blocks_put(&rep->base, KVQ_WIRE_IDS, refs, (size_t)a->n_sealed + a->n_sink, wire);
 	rep->n_open_ids = rep->n_reserved_ids = a->n_open;
 	rep->open_ids = open;
 	rep->reserved_ids = resv;
-	rep->n_sealed_ids = a->n_sealed;
-	rep->sealed_ids = sealed;
-	rep->n_sink_ids = a->n_sink;
-	rep->sink_ids = sink;
 	r->mem[0] = open;
 	r->mem[1] = resv;
-	r->mem[2] = sealed;
-	r->mem[3] = sink;
+	r->mem[2] = wire;
+	free(sealed);
+	free(sink);
+	free(refs);
 	return 0;
 fail:
 	free(open);
 	free(resv);
 	free(sealed);
 	free(sink);
+	free(refs);
+	free(wire);
 	if (ret == -ENOSPC)
 		kvq_seterr(err, errlen, "pool %s is full", p->name);
 	return ret;
@@ -197,26 +192,35 @@ out:
 	return ret;
 }
 
-/* A publish block's own block id (its sealed_id or sink_id) in *blk: 0, or
- * -1 when out of its class's range. */
+/* A publish block's own reference (g KVQ_WIRE_BLOCK) or its parent's
+ * (KVQ_WIRE_PARENT) in *ret: 1, or 0 when it has none. */
+static size_t publish_ref(const Kvq__PublishBlock *b, enum kvq_wire_group g, struct kvq_block_ref *ret)
+{
+	size_t n = 0;
+
+	return kvq_wire_blocks_get(&b->base, g, ret, 1, &n) == 0 ? n : 0;
+}
+
+/* A publish block's own block id in *blk: 0, or -1 when out of its class's
+ * range. */
 static int publish_block(const struct kvq_pools_rec *p, const Kvq__PublishBlock *b, uint32_t *blk)
 {
-	const int sink = b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
+	struct kvq_block_ref r;
 
-	return block_of(p, sink, sink ? b->sink_id : b->sealed_id, blk);
+	return publish_ref(b, KVQ_WIRE_BLOCK, &r) && kvq_layout_block_id(p->L, r, blk) == 0 ? 0 : -1;
 }
 
 /* Its parent's block id in *par, or -1 when it has none: 0, or -1 when the
  * id is out of its class's range. */
 static int publish_parent(const struct kvq_pools_rec *p, const Kvq__PublishBlock *b, int32_t *par)
 {
-	const int psink = b->parent_case == KVQ__PUBLISH_BLOCK__PARENT_PARENT_SINK_ID;
+	struct kvq_block_ref r;
 	uint32_t pb;
 
 	*par = -1;
-	if (b->parent_case == KVQ__PUBLISH_BLOCK__PARENT__NOT_SET)
+	if (!publish_ref(b, KVQ_WIRE_PARENT, &r))
 		return 0;
-	if (block_of(p, psink, psink ? b->parent_sink_id : b->parent_id, &pb) < 0)
+	if (kvq_layout_block_id(p->L, r, &pb) < 0)
 		return -1;
 	*par = (int32_t)pb;
 	return 0;
@@ -241,10 +245,11 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	}
 	for (size_t i = 0; i < q->n_blocks; i++) {
 		const Kvq__PublishBlock *b = q->blocks[i];
-		const int sink = b->block_case == KVQ__PUBLISH_BLOCK__BLOCK_SINK_ID;
-		const int has_parent = b->parent_case != KVQ__PUBLISH_BLOCK__PARENT__NOT_SET;
-		const uint32_t wid = sink ? b->sink_id : b->sealed_id;
-		const char *fld = sink ? "sink_id" : "sealed_id";
+		struct kvq_block_ref ref = { 0 }, pref;
+		const size_t has_ref = publish_ref(b, KVQ_WIRE_BLOCK, &ref);
+		const int sink = has_ref && ref.cls == KVQ_BLOCK_SINK;
+		const int has_parent = publish_ref(b, KVQ_WIRE_PARENT, &pref) != 0;
+		const char *fld = kvq_wire_block_field(KVQ_WIRE_BLOCK, ref.cls);
 		uint32_t blk = 0;
 		int32_t par;
 
@@ -265,7 +270,7 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		    kvq_lease_sealed_add(seen, blk, (uint32_t)i + 1) != 1) {
 			ret = (kvq_seterr(err, errlen,
 					 "publish.blocks[%zu].%s %u: not an unpublished block held by the "
-					 "caller (or named twice)", i, fld, wid), -EINVAL);
+					 "caller (or named twice)", i, fld, ref.index), -EINVAL);
 			goto out;
 		}
 		if (!has_parent)
@@ -319,9 +324,9 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 		}
 		ids[i] = got;
 	}
-	/* the ids in the blocks' classes, once every parent was resolved */
+	/* the ids as indexes in the blocks' classes, once every parent was resolved */
 	for (size_t i = 0; i < q->n_blocks; i++)
-		ids[i] = wire_of(p, ids[i]);
+		ids[i] = kvq_layout_block_ref(p->L, ids[i]).index;
 	rep->n_ids = q->n_blocks;
 	rep->ids = ids;
 	r->mem[0] = ids;
@@ -337,27 +342,31 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	const Kvq__Lookup *q = req->lookup;
 	Kvq__LookupReply *rep = r->e.lookup_reply;
 	struct kvq_pools_rec *p = c->pool;
-	uint32_t max_ids = (uint32_t)(q->n_tokens / p->L->block_tokens), n = 0, sinks = 0;
+	uint32_t max_ids = (uint32_t)(q->n_tokens / p->L->block_tokens), n = 0;
 	uint64_t fresh = 0;
+	struct kvq_block_ref *refs;
 	uint32_t *ids;
 	int ret;
 
 	if (max_ids > KVQ_PROTO_MAX_IDS)
 		max_ids = KVQ_PROTO_MAX_IDS;
 	ids = calloc(max_ids + 1, sizeof(*ids));
-	if (!ids || kvq_lease_reserve(c->lease, max_ids, 0) < 0) {
+	refs = calloc(max_ids + 1, sizeof(*refs));
+	if (!ids || !refs || kvq_lease_reserve(c->lease, max_ids, 0) < 0) {
 		free(ids);
+		free(refs);
 		return -ENOMEM;
 	}
 	if (p->glink.g) {
 		/* a group's member: the hit the request's first rank fixed */
-		const struct kvq_config_limits *lim = &c->st->cfg->limits;
+		const struct kvq_config *lim = c->st->cfg;
 
 		ret = kvq_group_lookup(p, q->request_id.data, q->request_id.len, q->tokens, (uint32_t)q->n_tokens,
 				       q->max_tokens, q->salt.data, q->salt.len, ids, max_ids, &n, c->active_ms,
 				       lim->group_lookup_timeout_ms, lim->group_pending_lookups);
 		if (ret < 0) {
 			free(ids);
+			free(refs);
 			if (ret == -EINVAL)
 				return kvq_seterr(err, errlen, "pool %s is rank %u of group %s: a lookup needs a "
 						  "request_id of 1 to %u bytes, its other ranks' and no more tokens",
@@ -371,17 +380,21 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 					q->salt.len, ids, max_ids, &n);
 		if (ret < 0) {
 			free(ids);
+			free(refs);
 			return kvq_seterr(err, errlen, "lookup failed: %s", strerror(-ret)), ret;
 		}
 	}
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
+		refs[i] = kvq_layout_block_ref(p->L, ids[i]);
 		if (!kvq_lease_sealed(c->lease, ids[i]))
-			fresh += ids[i] >= p->L->n_sealed ? p->L->open_block_bytes : p->L->sealed_block_bytes;
+			fresh += kvq_layout_block_bytes(p->L, refs[i].cls);
+	}
 	if (!kvq_state_quota_allows(c->st, p, c->uid, fresh)) {
 		/* the references the lookup granted, not yet any lease's */
 		for (uint32_t i = 0; i < n; i++)
 			kvq_pool_unref(p->pool, ids[i]);
 		free(ids);
+		free(refs);
 		return kvq_seterr(err, errlen, "uid %u would exceed its quota in pool %s", (unsigned)c->uid,
 				  p->name), -EDQUOT;
 	}
@@ -389,15 +402,9 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, ids[i], 1);
 	p->lookup_tokens += q->max_tokens;
 	p->hit_tokens += (uint64_t)n * p->L->block_tokens;
-	/* a chain's sink block comes first (daemon/prefix.h): block 0's */
-	if (n && ids[0] >= p->L->n_sealed) {
-		ids[0] = wire_of(p, ids[0]);
-		sinks = 1;
-	}
-	rep->n_sink_ids = sinks;
-	rep->sink_ids = ids;
-	rep->n_sealed_ids = n - sinks;
-	rep->sealed_ids = ids + sinks;
+	/* the chain, its sink block first (daemon/prefix.h), into ids */
+	kvq_wire_blocks_put(&rep->base, KVQ_WIRE_CHAIN, refs, n, ids);
+	free(refs);
 	r->mem[0] = ids;
 	return 0;
 }
@@ -419,9 +426,11 @@ static int check_held(struct kvq_conn *c, const uint32_t *ids, size_t n, const c
 			return -ENOMEM;
 		}
 		if (kvq_lease_sealed(want, ids[i]) > kvq_lease_sealed(c->lease, ids[i])) {
+			const struct kvq_block_ref b = kvq_layout_block_ref(p->L, ids[i]);
+
 			kvq_lease_free(want);
 			return kvq_seterr(err, errlen, "%s: block %zu (%s %u): not held by the caller (that many times)",
-					  what, i, ids[i] >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, ids[i])),
+					  what, i, kvq_block_class_name(b.cls), b.index),
 			       -EINVAL;
 		}
 	}
@@ -434,23 +443,21 @@ int kvq_req_release(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	const Kvq__Release *q = req->release;
 	struct kvq_pools_rec *p = c->pool;
 	kvq_lease *want = NULL;
-	size_t nb = q->n_sealed_ids + q->n_sink_ids;
-	uint32_t *owned;
+	size_t nb = 0;
 	int ret;
-	const uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "release",
-					&owned, &ret, err, errlen);
+	uint32_t *blk = blocks_of(p, &q->base, "release", &nb, &ret, err, errlen);
 
 	if (ret < 0)
 		return ret;
 	ret = check_held(c, blk, nb, "release", &want, err, errlen);
 	if (ret < 0) {
-		free(owned);
+		free(blk);
 		return ret;
 	}
 	for (size_t i = 0; i < q->n_open_ids; i++)
 		if (!kvq_lease_open_has(c->lease, q->open_ids[i]) || kvq_lease_open_add(want, q->open_ids[i]) < 0) {
 			kvq_lease_free(want);
-			free(owned);
+			free(blk);
 			return kvq_seterr(err, errlen, "release.open_ids[%zu] = %u: not held (or named twice)", i,
 					  q->open_ids[i]), -EINVAL;
 		}
@@ -459,7 +466,7 @@ int kvq_req_release(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 	for (size_t i = 0; i < q->n_open_ids; i++)
 		kvq_lease_give(c->lease, p->pool, KVQ_LEASE_OPEN, q->open_ids[i], 1);
 	kvq_lease_free(want);
-	free(owned);
+	free(blk);
 	return 0;
 }
 
@@ -467,32 +474,31 @@ int kvq_req_fork(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply 
 {
 	const Kvq__Fork *q = req->fork;
 	struct kvq_pools_rec *p = c->pool;
-	size_t nb = q->n_sealed_ids + q->n_sink_ids;
-	uint32_t *owned;
+	size_t nb = 0;
 	int ret;
-	const uint32_t *blk = blocks_of(p, q->sealed_ids, q->n_sealed_ids, q->sink_ids, q->n_sink_ids, "fork", &owned,
-					&ret, err, errlen);
+	uint32_t *blk = blocks_of(p, &q->base, "fork", &nb, &ret, err, errlen);
 
 	if (ret < 0)
 		return ret;
 	for (size_t i = 0; i < nb; i++) {
-		uint32_t id = blk[i];
+		const uint32_t id = blk[i];
+		const struct kvq_block_ref b = kvq_layout_block_ref(p->L, id);
 
 		if (!kvq_lease_sealed(c->lease, id)) {
-			free(owned);
+			free(blk);
 			return kvq_seterr(err, errlen, "fork: block %zu (%s %u) not held by the caller", i,
-					  id >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, id)), -EINVAL;
+					  kvq_block_class_name(b.cls), b.index), -EINVAL;
 		}
 		/* a batch naming one id n times must fit below the limits n times over */
 		if (kvq_pool_refs(p->pool, id) >= KVQ_POOL_MAX_REFS - nb ||
 		    kvq_lease_sealed(c->lease, id) >= UINT32_MAX - nb) {
-			free(owned);
+			free(blk);
 			return kvq_seterr(err, errlen, "fork: block %zu (%s %u): too many references", i,
-					  id >= p->L->n_sealed ? "sink" : "sealed", wire_of(p, id)), -EOVERFLOW;
+					  kvq_block_class_name(b.cls), b.index), -EOVERFLOW;
 		}
 	}
 	for (size_t i = 0; i < nb; i++)
 		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_REF, blk[i], 1);
-	free(owned);
+	free(blk);
 	return 0;
 }

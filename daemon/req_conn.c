@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "figures.h"
 #include "groups.h"
 #include "kvq_wire.h"
 #include "log.h"
 #include "request.h"
+#include "seterr.h"
 
 static const char daemon_version[] = PACKAGE_VERSION;
 
@@ -127,7 +129,7 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	ret = kvq_lease_new(&c->lease);
 	if (ret < 0)
 		goto fail;
-	kvq_lease_set_first_sink(c->lease, p->L->n_sealed);
+	kvq_lease_set_first_sink(c->lease, kvq_layout_block_first(p->L, KVQ_BLOCK_SINK));
 	if (created)
 		kvq_pools_add(&st->pools, p);
 	c->pool = p;
@@ -190,7 +192,8 @@ int kvq_req_stats(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	struct kvq_state *s = c->st;
 	const struct kvq_conn *lists[2] = { s->conns, s->dying };
 	size_t n = 0, k = 0, nc = 0, kc = 0;
-	Kvq__PoolStats *st, **pst;
+	struct kvq_figures_stats *st;
+	Kvq__PoolStats **pst;
 	Kvq__ClientStats *cs, **pcs;
 	struct timespec now;
 
@@ -218,8 +221,8 @@ int kvq_req_stats(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	for (struct kvq_pools_rec *p = s->pools.head; p; p = p->next) {
 		if (!kvq_conn_sees(c, p) || (q->pool[0] && strcmp(q->pool, p->name)))
 			continue;
-		kvq_pools_stats(p, &st[k]);
-		pst[k] = &st[k];
+		kvq_figures_stats(p, &st[k]);
+		pst[k] = &st[k].ps;
 		k++;
 	}
 	/* clients of the pools listed, and the caller itself: who else is

@@ -24,10 +24,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "frame_io.h"
 #include "log.h"
 #include "peer.h"
 #include "request.h"
 #include "server.h"
+#include "seterr.h"
 #include "state.h"
 
 #ifndef SO_PEERGROUPS
@@ -36,13 +38,6 @@
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
-
-/* A StatsReply lists every connection a caller may see: the protocol's
- * bound on the list is the most connections kvqd takes. */
-#define LIMIT_HI(key, def, lo, hi, unit, what) enum { limit_hi_##key = hi };
-KVQ_LIMITS(LIMIT_HI)
-#undef LIMIT_HI
-_Static_assert(limit_hi_max_connections == KVQ_PROTO_MAX_CLIENTS, "max_connections up to KVQ_PROTO_MAX_CLIENTS");
 
 struct kvq_server {
 	struct kvq_state st;
@@ -238,7 +233,7 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, in
  * attached to no pool, the end of its idle time; an attached one has none. */
 static void conn_arm(struct kvq_conn *c)
 {
-	const struct kvq_config_limits *lim = &c->st->cfg->limits;
+	const struct kvq_config *lim = c->st->cfg;
 	int64_t at;
 	struct timeval tv;
 
@@ -265,7 +260,7 @@ static void conn_on_timer(evutil_socket_t fd, short what, void *arg)
 	static struct kvq_log_limit rl;
 	struct kvq_conn *c = arg;
 	kvq_server *s = server_of(c);
-	const struct kvq_config_limits *lim = &s->st.cfg->limits;
+	const struct kvq_config *lim = s->st.cfg;
 	int64_t now = now_ms();
 	char msg[128];
 	Kvq__Envelope e;
@@ -295,7 +290,7 @@ static void conn_on_timer(evutil_socket_t fd, short what, void *arg)
 /* Stops accepting for accept_pause_ms, or until a connection ends. */
 static void srv_pause(kvq_server *s)
 {
-	uint64_t ms = s->st.cfg->limits.accept_pause_ms;
+	uint64_t ms = s->st.cfg->accept_pause_ms;
 	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000 * 1000) };
 
 	if (s->paused || !s->lev)
@@ -401,7 +396,7 @@ static void srv_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
 	static struct kvq_log_limit rl_accept, rl_cred;
 	kvq_server *s = arg;
-	const struct kvq_config_limits *lim = &s->st.cfg->limits;
+	const struct kvq_config *lim = s->st.cfg;
 	bool pause = false;
 
 	for (unsigned i = 0; i < KVQ_SERVER_ACCEPT_BATCH; i++) {
@@ -481,13 +476,13 @@ static uint32_t fd_budget(void)
 
 static void peer_limits(kvq_server *s)
 {
-	s->plim.max_output = (size_t)s->st.cfg->limits.max_output;
-	s->plim.frames_per_wakeup = (unsigned)s->st.cfg->limits.frames_per_wakeup;
+	s->plim.max_output = (size_t)s->st.cfg->max_output;
+	s->plim.frames_per_wakeup = (unsigned)s->st.cfg->frames_per_wakeup;
 }
 
 uint32_t kvq_server_max_connections(const kvq_server *s)
 {
-	uint64_t max = s->st.cfg->limits.max_connections;
+	uint64_t max = s->st.cfg->max_connections;
 
 	return max < s->fd_conns ? (uint32_t)max : s->fd_conns;
 }

@@ -38,7 +38,7 @@ typedef struct kvq_server kvq_server;
 #define KVQ_SERVER_ACCEPT_BATCH 64u
 
 /*
- * What the limits (kvqd.conf, KVQ_LIMITS) did, for the metrics: X(id,
+ * What the limits (kvqd.conf, conf_keys.h) did, for the metrics: X(id,
  * family, label, help); rows of one family are adjacent, its first row has
  * the help.
  */

@@ -6,6 +6,7 @@
 
 #include "groups.h"
 #include "log.h"
+#include "seterr.h"
 #include "state.h"
 
 int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const char *backend, int device, char *err,

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "codebook.h"
+#include "seterr.h"
 
 /* ------------------------------------------------------------------ the file */
 

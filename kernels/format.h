@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The host side of the format table: names, the list of names, bytes per
- * value; and the error text of the parsers and of the layout (kvq_seterr).
- * KV policies are policy.h. */
+ * value.  KV policies are policy.h; the error text, seterr.h. */
 #ifndef KVQ_FORMAT_NAMES_H
 #define KVQ_FORMAT_NAMES_H
 
@@ -13,10 +12,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* printf-style message into err[errlen] (nothing when err is NULL): the
- * error text of the parsers and of the layout. */
-void kvq_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Canonical name of a format ("int8"), or NULL for an unknown value. */
 const char *kvq_fmt_name(int fmt);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "layout.h"
+#include "seterr.h"
 
 static uint64_t align_up(uint64_t x, uint64_t a)
 {

@@ -7,8 +7,10 @@
  * then its sink slices (ids 0 .. n_sink-1; none unless the pool keeps
  * attention-sink blocks, sink_blocks = 1).  A sink slice has the open
  * slice's format and size, so the kernels address sink id s as open id
- * n_open + s: a sequence's first block lives there, exact, from its first
- * token on (struct kvq_seq_table).
+ * n_open + s (kvq_sink_open_id): a sequence's first block lives there,
+ * exact, from its first token on (struct kvq_seq_table).  A block (a sealed
+ * or a sink slot) is named by a struct kvq_block_ref (blockref.h); the
+ * addressing derived from one is at the end of this file.
  * A slice is one block of B tokens of one layer, all KV heads: H head slices
  * one after another.  A sealed head slice holds K codes, K parameters, V codes
  * (transposed) and V parameters in the order kvq_format.h describes; an open
@@ -22,9 +24,11 @@
 #ifndef KVQ_LAYOUT_H
 #define KVQ_LAYOUT_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "blockref.h"
 #include "policy.h"
 
 #ifdef __cplusplus
@@ -135,7 +139,8 @@ uint32_t kvq_layout_default_window(const struct kvq_policy *p, uint32_t block_to
  *             row0 + m - 1 of q and out.  sealed: S(n)/B ids; open:
  *             ceil((n - S(n))/B) ids.
  *  sink:      in a pool with sink blocks (n_sink > 0), 1 + the sink id
- *             holding block 0 of the table, for its whole life: written
+ *             holding block 0 of the table (kvq_seq_table_sink), for its
+ *             whole life: written
  *             there as an open block, never sealed, read through the open
  *             path wherever S(n) puts it; the sealed and open entries of
  *             block 0 are not read.  0: block 0 of the table is an ordinary
@@ -166,6 +171,20 @@ KVQ_HD uint32_t kvq_split(uint32_t n, uint32_t R, uint32_t B)
 	return n <= R ? 0 : B * ((n - R + B - 1) / B);
 }
 
+/* The open id of sink id s: a sink slice is an open slice past the n_open
+ * open ones. */
+KVQ_HD uint32_t kvq_sink_open_id(uint32_t n_open, uint32_t s)
+{
+	return n_open + s;
+}
+
+/* The open id of a table's sink block, from its nonzero kvq_seq_table.sink
+ * (1 + the sink id): for the kernels, which check sink <= n_sink first. */
+KVQ_HD uint32_t kvq_table_sink_open_id(uint32_t n_open, uint32_t sink)
+{
+	return n_open + sink - 1;
+}
+
 /* Byte offset of a field of (class, slot id, layer, head).  Arguments are not
  * checked: callers validate ids against n_sealed / n_open / n_sink first. */
 static inline uint64_t kvq_layout_off(const struct kvq_layout *L, int cls, uint32_t id,
@@ -174,7 +193,7 @@ static inline uint64_t kvq_layout_off(const struct kvq_layout *L, int cls, uint3
 	const struct kvq_layer_layout *ll = &L->layer[layer];
 
 	if (cls == KVQ_SINK)
-		id += L->n_open;   /* a sink slice is an open slice past the open ones */
+		id = kvq_sink_open_id(L->n_open, id);
 	if (cls == KVQ_SEALED)
 		return kvq_head_off(ll->region, ll->sealed_slice, ll->sealed_head, id, head) + ll->off[field];
 	return kvq_head_off(ll->open_base, ll->open_slice, ll->open_head, id, head) +
@@ -185,6 +204,67 @@ static inline uint64_t kvq_layout_off(const struct kvq_layout *L, int cls, uint3
 static inline uint32_t kvq_layout_split(const struct kvq_layout *L, uint32_t n)
 {
 	return kvq_split(n, L->window, L->block_tokens);
+}
+
+/*
+ * The daemon's block id of a reference: one id space of every class's slots,
+ * the classes in KVQ_BLOCK_CLASSES' order (sealed ids 0 .. n_sealed-1, then
+ * sink s as n_sealed + s), which daemon/pool.h, lease.h and prefix.h index.
+ */
+
+/* Slots of class cls in L (n_sealed, n_sink), 0 for no class. */
+static inline uint32_t kvq_layout_blocks(const struct kvq_layout *L, uint32_t cls)
+{
+	switch (cls) {
+	case KVQ_BLOCK_SEALED: return L->n_sealed;
+	case KVQ_BLOCK_SINK: return L->n_sink;
+	default: return 0;
+	}
+}
+
+/* Bytes of one block of class cls, all layers: a sink block is an open one. */
+static inline uint64_t kvq_layout_block_bytes(const struct kvq_layout *L, uint32_t cls)
+{
+	return cls == KVQ_BLOCK_SINK ? L->open_block_bytes : L->sealed_block_bytes;
+}
+
+/* The first block id of class cls (< KVQ_BLOCK_NCLASS). */
+static inline uint32_t kvq_layout_block_first(const struct kvq_layout *L, uint32_t cls)
+{
+	uint32_t first = 0;
+
+	for (uint32_t c = 0; c < cls; c++)
+		first += kvq_layout_blocks(L, c);
+	return first;
+}
+
+/* The block id of r in *ret: 0, or -ERANGE (nothing set) when r names no
+ * class or an index past its class's slots: a peer's index is checked here
+ * before anything uses it. */
+static inline int kvq_layout_block_id(const struct kvq_layout *L, struct kvq_block_ref r, uint32_t *ret)
+{
+	if (r.cls >= KVQ_BLOCK_NCLASS || r.index >= kvq_layout_blocks(L, r.cls))
+		return -ERANGE;
+	*ret = kvq_layout_block_first(L, r.cls) + r.index;
+	return 0;
+}
+
+/* The reference of block id b, one kvq_layout_block_id made (b below the
+ * sum of the classes' slots). */
+static inline struct kvq_block_ref kvq_layout_block_ref(const struct kvq_layout *L, uint32_t b)
+{
+	struct kvq_block_ref r = { 0, b };
+
+	while (r.cls + 1 < KVQ_BLOCK_NCLASS && r.index >= kvq_layout_blocks(L, r.cls))
+		r.index -= kvq_layout_blocks(L, r.cls++);
+	return r;
+}
+
+/* kvq_seq_table.sink of a table whose block 0 is r: 1 + its sink id, 0 when
+ * r is no sink block. */
+static inline uint32_t kvq_seq_table_sink(struct kvq_block_ref r)
+{
+	return r.cls == KVQ_BLOCK_SINK ? r.index + 1 : 0;
 }
 
 #ifdef __cplusplus

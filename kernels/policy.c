@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "policy.h"
+#include "seterr.h"
 
 static const char *skip_blanks(const char *p, const char *end)
 {

@@ -2,8 +2,8 @@
 /*
  * kvqctl, the admin CLI of kvqd (kvqctl(1)), by job: main.c reads the
  * command line and holds the command table, commands.c has the commands
- * that ask kvqd (over proto/conn.h), plan.c the plan calculator (no
- * daemon), json.c the JSON writer.  Bytes per token come from the pool
+ * that ask kvqd (over proto/conn.h), show.c shows what Stats carries,
+ * plan.c the plan calculator (no daemon), json.c the JSON writer.  Bytes per token come from the pool
  * layout code (kernels/layout.h), so its figures are the pool's.
  *
  * Exit status: 0 success, 1 a failure (one line on stderr: daemon not

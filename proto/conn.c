@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "conn.h"
+#include "frame_check.h"
+#include "frame_io.h"
 
 __attribute__((format(printf, 4, 5)))
 static int conn_fail(struct kvq_conn *c, enum kvq_conn_fault fault, int r, const char *fmt, ...)

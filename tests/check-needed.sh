@@ -7,7 +7,8 @@ b=${top_builddir:-.}
 n=0; fail=0
 for f in "$b"/.libs/libkvq.so "$b"/bench/.libs/kvq-bench "$b"/bench/kvq-bench \
          "$b"/daemon/kvqd "$b"/daemon/.libs/kvqd "$b"/kvqctl/kvqctl \
-         "$b"/tests/unit/test_backend "$b"/tests/unit/.libs/test_backend "$b"/tests/gpu/*.bin \
+         "$b"/tests/unit/test_backend "$b"/tests/unit/.libs/test_backend "$b"/tests/unit/test_driver \
+         "$b"/tests/gpu/*.bin \
          "$b"/tests/gpu/test_cuda_pool "$b"/tests/gpu/.libs/test_cuda_pool; do
 	[ -f "$f" ] || continue
 	head -c 4 "$f" | grep -q ELF || continue

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "conf_parse.h"
 #include "log.h"
 #include "request.h"
 

@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # TAP: the man pages lint clean (mandoc -T lint), each long option that
 # kvqd --help and kvqctl --help print is in its man page and each option a
-# man page documents is one the program prints, and every kvqd.conf key the
-# parser knows (daemon/conf_parse.c, and the limits of daemon/conf.h) is in
-# kvqd.conf(5) and the example config.
+# man page documents is one the program prints.  The kvqd.conf keys are
+# checked against kvqd.conf(5) by tests/unit/test_conf_schema.c, from the
+# schema's rows.
 set -u
 . "${top_srcdir:?}/tests/tap.sh"
 : "${top_srcdir:?}" "${top_builddir:?}"
@@ -65,19 +65,7 @@ done <<EOF
 $cmds
 EOF
 
-keys=$(sed -n 's/^.*\[K_[A-Z_]*\] = { "\([a-z_]*\)".*$/\1/p' "$top_srcdir/daemon/conf_parse.c" | sort -u)
-[ -n "$keys" ]
-t $? "the parser's keys are found in daemon/conf_parse.c"
-# the limits' keys are the rows of KVQ_LIMITS (daemon/conf.h)
-limits=$(sed -n 's/^[[:space:]]*X(\([a-z_]*\),.*$/\1/p' "$top_srcdir/daemon/conf.h")
-[ -n "$limits" ]
-t $? "the limits' keys are found in daemon/conf.h"
-keys="$keys $limits"
-for k in $keys; do
-	grep -qE "(^\.B |\\\\fB)$k(\\\\| |,|\$)" "$man/kvqd.conf.5"
-	t $? "kvqd.conf(5) documents $k"
-	grep -qE "^#? ?$k = " "$top_srcdir/systemd/kvqd.conf.example"
-	t $? "kvqd.conf.example shows $k"
-done
+# kvqd.conf(5) and the example config against the configuration schema's
+# rows, both ways: tests/unit/test_conf_schema.c
 
 finish

@@ -3,7 +3,8 @@
 # TAP: the Python package as its README installs it -- a fresh venv, pip
 # install of python/ (NumPy comes from the package index) -- then
 # tests/python/test_host.py against a real kvqd on host pools, with the
-# libkvq of this build ($KVQ_LIBRARY).  PYTHON picks the interpreter
+# libkvq of this build ($KVQ_LIBRARY), and against the kvqd built with a
+# throwaway figure row (tests/figrow/kvqd).  PYTHON picks the interpreter
 # (default python3).  About 20 s, most of it pip.
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
@@ -26,4 +27,5 @@ if ! { "${PYTHON:-python3}" -m venv "$work/venv" && "$work/venv/bin/pip" install
 fi
 KVQ_LIBRARY=$(cd "$top_builddir/.libs" && pwd)/libkvq.so.3 KVQD=$top_builddir/daemon/kvqd \
 	KVQCTL=$top_builddir/kvqctl/kvqctl CREF=$top_builddir/tests/python/cref KVQ_TEST_INSTALLED=1 \
+	KVQD_FIGROW=$top_builddir/tests/figrow/kvqd FIGURE_ROW_H=$top_srcdir/tests/unit/figure_row.h \
 	exec "$work/venv/bin/python" "$top_srcdir/tests/python/test_host.py"

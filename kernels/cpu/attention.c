@@ -369,7 +369,7 @@ static void tile_block(struct work *w, struct tile *t, const struct kvq_seq_tabl
 	if (sealed) {
 		load_sealed(w, t->h, (uint32_t)s->sealed[blk]);
 	} else {
-		uint32_t id = sink ? L->n_open + s->sink - 1 : (uint32_t)s->open[blk - S / B];
+		uint32_t id = sink ? kvq_table_sink_open_id(L->n_open, s->sink) : (uint32_t)s->open[blk - S / B];
 		kc = (const uint8_t *)a->base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, t->h, KVQ_K_CODES);
 		vc = (const uint8_t *)a->base + kvq_layout_off(L, KVQ_OPEN, id, a->layer, t->h, KVQ_V_CODES);
 	}

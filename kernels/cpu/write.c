@@ -183,11 +183,11 @@ static uint8_t *rotated_rows(const struct kvq_layout *L, const uint8_t *in, uint
 }
 
 /* Open-class id of the slice that holds block blk of w in open format (a
- * sink slice is open id n_open + its id, layout.h), s0 = S(w->n). */
+ * sink slice is an open one, kvq_table_sink_open_id), s0 = S(w->n). */
 static uint32_t open_of(const struct kvq_layout *L, const struct kvq_seq_table *w, uint32_t blk, uint32_t s0)
 {
 	if (blk == 0 && w->sink)
-		return L->n_open + w->sink - 1;
+		return kvq_table_sink_open_id(L->n_open, w->sink);
 	return (uint32_t)w->open[blk - s0 / L->block_tokens];
 }
 

@@ -1,4 +1,4 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Attention instances, second half of instances.h. */
-#define KVQ_CUDA_HALF KVQ_CUDA_PAIRS_B
+/* Attention instances of the rows of instances.h in file b. */
+#define KVQ_CUDA_FILE_b KVQ_CUDA_THIS_FILE
 #include "attn_inst.cuh"

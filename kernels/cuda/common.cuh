@@ -36,14 +36,14 @@ __device__ __forceinline__ const uint8_t *open_head(const layer_dev &l, const ui
 }
 
 /* The id of block blk of table s (n_sealed_blk sealed blocks in it): a
- * sink block's open id (n_open + sink - 1: its sink slice, layout.h), a
+ * sink block's open id (its sink slice, kvq_table_sink_open_id), a
  * sealed id, or an open id; -1 when it is out of its class's range (read
  * as nothing). */
 __device__ __forceinline__ int32_t block_id(const layer_dev &l, const kvq_seq_table &s, uint32_t blk,
 					    uint32_t n_sealed_blk, bool sink, bool sealed)
 {
 	if (sink)
-		return s.sink <= l.n_sink ? (int32_t)(l.n_open + s.sink - 1) : -1;
+		return s.sink <= l.n_sink ? (int32_t)kvq_table_sink_open_id(l.n_open, s.sink) : -1;
 	const int32_t id = sealed ? s.sealed[blk] : s.open[blk - n_sealed_blk];
 	return id >= 0 && (uint32_t)id < (sealed ? l.n_sealed : l.n_open) ? id : -1;
 }

@@ -1,4 +1,4 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Decode instances, first half of KVQ_CUDA_FAST_PAIRS. */
-#define KVQ_CUDA_FAST_HALF KVQ_CUDA_FAST_PAIRS_A
+/* Decode instances of the rows of instances.h in file a. */
+#define KVQ_CUDA_FILE_a KVQ_CUDA_THIS_FILE
 #include "decode_inst.cuh"

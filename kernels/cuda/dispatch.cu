@@ -3,15 +3,18 @@
  * arguments checked, the kernel and the launch shape chosen (rows per CTA,
  * tokens per tile, KV splits), and (K format, V format, head dim, dtype)
  * turned into an instance of instances.h, or -ENOTSUP.  In blocks of a
- * multiple of 32 tokens, pairs of KVQ_CUDA_FAST_PAIRS whose groups fit the
- * head dim go to decode_kernel for a step of at most 8 query rows per KV
- * head and to prefill_kernel for more, pairs of KVQ_CUDA_PQ_PAIRS to
- * pq_decode_kernel for such a step; the rest to attn_kernel.  A layer that
- * rotates K or V: decode_kernel and pq_decode_kernel rotate q as they load
- * it and their output in the epilogue (merge_kernel after a split's
- * merge); around prefill_kernel and attn_kernel, q is rotated into the
- * workspace first and the output taken in fp32 into the workspace and
+ * multiple of 32 tokens, pairs with fast kernels whose groups fit the head
+ * dim go to decode_kernel for a step of at most 8 query rows per KV head
+ * and to prefill_kernel for more, pairs with pq kernels to
+ * pq_decode_kernel for such a step; the rest to attn_kernel (choose()).
+ * A layer that rotates K or V: decode_kernel and pq_decode_kernel rotate q
+ * as they load it and their output in the epilogue (merge_kernel after a
+ * split's merge); around prefill_kernel and attn_kernel, q is rotated into
+ * the workspace first and the output taken in fp32 into the workspace and
  * rotated back into out after (rot_rows_kernel, rot_in_kernel). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "attention.cuh"
 #include "decode.cuh"
 #include "decode_pq.cuh"
@@ -30,76 +33,41 @@ int fail_launch(void)
 	return -EIO;
 }
 
-#define KVQ_EXTERN(KF, VF, D, ACT) extern template int attn_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
-#define KVQ_EXTERN_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN, K, V)
-KVQ_CUDA_PAIRS(KVQ_EXTERN_PAIR)
-
-#define KVQ_EXTERN_DEC(KF, VF, D, ACT) \
-	extern template int decode_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
-	extern template int decode_occupancy<KF, VF, D, ACT>(void);
-#define KVQ_EXTERN_DEC_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_DEC, K, V)
-KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_DEC_PAIR)
-
-#define KVQ_EXTERN_PF(KF, VF, D, ACT) \
-	extern template int prefill_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
-	extern template int prefill_rows<KF, VF, D, ACT>(void);
-#define KVQ_EXTERN_PF_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_PF, K, V)
-KVQ_CUDA_FAST_PAIRS(KVQ_EXTERN_PF_PAIR)
-
-#define KVQ_EXTERN_PQ(KF, VF, D, ACT) extern template int pq_decode_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
-#define KVQ_EXTERN_PQ_PAIR(K, V) KVQ_CUDA_EACH(KVQ_EXTERN_PQ, K, V)
-KVQ_CUDA_PQ_PAIRS(KVQ_EXTERN_PQ_PAIR)
+/* Every instance of instances.h, declared (the compile files build them). */
+#define KVQ_EXTERN(KF, VF, D, ACT, attn, fast, pq, sm90) \
+	KVQ_CUDA_IF(attn, KVQ_CUDA_DECL_attn(KF, VF, D, ACT, extern template)) \
+	KVQ_CUDA_IF(fast, KVQ_CUDA_DECL_decode(KF, VF, D, ACT, extern template) \
+			  KVQ_CUDA_DECL_prefill(KF, VF, D, ACT, extern template)) \
+	KVQ_CUDA_IF(pq, KVQ_CUDA_DECL_pq(KF, VF, D, ACT, extern template))
+KVQ_CUDA_ALL(KVQ_EXTERN)
+#undef KVQ_EXTERN
 
 typedef int (*attn_fn)(const attn_args &, uint32_t, void *);
 
-static attn_fn pq_find(int kf, int vf, uint32_t D, int act)
-{
-#define KVQ_QCASE(KF, VF, DD, ACT) \
-	if (kf == KF && vf == VF && D == DD && act == ACT) \
-		return pq_decode_launch<KF, VF, DD, ACT>;
-#define KVQ_QCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_QCASE, K, V)
-	KVQ_CUDA_PQ_PAIRS(KVQ_QCASE_PAIR)
-	return NULL;
-}
-
-struct decode_fn {
-	attn_fn launch;
-	int (*occupancy)(void);
+/* The kernels of one instance (K format, V format, head dim, dtype), each
+ * NULL where its row in instances.h has none. */
+struct kernels {
+	attn_fn attn;            /* attn_kernel */
+	attn_fn decode;          /* decode_kernel */
+	int (*decode_occupancy)(void);
+	attn_fn prefill;         /* prefill_kernel */
+	int (*prefill_rows)(void);   /* query rows per CTA */
+	attn_fn pq;              /* pq_decode_kernel */
 };
 
-static decode_fn decode_find(int kf, int vf, uint32_t D, int act)
+static kernels find(int kf, int vf, uint32_t D, int act)
 {
-#define KVQ_DCASE(KF, VF, DD, ACT) \
+#define KVQ_FIND(KF, VF, DD, ACT, attn, fast, pq, sm90) \
 	if (kf == KF && vf == VF && D == DD && act == ACT) \
-		return decode_fn{ decode_launch<KF, VF, DD, ACT>, decode_occupancy<KF, VF, DD, ACT> };
-#define KVQ_DCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_DCASE, K, V)
-	KVQ_CUDA_FAST_PAIRS(KVQ_DCASE_PAIR)
-	return decode_fn{ NULL, NULL };
-}
-
-struct prefill_fn {
-	attn_fn launch;
-	int (*rows)(void);   /* query rows per CTA */
-};
-
-static prefill_fn prefill_find(int kf, int vf, uint32_t D, int act)
-{
-#define KVQ_PCASE(KF, VF, DD, ACT) \
-	if (kf == KF && vf == VF && D == DD && act == ACT) \
-		return prefill_fn{ prefill_launch<KF, VF, DD, ACT>, prefill_rows<KF, VF, DD, ACT> };
-#define KVQ_PCASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_PCASE, K, V)
-	KVQ_CUDA_FAST_PAIRS(KVQ_PCASE_PAIR)
-	return prefill_fn{ NULL, NULL };
-}
-
-static attn_fn attn_find(int kf, int vf, uint32_t D, int act)
-{
-#define KVQ_CASE(KF, VF, DD, ACT) \
-	if (kf == KF && vf == VF && D == DD && act == ACT) \
-		return attn_launch<KF, VF, DD, ACT>;
-#define KVQ_CASE_PAIR(K, V) KVQ_CUDA_EACH(KVQ_CASE, K, V)
-	KVQ_CUDA_PAIRS(KVQ_CASE_PAIR)
-	return NULL;
+		return kernels{ KVQ_CUDA_OR_NULL(attn, attn_launch<KF, VF, DD, ACT>), \
+				KVQ_CUDA_OR_NULL(fast, decode_launch<KF, VF, DD, ACT>), \
+				KVQ_CUDA_OR_NULL(fast, decode_occupancy<KF, VF, DD, ACT>), \
+				KVQ_CUDA_OR_NULL(fast, prefill_launch<KF, VF, DD, ACT>), \
+				KVQ_CUDA_OR_NULL(fast, prefill_rows<KF, VF, DD, ACT>), \
+				KVQ_CUDA_OR_NULL(pq, pq_decode_launch<KF, VF, DD, ACT>) };
+	KVQ_CUDA_ALL(KVQ_FIND)
+#undef KVQ_FIND
+	return kernels{ NULL, NULL, NULL, NULL, NULL, NULL };
 }
 
 /* Tokens per tile: the largest of 64, 48, 32, 16 that divides B. */
@@ -108,11 +76,47 @@ static uint32_t tile_tokens(uint32_t B)
 	return B % 64 == 0 ? 64 : B % 48 == 0 ? 48 : B % 32 == 0 ? 32 : 16;
 }
 
+/* KVQ_CUDA_KERNELS, read once: "portable" keeps every call on the kernels
+ * above, which run on sm_80 and later; anything else is "auto", which is
+ * to take the Hopper (sm_90a) kernels of a row with sm90 on a device of
+ * compute capability 9.0.  No row has them yet: both run the same kernels
+ * today, and the switch exists so that tests and kvq-bench can run the
+ * portable path on the Hopper GPUs they have once the others exist. */
+static const char *kernels_mode(void)
+{
+	static const char *const mode = [] {
+		const char *e = getenv("KVQ_CUDA_KERNELS");
+		return e && !strcmp(e, "portable") ? "portable" : "auto";
+	}();
+	return mode;
+}
+
+/* The one place that chooses the kernels of a call, the rest cleared from
+ * its instance's: in blocks of a multiple of 32 tokens whose groups fit
+ * the head dim, decode_kernel or pq_decode_kernel for at most 8 query rows
+ * per KV head and prefill_kernel for more; attn_kernel always.  The family
+ * (portable or Hopper, kernels_mode()) is chosen here too once a row has
+ * Hopper kernels; none has, so every mode takes the portable family. */
+static kernels choose(int kf, int vf, const struct kvq_layout *L, uint32_t rows)
+{
+	const bool fast = L->block_tokens % DEC_CHUNK == 0 && kvq_fmt_group(kf, 0) <= L->head_dim &&
+			  kvq_fmt_group(vf, 1) <= L->head_dim;
+	kernels k = find(kf, vf, L->head_dim, L->act);
+
+	if (!fast || rows > 8) {
+		k.decode = k.pq = NULL;
+		k.decode_occupancy = NULL;
+	}
+	if (!fast || rows <= 8) {
+		k.prefill = NULL;
+		k.prefill_rows = NULL;
+	}
+	return k;
+}
+
 struct shape {
 	uint32_t g, nrp, chunks, tt, splits;
-	decode_fn dec;   /* launch set: decode_kernel */
-	prefill_fn pf;   /* launch set: prefill_kernel */
-	attn_fn pq;      /* set: pq_decode_kernel */
+	kernels k;   /* choose() */
 };
 
 /* Splits for decode_kernel: CTAs of equal work fill the GPU in whole waves,
@@ -149,22 +153,12 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	    (a->out_dtype != KVQ_DT_F16 && a->out_dtype != KVQ_DT_BF16 && a->out_dtype != KVQ_DT_F32))
 		return -EINVAL;
 	const int kf = L->layer[a->layer].kfmt, vf = L->layer[a->layer].vfmt;
-	const bool fast = L->block_tokens % DEC_CHUNK == 0 && kvq_fmt_group(kf, 0) <= L->head_dim &&
-			  kvq_fmt_group(vf, 1) <= L->head_dim;
 	uint32_t rows = a->max_q * s.g;
-	s.dec = decode_fn{ NULL, NULL };
-	s.pf = prefill_fn{ NULL, NULL };
-	s.pq = NULL;
-	if (fast && rows <= 8) {
-		s.dec = decode_find(kf, vf, L->head_dim, L->act);
-		s.pq = pq_find(kf, vf, L->head_dim, L->act);
-	} else if (fast) {
-		s.pf = prefill_find(kf, vf, L->head_dim, L->act);
-	}
-	if (s.pf.launch) {
-		s.nrp = (uint32_t)s.pf.rows();
+	s.k = choose(kf, vf, L, rows);
+	if (s.k.prefill) {
+		s.nrp = (uint32_t)s.k.prefill_rows();
 		s.tt = PF_TILE;
-	} else if (s.pq) {
+	} else if (s.k.pq) {
 		s.nrp = PQ_ROWS;
 		s.tt = PQ_CHUNK;
 	} else {
@@ -175,17 +169,17 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 	if ((uint64_t)s.chunks * L->kv_heads > 65535)
 		return -EINVAL;
 	uint32_t ntiles = (a->max_n + s.tt - 1) / s.tt;
-	if (s.dec.launch || s.pq) {
+	if (s.k.decode || s.k.pq) {
 		uint32_t nch = (a->max_n + DEC_CHUNK - 1) / DEC_CHUNK;
 		if (a->splits) {
 			s.splits = a->splits < nch ? a->splits : nch;
 		} else {
 			/* pq_decode_kernel: one CTA per SM (its tables) */
-			int dev = 0, sms = 132, occ = s.dec.launch ? s.dec.occupancy() : 1;
+			int dev = 0, sms = 132, occ = s.k.decode ? s.k.decode_occupancy() : 1;
 			if (cudaGetDevice(&dev) != cudaSuccess ||
 			    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
 				return fail_launch();
-			uint64_t ctas = (uint64_t)(nseq ? nseq : 1) * L->kv_heads * (s.pq ? s.chunks : 1);
+			uint64_t ctas = (uint64_t)(nseq ? nseq : 1) * L->kv_heads * (s.k.pq ? s.chunks : 1);
 			s.splits = decode_splits(ctas, (uint32_t)(sms * (occ > 0 ? occ : 1)), nch);
 		}
 	} else if (a->splits) {
@@ -215,7 +209,7 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
  * dispatch runs rot_rows_kernel before and after. */
 static uint32_t rot_in_kernel(const struct kvq_cuda_attn *a, const struct shape &s)
 {
-	return (s.dec.launch || (!s.pf.launch && s.pq)) && a->L->head_dim % 32 == 0 ? a->L->layer[a->layer].rot : 0;
+	return (s.k.decode || (!s.k.prefill && s.k.pq)) && a->L->head_dim % 32 == 0 ? a->L->layer[a->layer].rot : 0;
 }
 
 /* The workspace: split partials, then a rotated layer's q (K rotated) and
@@ -280,13 +274,18 @@ extern "C" const char *kvq_cuda_error(void)
 	return cudaGetErrorString(last_error);
 }
 
+extern "C" const char *kvq_cuda_kernels(void)
+{
+	return kernels_mode();
+}
+
 extern "C" int kvq_cuda_attention_supported(int kfmt, int vfmt, uint32_t head_dim, int act)
 {
 	unsigned gk = kvq_fmt_group(kfmt, 0), gv = kvq_fmt_group(vfmt, 1);
 
 	if ((gk && head_dim % gk) || (gv && head_dim % gv))
 		return 0;
-	return attn_find(kfmt, vfmt, head_dim, act) != NULL;
+	return find(kfmt, vfmt, head_dim, act).attn != NULL;
 }
 
 extern "C" size_t kvq_cuda_attention_workspace(const struct kvq_cuda_attn *a, uint32_t nseq)
@@ -338,7 +337,7 @@ extern "C" const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, ui
 		return NULL;
 	if (splits)
 		*splits = s.splits;
-	return s.dec.launch ? "decode" : s.pf.launch ? "prefill" : s.pq ? "pq-decode" : "generic";
+	return s.k.decode ? "decode" : s.k.prefill ? "prefill" : s.k.pq ? "pq-decode" : "generic";
 }
 
 extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,
@@ -384,8 +383,7 @@ extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kv
 	x.splits = s.splits;
 	x.total_q = a->total_q;
 	x.max_q = a->max_q;
-	attn_fn launch = s.dec.launch ? s.dec.launch : s.pf.launch ? s.pf.launch : s.pq ? s.pq
-		       : attn_find(ll->kfmt, ll->vfmt, a->L->head_dim, a->L->act);
+	attn_fn launch = s.k.decode ? s.k.decode : s.k.prefill ? s.k.prefill : s.k.pq ? s.k.pq : s.k.attn;
 	if ((r = launch(x, nseq, a->stream)))
 		return r;
 	if (around & KVQ_ROT_V)   /* the output out of V's basis, then to its dtype */

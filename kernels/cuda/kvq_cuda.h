@@ -89,6 +89,13 @@ int kvq_cuda_attention_supported(int kfmt, int vfmt, uint32_t head_dim, int act)
 /* Name of the last CUDA error of the calling thread ("no error" if none). */
 const char *kvq_cuda_error(void);
 
+/* The kernel family attention may take, from the environment variable
+ * KVQ_CUDA_KERNELS, read once per process: "portable" (the sm_80 kernels
+ * on every device) or "auto" (the default: Hopper kernels where a pair has
+ * them on a device of compute capability 9.0; no pair has them yet, so
+ * both run the same kernels). */
+const char *kvq_cuda_kernels(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -670,14 +670,14 @@ __global__ void __launch_bounds__(WRITE_THREADS, 11) write_kernel(layer_dev l, u
 
 	if (pos0 >= n2)
 		return;
-	/* a sink block (kernels/layout.h) lives in its sink slice, open id
-	 * n_open + sink - 1, and is never sealed */
+	/* a sink block (kernels/layout.h) lives in its sink slice, an open
+	 * one, and is never sealed */
 	const bool sink = blk == 0 && s.sink;
 	int32_t o = -1;
 	if (sink) {
 		if (s.sink > l.n_sink)
 			return;
-		o = (int32_t)(l.n_open + s.sink - 1);
+		o = (int32_t)kvq_table_sink_open_id(l.n_open, s.sink);
 	} else if (pos0 < n || blk >= s1 / B) {
 		o = s.open[blk - s0 / B];
 		if (o < 0 || (uint32_t)o >= l.n_open)

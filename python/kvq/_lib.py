@@ -20,7 +20,7 @@ import subprocess
 # What this package was written against: libkvq's version (major.minor must
 # be equal), the protocol libkvq speaks to kvqd, the soname.
 VERSION = "0.1.0"
-PROTOCOL = 6
+PROTOCOL = 7
 SONAME = "libkvq.so.3"
 
 # kvq_wire.h's project codes (beyond errno)
@@ -74,7 +74,7 @@ PROTOTYPES = {
     "kvq_client_free": (None, [c_p]),
     "kvq_client_error": (c_char_p, [c_p]),
     "kvq_client_id": (c_u64, [c_p]),
-    "kvq_client_attach": (c_int, [c_p, ctypes.POINTER(AttachParams)]),
+    "kvq_client_attach_sized": (c_int, [c_p, ctypes.POINTER(AttachParams), ctypes.c_size_t]),
     "kvq_client_set_group": (c_int, [c_p, c_char_p, c_u32, c_u32]),
     "kvq_client_set_sinks": (c_int, [c_p, c_u32, c_u32]),
     "kvq_client_backend": (c_char_p, [c_p]),
@@ -83,6 +83,10 @@ PROTOTYPES = {
     "kvq_client_set_trace": (c_int, [c_p, TRACE_FN, c_p]),
     "kvq_client_stats": (c_int, [c_p, c_char_p, ctypes.POINTER(Stats)]),
     "kvq_client_sink_stats": (c_int, [c_p, c_char_p, ctypes.POINTER(SinkStats)]),
+    "kvq_client_pool_figures": (c_int, [c_p, c_char_p, ctypes.POINTER(c_p)]),
+    "kvq_pool_figures_count": (ctypes.c_size_t, [c_p]),
+    "kvq_pool_figures_at": (c_int, [c_p, ctypes.c_size_t, ctypes.POINTER(c_char_p), ctypes.POINTER(c_u64)]),
+    "kvq_pool_figures_free": (None, [c_p]),
     "kvq_seq_new": (c_int, [c_p, c_p, ctypes.c_size_t, ctypes.POINTER(c_p)]),
     "kvq_seq_free": (None, [c_p]),
     "kvq_seq_tokens": (c_u32, [c_p]),

@@ -197,7 +197,8 @@ class Client:
             self._call(f"group {group}", L.kvq_client_set_group, group.encode(), rank, world_size)
         if sink_blocks or n_sink:
             self._call("sink blocks", L.kvq_client_set_sinks, sink_blocks, n_sink)
-        self._call(f"attach {pool}", L.kvq_client_attach, ctypes.byref(p), call="attach")
+        # the size of the struct this package knows (kvq.h: the library reads that much)
+        self._call(f"attach {pool}", L.kvq_client_attach_sized, ctypes.byref(p), ctypes.sizeof(p), call="attach")
         if group is not None:   # a member pool holds the rank's shard of the heads
             kv_heads = self.stats()["kv_heads"]
         self.geometry = {"pool": pool, "model_id": model_id, "layers": layers, "kv_heads": kv_heads,
@@ -205,14 +206,32 @@ class Client:
         return self
 
     def stats(self, pool=None):
-        """The figures kvq_client_stats gives for pool (None: the attached
-        one), as a dict with struct kvq_stats' field names."""
+        """The pool's (None: the attached one) identity and geometry as
+        kvq_client_stats gives them and every figure kvqd reports of it
+        (figures()), as one dict: struct kvq_stats' field names, then the
+        figures' names (struct kvq_stats' figures among them)."""
         st = _lib.Stats()
         self._call("stats", L.kvq_client_stats, pool.encode() if pool else None, ctypes.byref(st))
         d = {f: getattr(st, f) for f, _ in _lib.Stats._fields_}
         for f in ("name", "model_id", "backend"):
             d[f] = d[f].decode(errors="replace")
+        d.update(self.figures(pool))
         return d
+
+    def figures(self, pool=None):
+        """Every figure kvqd reports of the pool (None: the attached one),
+        by name, from one Stats request (kvq_client_pool_figures): a new
+        figure of kvqd's shows up here with no change to this package."""
+        f = ctypes.c_void_p()
+        self._call("figures", L.kvq_client_pool_figures, pool.encode() if pool else None, ctypes.byref(f))
+        try:
+            name, value, d = ctypes.c_char_p(), ctypes.c_uint64(), {}
+            for i in range(L.kvq_pool_figures_count(f)):
+                if L.kvq_pool_figures_at(f, i, ctypes.byref(name), ctypes.byref(value)) == 0:
+                    d[name.value.decode(errors="replace")] = value.value
+            return d
+        finally:
+            L.kvq_pool_figures_free(f)
 
     def sink_stats(self, pool=None):
         """The pool's sink blocks as kvq_client_sink_stats gives them, a

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "frame_check.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "frame_check.h"
 #include "fuzz_state.h"
 #include "prefix.h"
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "fuzz_state.h"
+#include "timing_buckets.h"
 
 struct buf {
 	uint8_t *p;

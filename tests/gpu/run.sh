@@ -5,7 +5,8 @@
 #   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
 # runs the GPU tests of BUILD_DIR (format arithmetic on the device, the CUDA
 # kernels against the CPU kernels, a cuda pool shared by two processes,
-# libkvq's sequences on a cuda pool against a host pool),
+# libkvq's sequences on a cuda pool against a host pool; the kernel and
+# sequence tests twice, the second time with KVQ_CUDA_KERNELS=portable),
 # compute-sanitizer memcheck and racecheck on the kernels' small cases,
 # kvq-bench decode/prefill/append (beside PyTorch SDPA where PyTorch is
 # installed), and kvq-bench control against a host-backend kvqd;
@@ -48,6 +49,11 @@ step kernels "$b/tests/gpu/test_kernels"
 grep 'largest relative error' "$out/kernels.log" >> "$summary"
 step cudapool env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_pool"
 step cudaseq env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
+# again with the kernels that run on sm_80 and later forced (KVQ_CUDA_KERNELS):
+# on a Hopper GPU the runs above take its own kernels where a pair has them.
+# No pair has them yet, so today both runs run the same kernels.
+step kernelsp env KVQ_CUDA_KERNELS=portable "$b/tests/gpu/test_kernels"
+step cudaseqp env KVQ_CUDA_KERNELS=portable KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 # a tensor-parallel group on two GPUs (skipped on a machine of one)
 step groups2 env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_groups_gpu"
 if command -v compute-sanitizer > /dev/null; then
@@ -82,7 +88,7 @@ rm -rf "$ctl"
 grep -v '^{' "$out/bench.log" | tail -45 >> "$summary"
 tail -8 "$out/control.log" >> "$summary"
 # few files: the small test logs in one
-for t in format cudapool cudaseq; do
+for t in format cudapool cudaseq cudaseqp; do
 	echo "== $t" >> "$out/tests.log"
 	cat "$out/$t.log" >> "$out/tests.log"
 	rm -f "$out/$t.log"

@@ -565,6 +565,59 @@ static void test_default_socket(void)
 	   WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
+/* The size contract of struct kvq_attach_params (interface 7): a caller
+ * built against interfaces 3 to 6 passes a struct that ends at codebooks,
+ * here right before an unmapped page, so a read past it would fault; a
+ * larger struct attaches when its unknown bytes are zero and is refused
+ * when one is set. */
+static int attach_sized(const struct kvq_attach_params *p, size_t size, bool legacy, char *msg, size_t len)
+{
+	kvq_client *c = NULL;
+	int r = kvq_client_connect(sock_path, "ctest-size", &c);
+
+	if (r < 0)
+		return r;
+	r = legacy ? (kvq_client_attach)(c, p) : kvq_client_attach_sized(c, p, size);
+	snprintf(msg, len, "%s", kvq_client_error(c));
+	kvq_client_free(c);
+	return r;
+}
+
+static void test_attach_size(void)
+{
+	const struct kvq_attach_params p = { .pool = POOL, .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .create = 1,
+		.n_sealed = N_SEALED, .n_open = N_OPEN, .device = -1 };
+	struct {
+		struct kvq_attach_params p;
+		unsigned char more[16];
+	} big = { .p = p };
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	unsigned char *m = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct kvq_attach_params *old;
+	char msg[256];
+	int r;
+
+	if (!ok(m != MAP_FAILED && mprotect(m + pg, pg, PROT_NONE) == 0, "a page with an unmapped one after it"))
+		return;
+	old = (struct kvq_attach_params *)(m + pg - KVQ_ATTACH_PARAMS_MIN);
+	memcpy(old, &p, KVQ_ATTACH_PARAMS_MIN);
+	r = attach_sized(old, 0, true, msg, sizeof(msg));
+	ok(r == 0, "the kvq_client_attach symbol reads an interface 3-6 struct (%zu bytes) and no further (%d %s)",
+	   (size_t)KVQ_ATTACH_PARAMS_MIN, r, msg);
+	r = attach_sized(old, KVQ_ATTACH_PARAMS_MIN, false, msg, sizeof(msg));
+	ok(r == 0, "kvq_client_attach_sized with the interface 3-6 size attaches (%d %s)", r, msg);
+	r = attach_sized(&p, KVQ_ATTACH_PARAMS_MIN - 1, false, msg, sizeof(msg));
+	ok(r == -EINVAL, "a size under the interface 3-6 struct: -EINVAL (%d)", r);
+	r = attach_sized(&big.p, sizeof(big), false, msg, sizeof(msg));
+	ok(r == 0, "a larger struct whose bytes unknown to libkvq are zero attaches (%d %s)", r, msg);
+	big.more[5] = 1;
+	r = attach_sized(&big.p, sizeof(big), false, msg, sizeof(msg));
+	ok(r == -E2BIG && strstr(msg, "kvq_attach_params"),
+	   "a larger struct with an unknown byte set: -E2BIG with a message (%d '%s')", r, msg);
+	munmap(m, 2 * pg);
+}
+
 int main(void)
 {
 	struct kvq_stats st0, st1, st2, st3;
@@ -639,6 +692,7 @@ int main(void)
 	test_other_uid();
 	test_kill9(mon);
 	test_quota_libkvq();
+	test_attach_size();
 
 	kvq_client_free(mon);
 	kill(d, SIGTERM);

@@ -42,6 +42,8 @@
 #include "../daemon.h"
 #include "codebook.h"
 #include "conn.h"
+#include "figure.h"
+#include "frame_io.h"
 #include "kvq.h"
 #include "layout.h"
 #include "memfd.h"
@@ -306,9 +308,10 @@ static int pool_stats(const char *pool, struct pst *ret)
 		ret->sha_len = p->codebooks_sha256.len;
 		if (ret->sha_len == 32)
 			memcpy(ret->sha, p->codebooks_sha256.data, 32);
-		ret->clients = p->clients;
-		ret->n_sealed = p->n_sealed;
-		ret->total_bytes = p->total_bytes;
+		/* the pool's figures by name (kvq.proto PoolStats.figures) */
+		ret->clients = (uint32_t)kvq_figure_or_0(p, "clients");
+		ret->n_sealed = (uint32_t)kvq_figure_or_0(p, "n_sealed");
+		ret->total_bytes = kvq_figure_or_0(p, "total_bytes");
 	} else if (r == 0) {
 		r = -EBADMSG;
 	}

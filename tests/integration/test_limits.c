@@ -37,6 +37,7 @@
 #include "../tap.h"
 #include "../daemon.h"
 #include "conn.h"
+#include "frame_io.h"
 #include "layout.h"
 
 #define MODEL "test/model@1"

@@ -30,6 +30,7 @@
 #include "../tap.h"
 #include "../daemon.h"
 #include "conn.h"
+#include "figure.h"
 #include "frame.h"
 #include "layout.h"
 
@@ -453,8 +454,12 @@ static int pool_view(struct kvq_conn *chk, pid_t pid, struct pool_view *v)
 		return -ENOENT;
 	}
 	p = sr->pools[0];
-	*v = (struct pool_view){ p->n_sealed, p->n_open, p->sealed_free, p->sealed_reserved, p->sealed_held,
-				 p->cached, p->referenced, p->open_used, p->clients, p->evictions, 0, false };
+	/* the pool's figures by name (kvq.proto PoolStats.figures) */
+#define FIG(name) (uint32_t)kvq_figure_or_0(p, #name)
+	*v = (struct pool_view){ FIG(n_sealed), FIG(n_open), FIG(sealed_free), FIG(sealed_reserved), FIG(sealed_held),
+				 FIG(cached), FIG(referenced), FIG(open_used), FIG(clients),
+				 kvq_figure_or_0(p, "evictions"), 0, false };
+#undef FIG
 	for (size_t i = 0; i < sr->n_clients; i++) {
 		if (sr->clients[i]->id == chk->client_id)
 			continue;

@@ -36,6 +36,7 @@
 #include "conn.h"
 #include "kvq.h"
 #include "layout.h"
+#include "timing_buckets.h"
 
 #define L_ 2
 #define H_ 2

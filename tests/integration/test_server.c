@@ -27,7 +27,9 @@
 #include "../tap.h"
 #include "../daemon.h"
 #include "cpu/cpu.h"
+#include "figure.h"
 #include "frame.h"
+#include "frame_io.h"
 #include "kvq.h"
 #include "layout.h"
 
@@ -409,8 +411,12 @@ static int stats(struct cli *c, struct pstat *ps)
 			return -5000;
 		}
 		p = rep->stats_reply->pools[0];
-		*ps = (struct pstat){ p->sealed_free, p->sealed_reserved, p->sealed_held, p->cached, p->referenced,
-				      p->open_used, p->clients, p->alloc_failures, p->evictions };
+		/* the pool's figures by name (kvq.proto PoolStats.figures) */
+#define FIG(name) (uint32_t)kvq_figure_or_0(p, #name)
+		*ps = (struct pstat){ FIG(sealed_free), FIG(sealed_reserved), FIG(sealed_held), FIG(cached),
+				      FIG(referenced), FIG(open_used), FIG(clients),
+				      kvq_figure_or_0(p, "alloc_failures"), kvq_figure_or_0(p, "evictions") };
+#undef FIG
 	}
 	kvq_frame_envelope_free(rep);
 	return r;

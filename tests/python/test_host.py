@@ -3,7 +3,8 @@
 (tests/python.sh installs the package into a venv and runs this).
 
 Environment: KVQD (the daemon), KVQCTL, CREF (tests/python/cref.c built),
-KVQ_LIBRARY (the libkvq under test).  Each test is a function test_*; its
+KVQ_LIBRARY (the libkvq under test), KVQD_FIGROW and FIGURE_ROW_H (a kvqd
+built with a throwaway figure row, and that row: test_figure_row).  Each test is a function test_*; its
 name is the TAP line's.
 """
 import ctypes
@@ -11,6 +12,7 @@ import errno
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import socket as socketlib
@@ -32,13 +34,13 @@ QH = 4
 B = 32
 
 
-def start_kvqd(tmp, budget="256M", capacity="8M"):
+def start_kvqd(tmp, budget="256M", capacity="8M", kvqd=KVQD):
     conf = os.path.join(tmp, "kvqd.conf")
     with open(conf, "w") as f:
         f.write(f"[kvqd]\nbackend = host\nmemory_budget = {budget}\ncreate_on_attach = yes\n"
                 f"create_capacity = {capacity}\nlog_level = warning\n")
     sock = os.path.join(tmp, "kvqd.sock")
-    p = subprocess.Popen([KVQD, "--config", conf, "--socket", sock, "--backend", "host", "--foreground"])
+    p = subprocess.Popen([kvqd, "--config", conf, "--socket", sock, "--backend", "host", "--foreground"])
     for _ in range(500):
         try:
             with socketlib.socket(socketlib.AF_UNIX) as s:
@@ -127,7 +129,7 @@ def reference(steps, data):
 
 def test_import_checks_libkvq(ctx):
     """import: the libkvq found, its version and protocol; a missing one is a clear ImportError."""
-    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 6, (kvq.libkvq_version, kvq.protocol)
+    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 7, (kvq.libkvq_version, kvq.protocol)
     assert os.path.samefile(kvq.libkvq_path, os.environ["KVQ_LIBRARY"])
     if os.environ.get("KVQ_TEST_INSTALLED"):   # the venv's copy, not the source tree's
         assert "site-packages" in kvq.__file__, kvq.__file__
@@ -497,6 +499,26 @@ def test_stats_cli_matches_kvqctl(ctx):
     p = subprocess.run([sys.executable, "-m", "kvq", "--socket", ctx["sock"], "stats", "nosuch"],
                        capture_output=True, text=True)
     assert p.returncode == 1 and "no pool nosuch" in p.stderr, p.stderr
+
+
+def test_figure_row(ctx):
+    """a kvqd built with one more figure row (tests/unit/figure_row.h): Client.stats() and figures() have it, the package unchanged"""
+    row = open(os.environ["FIGURE_ROW_H"]).read()
+    name = re.search(r'#define TEST_FIGURE_NAME "([^"]+)"', row).group(1)
+    want = int(re.search(r"#define TEST_FIGURE_BASE (\d+)u", row).group(1)) + 1   # one connection attached
+    tmp = tempfile.mkdtemp(prefix="kvqd-figrow.")
+    daemon, sock = start_kvqd(tmp, kvqd=os.environ["KVQD_FIGROW"])
+    try:
+        with kvq.attach("figrow", "python-test", socket=sock, policy="int8", **G) as c:
+            st, figs = c.stats(), c.figures()
+        assert st[name] == want and figs[name] == want, (name, st.get(name), figs.get(name), want)
+        assert list(figs)[-1] == name, "kvqd's order: the extra row last"
+        for f, _ in _lib.Stats._fields_:   # struct kvq_stats' names keep their values
+            assert f not in figs or figs[f] == st[f], f
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():

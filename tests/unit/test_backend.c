@@ -8,7 +8,6 @@
  * host; where a GPU is usable a 64 MiB pool is made and checked (skipped,
  * not passed, elsewhere).
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 
 #include "backend.h"
 #include "../tap.h"
+#include "../libcuda.h"
 
 #define MiB (1ull << 20)
 #define HOST_POOL (8 * MiB)
@@ -291,22 +291,12 @@ static void test_host_misc(void)
 
 /* ---------------------------------------------------- choice and CUDA */
 
-/* libcuda.so.1 loadable here?  Tells "no driver" machines from GPU ones. */
-static int driver_present(void)
-{
-	void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-
-	if (h)
-		dlclose(h);
-	return h != NULL;
-}
-
 static void test_pick_and_cuda(void)
 {
 	char why[KVQ_BACKEND_MSG_MAX] = "", err[KVQ_BACKEND_MSG_MAX] = "";
 	const struct kvq_backend *b = NULL, *sentinel = (const struct kvq_backend *)&b;
 	struct kvq_backend_mem mem, poison;
-	int probe, rc, driver = driver_present();
+	int probe, rc, driver = libcuda_present();
 	uint64_t g = 0;
 
 	b = sentinel;

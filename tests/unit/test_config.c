@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "conf.h"
+#include "conf_parse.h"
+#include "conf_schema.h"
+#include "conf_value.h"
 #include "../tap.h"
 
 #define GiB (1ull << 30)
@@ -338,34 +341,40 @@ static void check_defaults(const struct kvq_config *c, const char *what)
 	   c->create_capacity.kind == KVQ_AMOUNT_PERCENT && c->create_capacity.percent == 25.0 &&
 	   c->quota_per_uid == KVQ_CONFIG_UNLIMITED && c->n_pools == 0,
 	   "%s: built-in defaults (auto backend, 90%% budget, pools created on attach by root and kvqd's user, 25%% each)", what);
-	ok(c && c->limits.max_connections == 1024 && c->limits.max_connections_per_uid == 512 &&
-	   c->limits.max_output == 1u << 20 && c->limits.frames_per_wakeup == 32 &&
-	   c->limits.handshake_timeout_ms == 5000 && c->limits.idle_timeout_ms == 0 && c->limits.accept_pause_ms == 200,
+	ok(c && c->max_connections == 1024 && c->max_connections_per_uid == 512 &&
+	   c->max_output == 1u << 20 && c->frames_per_wakeup == 32 &&
+	   c->handshake_timeout_ms == 5000 && c->idle_timeout_ms == 0 && c->accept_pause_ms == 200,
 	   "%s: the limits' defaults (kvqd.conf(5))", what);
 }
 
-/* Every row of KVQ_LIMITS is a [kvqd] key taking its range's ends. */
+/* Every limit (a row of type COUNT, BYTES or MS, conf_keys.h) is a
+ * [kvqd] key taking its range's ends. */
 static void test_limit_keys(void)
 {
 	char text[256], err[KVQ_CONFIG_MSG_MAX];
 
-	for (size_t i = 0; i < kvq_limit_rows_n; i++) {
-		const struct kvq_limit_row *row = &kvq_limit_rows[i];
-		struct kvq_config *lo = NULL, *hi = NULL;
+	for (size_t i = 0; i < K_COUNT; i++) {
+		const struct conf_schema_key *row = &conf_schema_keys[i];
+		struct kvq_config *lo = NULL, *hi = NULL, *def = NULL;
+		uint64_t d;
 		int r1, r2;
 
-		snprintf(text, sizeof(text), "[kvqd]\n%s = %llu\n", row->key, (unsigned long long)row->lo);
+		if (row->type != KVQ_CONF_T_COUNT && row->type != KVQ_CONF_T_BYTES && row->type != KVQ_CONF_T_MS)
+			continue;
+		snprintf(text, sizeof(text), "[kvqd]\n%s = %llu\n", row->name, (unsigned long long)row->lo);
 		r1 = kvq_config_parse_string(text, strlen(text), "l.conf", &lo, err, sizeof err);
-		snprintf(text, sizeof(text), "[kvqd]\n%s = %llu\n", row->key, (unsigned long long)row->hi);
+		snprintf(text, sizeof(text), "[kvqd]\n%s = %llu\n", row->name, (unsigned long long)row->hi);
 		r2 = kvq_config_parse_string(text, strlen(text), "l.conf", &hi, err, sizeof err);
-		ok(r1 == 0 && r2 == 0 &&
-		   *(const uint64_t *)((const char *)&lo->limits + row->offset) == row->lo &&
-		   *(const uint64_t *)((const char *)&hi->limits + row->offset) == row->hi && row->def >= row->lo &&
-		   row->def <= row->hi,
-		   "limit %s: %llu and %llu parse, default %llu within", row->key, (unsigned long long)row->lo,
-		   (unsigned long long)row->hi, (unsigned long long)row->def);
+		kvq_config_new(&def);
+		d = *(const uint64_t *)((const char *)def + row->offset);
+		ok(row->sec == KVQ_CONF_SEC_KVQD && r1 == 0 && r2 == 0 &&
+		   *(const uint64_t *)((const char *)lo + row->offset) == row->lo &&
+		   *(const uint64_t *)((const char *)hi + row->offset) == row->hi && d >= row->lo && d <= row->hi,
+		   "limit %s: %llu and %llu parse, default %llu within", row->name, (unsigned long long)row->lo,
+		   (unsigned long long)row->hi, (unsigned long long)d);
 		kvq_config_free(lo);
 		kvq_config_free(hi);
+		kvq_config_free(def);
 	}
 }
 

@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "frame_check.h"
+#include "frame_io.h"
 #include "kvq.h"
 #include "../tap.h"
 

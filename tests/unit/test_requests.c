@@ -13,6 +13,7 @@
 
 #include "../tap.h"
 #include "../inproc.h"
+#include "frame_check.h"
 #include "groups.h"
 
 static struct inproc t;

@@ -5,19 +5,20 @@
  * (as kernels/cpu/ops.h gives one per instruction set):
  *
  *   client.c       the connection, attach and the block requests (RPC)
+ *   attach_params.c  what of the caller's struct kvq_attach_params is read
  *   seq.c          kvq_seq: the backend-neutral block table
  *   timing.c       attention timings, binned and reported with a Seal
  *   host.c         the host backend: mmap, the CPU kernels
  *   seq_cuda.c     the cuda backend: the CUDA half of the sequence
  *   gpu_timer.c    event pairs that time the cuda backend's attention calls
- *   cuda_import.c  the CUDA driver (through cudart) and a cuda pool's import
+ *   cuda_import.c  a cuda pool's import (the driver: kernels/cuda/driver.h)
  *   cuda_none.c    the cuda backend of a build without CUDA
  *
  * Only seq_cuda.c, gpu_timer.c and cuda_import.c see CUDA's headers; they
  * are built when CUDA is configured, cuda_none.c when it is not.
  */
-#ifndef KVQ_CLIENT_H
-#define KVQ_CLIENT_H
+#ifndef KVQ_LIBKVQ_INTERNAL_H
+#define KVQ_LIBKVQ_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,6 +28,7 @@
 #include "cpu/cpu.h"
 #include "kvq.h"
 #include "layout.h"
+#include "timing_buckets.h"
 
 struct client_backend;
 struct client_cuda;        /* a cuda pool's import (cuda_import.c) */
@@ -170,6 +172,10 @@ void timing_sent(kvq_client *c);
 /* Leaves the reason in kvq_client_error; returns r. */
 __attribute__((format(printf, 3, 4)))
 int client_fail(kvq_client *c, int r, const char *fmt, ...);
+
+/* kvq_client_attach over a struct of this library's size (attach_params.c
+ * makes one of the caller's). */
+int client_attach(kvq_client *c, const struct kvq_attach_params *p);
 
 /* kvq_client_alloc with n_sink sink slots too (ret_sink: KVQ_SINK_ID()s). */
 int client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t n_sink, uint32_t *ret_open,

@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The figures kvqd reports of each pool: one table with a row per figure,
+ * from which every consumer is made.  The daemon fills PoolStats.figures
+ * (kvq.proto, version 7) and the metrics' per-pool families from it;
+ * libkvq (kvq_client_pool_stat), kvqctl and the Python package read the
+ * figures by name from PoolStats.figures, so a new figure is one row here.
+ * A pool's identity and geometry (name, policy, layers, ...) are PoolStats'
+ * own fields, not figures.
+ *
+ *   X(ID, NAME, TYPE, FAMILY, LABEL, MEANING, VALUE)
+ *
+ *   ID       internal name (kvq_pool_stats' where it comes from there)
+ *   NAME     the figure's name in PoolStats.figures, libkvq, Python's
+ *            Client.stats() and kvqctl --json (a figure kvqctl has no place
+ *            of its own for is shown under it); NULL: the metrics only (a
+ *            figure the others derive from figures they have).  Frozen
+ *            once shipped: sealed_private is shown as sealed_held.
+ *   TYPE     GAUGE or COUNTER (only grows); every value is a uint64
+ *   FAMILY   the Prometheus family, or NULL: not in the metrics
+ *   LABEL    the value of FAMILY's label (KVQ_POOL_FAMILIES) when the figure
+ *            is one sample of a labelled family; NULL: the family has one
+ *            sample per pool, of this figure
+ *   MEANING  one line; a one-sample family's HELP
+ *   VALUE    an expression of i, the pool's const struct kvq_pools_info *
+ *
+ * The metrics list each family at its first row, with its samples in row
+ * order: a figure of an existing family goes after that family's rows, a
+ * new family's at the end, so the text of the others does not move.
+ *
+ * KVQ_POOL_FIGURES_EXTRA, when a build defines it, appends rows (the test
+ * of the table adds a throwaway figure that way: tests/unit/figure_row.h).
+ */
+#ifndef KVQD_FIGURES_H
+#define KVQD_FIGURES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pools.h"
+
+/* Rows a build may have at most (PoolStats.figures' room in kvqd). */
+#define KVQ_FIGURES_MAX 64u
+
+#ifndef KVQ_POOL_FIGURES_EXTRA
+#define KVQ_POOL_FIGURES_EXTRA(X)
+#endif
+
+#define KVQ_POOL_FIGURES(X)                                                                                        \
+	/* slots by state */                                                                                       \
+	X(sealed_free, "sealed_free", GAUGE, "kvq_blocks", "free", "Sealed slots neither held, reserved nor cached.", \
+	  i->st.sealed_free)                                                                                       \
+	X(sealed_reserved, "sealed_reserved", GAUGE, "kvq_blocks", "reserved", "Sealed slots reserved for open slots.", \
+	  i->st.sealed_reserved)                                                                                   \
+	X(sealed_private, "sealed_held", GAUGE, "kvq_blocks", "held", "Sealed slots allocated, not published.",      \
+	  i->st.sealed_private)                                                                                    \
+	X(sealed_cached, "cached", GAUGE, "kvq_blocks", "cached", "Sealed blocks in the prefix cache.",             \
+	  i->st.sealed_cached)                                                                                     \
+	X(cached_referenced, "referenced", GAUGE, "kvq_blocks", "referenced",                                      \
+	  "Cached sealed blocks with at least one reference.", i->st.cached_referenced)                            \
+	X(open_used, "open_used", GAUGE, "kvq_blocks", "open_used", "Open slots allocated.", i->st.open_used)      \
+	X(open_free, NULL, GAUGE, "kvq_blocks", "open_free", "Open slots free.", i->st.open_free)                   \
+	X(sink_free, "sink_free", GAUGE, "kvq_blocks", "sink_free", "Sink slots neither held nor cached.",          \
+	  i->st.sink_free)                                                                                         \
+	X(sink_private, "sink_held", GAUGE, "kvq_blocks", "sink_held", "Sink slots allocated, not published.",      \
+	  i->st.sink_private)                                                                                      \
+	X(sink_cached, "sink_cached", GAUGE, "kvq_blocks", "sink_cached", "Sink blocks in the prefix cache.",       \
+	  i->st.sink_cached)                                                                                       \
+	X(sink_referenced, "sink_referenced", GAUGE, "kvq_blocks", "sink_referenced",                              \
+	  "Cached sink blocks with at least one reference.", i->st.sink_referenced)                                \
+	/* bytes of the slots by state */                                                                          \
+	X(held_bytes, NULL, GAUGE, "kvq_pool_bytes", "held", "Bytes of the held sealed slots.",                    \
+	  (uint64_t)i->st.sealed_private * i->sealed_block_bytes)                                                  \
+	X(cached_bytes, NULL, GAUGE, "kvq_pool_bytes", "cached", "Bytes of the cached sealed blocks.",             \
+	  (uint64_t)i->st.sealed_cached * i->sealed_block_bytes)                                                   \
+	X(reserved_bytes, NULL, GAUGE, "kvq_pool_bytes", "reserved", "Bytes of the reserved sealed slots.",        \
+	  (uint64_t)i->st.sealed_reserved * i->sealed_block_bytes)                                                 \
+	X(open_bytes, NULL, GAUGE, "kvq_pool_bytes", "open", "Bytes of the used open slots.",                      \
+	  (uint64_t)i->st.open_used * i->open_block_bytes)                                                         \
+	X(sink_held_bytes, NULL, GAUGE, "kvq_pool_bytes", "sink_held", "Bytes of the held sink slots.",            \
+	  (uint64_t)i->st.sink_private * i->open_block_bytes)                                                      \
+	X(sink_cached_bytes, NULL, GAUGE, "kvq_pool_bytes", "sink_cached", "Bytes of the cached sink blocks.",     \
+	  (uint64_t)i->st.sink_cached * i->open_block_bytes)                                                       \
+	/* one sample per pool */                                                                                  \
+	X(total_bytes, "total_bytes", GAUGE, "kvq_pool_capacity_bytes", NULL, "Bytes of the pool's layout.",       \
+	  i->total_bytes)                                                                                          \
+	X(group_pending, NULL, GAUGE, "kvq_pool_group_pending_lookups", NULL,                                      \
+	  "Lookups of the pool's tensor-parallel group waiting for ranks (0: in no group).", i->group_pending)    \
+	X(device_memory, "device_memory", GAUGE, "kvq_pool_device_memory_bytes", NULL,                             \
+	  "Memory of the pool's device (host: physical memory).", i->device_memory)                                \
+	X(bytes_per_token, NULL, GAUGE, "kvq_pool_sealed_bytes_per_token", NULL,                                   \
+	  "Bytes one sealed token takes over all layers, scales included.",                                        \
+	  i->sealed_block_bytes / i->block_tokens)                                                                 \
+	X(n_sealed, "n_sealed", GAUGE, "kvq_pool_sealed_slots", NULL, "Sealed slots of the pool.", i->st.n_sealed) \
+	X(n_open, "n_open", GAUGE, "kvq_pool_open_slots", NULL, "Open slots of the pool.", i->st.n_open)           \
+	X(n_sink, "n_sink", GAUGE, "kvq_pool_sink_slots", NULL,                                                    \
+	  "Sink slots of the pool (sink blocks: each sequence's first block exact; 0 without).", i->st.n_sink)     \
+	X(lookup_tokens, "lookup_tokens", COUNTER, "kvq_prefix_lookup_tokens_total", NULL,                         \
+	  "Tokens prefix lookups asked for.", i->lookup_tokens)                                                    \
+	X(hit_tokens, "hit_tokens", COUNTER, "kvq_prefix_hit_tokens_total", NULL,                                  \
+	  "Tokens prefix lookups found cached.", i->hit_tokens)                                                    \
+	X(evictions, "evictions", COUNTER, "kvq_evictions_total", NULL, "Cached blocks evicted.", i->st.evictions) \
+	X(alloc_failures, "alloc_failures", COUNTER, "kvq_alloc_failures_total", NULL,                             \
+	  "Allocations refused for lack of room.", i->alloc_failures)                                              \
+	X(clients, "clients", GAUGE, "kvq_pool_clients", NULL, "Connections attached to the pool.", i->clients)    \
+	X(sequences, "sequences", GAUGE, "kvq_resident_sequences", NULL,                                           \
+	  "Live sequences: open slots used / (window / block tokens), rounded up (exact when the window is one "   \
+	  "block); with sink blocks the references on sink blocks (exact).", i->res.sequences)                     \
+	X(resident_bytes, "resident_bytes", GAUGE, "kvq_resident_bytes", NULL,                                     \
+	  "Bytes the resident tokens take: their distinct sealed blocks, open slots and the sealed slots "         \
+	  "reserved for those.", i->res.bytes)                                                                     \
+	X(resident_f16_bytes, "resident_f16_bytes", GAUGE, "kvq_resident_f16_bytes", NULL,                         \
+	  "Bytes the same tokens would take in f16 (effective batch gain = this / kvq_resident_bytes).",           \
+	  i->res.f16_bytes)                                                                                        \
+	X(attention_report_ms, "attention_report_ms", GAUGE, "kvq_attention_report_interval_ms", NULL,             \
+	  "Attention timing: how often clients report, milliseconds (0: the pool does not time).",                 \
+	  i->attention_report_ms)                                                                                  \
+	/* resident tokens by kind */                                                                              \
+	X(sealed_tokens, "sealed_tokens", GAUGE, "kvq_resident_tokens", "sealed",                                  \
+	  "References on sealed blocks x block tokens (as the sequences see them; sink blocks not counted).",      \
+	  i->res.sealed_tokens)                                                                                    \
+	X(sealed_distinct_tokens, "sealed_distinct_tokens", GAUGE, "kvq_resident_tokens", "sealed_distinct",      \
+	  "Sealed blocks with a reference x block tokens (as stored).", i->res.sealed_distinct_tokens)             \
+	X(open_tokens_max, "open_tokens_max", GAUGE, "kvq_resident_tokens", "open_max",                            \
+	  "Used open slots x block tokens: at most this many open tokens.", i->res.open_tokens_max)                \
+	/* not in the metrics */                                                                                   \
+	X(sealed_block_bytes, "sealed_block_bytes", GAUGE, NULL, NULL,                                             \
+	  "One sealed block, all layers (bytes per token = / block_tokens).", i->sealed_block_bytes)               \
+	X(open_block_bytes, "open_block_bytes", GAUGE, NULL, NULL, "One open block (and sink slot), all layers.",  \
+	  i->open_block_bytes)                                                                                     \
+	X(sink_tokens, "sink_tokens", GAUGE, NULL, NULL,                                                           \
+	  "Sink blocks with a reference x block tokens (at most: a first block may not be full yet).",             \
+	  i->res.sink_tokens)                                                                                      \
+	KVQ_POOL_FIGURES_EXTRA(X)
+
+/* The labelled families of the rows: F(FAMILY, KEY, HELP), KEY the label
+ * whose value is a row's LABEL. */
+#define KVQ_POOL_FAMILIES(F)                                                                                       \
+	F("kvq_blocks", "state", "Slots of each pool by state (sealed: free, reserved, held, cached; cached and "   \
+	  "referenced; open: used, free; sink slots, 0 without sink blocks: free, held, cached, referenced).")       \
+	F("kvq_pool_bytes", "state", "Bytes of each pool's slots by state (sealed: held, cached, reserved; open: "    \
+	  "used; sink: held, cached).")                                                                             \
+	F("kvq_resident_tokens", "kind", "Tokens resident in live sequences: sealed (as the sequences see them: "    \
+	  "references x block tokens), sealed_distinct (as stored), open_max (open slots x block tokens, an upper "  \
+	  "bound).  Sharing factor = sealed / sealed_distinct.")
+
+enum kvq_figure_type { KVQ_FIGURE_GAUGE, KVQ_FIGURE_COUNTER };
+
+/* A row of KVQ_POOL_FIGURES. */
+struct kvq_figure {
+	const char *id, *name;           /* name NULL: the metrics only */
+	enum kvq_figure_type type;
+	const char *family, *label, *meaning;
+	uint64_t (*value)(const struct kvq_pools_info *i);
+};
+
+/* A labelled family: its label's key and its HELP. */
+struct kvq_figure_family {
+	const char *family, *key, *help;
+};
+
+/* The rows in order, and the labelled families. */
+extern const struct kvq_figure kvq_figures[];
+extern const size_t kvq_figures_n;
+extern const struct kvq_figure_family kvq_figure_families[];
+extern const size_t kvq_figure_families_n;
+
+/* The labelled family called family, or NULL (a family of one sample). */
+const struct kvq_figure_family *kvq_figure_family(const char *family);
+
+/* "gauge" or "counter". */
+const char *kvq_figure_type_name(enum kvq_figure_type t);
+
+/* The rows with a NAME, at most max, into names[] and values[] for pool i
+ * (names static).  Returns how many. */
+size_t kvq_figures_named(const struct kvq_pools_info *i, const char **names, uint64_t *values, size_t max);
+
+/* A pool's PoolStats and the room for its figures. */
+struct kvq_figures_stats {
+	Kvq__PoolStats ps;
+	Kvq__Figure fig[KVQ_FIGURES_MAX];
+	Kvq__Figure *figp[KVQ_FIGURES_MAX];
+};
+
+/* The protocol's PoolStats of p, in ret->ps: its identity and geometry,
+ * and its figures from the table.  Strings point into p and the table;
+ * ret->ps points into ret. */
+void kvq_figures_stats(const struct kvq_pools_rec *p, struct kvq_figures_stats *ret);
+
+#endif
