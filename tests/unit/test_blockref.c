@@ -161,11 +161,11 @@ static void mixed_order(int chain, struct kvq_block_ref *ret)
 				ret[k++] = mixed[i];
 }
 
-/* mixed through m's list fields (group g): put, pack, unpack, get. */
-static int list_round_trip(ProtobufCMessage *m, enum kvq_wire_group g)
+/* mixed through m's list fields (group g): put, pack, unpack, get.  m's
+ * lists point into buf, so buf is the caller's and outlives the call. */
+static int list_round_trip(ProtobufCMessage *m, enum kvq_wire_group g, uint32_t *buf)
 {
 	struct kvq_block_ref want[N_ELEM(mixed)], got[N_ELEM(mixed)];
-	uint32_t buf[N_ELEM(mixed)];
 	ProtobufCMessage *u;
 	size_t n = 0;
 	int same = 1;
@@ -187,16 +187,16 @@ static void test_wire_lists(void)
 	Kvq__AllocReply ar = KVQ__ALLOC_REPLY__INIT;
 	Kvq__LookupReply lr = KVQ__LOOKUP_REPLY__INIT;
 	struct kvq_block_ref got[N_ELEM(mixed)];
-	uint32_t buf[N_ELEM(mixed)];
+	uint32_t buf[N_ELEM(mixed)], rl_buf[N_ELEM(mixed)];
 	size_t n = 0;
 
-	ok(list_round_trip(&rl.base, KVQ_WIRE_IDS), "Release: mixed classes through the wire, class by class");
+	ok(list_round_trip(&rl.base, KVQ_WIRE_IDS, rl_buf), "Release: mixed classes through the wire, class by class");
 	ok(rl.n_sealed_ids == 4 && rl.n_sink_ids == 2 && rl.sealed_ids[0] == 3 && rl.sealed_ids[1] == 0 &&
 		   rl.sealed_ids[2] == UINT32_MAX && rl.sink_ids[0] == 1 && rl.sink_ids[1] == 0 && rl.n_open_ids == 0,
 	   "Release: sealed_ids 3 0 .., sink_ids 1 0, indexes as they are, open_ids untouched");
-	ok(list_round_trip(&fk.base, KVQ_WIRE_IDS), "Fork: mixed classes through the wire");
-	ok(list_round_trip(&ar.base, KVQ_WIRE_IDS), "AllocReply: mixed classes through the wire");
-	ok(list_round_trip(&lr.base, KVQ_WIRE_CHAIN), "LookupReply: a chain reads its sink first");
+	ok(list_round_trip(&fk.base, KVQ_WIRE_IDS, buf), "Fork: mixed classes through the wire");
+	ok(list_round_trip(&ar.base, KVQ_WIRE_IDS, buf), "AllocReply: mixed classes through the wire");
+	ok(list_round_trip(&lr.base, KVQ_WIRE_CHAIN, buf), "LookupReply: a chain reads its sink first");
 
 	/* one class only: the other field is an empty list */
 	const struct kvq_block_ref one[] = { { KVQ_BLOCK_SEALED, 9 }, { KVQ_BLOCK_SEALED, 8 } };
