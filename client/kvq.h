@@ -454,6 +454,129 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq);
 int kvq_seq_blocks(const kvq_seq *s, const int32_t **ret_sealed, uint32_t *ret_n_sealed,
 		   const int32_t **ret_open, uint32_t *ret_n_open);
 
+/* ---------------------------------------------------------------- batch */
+
+/*
+ * Interface 8: a step over a set of one client's sequences, as a serving
+ * engine runs one: every sequence gets its own number of new tokens (1 for
+ * decode, more for a prefill chunk, mixed in one step), and each phase is
+ * one call for all of them:
+ *
+ *   kvq_batch_add(s, tokens, m, flags)  for each sequence of the step
+ *   kvq_batch_begin()                   the step's prefix lookups in one
+ *                                       Lookup, then its slots in one Alloc
+ *   kvq_batch_write(layer, k, v)        once per layer: one kernel launch
+ *                                       (cuda) or one pass (host) for all
+ *   kvq_batch_attention(layer, ...)     once per layer, after its write
+ *   kvq_batch_commit()                  Seal and Publish for the whole
+ *                                       step, sent together
+ *
+ * K, V, q and out are packed ragged rows: sequence i's rows are indptr[i]
+ * .. indptr[i + 1] - 1 (kvq_batch_indptr, as FlashInfer's paged-KV append
+ * and batch attention take them), in the order the sequences were added.
+ * On a cuda pool the sequences' block tables go to the device once per
+ * step and the attention plan (kernel, KV splits, workspace) is made once
+ * per step and shape; every layer reuses them.  A sequence's own calls
+ * (kvq_seq_begin, _write, _attention, _commit) run through this same code
+ * as a batch of one.
+ *
+ * All or nothing: a begin that fails changes no sequence and holds nothing
+ * (a lookup's references are given back); a bad sequence refuses the call.
+ * A batch holds sequences of its client only, each at most once per step.
+ * A step is sent in the fewest requests the protocol's limits allow
+ * (KVQ_PROTO_MAX_IDS ids and KVQ_PROTO_MAX_TOKENS tokens a request, the
+ * frame bound); kvq_batch_requests says how many, and how many times the
+ * caller waited for kvqd.  Not thread-safe, as its client.
+ */
+typedef struct kvq_batch kvq_batch;
+
+/* An empty batch on c (attached).  Returns 0 and *ret_batch, -EINVAL or
+ * -ENOMEM. */
+int kvq_batch_new(kvq_client *c, kvq_batch **ret_batch);
+
+/* Frees b; a step begun and not committed is abandoned first
+ * (kvq_batch_abort).  The sequences stay.  NULL is fine. */
+void kvq_batch_free(kvq_batch *b);
+
+/* Flags of kvq_batch_add. */
+enum {
+	/* s is empty: look tokens up in the prefix cache first, in the
+	 * step's one Lookup (kvq_seq_from_prompt's rules: at most S(m)
+	 * tokens, the hit taken as s's sealed prefix); the step then appends
+	 * the rest.  The sequence's request id (kvq_seq_set_request) goes
+	 * with it. */
+	KVQ_BATCH_LOOKUP = 1,
+};
+
+/* Adds s with m new tokens (tokens[0..m), copied; m >= 1) to the next
+ * step.  Returns the sequence's index in the batch, or -EINVAL (another
+ * client's sequence, m 0, unknown flags, KVQ_BATCH_LOOKUP on a sequence
+ * that is not empty), -EBUSY (a step is begun, or s has a write in
+ * progress), -EEXIST (s is in the batch already) or -ENOMEM. */
+int kvq_batch_add(kvq_batch *b, kvq_seq *s, const uint32_t *tokens, uint32_t m, unsigned flags);
+
+/* Empties the batch for the next step (the sequences stay as they are).
+ * Returns 0, or -EBUSY while a step is begun. */
+int kvq_batch_clear(kvq_batch *b);
+
+/* Sequences in the batch. */
+uint32_t kvq_batch_size(const kvq_batch *b);
+
+/*
+ * Begins the step: one Lookup for every KVQ_BATCH_LOOKUP sequence, then
+ * one Alloc for every slot the step needs (none: no request).  Returns 0;
+ * -ENOSPC or -EDQUOT with *ret_short (may be NULL) the slots the pool was
+ * short of (0 for a quota): nothing was allocated and no sequence changed,
+ * and the caller decides which sequences to drop or preempt; -EINVAL (an
+ * append that would unseal a found prefix), -E2BIG, -ENOMEM or another
+ * daemon code, with nothing held either.
+ */
+int kvq_batch_begin(kvq_batch *b, uint32_t *ret_short);
+
+/* The step's row index: indptr[0] = 0, sequence i's new rows indptr[i] ..
+ * indptr[i + 1] - 1 (its m less a lookup's hit); *ret_nseq (may be NULL)
+ * gets the count.  NULL before kvq_batch_begin. */
+const uint32_t *kvq_batch_indptr(const kvq_batch *b, uint32_t *ret_nseq);
+
+/* The tokens a KVQ_BATCH_LOOKUP sequence i found cached (0 for others). */
+uint32_t kvq_batch_hit(const kvq_batch *b, uint32_t i);
+
+/* Writes one layer of every sequence's new rows: k and v are [rows]
+ * [kv_heads][head_dim] in the activation dtype, rows as kvq_batch_indptr
+ * says; on a cuda pool in device memory (read in place) or host memory
+ * (copied first).  Returns 0, -EINVAL (no step begun, bad layer) or -EIO. */
+int kvq_batch_write(kvq_batch *b, uint32_t layer, const void *k, const void *v);
+
+/* Attention of every sequence's new rows over its stored tokens, one
+ * layer, after that layer's write: q and out are float host arrays of
+ * [rows][q_heads][head_dim] (kvq_seq_attention's rules; on a cuda pool
+ * returns once out is written). */
+int kvq_batch_attention(kvq_batch *b, uint32_t layer, uint32_t q_heads, float scale, const float *q,
+			float *out);
+
+/* The same with q (activation dtype) and out (floats when out_f32, else
+ * the activation dtype) in device memory, cuda pools only; queued on the
+ * client's stream (kvq_seq_attention_device's rules). */
+int kvq_batch_attention_device(kvq_batch *b, uint32_t layer, uint32_t q_heads, float scale, const void *q,
+			       void *out, int out_f32);
+
+/* Ends the step: seals every block that left a window and publishes every
+ * new sealed block of every sequence, in requests sent together (one wait
+ * for kvqd when they fit one request each).  Returns 0, -EINVAL (no step,
+ * or a layer not written) or a daemon code; then each sequence keeps what
+ * succeeded (kvq_seq_commit's rule) and the step is over. */
+int kvq_batch_commit(kvq_batch *b);
+
+/* Gives back the slots a begun step allocated (one Release) and ends it;
+ * the sequences are as before the begin except for a lookup's prefix. */
+void kvq_batch_abort(kvq_batch *b);
+
+/* What the last kvq_batch_begin (KVQ_BATCH_BEGIN) or kvq_batch_commit
+ * (KVQ_BATCH_COMMIT) sent: *ret_requests the requests, *ret_waits the times
+ * the caller waited for replies (round trips).  Returns 0 or -EINVAL. */
+enum { KVQ_BATCH_BEGIN = 0, KVQ_BATCH_COMMIT = 1 };
+int kvq_batch_requests(const kvq_batch *b, int phase, uint32_t *ret_requests, uint32_t *ret_waits);
+
 #ifdef __cplusplus
 }
 #endif

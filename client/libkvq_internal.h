@@ -186,4 +186,65 @@ int client_alloc(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t n_s
 int client_lookup(kvq_client *c, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens, const void *salt,
 		  size_t salt_len, const void *rid, size_t rid_len, uint32_t *ret_ids, uint32_t *ret_n);
 
+/*
+ * Batched requests (kvq_batch, batch.c).  Each sends the fewest requests
+ * the protocol's limits allow, written together, and reads their replies
+ * after: cnt (may be NULL) gets the requests sent and the waits for
+ * replies (round trips).  All or nothing where the protocol is: on
+ * failure nothing is held that was not held before.
+ */
+struct client_count {
+	uint32_t requests, waits;
+};
+
+/* One prompt of a batched lookup: tokens[0..n_tokens), at most max_tokens
+ * of them matched (S(n) capped at KVQ_PROTO_MAX_IDS blocks, as
+ * kvq_seq_from_prompt caps it), the sequence's salt and request id;
+ * ret_ids gets max_tokens / B ids (a sink first, as KVQ_SINK_ID), ret_n
+ * the blocks found, each now referenced by the caller. */
+struct client_prompt {
+	const uint32_t *tokens;
+	uint32_t n_tokens, max_tokens;
+	const void *salt, *rid;
+	size_t salt_len, rid_len;
+	uint32_t *ret_ids;
+	uint32_t ret_n;
+};
+
+/* Looks n prompts up (Lookup's prompts, protocol 8).  Returns 0, or a
+ * daemon or transport code with no reference held. */
+int client_lookup_many(kvq_client *c, struct client_prompt *p, uint32_t n, struct client_count *cnt);
+
+/* client_alloc for counts of any size.  Returns 0; -ENOSPC with *ret_short
+ * (may be NULL) the slots the pool was short of, as kvqd counted them;
+ * -EDQUOT (*ret_short 0) or another code; nothing held on failure. */
+int client_alloc_many(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_t n_sink, uint32_t *ret_open,
+		      uint32_t *ret_reserved, uint32_t *ret_sealed, uint32_t *ret_sink, uint32_t *ret_short,
+		      struct client_count *cnt);
+
+/* One chain to publish (kvq_client_publish's arguments): n blocks ids[]
+ * (in a pool with sink blocks a chain may start with a KVQ_SINK_ID()),
+ * parent (-1: none), n * B tokens, the sequence's salt; ret_ids[n] the ids
+ * to use from now on; published set once its request succeeded. */
+struct client_chain {
+	const uint32_t *ids;
+	uint32_t n;
+	int64_t parent;
+	const uint32_t *tokens;
+	const void *salt;
+	size_t salt_len;
+	uint32_t *ret_ids;
+	bool published;
+};
+
+/* Seals n_seal pairs (open_ids[i] into sealed_ids[i]) and publishes
+ * n_chains chains: the Seal requests (carrying the attention timings when
+ * a report is due; with no pair to seal, a Seal for the timings alone
+ * whose failure is no error) and then the Publish requests, written
+ * together; a chain too long for one request continues once the reply to
+ * its first part is read.  Returns 0 or the first failure; each chain's
+ * published says whether it was. */
+int client_commit(kvq_client *c, uint32_t n_seal, const uint32_t *open_ids, const uint32_t *sealed_ids,
+		  struct client_chain *chains, uint32_t n_chains, struct client_count *cnt);
+
 #endif
