@@ -29,31 +29,35 @@ static void host_unmap(kvq_client *c)
 	c->base = NULL;
 }
 
-static int host_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, uint32_t ns, uint32_t no,
-		      const void *k, const void *v)
+/* One pass over the step's sequences: each one's rows, from the
+ * caller's arrays. */
+static int host_write(kvq_client *c, struct client_tables *w, uint32_t layer, const void *k, const void *v)
 {
-	int r;
+	client_trace(c, KVQ_TRACE_WRITE, layer, false, k, v, NULL, NULL);
+	for (uint32_t i = 0; i < w->nseq; i++) {
+		int r = kvq_cpu_write(c->L, c->base, layer, &w->t[i], k, v);
 
-	(void)ns, (void)no;
-	client_trace(s->c, KVQ_TRACE_WRITE, layer, false, k, v, NULL, NULL);
-	r = kvq_cpu_write(s->c->L, s->c->base, layer, w, k, v);
-	return r < 0 ? client_fail(s->c, r, "kvq_cpu_write refused the block table") : 0;
+		if (r < 0)
+			return client_fail(c, r, "kvq_cpu_write refused the block table of sequence %u", i);
+	}
+	return 0;
 }
 
-static int host_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
-			  uint32_t q_heads, float scale, const float *q, float *out)
+/* Every sequence's rows in one kernel call. */
+static int host_attention(kvq_client *c, struct client_tables *t, uint32_t layer, uint32_t q_heads, float scale,
+			  const float *q, float *out)
 {
-	const struct kvq_attn a = { .L = s->c->L, .base = s->c->base, .layer = layer, .q_heads = q_heads,
+	const struct kvq_attn a = { .L = c->L, .base = c->base, .layer = layer, .q_heads = q_heads,
 		.scale = scale, .q_dtype = KVQ_DT_F32, .out_dtype = KVQ_DT_F32 };
-	double t0 = s->c->timing.report_ms ? timing_now() : 0;
+	double t0 = c->timing.report_ms ? timing_now() : 0;
 	int r;
 
-	client_trace(s->c, KVQ_TRACE_ATTENTION, layer, false, NULL, NULL, q, out);
-	r = kvq_cpu_attention(&a, as, 1, q, out);
+	client_trace(c, KVQ_TRACE_ATTENTION, layer, false, NULL, NULL, q, out);
+	r = kvq_cpu_attention(&a, t->t, t->nseq, q, out);
 	if (r < 0)
-		return client_fail(s->c, r, "attention: bad query counts");
-	if (s->c->timing.report_ms)
-		timing_add(s->c, layer, timing_phase(as->m), timing_kv_bytes(s->c, layer, as, ns, no), timing_now() - t0);
+		return client_fail(c, r, "attention: bad query counts");
+	if (c->timing.report_ms)
+		timing_add(c, layer, timing_phase(t->max_m), timing_kv_bytes(c, layer, t), timing_now() - t0);
 	return 0;
 }
 
@@ -70,11 +74,6 @@ static int host_drain(kvq_client *c)
 	return 0;
 }
 
-static void host_seq_free(kvq_seq *s)
-{
-	(void)s;
-}
-
 const struct client_backend client_host = {
 	.name = "host",
 	.compiled = true,
@@ -85,5 +84,4 @@ const struct client_backend client_host = {
 	.attention = host_attention,
 	.copy = host_copy,
 	.drain = host_drain,
-	.seq_free = host_seq_free,
 };

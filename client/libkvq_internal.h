@@ -6,7 +6,10 @@
  *
  *   client.c       the connection, attach and the block requests (RPC)
  *   attach_params.c  what of the caller's struct kvq_attach_params is read
- *   seq.c          kvq_seq: the backend-neutral block table
+ *   seq.c          kvq_seq: the backend-neutral block table, one sequence's
+ *                  part of a step
+ *   batch.c        kvq_batch: a step over many sequences, and the one path
+ *                  kvq_seq's own begin, write, attention and commit take
  *   timing.c       attention timings, binned and reported with a Seal
  *   host.c         the host backend: mmap, the CPU kernels
  *   seq_cuda.c     the cuda backend: the CUDA half of the sequence
@@ -32,7 +35,7 @@
 
 struct client_backend;
 struct client_cuda;        /* a cuda pool's import (cuda_import.c) */
-struct seq_cuda;           /* a sequence's device buffers (seq_cuda.c) */
+struct tables_cuda;        /* a table set's device copy (seq_cuda.c) */
 
 /*
  * Attention timing (kvq.proto, "Attention timings"), when the attach reply
@@ -78,6 +81,35 @@ struct kvq_client {
 };
 
 /*
+ * The block tables of one kernel call over nseq sequences, a write's or an
+ * attention's (struct kvq_seq_table, their ids in the sequences' arrays):
+ * sequence i's rows of k, v, q and out are t[i].row0 .. t[i].row0 +
+ * t[i].m - 1, rows in all.  ns[i] and no[i] count t[i]'s sealed and open
+ * ids.  The backend's device copy (dev) is made on first use after the
+ * tables change (dirty) and reused by every call until then: a step's
+ * tables go to the GPU once, not once per layer.
+ */
+struct client_tables {
+	struct kvq_seq_table *t;
+	uint32_t *ns, *no;
+	uint32_t nseq, cap;
+	uint32_t rows, max_m, max_n;
+	bool dirty;
+	struct tables_cuda *dev;        /* the cuda backend's, or NULL */
+};
+
+/* Room for nseq tables (kept between steps); returns 0 or -ENOMEM. */
+int client_tables_reserve(struct client_tables *t, uint32_t nseq);
+
+/* Table i set to tab with its counts; rows, max_m and max_n follow (call
+ * for i = 0, 1, .. in order after client_tables_reserve). */
+void client_tables_set(struct client_tables *t, uint32_t i, const struct kvq_seq_table *tab, uint32_t ns,
+		       uint32_t no);
+
+/* Frees t's memory, the backend's copy too (after its work: c's drain). */
+void client_tables_free(kvq_client *c, struct client_tables *t);
+
+/*
  * State: n tokens; sealed[0..n_sealed) hold the first n_sealed*B tokens,
  * open[0..n_open) (with resv[]) the rest.  Normally n_sealed*B = S(n);
  * right after from_prompt it is n (all sealed).  Writes are given to
@@ -105,14 +137,15 @@ struct kvq_seq {
 	int32_t *p_sealed, *p_open, *p_resv;
 	uint32_t p_n_sealed, p_n_open;
 	uint8_t *written;               /* per layer */
-	struct seq_cuda *cuda;          /* cuda pools: made by the first kernel call, or NULL */
+	/* the tables a commit adopts, made before kvqd is asked (seq_commit_prepare) */
+	int32_t *c_sealed, *c_open, *c_resv;
+	struct client_tables *tabs;     /* the sequence's own calls' (a batch of one), or NULL */
 };
 
 /*
  * What a pool's backend does for libkvq.  Every operation of a compiled
  * backend is set; each returns 0 or a negative code with the reason in
- * kvq_client_error.  ns and no count the sealed and open ids of the table
- * a write or an attention reads.
+ * kvq_client_error.
  */
 struct client_backend {
 	const char *name;               /* as the attach reply names it */
@@ -123,23 +156,21 @@ struct client_backend {
 	int (*map)(kvq_client *c, int fd, uint64_t map_bytes, int device, const uint8_t *uuid, size_t uuid_len);
 	/* waits for the work queued on the pool, then unmaps it */
 	void (*unmap)(kvq_client *c);
-	/* one layer of kvq_seq_write() */
-	int (*write)(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, uint32_t ns, uint32_t no,
-		     const void *k, const void *v);
-	/* kvq_seq_attention: q and out float host arrays; out written on return */
-	int (*attention)(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
-			 uint32_t q_heads, float scale, const float *q, float *out);
-	/* kvq_seq_attention_device; NULL: the backend has no device memory */
-	int (*attention_device)(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
-				uint32_t q_heads, float scale, const void *q, void *out, bool out_f32);
+	/* one layer's write over the tables w (kvq_batch_write, kvq_seq_write) */
+	int (*write)(kvq_client *c, struct client_tables *w, uint32_t layer, const void *k, const void *v);
+	/* attention over the tables a: q and out float host arrays; out written on return */
+	int (*attention)(kvq_client *c, struct client_tables *a, uint32_t layer, uint32_t q_heads, float scale,
+			 const float *q, float *out);
+	/* attention with q and out in device memory; NULL: the backend has no device memory */
+	int (*attention_device)(kvq_client *c, struct client_tables *a, uint32_t layer, uint32_t q_heads,
+				float scale, const void *q, void *out, bool out_f32);
 	/* copies n bytes inside the pool, before any work queued later */
 	int (*copy)(kvq_client *c, void *to, const void *from, size_t n);
 	/* returns once the work queued on the pool is done: before kvqd is
-	 * told a block is sealed or published */
+	 * told a block is sealed or published, and before slots are released */
 	int (*drain)(kvq_client *c);
-	/* before a sequence's slots are released: waits for the work that may
-	 * read them and frees s->cuda */
-	void (*seq_free)(kvq_seq *s);
+	/* frees a table set's device copy (NULL: the backend makes none) */
+	void (*tables_free)(kvq_client *c, struct tables_cuda *dev);
 	/* bins the timed calls that have completed, without waiting (NULL:
 	 * the backend times calls as they return) */
 	void (*timing_poll)(kvq_client *c);
@@ -161,8 +192,7 @@ void client_trace(kvq_client *c, int op, uint32_t layer, bool device, const void
  * bins[] and ptrs[] of the caller's (KVQ_PROTO_MAX_TIMING_BINS each,
  * pointing into c until timing_sent); once it was sent, the bins emptied. */
 int timing_phase(uint32_t n_q);
-uint64_t timing_kv_bytes(const kvq_client *c, uint32_t layer, const struct kvq_seq_table *t, uint32_t ns,
-			 uint32_t no);
+uint64_t timing_kv_bytes(const kvq_client *c, uint32_t layer, const struct client_tables *t);
 double timing_now(void);
 void timing_add(kvq_client *c, uint32_t layer, int phase, uint64_t kv_bytes, double seconds);
 bool timing_due(kvq_client *c);
@@ -242,9 +272,72 @@ struct client_chain {
  * a report is due; with no pair to seal, a Seal for the timings alone
  * whose failure is no error) and then the Publish requests, written
  * together; a chain too long for one request continues once the reply to
- * its first part is read.  Returns 0 or the first failure; each chain's
- * published says whether it was. */
+ * its first part is read.  Returns 0 or the first failure; *ret_sealed
+ * says whether every pair was sealed, each chain's published whether it
+ * was published. */
 int client_commit(kvq_client *c, uint32_t n_seal, const uint32_t *open_ids, const uint32_t *sealed_ids,
-		  struct client_chain *chains, uint32_t n_chains, struct client_count *cnt);
+		  struct client_chain *chains, uint32_t n_chains, bool *ret_sealed, struct client_count *cnt);
+
+/*
+ * A step (batch.c), for kvq_batch and for a sequence's own calls (a batch
+ * of one): e[0..n) its sequences, each with m new tokens.
+ */
+struct batch_entry {
+	kvq_seq *s;
+	const uint32_t *tokens;         /* m of them */
+	uint32_t m;
+	unsigned flags;                 /* KVQ_BATCH_LOOKUP */
+	uint32_t hit;                   /* tokens a lookup found: the step appends tokens[hit..m) */
+};
+
+/* Releases ns sealed and no open ids in as few requests as the limits
+ * allow (one, up to KVQ_PROTO_MAX_IDS ids); returns 0 or the first failure. */
+int client_release_many(kvq_client *c, const uint32_t *sealed, uint32_t ns, const uint32_t *open, uint32_t no);
+
+/* kvq_batch_begin and kvq_batch_commit over e[0..n). */
+int batch_step_begin(kvq_client *c, struct batch_entry *e, uint32_t n, uint32_t *ret_short, struct client_count *cnt);
+int batch_step_commit(kvq_client *c, struct batch_entry *e, uint32_t n, struct client_count *cnt);
+
+/* seq.c: one sequence's part of a step.  What m more tokens need
+ * (checked: -EBUSY, -EINVAL, -E2BIG), with room for the step's table made;
+ * the table filled from the ids granted (advancing the pointers); the
+ * step dropped (nothing released); the ids the step allocated (room for
+ * p_n_sealed and p_n_open); the most tokens a lookup of an n-token prompt
+ * may match (S(n), at most KVQ_PROTO_MAX_IDS blocks); a lookup's hit of got blocks ids taken
+ * as the prefix of an empty sequence, and undone. */
+struct seq_need {
+	uint32_t open, sealed, sink;
+};
+int seq_step_plan(kvq_seq *s, uint32_t m, struct seq_need *need);
+void seq_step_take(kvq_seq *s, const uint32_t *tokens, uint32_t m, const uint32_t **ao, const uint32_t **ar,
+		   const uint32_t **as, const uint32_t **ak);
+void seq_step_drop(kvq_seq *s);
+void seq_step_new_ids(const kvq_seq *s, uint32_t *sealed, uint32_t *ns, uint32_t *open, uint32_t *no);
+uint32_t seq_lookup_max(const struct kvq_layout *L, uint32_t n);
+int seq_take_hit(kvq_seq *s, const uint32_t *tokens, const uint32_t *ids, uint32_t got);
+void seq_untake_hit(kvq_seq *s);
+
+/* The table a write of the step reads (shifted past the committed sealed
+ * prefix); the table attention of the last n_q stored tokens reads (-EINVAL
+ * for bad counts, or before the rest of a prompt is appended). */
+void seq_write_table(const kvq_seq *s, struct kvq_seq_table *w, uint32_t *ns, uint32_t *no);
+int seq_attn_table(kvq_seq *s, uint32_t q_heads, uint32_t n_q, struct kvq_seq_table *t, uint32_t *ns,
+		   uint32_t *no);
+
+/* A commit's parts: -EINVAL unless a step is begun and every layer was
+ * written; the tables to adopt made (-ENOMEM); the seal pairs (so, ss:
+ * room for n_open entries; returns the count); the new sealed blocks to
+ * publish as a chain (ids: room for them); the new tables adopted once the
+ * seal succeeded, and a chain's published ids taken. */
+int seq_commit_check(kvq_seq *s);
+int seq_commit_prepare(kvq_seq *s);
+uint32_t seq_seal_pairs(const kvq_seq *s, uint32_t *so, uint32_t *ss);
+uint32_t seq_publish_count(const kvq_seq *s);
+void seq_chain(kvq_seq *s, struct client_chain *ch, uint32_t *ids, uint32_t *ret_ids);
+void seq_commit_adopt(kvq_seq *s);
+void seq_commit_published(kvq_seq *s, const struct client_chain *ch);
+
+/* The softmax scale attention uses: scale, or 1/sqrt(head_dim) for 0. */
+float seq_scale(const kvq_client *c, float scale);
 
 #endif

@@ -40,6 +40,13 @@ static int seq_reserve_tokens(kvq_seq *s, uint32_t need)
 	return 0;
 }
 
+uint32_t seq_lookup_max(const struct kvq_layout *L, uint32_t n)
+{
+	uint32_t max = kvq_layout_split(L, n);
+
+	return max / L->block_tokens > KVQ_PROTO_MAX_IDS ? KVQ_PROTO_MAX_IDS * L->block_tokens : max;
+}
+
 int kvq_seq_new(kvq_client *c, const void *salt, size_t salt_len, kvq_seq **ret_seq)
 {
 	kvq_seq *s;
@@ -74,7 +81,7 @@ static void seq_drop_pending(kvq_seq *s)
 
 /* Ids a pending write allocated beyond the committed table: released on
  * free or when begin fails half-way. */
-static void seq_pending_new(const kvq_seq *s, uint32_t *sealed, uint32_t *ns, uint32_t *open, uint32_t *no)
+void seq_step_new_ids(const kvq_seq *s, uint32_t *sealed, uint32_t *ns, uint32_t *open, uint32_t *no)
 {
 	uint32_t nb_old = s->n_sealed + s->n_open;
 
@@ -95,25 +102,24 @@ void kvq_seq_free(kvq_seq *s)
 
 	if (!s)
 		return;
-	s->c->be->seq_free(s);
+	/* no kernel of ours may read the slots once they are released */
+	s->c->be->drain(s->c);
+	if (s->tabs) {
+		client_tables_free(s->c, s->tabs);
+		free(s->tabs);
+	}
 	cap = (size_t)s->n_sealed + s->n_open + s->p_n_sealed + s->p_n_open + 1;
 	sealed = malloc(cap * sizeof(*sealed));
 	open = malloc(cap * sizeof(*open));
 	if (sealed && open) {
 		if (s->busy)
-			seq_pending_new(s, sealed, &ns, open, &no);
+			seq_step_new_ids(s, sealed, &ns, open, &no);
 		for (uint32_t i = 0; i < s->n_sealed; i++)
 			sealed[ns++] = (uint32_t)s->sealed[i];
 		for (uint32_t i = 0; i < s->n_open; i++)
 			open[no++] = (uint32_t)s->open[i];
 		/* a failed release leaves the holds to the connection's close */
-		for (uint32_t i = 0; i < ns || i < no; i += KVQ_PROTO_MAX_IDS / 2) {
-			uint32_t a = ns > i ? ns - i : 0, b = no > i ? no - i : 0;
-			a = a > KVQ_PROTO_MAX_IDS / 2 ? KVQ_PROTO_MAX_IDS / 2 : a;
-			b = b > KVQ_PROTO_MAX_IDS / 2 ? KVQ_PROTO_MAX_IDS / 2 : b;
-			if (kvq_client_release(s->c, a, sealed + i, b, open + i) < 0)
-				break;
-		}
+		client_release_many(s->c, sealed, ns, open, no);
 	}
 	free(sealed);
 	free(open);
@@ -122,6 +128,9 @@ void kvq_seq_free(kvq_seq *s)
 	free(s->sealed);
 	free(s->open);
 	free(s->resv);
+	free(s->c_sealed);
+	free(s->c_open);
+	free(s->c_resv);
 	free(s->written);
 	free(s);
 }
@@ -162,10 +171,36 @@ int kvq_seq_set_request(kvq_seq *s, const void *id, size_t len)
 	return 0;
 }
 
+int seq_take_hit(kvq_seq *s, const uint32_t *tokens, const uint32_t *ids, uint32_t got)
+{
+	uint32_t hit = got * s->c->L->block_tokens;
+	int32_t *sl;
+	int r;
+
+	if (!got)
+		return 0;
+	if ((r = seq_reserve_tokens(s, hit)) < 0)
+		return r;
+	if (!(sl = realloc(s->sealed, got * sizeof(*sl))))
+		return -ENOMEM;
+	s->sealed = sl;
+	for (uint32_t i = 0; i < got; i++)
+		s->sealed[i] = (int32_t)ids[i];
+	s->n_sealed = s->n_pub = got;
+	memcpy(s->tokens, tokens, hit * sizeof(*tokens));
+	s->n = hit;
+	return 0;
+}
+
+void seq_untake_hit(kvq_seq *s)
+{
+	s->n = s->n_sealed = s->n_pub = 0;
+}
+
 int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t *ret_hit)
 {
 	const struct kvq_layout *L;
-	uint32_t max, got = 0, *ids;
+	struct client_prompt p = { 0 };
 	int r;
 
 	if (!s || (n && !tokens) || !ret_hit)
@@ -175,58 +210,40 @@ int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t
 	if (s->n || s->busy)
 		return client_fail(s->c, -EBUSY, "from_prompt on a sequence that is not empty");
 	L = s->c->L;
-	max = kvq_layout_split(L, n);
-	if (max / L->block_tokens > KVQ_PROTO_MAX_IDS)
-		max = KVQ_PROTO_MAX_IDS * L->block_tokens;
-	if (max == 0) {
+	p.max_tokens = seq_lookup_max(L, n);
+	if (p.max_tokens == 0) {
 		*ret_hit = 0;
 		return 0;
 	}
-	ids = malloc((size_t)(max / L->block_tokens) * sizeof(*ids));
-	if (!ids)
+	p.tokens = tokens;
+	p.n_tokens = n;
+	p.salt = s->salt;
+	p.salt_len = s->salt_len;
+	p.rid = s->rid;
+	p.rid_len = s->rid_len;
+	if (!(p.ret_ids = malloc((size_t)(p.max_tokens / L->block_tokens) * sizeof(*p.ret_ids))))
 		return -ENOMEM;
-	r = client_lookup(s->c, tokens, n, max, s->salt, s->salt_len, s->rid, s->rid_len, ids, &got);
-	if (r == 0 && got) {
-		uint32_t hit = got * L->block_tokens;
-
-		r = seq_reserve_tokens(s, hit);
-		if (r == 0) {
-			int32_t *sl = realloc(s->sealed, got * sizeof(*sl));
-			if (!sl)
-				r = -ENOMEM;
-			else
-				s->sealed = sl;
-		}
-		if (r < 0) {
-			kvq_client_release(s->c, got, ids, 0, NULL);
-		} else {
-			for (uint32_t i = 0; i < got; i++)
-				s->sealed[i] = (int32_t)ids[i];
-			s->n_sealed = s->n_pub = got;
-			memcpy(s->tokens, tokens, hit * sizeof(*tokens));
-			s->n = hit;
-		}
-	}
-	free(ids);
+	r = client_lookup_many(s->c, &p, 1, NULL);
+	if (r == 0 && (r = seq_take_hit(s, tokens, p.ret_ids, p.ret_n)) < 0)
+		kvq_client_release(s->c, p.ret_n, p.ret_ids, 0, NULL);
+	free(p.ret_ids);
 	if (r == 0)
-		*ret_hit = got * L->block_tokens;
+		*ret_hit = p.ret_n * L->block_tokens;
 	return r;
 }
 
-int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
+int seq_step_plan(kvq_seq *s, uint32_t m, struct seq_need *need)
 {
-	const struct kvq_layout *L;
-	uint32_t B, N, s1, nb_old, nb_new, n_new_open = 0, n_new_sealed = 0, n_new_sink = 0, sk = 0;
-	uint32_t *ao = NULL, *ar = NULL, *as = NULL;
+	const struct kvq_layout *L = s->c->L;
+	const uint32_t B = L->block_tokens;
+	uint32_t N, s1, nb_old, nb_new;
 	bool sinks;
-	int r;
 
-	if (!s || !tokens || !m)
-		return -EINVAL;
+	*need = (struct seq_need){ 0 };
+	if (!m)
+		return client_fail(s->c, -EINVAL, "a step of no tokens");
 	if (s->busy)
 		return client_fail(s->c, -EBUSY, "a write is in progress (commit first)");
-	L = s->c->L;
-	B = L->block_tokens;
 	if (s->n > UINT32_MAX - B - m)
 		return -EINVAL;
 	N = s->n + m;
@@ -240,35 +257,44 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
 	sinks = L->n_sink > 0;
 	for (uint32_t b = nb_old; b < nb_new; b++) {
 		if (b == 0 && sinks)
-			n_new_sink++;
+			need->sink++;
 		else if (b < s1)
-			n_new_sealed++;
+			need->sealed++;
 		else
-			n_new_open++;
+			need->open++;
 	}
-	if (n_new_open + n_new_sealed + n_new_sink > KVQ_PROTO_MAX_IDS)
-		return client_fail(s->c, -E2BIG, "%u tokens need more than %u blocks in one request", m,
+	if (need->open + need->sealed + need->sink > KVQ_PROTO_MAX_IDS)
+		return client_fail(s->c, -E2BIG, "%u tokens need more than %u blocks in one step", m,
 				   KVQ_PROTO_MAX_IDS);
-	r = seq_reserve_tokens(s, N);
-	if (r < 0)
-		return r;
+	if (seq_reserve_tokens(s, N) < 0)
+		return -ENOMEM;
 	s->p_sealed = calloc(s1 + 1, sizeof(int32_t));
 	s->p_open = calloc(nb_new - s->n_sealed + 1, sizeof(int32_t));
 	s->p_resv = calloc(nb_new - s->n_sealed + 1, sizeof(int32_t));
-	ao = calloc(n_new_open + 1, sizeof(*ao));
-	ar = calloc(n_new_open + 1, sizeof(*ar));
-	as = calloc(n_new_sealed + 1, sizeof(*as));
-	if (!s->p_sealed || !s->p_open || !s->p_resv || !ao || !ar || !as) {
-		r = -ENOMEM;
-		goto out;
+	if (!s->p_sealed || !s->p_open || !s->p_resv) {
+		seq_drop_pending(s);
+		return -ENOMEM;
 	}
-	r = client_alloc(s->c, n_new_open, n_new_sealed, n_new_sink, ao, ar, as, &sk);
-	if (r < 0)
-		goto out;
+	return 0;
+}
+
+void seq_step_drop(kvq_seq *s)
+{
+	seq_drop_pending(s);
+}
+
+void seq_step_take(kvq_seq *s, const uint32_t *tokens, uint32_t m, const uint32_t **ao, const uint32_t **ar,
+		   const uint32_t **as, const uint32_t **ak)
+{
+	const struct kvq_layout *L = s->c->L;
+	const uint32_t B = L->block_tokens, N = s->n + m, s1 = kvq_layout_split(L, N) / B;
+	const uint32_t nb_old = s->n_sealed + s->n_open, nb_new = (N + B - 1) / B;
+	const bool sinks = L->n_sink > 0;
+
 	/* the table after the write: blocks < s1 sealed, the rest open */
 	for (uint32_t b = 0; b < s->n_sealed; b++)
 		s->p_sealed[b] = s->sealed[b];
-	for (uint32_t b = s->n_sealed, io = 0, is = 0; b < nb_new; b++) {
+	for (uint32_t b = s->n_sealed; b < nb_new; b++) {
 		uint32_t j = b - s->n_sealed;
 
 		if (b < nb_old) {
@@ -277,177 +303,193 @@ int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
 			if (b < s1)   /* sealed into its reservation; a sink stays where it is */
 				s->p_sealed[b] = client_entry_is_sink(s->open[j]) ? s->open[j] : s->resv[j];
 		} else if (b == 0 && sinks) {
-			s->p_open[j] = b < s1 ? -1 : (int32_t)sk;
+			const int32_t sk = (int32_t)*(*ak)++;
+
+			s->p_open[j] = b < s1 ? -1 : sk;
 			s->p_resv[j] = -1;
 			if (b < s1)
-				s->p_sealed[b] = (int32_t)sk;
+				s->p_sealed[b] = sk;
 		} else if (b < s1) {
 			s->p_open[j] = -1;                  /* straight from the input */
 			s->p_resv[j] = -1;
-			s->p_sealed[b] = (int32_t)as[is++];
+			s->p_sealed[b] = (int32_t)*(*as)++;
 		} else {
-			s->p_open[j] = (int32_t)ao[io];
-			s->p_resv[j] = (int32_t)ar[io++];
+			s->p_open[j] = (int32_t)*(*ao)++;
+			s->p_resv[j] = (int32_t)*(*ar)++;
 		}
 	}
 	s->p_n_sealed = s1;
 	s->p_n_open = nb_new - s->n_sealed;
 	memcpy(s->tokens + s->n, tokens, (size_t)m * sizeof(*tokens));
 	s->m = m;
-	memset(s->written, 0, L->layers);
+	memset(s->written, 0, s->c->L->layers);
 	s->busy = true;
-out:
-	if (r < 0)
-		seq_drop_pending(s);
-	free(ao);
-	free(ar);
-	free(as);
-	return r;
+}
+
+int kvq_seq_begin(kvq_seq *s, const uint32_t *tokens, uint32_t m)
+{
+	struct batch_entry e;
+
+	if (!s || !tokens || !m)
+		return -EINVAL;
+	e = (struct batch_entry){ .s = s, .tokens = tokens, .m = m };
+	return batch_step_begin(s->c, &e, 1, NULL, NULL);
+}
+
+void seq_write_table(const kvq_seq *s, struct kvq_seq_table *w, uint32_t *ns, uint32_t *no)
+{
+	const uint32_t B = s->c->L->block_tokens;
+
+	*w = (struct kvq_seq_table){ 0 };
+	/* shifted past the committed sealed prefix (see struct kvq_seq) */
+	w->n = s->n - s->n_sealed * B;
+	w->m = s->m;
+	w->sealed = s->p_sealed + s->n_sealed;
+	w->open = s->p_open;
+	/* the table starts at block 0 only while nothing is sealed */
+	w->sink = s->n_sealed ? 0 : table_sink(s->p_sealed, s->p_n_sealed, s->p_open, s->p_n_open);
+	*ns = s->p_n_sealed - s->n_sealed;
+	*no = s->p_n_open;
+}
+
+/* A batch of one over the sequence's own tables. */
+static struct client_tables *seq_tables(kvq_seq *s)
+{
+	if (!s->tabs && !(s->tabs = calloc(1, sizeof(*s->tabs))))
+		return NULL;
+	return client_tables_reserve(s->tabs, 1) < 0 ? NULL : s->tabs;
 }
 
 int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 {
-	struct kvq_seq_table w = { 0 };
-	uint32_t B;
+	struct client_tables *t;
+	struct kvq_seq_table w;
+	uint32_t ns, no;
 	int r;
 
 	if (!s || !k || !v)
 		return -EINVAL;
 	if (!s->busy || layer >= s->c->L->layers)
 		return client_fail(s->c, -EINVAL, "write without begin, or layer %u out of range", layer);
-	B = s->c->L->block_tokens;
-	/* shifted past the committed sealed prefix (see struct kvq_seq) */
-	w.n = s->n - s->n_sealed * B;
-	w.m = s->m;
-	w.sealed = s->p_sealed + s->n_sealed;
-	w.open = s->p_open;
-	/* the table starts at block 0 only while nothing is sealed */
-	w.sink = s->n_sealed ? 0 : table_sink(s->p_sealed, s->p_n_sealed, s->p_open, s->p_n_open);
-	r = s->c->be->write(s, layer, &w, s->p_n_sealed - s->n_sealed, s->p_n_open, k, v);
-	if (r < 0)
+	if (!(t = seq_tables(s)))
+		return -ENOMEM;
+	seq_write_table(s, &w, &ns, &no);
+	client_tables_set(t, 0, &w, ns, no);
+	if ((r = s->c->be->write(s->c, t, layer, k, v)) < 0)
 		return r;
 	s->written[layer] = 1;
 	return 0;
 }
 
+int seq_commit_check(kvq_seq *s)
+{
+	if (!s->busy)
+		return client_fail(s->c, -EINVAL, "commit without begin");
+	for (uint32_t l = 0; l < s->c->L->layers; l++)
+		if (!s->written[l])
+			return client_fail(s->c, -EINVAL, "commit before layer %u was written", l);
+	return 0;
+}
+
+int seq_commit_prepare(kvq_seq *s)
+{
+	free(s->c_sealed);
+	free(s->c_open);
+	free(s->c_resv);
+	s->c_sealed = calloc(s->p_n_sealed + 1, sizeof(int32_t));
+	s->c_open = calloc(s->p_n_open + 1, sizeof(int32_t));
+	s->c_resv = calloc(s->p_n_open + 1, sizeof(int32_t));
+	return s->c_sealed && s->c_open && s->c_resv ? 0 : -ENOMEM;
+}
+
+uint32_t seq_seal_pairs(const kvq_seq *s, uint32_t *so, uint32_t *ss)
+{
+	const uint32_t nb_old = s->n_sealed + s->n_open;
+	uint32_t n = 0;
+
+	for (uint32_t b = s->n_sealed; b < nb_old && b < s->p_n_sealed; b++) {
+		if (client_entry_is_sink(s->open[b - s->n_sealed]))
+			continue;   /* a sink block is never sealed: it is a block already */
+		so[n] = (uint32_t)s->open[b - s->n_sealed];
+		ss[n++] = (uint32_t)s->resv[b - s->n_sealed];
+	}
+	return n;
+}
+
+uint32_t seq_publish_count(const kvq_seq *s)
+{
+	return s->p_n_sealed - s->n_pub;
+}
+
+void seq_chain(kvq_seq *s, struct client_chain *ch, uint32_t *ids, uint32_t *ret_ids)
+{
+	const uint32_t np = seq_publish_count(s);
+
+	for (uint32_t i = 0; i < np; i++)
+		ids[i] = (uint32_t)s->p_sealed[s->n_pub + i];
+	*ch = (struct client_chain){ .ids = ids, .n = np, .parent = s->n_pub ? s->p_sealed[s->n_pub - 1] : -1,
+		.tokens = s->tokens + (size_t)s->n_pub * s->c->L->block_tokens,
+		.salt = s->salt_len ? s->salt : NULL, .salt_len = s->salt_len, .ret_ids = ret_ids };
+}
+
+void seq_commit_published(kvq_seq *s, const struct client_chain *ch)
+{
+	int32_t *to = s->busy ? s->p_sealed : s->sealed;
+
+	if (!ch->published)
+		return;
+	/* a duplicate of a cached block: use the cached one from now on */
+	for (uint32_t i = 0; i < ch->n; i++)
+		to[s->n_pub + i] = (int32_t)ch->ret_ids[i];
+	s->n_pub += ch->n;
+}
+
+void seq_commit_adopt(kvq_seq *s)
+{
+	const uint32_t s1 = s->p_n_sealed;
+	uint32_t no = 0;
+
+	/* the new table: sealed grows to s1, open is what is left */
+	memcpy(s->c_sealed, s->p_sealed, s1 * sizeof(int32_t));
+	for (uint32_t b = s1; b < s->n_sealed + s->p_n_open; b++) {
+		s->c_open[no] = s->p_open[b - s->n_sealed];
+		s->c_resv[no++] = s->p_resv[b - s->n_sealed];
+	}
+	free(s->sealed);
+	free(s->open);
+	free(s->resv);
+	s->sealed = s->c_sealed;
+	s->open = s->c_open;
+	s->resv = s->c_resv;
+	s->c_sealed = s->c_open = s->c_resv = NULL;
+	s->n_open = no;
+	s->n_sealed = s1;
+	s->n += s->m;
+	seq_drop_pending(s);
+}
+
 int kvq_seq_commit(kvq_seq *s)
 {
-	const struct kvq_layout *L;
-	uint32_t B, s1, nb_old, n_seal = 0, *so = NULL, *ss = NULL, *ids = NULL, *pub = NULL, np;
-	int32_t *nopen = NULL, *nresv = NULL;
-	int r;
+	struct batch_entry e;
 
 	if (!s)
 		return -EINVAL;
-	L = s->c->L;
-	B = L->block_tokens;
-	if (!s->busy)
-		return client_fail(s->c, -EINVAL, "commit without begin");
-	for (uint32_t l = 0; l < L->layers; l++)
-		if (!s->written[l])
-			return client_fail(s->c, -EINVAL, "commit before layer %u was written", l);
-	s1 = s->p_n_sealed;
-	nb_old = s->n_sealed + s->n_open;
-	so = calloc(s->n_open + 1, sizeof(*so));
-	ss = calloc(s->n_open + 1, sizeof(*ss));
-	nopen = calloc(s->p_n_open + 1, sizeof(*nopen));
-	nresv = calloc(s->p_n_open + 1, sizeof(*nresv));
-	if (!so || !ss || !nopen || !nresv) {
-		r = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t b = s->n_sealed; b < nb_old && b < s1; b++) {
-		if (client_entry_is_sink(s->open[b - s->n_sealed]))
-			continue;   /* a sink block is never sealed: it is a block already */
-		so[n_seal] = (uint32_t)s->open[b - s->n_sealed];
-		ss[n_seal++] = (uint32_t)s->resv[b - s->n_sealed];
-	}
-	/* the write sealed them already; on the GPU, once the stream drains */
-	if ((n_seal || s->p_n_sealed > s->n_pub) && (r = s->c->be->drain(s->c)) < 0)
-		goto out;
-	if (n_seal) {
-		r = kvq_client_seal(s->c, n_seal, so, ss);
-		if (r < 0)
-			goto out;
-	} else if (timing_due(s->c)) {
-		/* no block to seal: the timings alone, whose failure is no error */
-		kvq_client_seal(s->c, 0, NULL, NULL);
-	}
-	{
-		/* adopt the new table: s->sealed grows to s1, open is what is left */
-		int32_t *sl = realloc(s->sealed, (s1 + 1) * sizeof(*sl));
-		uint32_t no = 0;
-
-		if (!sl) {
-			r = -ENOMEM;   /* holds stay valid; free releases them */
-			goto out;
-		}
-		s->sealed = sl;
-		memcpy(s->sealed, s->p_sealed, s1 * sizeof(*sl));
-		for (uint32_t b = s1; b < s->n_sealed + s->p_n_open; b++) {
-			nopen[no] = s->p_open[b - s->n_sealed];
-			nresv[no++] = s->p_resv[b - s->n_sealed];
-		}
-		free(s->open);
-		free(s->resv);
-		s->open = nopen;
-		s->resv = nresv;
-		nopen = nresv = NULL;
-		s->n_open = no;
-		s->n_sealed = s1;
-		s->n += s->m;
-		seq_drop_pending(s);
-	}
-	np = s->n_sealed - s->n_pub;
-	if (np) {
-		pub = malloc(np * sizeof(*pub));
-		ids = malloc(np * sizeof(*ids));
-		if (!pub || !ids) {
-			r = -ENOMEM;
-			goto out;
-		}
-		for (uint32_t i = 0; i < np; i++)
-			pub[i] = (uint32_t)s->sealed[s->n_pub + i];
-		r = kvq_client_publish(s->c, np, pub, s->n_pub ? s->sealed[s->n_pub - 1] : -1,
-				       s->tokens + (size_t)s->n_pub * B, s->salt_len ? s->salt : NULL, s->salt_len,
-				       ids);
-		if (r < 0)
-			goto out;
-		/* a duplicate of a cached block: use the cached one from now on */
-		for (uint32_t i = 0; i < np; i++)
-			s->sealed[s->n_pub + i] = (int32_t)ids[i];
-		s->n_pub = s->n_sealed;
-	}
-	r = 0;
-out:
-	free(so);
-	free(ss);
-	free(nopen);
-	free(nresv);
-	free(pub);
-	free(ids);
-	return r;
+	e = (struct batch_entry){ .s = s, .m = s->m };
+	return batch_step_commit(s->c, &e, 1, NULL);
 }
 
-/* The table attention of n_q query rows reads now, checked; *ns and *no
- * are its sealed and open counts. */
-static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, struct kvq_seq_table *as,
-			  uint32_t *ns, uint32_t *no)
+int seq_attn_table(kvq_seq *s, uint32_t q_heads, uint32_t n_q, struct kvq_seq_table *as, uint32_t *ns,
+		   uint32_t *no)
 {
 	const struct kvq_layout *L = s->c->L;
 
 	*as = (struct kvq_seq_table){ .m = n_q };   /* its queries are rows 0 .. n_q - 1 */
-	if (layer >= L->layers)
-		return -EINVAL;
 	if (s->busy) {
-		if (!s->written[layer])
-			return client_fail(s->c, -EINVAL, "attention on layer %u before its write", layer);
 		as->n = s->n + s->m;
 		as->sealed = s->p_sealed;
 		as->open = s->p_open + (s->p_n_sealed - s->n_sealed);
 		*ns = s->p_n_sealed;
 		*no = s->p_n_open - (s->p_n_sealed - s->n_sealed);
-		as->sink = table_sink(as->sealed, *ns, as->open, *no);
 	} else {
 		/* right after from_prompt the table has no open window: the
 		 * kernel's split would not match it */
@@ -458,38 +500,54 @@ static int seq_attn_table(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t
 		as->open = s->open;
 		*ns = s->n_sealed;
 		*no = s->n_open;
-		as->sink = table_sink(as->sealed, *ns, as->open, *no);
 	}
+	as->sink = table_sink(as->sealed, *ns, as->open, *no);
 	if (!n_q || n_q > as->n || !q_heads || q_heads % L->kv_heads)
 		return client_fail(s->c, -EINVAL, "attention: bad query counts");
 	return 0;
 }
 
-/* The softmax scale attention uses: scale, or 1/sqrt(head_dim) for 0. */
-static float seq_scale(const kvq_seq *s, float scale)
+float seq_scale(const kvq_client *c, float scale)
 {
-	return scale > 0 ? scale : 1.0f / sqrtf((float)s->c->L->head_dim);
+	return scale > 0 ? scale : 1.0f / sqrtf((float)c->L->head_dim);
 }
 
-int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale, const float *q,
-		      float *out)
+/* The sequence's attention table for layer, as a batch of one. */
+static int seq_attn_tables(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, struct client_tables **ret)
 {
 	struct kvq_seq_table as;
 	uint32_t ns, no;
 	int r;
 
+	if (layer >= s->c->L->layers)
+		return -EINVAL;
+	if (s->busy && !s->written[layer])
+		return client_fail(s->c, -EINVAL, "attention on layer %u before its write", layer);
+	if ((r = seq_attn_table(s, q_heads, n_q, &as, &ns, &no)) < 0)
+		return r;
+	if (!(*ret = seq_tables(s)))
+		return -ENOMEM;
+	client_tables_set(*ret, 0, &as, ns, no);
+	return 0;
+}
+
+int kvq_seq_attention(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale, const float *q,
+		      float *out)
+{
+	struct client_tables *t;
+	int r;
+
 	if (!s || !q || !out)
 		return -EINVAL;
-	if ((r = seq_attn_table(s, layer, q_heads, n_q, &as, &ns, &no)) < 0)
+	if ((r = seq_attn_tables(s, layer, q_heads, n_q, &t)) < 0)
 		return r;
-	return s->c->be->attention(s, layer, &as, ns, no, q_heads, seq_scale(s, scale), q, out);
+	return s->c->be->attention(s->c, t, layer, q_heads, seq_scale(s->c, scale), q, out);
 }
 
 int kvq_seq_attention_device(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_t n_q, float scale,
 			     const void *q, void *out, int out_f32)
 {
-	struct kvq_seq_table as;
-	uint32_t ns, no;
+	struct client_tables *t;
 	int r;
 
 	if (!s || !q || !out)
@@ -497,9 +555,9 @@ int kvq_seq_attention_device(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint3
 	if (!s->c->be->attention_device)
 		return client_fail(s->c, -ENOTSUP, "attention on device memory needs a cuda pool%s",
 				   client_cuda.compiled ? "" : " (libkvq built without CUDA)");
-	if ((r = seq_attn_table(s, layer, q_heads, n_q, &as, &ns, &no)) < 0)
+	if ((r = seq_attn_tables(s, layer, q_heads, n_q, &t)) < 0)
 		return r;
-	return s->c->be->attention_device(s, layer, &as, ns, no, q_heads, seq_scale(s, scale), q, out, out_f32 != 0);
+	return s->c->be->attention_device(s->c, t, layer, q_heads, seq_scale(s->c, scale), q, out, out_f32 != 0);
 }
 
 int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)

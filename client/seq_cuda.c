@@ -21,11 +21,23 @@
 #include "cuda_import.h"
 #include "gpu_timer.h"
 
-/* A sequence's device memory: the record and block table a kernel reads,
- * staging for inputs and outputs in host memory, the attention workspace. */
-struct seq_cuda {
+/* A table set's device memory (struct client_tables: a sequence's own
+ * calls, or a batch's write or attention): the tables a kernel reads,
+ * staging for inputs and outputs in host memory, the attention workspace,
+ * and the attention plan of each layer, made once per step. */
+struct attn_plan {
+	bool made;
+	uint32_t q_heads, splits;
+	int out_dtype;
+	size_t workspace;
+};
+
+struct tables_cuda {
 	void *table, *stage, *work;
 	size_t table_cap, stage_cap, work_cap;
+	bool uploaded;                  /* table holds the host tables as they are */
+	uint32_t n_plan;
+	struct attn_plan *plan;         /* per layer */
 };
 
 static int gpu_err(kvq_client *c, const char *what, cudaError_t e)
@@ -40,14 +52,20 @@ static int gpu_drain(kvq_client *c)
 	return e == cudaSuccess ? 0 : gpu_err(c, "waiting for the pool's CUDA work", e);
 }
 
-/* Before a sequence's CUDA work: the pool's context current in the calling
- * thread, the sequence's device buffers made. */
-static int gpu_begin(kvq_seq *s)
+/* Before CUDA work on the tables t: the pool's context current in the
+ * calling thread, t's device buffers made. */
+static int gpu_begin(kvq_client *c, struct client_tables *t)
 {
-	int r = cuda_ready(s->c);
+	int r = cuda_ready(c);
 
-	if (r == 0 && !s->cuda && !(s->cuda = calloc(1, sizeof(*s->cuda))))
+	if (r == 0 && !t->dev && !(t->dev = calloc(1, sizeof(*t->dev))))
 		r = -ENOMEM;
+	if (r == 0 && t->dirty) {
+		t->dev->uploaded = false;
+		for (uint32_t l = 0; l < t->dev->n_plan; l++)
+			t->dev->plan[l].made = false;
+		t->dirty = false;
+	}
 	return r;
 }
 
@@ -73,35 +91,48 @@ static int gpu_grow(kvq_client *c, void **buf, size_t *cap, size_t need)
 }
 
 /*
- * Sends a sequence's table (struct kvq_seq_table) with its ns sealed and no
- * open ids to device memory: [table][sealed ids][open ids], one copy, the
- * table's id pointers the device addresses; *ret is the table's.
+ * Sends the tables t (struct kvq_seq_table) with their sealed and open ids
+ * to device memory once after they changed: [tables][ids of table 0][ids
+ * of table 1].., one copy, the tables' id pointers the device addresses.
+ * Returns the device tables in *ret.
  */
-static int gpu_table(kvq_seq *s, const struct kvq_seq_table *t, uint32_t ns, uint32_t no, void **ret)
+static int gpu_tables(kvq_client *c, struct client_tables *t, void **ret)
 {
-	kvq_client *c = s->c;
-	const int32_t *sealed = t->sealed, *open = t->open;
-	struct kvq_seq_table rec = *t;
-	size_t bytes = sizeof(rec) + ((size_t)ns + no) * sizeof(int32_t);
-	uint8_t *h = malloc(bytes);
+	struct tables_cuda *d = t->dev;
+	size_t ids = 0, bytes;
+	uint8_t *h, *dp;
 	cudaError_t e;
 	int r;
 
-	if (!h)
+	*ret = d->table;
+	if (d->uploaded)
+		return 0;
+	for (uint32_t i = 0; i < t->nseq; i++)
+		ids += (size_t)t->ns[i] + t->no[i];
+	bytes = (size_t)t->nseq * sizeof(struct kvq_seq_table) + ids * sizeof(int32_t);
+	if (!(h = malloc(bytes)))
 		return -ENOMEM;
-	r = gpu_grow(c, &s->cuda->table, &s->cuda->table_cap, bytes);
-	if (r == 0) {
-		uint8_t *d = s->cuda->table;
-		rec.sealed = (const int32_t *)(d + sizeof(rec));
-		rec.open = (const int32_t *)(d + sizeof(rec) + (size_t)ns * sizeof(int32_t));
-		memcpy(h, &rec, sizeof(rec));
-		if (ns)
-			memcpy(h + sizeof(rec), sealed, (size_t)ns * sizeof(int32_t));
-		if (no)
-			memcpy(h + sizeof(rec) + (size_t)ns * sizeof(int32_t), open, (size_t)no * sizeof(int32_t));
-		e = cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->stream);
-		r = e == cudaSuccess ? 0 : gpu_err(c, "copying the block table", e);
-		*ret = d;
+	if ((r = gpu_grow(c, &d->table, &d->table_cap, bytes)) == 0) {
+		struct kvq_seq_table *rec = (struct kvq_seq_table *)h;
+		size_t at = (size_t)t->nseq * sizeof(*rec);
+
+		dp = d->table;
+		for (uint32_t i = 0; i < t->nseq; i++) {
+			rec[i] = t->t[i];
+			rec[i].sealed = (const int32_t *)(dp + at);
+			if (t->ns[i])
+				memcpy(h + at, t->t[i].sealed, (size_t)t->ns[i] * sizeof(int32_t));
+			at += (size_t)t->ns[i] * sizeof(int32_t);
+			rec[i].open = (const int32_t *)(dp + at);
+			if (t->no[i])
+				memcpy(h + at, t->t[i].open, (size_t)t->no[i] * sizeof(int32_t));
+			at += (size_t)t->no[i] * sizeof(int32_t);
+		}
+		/* pageable memory: the call returns once h is read */
+		e = cudaMemcpyAsync(dp, h, bytes, cudaMemcpyHostToDevice, c->stream);
+		r = e == cudaSuccess ? 0 : gpu_err(c, "copying the block tables", e);
+		d->uploaded = r == 0;
+		*ret = dp;
 	}
 	free(h);
 	return r;
@@ -118,22 +149,20 @@ static bool gpu_is_device(const void *p)
 	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-/* One layer's write on the GPU: k and v in device memory are read where
- * they are, host arrays are copied first. */
-static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, uint32_t ns, uint32_t no,
-		     const void *k, const void *v)
+/* One layer's write of every sequence of w in one launch: k and v in
+ * device memory are read where they are, host arrays are copied first. */
+static int gpu_write(kvq_client *c, struct client_tables *w, uint32_t layer, const void *k, const void *v)
 {
-	kvq_client *c = s->c;
 	const struct kvq_layout *L = c->L;
-	const size_t bytes = (size_t)w->m * L->kv_heads * L->head_dim * kvq_dtype_bytes(L->act);
-	struct seq_cuda *d;
+	const size_t bytes = (size_t)w->rows * L->kv_heads * L->head_dim * kvq_dtype_bytes(L->act);
+	struct tables_cuda *d;
 	void *rec = NULL;
 	cudaError_t e;
 	int r;
 
-	if ((r = gpu_begin(s)) < 0)
+	if ((r = gpu_begin(c, w)) < 0)
 		return r;
-	d = s->cuda;
+	d = w->dev;
 	if (!gpu_is_device(k) || !gpu_is_device(v)) {
 		if ((r = gpu_grow(c, &d->stage, &d->stage_cap, 2 * bytes)) < 0)
 			return r;
@@ -144,10 +173,10 @@ static int gpu_write(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *w, 
 		k = d->stage;
 		v = (uint8_t *)d->stage + bytes;
 	}
-	if ((r = gpu_table(s, w, ns, no, &rec)) < 0)
+	if ((r = gpu_tables(c, w, &rec)) < 0)
 		return r;
 	client_trace(c, KVQ_TRACE_WRITE, layer, true, k, v, NULL, NULL);
-	r = kvq_cuda_write(L, c->base, layer, rec, 1, w->m, k, v, c->stream);
+	r = kvq_cuda_write(L, c->base, layer, rec, w->nseq, w->max_m, k, v, c->stream);
 	return r < 0 ? client_fail(c, r, "kvq_cuda_write: %s", r == -EIO ? kvq_cuda_error() : "refused") : 0;
 }
 
@@ -184,36 +213,84 @@ static void gpu_timing_free(kvq_client *c)
 	c->timing.gpu = NULL;
 }
 
-/* Attention on the GPU with q (activation dtype) and out (f32 or the
- * activation dtype) in device memory, queued on the client's stream. */
-static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns, uint32_t no,
-			 uint32_t q_heads, float scale, const void *q, void *out, bool out_f32)
+/* KV splits fixed for every call (KVQ_CUDA_SPLITS, read once; 0: the
+ * plan chooses): a test's plan that does not depend on the batch, so a
+ * batch's output can be compared with each sequence's own call bit for
+ * bit. */
+static uint32_t fixed_splits(void)
 {
-	kvq_client *c = s->c;
-	const struct kvq_layout *L = c->L;
-	const struct kvq_layer_layout *ll = &L->layer[layer];
-	struct kvq_cuda_attn a = { .L = L, .base = c->base, .layer = layer, .q_heads = q_heads, .scale = scale,
-		.q_dtype = L->act, .out_dtype = out_f32 ? KVQ_DT_F32 : L->act, .max_n = as->n, .max_q = as->m,
-		.total_q = as->row0 + as->m, .stream = c->stream };
-	struct gpu_timer *t;
-	void *rec = NULL;
+	static int v = -1;
+
+	if (v < 0) {
+		const char *e = getenv("KVQ_CUDA_SPLITS");
+		long n = e ? strtol(e, NULL, 10) : 0;
+
+		v = n > 0 && n <= 64 ? (int)n : 0;
+	}
+	return (uint32_t)v;
+}
+
+/* The attention plan of layer for the tables a (kernel, KV splits,
+ * workspace), made on the step's first call for the layer and kept for
+ * the others; the workspace grown to hold it. */
+static int gpu_plan(kvq_client *c, struct client_tables *t, struct kvq_cuda_attn *a)
+{
+	struct tables_cuda *d = t->dev;
+	struct attn_plan *p;
 	size_t ws;
 	int r;
 
-	if ((r = gpu_begin(s)) < 0)
-		return r;
-	ws = kvq_cuda_attention_workspace(&a, 1);
-	if ((r = gpu_grow(c, &s->cuda->work, &s->cuda->work_cap, ws)) < 0)
-		return r;
-	a.workspace = ws ? s->cuda->work : NULL;
-	a.workspace_bytes = ws;
-	if ((r = gpu_table(s, as, ns, no, &rec)) < 0)
+	if (d->n_plan < c->L->layers) {
+		struct attn_plan *np = realloc(d->plan, c->L->layers * sizeof(*np));
+
+		if (!np)
+			return -ENOMEM;
+		memset(np + d->n_plan, 0, (c->L->layers - d->n_plan) * sizeof(*np));
+		d->plan = np;
+		d->n_plan = c->L->layers;
+	}
+	p = &d->plan[a->layer];
+	if (!p->made || p->q_heads != a->q_heads || p->out_dtype != a->out_dtype) {
+		a->splits = fixed_splits();
+		ws = kvq_cuda_attention_workspace(a, t->nseq);
+		if ((r = gpu_grow(c, &d->work, &d->work_cap, ws)) < 0)
+			return r;
+		a->workspace = ws ? d->work : NULL;
+		a->workspace_bytes = ws;
+		*p = (struct attn_plan){ .made = true, .q_heads = a->q_heads, .out_dtype = a->out_dtype,
+			.workspace = ws };
+		/* NULL for a pair without a kernel: the launch says so */
+		if (!kvq_cuda_attention_plan(a, t->nseq, &p->splits))
+			p->splits = a->splits;
+	}
+	a->splits = p->splits;
+	a->workspace = p->workspace ? d->work : NULL;
+	a->workspace_bytes = p->workspace;
+	return 0;
+}
+
+/* Attention on the GPU over the tables t in one launch (and a merge when
+ * split), q (activation dtype) and out (f32 or the activation dtype) in
+ * device memory, queued on the client's stream. */
+static int gpu_attention(kvq_client *c, struct client_tables *t, uint32_t layer, uint32_t q_heads, float scale,
+			 const void *q, void *out, bool out_f32)
+{
+	const struct kvq_layout *L = c->L;
+	const struct kvq_layer_layout *ll = &L->layer[layer];
+	struct kvq_cuda_attn a = { .L = L, .base = c->base, .layer = layer, .q_heads = q_heads, .scale = scale,
+		.q_dtype = L->act, .out_dtype = out_f32 ? KVQ_DT_F32 : L->act, .max_n = t->max_n, .max_q = t->max_m,
+		.total_q = t->rows, .stream = c->stream };
+	struct gpu_timer *tm;
+	void *rec = NULL;
+	int r;
+
+	if ((r = gpu_begin(c, t)) < 0 || (r = gpu_plan(c, t, &a)) < 0 || (r = gpu_tables(c, t, &rec)) < 0)
 		return r;
 	client_trace(c, KVQ_TRACE_ATTENTION, layer, true, NULL, NULL, q, out);
-	t = gpu_timer_begin(c);
-	r = kvq_cuda_attention(&a, rec, 1, q, out);
-	if (t && r == 0)
-		gpu_timer_put(c->timing.gpu, t, c->stream, layer, timing_phase(as->m), timing_kv_bytes(c, layer, as, ns, no));
+	tm = gpu_timer_begin(c);
+	r = kvq_cuda_attention(&a, rec, t->nseq, q, out);
+	if (tm && r == 0)
+		gpu_timer_put(c->timing.gpu, tm, c->stream, layer, timing_phase(t->max_m), timing_kv_bytes(c, layer, t));
 	if (r == -ENOTSUP)
 		return client_fail(c, r, "no CUDA attention for k=%s,v=%s at head dim %u", kvq_fmt_name(ll->kfmt),
 				   kvq_fmt_name(ll->vfmt), L->head_dim);
@@ -224,20 +301,19 @@ static int gpu_attention(kvq_seq *s, uint32_t layer, const struct kvq_seq_table 
 
 /* The same for float host arrays, converted to and from the activation
  * dtype around the kernel; returns when out is written. */
-static int gpu_attention_host(kvq_seq *s, uint32_t layer, const struct kvq_seq_table *as, uint32_t ns,
-			      uint32_t no, uint32_t q_heads, float scale, const float *q, float *out)
+static int gpu_attention_host(kvq_client *c, struct client_tables *t, uint32_t layer, uint32_t q_heads,
+			      float scale, const float *q, float *out)
 {
-	kvq_client *c = s->c;
 	const struct kvq_layout *L = c->L;
-	const size_t nel = (size_t)as->m * q_heads * L->head_dim, bytes = nel * 2;
+	const size_t nel = (size_t)t->rows * q_heads * L->head_dim, bytes = nel * 2;
 	uint16_t *h = NULL;
 	uint8_t *stage;
 	cudaError_t e;
 	int r;
 
-	if ((r = gpu_begin(s)) < 0 || (r = gpu_grow(c, &s->cuda->stage, &s->cuda->stage_cap, 2 * bytes)) < 0)
+	if ((r = gpu_begin(c, t)) < 0 || (r = gpu_grow(c, &t->dev->stage, &t->dev->stage_cap, 2 * bytes)) < 0)
 		return r;
-	stage = s->cuda->stage;
+	stage = t->dev->stage;
 	h = malloc(bytes);
 	if (!h)
 		return -ENOMEM;
@@ -247,7 +323,7 @@ static int gpu_attention_host(kvq_seq *s, uint32_t layer, const struct kvq_seq_t
 		r = gpu_err(c, "copying q to the device", e);
 		goto out;
 	}
-	r = gpu_attention(s, layer, as, ns, no, q_heads, scale, stage, stage + bytes, false);
+	r = gpu_attention(c, t, layer, q_heads, scale, stage, stage + bytes, false);
 	if (r < 0)
 		goto out;
 	if ((e = cudaMemcpyAsync(h, stage + bytes, bytes, cudaMemcpyDeviceToHost, c->stream)) != cudaSuccess ||
@@ -290,19 +366,16 @@ static int gpu_wait(kvq_client *c)
 	return r < 0 ? r : gpu_drain(c);
 }
 
-static void gpu_seq_free(kvq_seq *s)
+/* The caller drained the stream (client_tables_free's rule). */
+static void gpu_tables_free(kvq_client *c, struct tables_cuda *d)
 {
-	/* no kernel of ours may read the slots once they are released */
-	if (cuda_ready(s->c) == 0) {
-		gpu_drain(s->c);
-		if (s->cuda) {
-			cudaFree(s->cuda->table);
-			cudaFree(s->cuda->stage);
-			cudaFree(s->cuda->work);
-		}
+	if (cuda_ready(c) == 0) {
+		cudaFree(d->table);
+		cudaFree(d->stage);
+		cudaFree(d->work);
 	}
-	free(s->cuda);
-	s->cuda = NULL;
+	free(d->plan);
+	free(d);
 }
 
 const struct client_backend client_cuda = {
@@ -316,6 +389,6 @@ const struct client_backend client_cuda = {
 	.attention_device = gpu_attention,
 	.copy = gpu_copy,
 	.drain = gpu_wait,
-	.seq_free = gpu_seq_free,
+	.tables_free = gpu_tables_free,
 	.timing_poll = gpu_timing_poll_client,
 };

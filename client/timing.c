@@ -13,14 +13,18 @@ int timing_phase(uint32_t n_q)
 	return n_q == 1 ? 0 : 1;    /* kvq.proto AttentionBin.phase: decode, prefill */
 }
 
-uint64_t timing_kv_bytes(const kvq_client *c, uint32_t layer, const struct kvq_seq_table *t, uint32_t ns,
-			 uint32_t no)
+uint64_t timing_kv_bytes(const kvq_client *c, uint32_t layer, const struct client_tables *t)
 {
 	const struct kvq_layer_layout *ll = &c->L->layer[layer];
-	/* a sink block among the sealed entries is an open slice read */
-	const uint32_t sk = t->sink && ns ? 1 : 0;
+	uint64_t bytes = 0;
 
-	return (uint64_t)(ns - sk) * ll->sealed_slice + (uint64_t)(no + sk) * ll->open_slice;
+	for (uint32_t i = 0; i < t->nseq; i++) {
+		/* a sink block among the sealed entries is an open slice read */
+		const uint32_t sk = t->t[i].sink && t->ns[i] ? 1 : 0;
+
+		bytes += (uint64_t)(t->ns[i] - sk) * ll->sealed_slice + (uint64_t)(t->no[i] + sk) * ll->open_slice;
+	}
+	return bytes;
 }
 
 double timing_now(void)
