@@ -8,11 +8,12 @@
  *   kvq-bench rotation [--json]
  *   kvq-bench decode|prefill|append [OPTIONS]
  *   kvq-bench timing [OPTIONS]
+ *   kvq-bench batch [--socket PATH] [--format LIST]
  *
  * This file: the command table and the usage text of every command.
  * formats: bench/formats.c (with workload.c, memory.c, team.c, report.c);
  * control: bench/control.c; rotation: bench/rotation.c; decode, prefill, append: bench/decode.cu;
- * timing: bench/timing.cu.
+ * timing: bench/timing.cu; batch: bench/batch.c.
  */
 #include "config.h"
 
@@ -38,6 +39,9 @@ void usage(FILE *f)
 		"            (kvq-bench decode|prefill|append --help for their options)\n"
 		"  timing    what libkvq's attention timing costs a GPU worker: a 30-layer token of decode\n"
 		"            calls untimed and with libkvq's event pairs (kvq-bench timing --help)\n"
+		"  batch     libkvq's batch API on a cuda pool of a running kvqd (--socket PATH, --format LIST):\n"
+		"            decode attention at 64 x 8192, 256 x 2048, 256 x 1024 and a 64 x 2048 write, ms per\n"
+		"            layer against the kernels' own interface on the same tables\n"
 		"options of formats:\n"
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"
@@ -69,6 +73,7 @@ static int bench_decode(int argc, char **argv)
 	return 1;
 }
 #define bench_timing bench_decode     /* the same refusal */
+#define bench_batch bench_decode
 #endif
 
 struct command {
@@ -84,6 +89,7 @@ static const struct command commands[] = {
 	{ "prefill", bench_decode },
 	{ "append", bench_decode },
 	{ "timing", bench_timing },
+	{ "batch", bench_batch },
 };
 
 int main(int argc, char **argv)
