@@ -12,6 +12,7 @@
  *                  kvq_seq's own begin, write, attention and commit take
  *   timing.c       attention timings, binned and reported with a Seal
  *   host.c         the host backend: mmap, the CPU kernels
+ *   team.c         the host backend's threads: a batch's sequences in parallel
  *   seq_cuda.c     the cuda backend: the CUDA half of the sequence
  *   gpu_timer.c    event pairs that time the cuda backend's attention calls
  *   cuda_import.c  a cuda pool's import (the driver: kernels/cuda/driver.h)
@@ -34,6 +35,7 @@
 #include "timing_buckets.h"
 
 struct client_backend;
+struct team;
 struct client_cuda;        /* a cuda pool's import (cuda_import.c) */
 struct tables_cuda;        /* a table set's device copy (seq_cuda.c) */
 
@@ -69,6 +71,7 @@ struct kvq_client {
 	size_t map_bytes;
 	void *stream;                   /* a cudaStream_t: where libkvq's CUDA work runs (NULL: legacy default) */
 	struct client_cuda *cuda;       /* a cuda pool's import, or NULL */
+	struct team *team;              /* a host pool's threads for a batch (team.h), or NULL */
 	int device;                     /* a cuda pool's device ordinal in this process, else -1 */
 	kvq_trace_fn trace;             /* kvq_client_set_trace, or NULL */
 	void *trace_ctx;
