@@ -103,11 +103,11 @@ size_t kvq_dispatch(const struct kvq_request *rows, size_t n, struct kvq_conn *c
 	if (ret == 0)
 		ret = row->handler(c, req, r, err, errlen);
 	if (ret < 0) {
-		/* only a version mismatch keeps its body (the daemon's HelloReply) */
-		if (ret != -EPROTONOSUPPORT) {
+		/* a refusal has no body but one that describes it (kvq.proto,
+		 * "Requests and replies") */
+		if (!r->refusal_body)
 			r->e.body_case = KVQ__ENVELOPE__BODY__NOT_SET;
-			r->fd = -1;
-		}
+		r->fd = -1;
 		reply_error(c, r, ret);
 	}
 	return (size_t)(row - rows);

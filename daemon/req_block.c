@@ -51,6 +51,12 @@ fail:
 	return NULL;
 }
 
+/* Slots of one class an Alloc is short of: need over have, else 0. */
+static uint32_t alloc_short(uint64_t need, uint64_t have)
+{
+	return need > have ? (uint32_t)(need - have) : 0;
+}
+
 int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
 {
 	const Kvq__Alloc *a = req->alloc;
@@ -72,12 +78,16 @@ int kvq_req_alloc(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	/* every class is checked before any is taken: all or nothing (evicting
 	 * for one class only ever frees blocks of the other) */
 	kvq_pool_stats(p->pool, &st);
-	if (a->n_open > st.open_free ||
-	    (uint64_t)a->n_open + a->n_sealed > (uint64_t)st.sealed_free + kvq_prefix_evictable(p->prefix, 0) ||
-	    a->n_sink > (uint64_t)st.sink_free + kvq_prefix_evictable(p->prefix, 1)) {
+	rep->short_open = alloc_short(a->n_open, st.open_free);
+	rep->short_sealed = alloc_short((uint64_t)a->n_open + a->n_sealed,
+					(uint64_t)st.sealed_free + kvq_prefix_evictable(p->prefix, 0));
+	rep->short_sink = alloc_short(a->n_sink, (uint64_t)st.sink_free + kvq_prefix_evictable(p->prefix, 1));
+	if (rep->short_open || rep->short_sealed || rep->short_sink) {
 		p->alloc_failures++;
-		return kvq_seterr(err, errlen, "pool %s cannot hold %u open + %u sealed + %u sink slots", p->name,
-				  a->n_open, a->n_sealed, a->n_sink), -ENOSPC;
+		r->refusal_body = true;   /* the shortfall (kvq.proto, AllocReply) */
+		return kvq_seterr(err, errlen, "pool %s cannot hold %u open + %u sealed + %u sink slots "
+				  "(short of %u + %u + %u)", p->name, a->n_open, a->n_sealed, a->n_sink,
+				  rep->short_open, rep->short_sealed, rep->short_sink), -ENOSPC;
 	}
 	open = calloc(a->n_open + 1, sizeof(*open));
 	resv = calloc(a->n_open + 1, sizeof(*resv));
@@ -337,76 +347,208 @@ out:
 	return ret;
 }
 
-int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+/* One prompt of a Lookup: its own fields, or a LookupPrompt's (version 8);
+ * its hit goes to ids[0..n), at most max_ids, each with one reference of
+ * the pool's taken for the caller and none of the lease's yet. */
+struct lookup_prompt {
+	const uint32_t *tokens;
+	uint32_t n_tokens, max_tokens;
+	ProtobufCBinaryData salt, rid;
+	uint32_t *ids, max_ids, n;
+};
+
+/* Drops the pool references prompts q[0..n) were granted. */
+static void lookup_unref(struct kvq_pools_rec *p, const struct lookup_prompt *q, size_t n)
 {
-	const Kvq__Lookup *q = req->lookup;
-	Kvq__LookupReply *rep = r->e.lookup_reply;
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t k = 0; k < q[i].n; k++)
+			kvq_pool_unref(p->pool, q[i].ids[k]);
+}
+
+/* In a group's member pool, prompt i of q's request id: of a length the
+ * group takes and, among several prompts, none of the earlier ones'.
+ * Checked before any prompt is looked up: a group's lookup cannot be taken
+ * back. */
+static bool lookup_rid_ok(const struct lookup_prompt *q, size_t i)
+{
+	if (q[i].rid.len < 1 || q[i].rid.len > KVQ_GROUP_MAX_REQUEST_ID)
+		return false;
+	for (size_t k = 0; k < i; k++)
+		if (q[k].rid.len == q[i].rid.len && !memcmp(q[k].rid.data, q[i].rid.data, q[i].rid.len))
+			return false;
+	return true;
+}
+
+/* A Lookup's prompts in a new array (free it) of *ret_n, the most ids
+ * their hits can have in *ret_ids; or NULL and *ret -E2BIG, -EINVAL (err
+ * set) or -ENOMEM. */
+static struct lookup_prompt *lookup_prompts(const struct kvq_pools_rec *p, const Kvq__Lookup *l, size_t *ret_n,
+					    uint32_t *ret_ids, int *ret, char *err, size_t errlen)
+{
+	const size_t n = l->n_prompts ? l->n_prompts : 1;
+	struct lookup_prompt *q = calloc(n, sizeof(*q));
+	uint64_t ids = 0;
+
+	*ret = -ENOMEM;
+	if (!q)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		const Kvq__LookupPrompt *lp = l->n_prompts ? l->prompts[i] : NULL;
+
+		if (lp)
+			q[i] = (struct lookup_prompt){ .tokens = lp->tokens, .n_tokens = (uint32_t)lp->n_tokens,
+				.max_tokens = lp->max_tokens, .salt = lp->salt, .rid = lp->request_id };
+		else
+			q[i] = (struct lookup_prompt){ .tokens = l->tokens, .n_tokens = (uint32_t)l->n_tokens,
+				.max_tokens = l->max_tokens, .salt = l->salt, .rid = l->request_id };
+		q[i].max_ids = q[i].max_tokens / p->L->block_tokens;
+		if (q[i].max_ids > KVQ_PROTO_MAX_IDS)
+			q[i].max_ids = KVQ_PROTO_MAX_IDS;
+		ids += q[i].max_ids;
+		if (p->glink.g && l->n_prompts && !lookup_rid_ok(q, i)) {
+			*ret = -EINVAL;
+			kvq_seterr(err, errlen, "pool %s is rank %u of group %s: lookup.prompts[%zu] needs a request_id "
+				   "of 1 to %u bytes, not another prompt's", p->name, p->glink.rank, p->group, i,
+				   KVQ_GROUP_MAX_REQUEST_ID);
+			goto fail;
+		}
+	}
+	if (ids > KVQ_PROTO_MAX_IDS) {
+		*ret = -E2BIG;
+		kvq_seterr(err, errlen, "lookup.prompts: up to %llu blocks (max_tokens / %u, summed), at most %u",
+			   (unsigned long long)ids, p->L->block_tokens, KVQ_PROTO_MAX_IDS);
+		goto fail;
+	}
+	*ret_n = n;
+	*ret_ids = (uint32_t)ids;
+	*ret = 0;
+	return q;
+fail:
+	free(q);
+	return NULL;
+}
+
+/* Prompt q's hit into q->ids[0..q->n), references taken in the pool: 0, or
+ * a negative code with err set. */
+static int lookup_one(struct kvq_conn *c, struct lookup_prompt *q, char *err, size_t errlen)
+{
 	struct kvq_pools_rec *p = c->pool;
-	uint32_t max_ids = (uint32_t)(q->n_tokens / p->L->block_tokens), n = 0;
-	uint64_t fresh = 0;
-	struct kvq_block_ref *refs;
-	uint32_t *ids;
 	int ret;
 
-	if (max_ids > KVQ_PROTO_MAX_IDS)
-		max_ids = KVQ_PROTO_MAX_IDS;
-	ids = calloc(max_ids + 1, sizeof(*ids));
-	refs = calloc(max_ids + 1, sizeof(*refs));
-	if (!ids || !refs || kvq_lease_reserve(c->lease, max_ids, 0) < 0) {
-		free(ids);
-		free(refs);
-		return -ENOMEM;
+	if (!p->glink.g) {
+		ret = kvq_prefix_lookup(p->prefix, q->tokens, q->n_tokens, q->max_tokens, q->salt.data, q->salt.len,
+					q->ids, q->max_ids, &q->n);
+		return ret < 0 ? (kvq_seterr(err, errlen, "lookup failed: %s", strerror(-ret)), ret) : 0;
 	}
-	if (p->glink.g) {
-		/* a group's member: the hit the request's first rank fixed */
-		const struct kvq_config *lim = c->st->cfg;
-
-		ret = kvq_group_lookup(p, q->request_id.data, q->request_id.len, q->tokens, (uint32_t)q->n_tokens,
-				       q->max_tokens, q->salt.data, q->salt.len, ids, max_ids, &n, c->active_ms,
-				       lim->group_lookup_timeout_ms, lim->group_pending_lookups);
-		if (ret < 0) {
-			free(ids);
-			free(refs);
-			if (ret == -EINVAL)
-				return kvq_seterr(err, errlen, "pool %s is rank %u of group %s: a lookup needs a "
-						  "request_id of 1 to %u bytes, its other ranks' and no more tokens",
-						  p->name, p->glink.rank, p->group, KVQ_GROUP_MAX_REQUEST_ID), ret;
-			return kvq_seterr(err, errlen, "group lookup failed: %s", ret == -EALREADY ?
-					  "this rank looked the request up already" : ret == -EBUSY ?
-					  "too many requests wait for ranks (group_pending_lookups)" : strerror(-ret)), ret;
-		}
-	} else {
-		ret = kvq_prefix_lookup(p->prefix, q->tokens, (uint32_t)q->n_tokens, q->max_tokens, q->salt.data,
-					q->salt.len, ids, max_ids, &n);
-		if (ret < 0) {
-			free(ids);
-			free(refs);
-			return kvq_seterr(err, errlen, "lookup failed: %s", strerror(-ret)), ret;
-		}
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		refs[i] = kvq_layout_block_ref(p->L, ids[i]);
-		if (!kvq_lease_sealed(c->lease, ids[i]))
-			fresh += kvq_layout_block_bytes(p->L, refs[i].cls);
-	}
-	if (!kvq_state_quota_allows(c->st, p, c->uid, fresh)) {
-		/* the references the lookup granted, not yet any lease's */
-		for (uint32_t i = 0; i < n; i++)
-			kvq_pool_unref(p->pool, ids[i]);
-		free(ids);
-		free(refs);
-		return kvq_seterr(err, errlen, "uid %u would exceed its quota in pool %s", (unsigned)c->uid,
-				  p->name), -EDQUOT;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, ids[i], 1);
-	p->lookup_tokens += q->max_tokens;
-	p->hit_tokens += (uint64_t)n * p->L->block_tokens;
-	/* the chain, its sink block first (daemon/prefix.h), into ids */
-	kvq_wire_blocks_put(&rep->base, KVQ_WIRE_CHAIN, refs, n, ids);
-	free(refs);
-	r->mem[0] = ids;
+	/* a group's member: the hit the request's first rank fixed */
+	ret = kvq_group_lookup(p, q->rid.data, q->rid.len, q->tokens, q->n_tokens, q->max_tokens, q->salt.data,
+			       q->salt.len, q->ids, q->max_ids, &q->n, c->active_ms,
+			       c->st->cfg->group_lookup_timeout_ms, c->st->cfg->group_pending_lookups);
+	if (ret == -EINVAL)
+		return kvq_seterr(err, errlen, "pool %s is rank %u of group %s: a lookup needs a request_id of 1 to "
+				  "%u bytes, its other ranks' and no more tokens", p->name, p->glink.rank, p->group,
+				  KVQ_GROUP_MAX_REQUEST_ID), ret;
+	if (ret < 0)
+		return kvq_seterr(err, errlen, "group lookup failed: %s", ret == -EALREADY ?
+				  "this rank looked the request up already" : ret == -EBUSY ?
+				  "too many requests wait for ranks (group_pending_lookups)" : strerror(-ret)), ret;
 	return 0;
+}
+
+/* The hits of a Lookup of prompts (version 8) into rep->hits, from
+ * hits[n] and ptrs[n] (the reply's from now on): each prompt's ids replaced
+ * by its wire list (kvq_wire_blocks_put), refs the room for the longest. */
+static void lookup_hits(struct kvq_reply *r, const struct kvq_pools_rec *p, struct lookup_prompt *q, size_t n,
+			Kvq__LookupHit *hits, Kvq__LookupHit **ptrs, struct kvq_block_ref *refs)
+{
+	Kvq__LookupReply *rep = r->e.lookup_reply;
+
+	for (size_t i = 0; i < n; i++) {
+		kvq__lookup_hit__init(&hits[i]);
+		for (uint32_t k = 0; k < q[i].n; k++)
+			refs[k] = kvq_layout_block_ref(p->L, q[i].ids[k]);
+		/* the chain, its sink block first (daemon/prefix.h) */
+		kvq_wire_blocks_put(&hits[i].base, KVQ_WIRE_CHAIN, refs, q[i].n, q[i].ids);
+		ptrs[i] = &hits[i];
+	}
+	rep->n_hits = n;
+	rep->hits = ptrs;
+	r->mem[1] = hits;
+	r->mem[2] = ptrs;
+}
+
+int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply *r, char *err, size_t errlen)
+{
+	const Kvq__Lookup *l = req->lookup;
+	struct kvq_pools_rec *p = c->pool;
+	struct lookup_prompt *q;
+	struct kvq_block_ref *refs = NULL;
+	kvq_lease *seen = NULL;     /* every id once, for the quota's count */
+	uint32_t *ids = NULL, max_ids = 0;
+	Kvq__LookupHit *hits = NULL, **ptrs = NULL;
+	uint64_t fresh = 0;
+	size_t n = 0, done = 0;
+	int ret;
+
+	q = lookup_prompts(p, l, &n, &max_ids, &ret, err, errlen);
+	if (!q)
+		return ret;
+	ret = -ENOMEM;
+	ids = calloc((size_t)max_ids + 1, sizeof(*ids));
+	refs = calloc((size_t)max_ids + 1, sizeof(*refs));
+	if (l->n_prompts) {
+		hits = calloc(n, sizeof(*hits));
+		ptrs = calloc(n, sizeof(*ptrs));
+	}
+	if (!ids || !refs || (l->n_prompts && (!hits || !ptrs)) || kvq_lease_new(&seen) < 0 ||
+	    kvq_lease_reserve(c->lease, max_ids, 0) < 0 || kvq_lease_reserve(seen, max_ids, 0) < 0)
+		goto out;
+	/* all or nothing: a prompt that fails drops what the earlier ones got */
+	for (uint32_t *at = ids; done < n; at += q[done++].max_ids) {
+		q[done].ids = at;
+		ret = lookup_one(c, &q[done], err, errlen);
+		if (ret < 0)
+			goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t k = 0; k < q[i].n; k++)
+			if (kvq_lease_sealed_add(seen, q[i].ids[k], 1) == 1 && !kvq_lease_sealed(c->lease, q[i].ids[k]))
+				fresh += kvq_layout_block_bytes(p->L, kvq_layout_block_ref(p->L, q[i].ids[k]).cls);
+	if (!kvq_state_quota_allows(c->st, p, c->uid, fresh)) {
+		ret = -EDQUOT;
+		kvq_seterr(err, errlen, "uid %u would exceed its quota in pool %s", (unsigned)c->uid, p->name);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		for (uint32_t k = 0; k < q[i].n; k++)
+			kvq_lease_take(c->lease, p->pool, KVQ_LEASE_GRANTED, q[i].ids[k], 1);
+		p->lookup_tokens += q[i].max_tokens;
+		p->hit_tokens += (uint64_t)q[i].n * p->L->block_tokens;
+	}
+	if (l->n_prompts) {
+		lookup_hits(r, p, q, n, hits, ptrs, refs);
+		hits = NULL;
+		ptrs = NULL;
+	} else {
+		/* the chain, its sink block first (daemon/prefix.h), into ids */
+		for (uint32_t k = 0; k < q[0].n; k++)
+			refs[k] = kvq_layout_block_ref(p->L, ids[k]);
+		kvq_wire_blocks_put(&r->e.lookup_reply->base, KVQ_WIRE_CHAIN, refs, q[0].n, ids);
+	}
+	r->mem[0] = ids;
+	ids = NULL;
+	done = 0;
+	ret = 0;
+out:
+	/* the references granted, not yet any lease's */
+	lookup_unref(p, q, done);
+	kvq_lease_free(seen);
+	free(hits);
+	free(ptrs);
+	free(ids);
+	free(refs);
+	free(q);
+	return ret;
 }
 
 /* Checks that the caller holds every block with its multiplicity in ids[n]

@@ -29,6 +29,7 @@ int kvq_req_hello(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 		kvq_seterr(err, errlen, "protocol version %u, this daemon speaks %u", h->protocol_version,
 			   KVQ_PROTOCOL_VERSION);
 		r->close_after = true;
+		r->refusal_body = true;   /* the daemon's version */
 		return -EPROTONOSUPPORT;
 	}
 	c->hello = true;

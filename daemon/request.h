@@ -31,8 +31,8 @@ enum {
 
 /* A reply being made.  The dispatcher sets the body its row names
  * (r->e.NAME_reply, initialised) and req_fd; handlers fill the body, may
- * set fd and close_after, and leave what they allocate for the reply in
- * mem. */
+ * set fd, close_after and refusal_body, and leave what they allocate for
+ * the reply in mem. */
 struct kvq_reply {
 	Kvq__Envelope e;
 	int req_fd;                             /* came with the request (kvq.proto, "File descriptors"),
@@ -40,6 +40,8 @@ struct kvq_reply {
 	char message[KVQ_PROTO_MAX_MESSAGE];    /* e.message on an error */
 	int fd;                                 /* sent with the reply (SCM_RIGHTS), or -1 */
 	bool close_after;                       /* close the connection once it is sent */
+	bool refusal_body;                      /* the body says why the handler refused (a HelloReply
+						   on a version mismatch, an Alloc's shortfall): kept */
 	void *mem[4];                           /* freed with the reply */
 	void *body;                             /* the reply body */
 	Kvq__Envelope *req;                     /* an unpacked request, freed with the reply */

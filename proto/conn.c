@@ -81,9 +81,10 @@ static int conn_connect(struct kvq_conn *c, const struct sockaddr_un *a)
 	}
 }
 
-/* The reply to request id within timeout_ms (kvq_conn_reply). */
+/* The reply to request id within timeout_ms (kvq_conn_reply); refusal:
+ * a refusal's body of type want comes back too (kvq_conn_reply_refusal). */
 static int conn_reply_within(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, int timeout_ms,
-			     Kvq__Envelope **ret);
+			     bool refusal, Kvq__Envelope **ret);
 
 void kvq_conn_init(struct kvq_conn *c, int timeout_ms)
 {
@@ -143,7 +144,7 @@ int kvq_conn_call_fd(struct kvq_conn *c, Kvq__Envelope *req, int fd, Kvq__Envelo
 	r = kvq_frame_send_envelope(c->fd, req, fd, c->timeout_ms);
 	if (r == -EPIPE || r == -ECONNRESET) {
 		/* kvqd may have said why it closed (a refusal at a limit) */
-		int n = conn_reply_within(c, 0, KVQ__ENVELOPE__BODY__NOT_SET, 0, NULL);
+		int n = conn_reply_within(c, 0, KVQ__ENVELOPE__BODY__NOT_SET, 0, false, NULL);
 
 		if (c->fault == KVQ_CONN_STATUS)
 			return n;
@@ -152,16 +153,23 @@ int kvq_conn_call_fd(struct kvq_conn *c, Kvq__Envelope *req, int fd, Kvq__Envelo
 		c->broken = true;
 		return conn_fail(c, KVQ_CONN_TRANSPORT, r, "sending to kvqd: %s", kvq_strerror(r));
 	}
-	return conn_reply_within(c, req->id, want, conn_left(deadline), ret);
+	return conn_reply_within(c, req->id, want, conn_left(deadline), false, ret);
 }
 
 int kvq_conn_reply(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
 {
-	return conn_reply_within(c, id, want, c->timeout_ms, ret);
+	return conn_reply_within(c, id, want, c->timeout_ms, false, ret);
+}
+
+int kvq_conn_reply_refusal(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret)
+{
+	if (ret)
+		*ret = NULL;
+	return conn_reply_within(c, id, want, c->timeout_ms, true, ret);
 }
 
 static int conn_reply_within(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, int timeout_ms,
-			     Kvq__Envelope **ret)
+			     bool refusal, Kvq__Envelope **ret)
 {
 	Kvq__Envelope *rep = NULL;
 	int r;
@@ -194,7 +202,7 @@ static int conn_reply_within(struct kvq_conn *c, uint64_t id, Kvq__Envelope__Bod
 	} else if (rep->body_case != want) {
 		r = conn_fail(c, KVQ_CONN_PROTOCOL, KVQ_EPROTOCOL, "kvqd answered with another reply type");
 	}
-	if (r == 0 && ret)
+	if (ret && (r == 0 || (refusal && c->fault == KVQ_CONN_STATUS && rep->id == id && rep->body_case == want)))
 		*ret = rep;
 	else
 		kvq_frame_envelope_free(rep);

@@ -88,6 +88,13 @@ int kvq_conn_call_fd(struct kvq_conn *c, Kvq__Envelope *req, int fd, Kvq__Envelo
  * kvq_conn_call without the send. */
 int kvq_conn_reply(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret);
 
+/* kvq_conn_reply for a request whose refusal may carry its reply's body
+ * (kvq.proto, "Requests and replies": an Alloc's shortfall): returns as
+ * kvq_conn_reply, and sets *ret (kvq_frame_envelope_free) to the reply on
+ * success and to a refusal's envelope when it carries a body of type want
+ * (its status is the return), to NULL otherwise. */
+int kvq_conn_reply_refusal(struct kvq_conn *c, uint64_t id, Kvq__Envelope__BodyCase want, Kvq__Envelope **ret);
+
 /* Closes the socket and pool_fd; c can be opened again.  A connection only
  * initialised is fine. */
 void kvq_conn_close(struct kvq_conn *c);

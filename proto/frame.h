@@ -23,7 +23,7 @@
 
 /* Checked at Hello; bump for any change an older peer would misread
  * (kvq.proto, "The version", says what each one changed). */
-#define KVQ_PROTOCOL_VERSION 7u
+#define KVQ_PROTOCOL_VERSION 8u
 
 #define KVQ_FRAME_HDR 4u                /* the length prefix */
 #define KVQ_FRAME_MAX (4u << 20)        /* largest envelope; a frame is HDR + envelope */
@@ -31,6 +31,7 @@
 /* Limits on what a peer controls (kvq.proto, "Limits"); over one: -E2BIG. */
 #define KVQ_PROTO_MAX_IDS 65536u        /* slot ids or slots asked for per request; chain length */
 #define KVQ_PROTO_MAX_TOKENS 524288u    /* token ids per request: 2.5 MiB packed at worst */
+#define KVQ_PROTO_MAX_PROMPTS 1024u    /* prompts in one Lookup (their tokens: within MAX_TOKENS) */
 #define KVQ_PROTO_MAX_NAME 64u          /* pool, group and client names, bytes */
 #define KVQ_PROTO_MAX_REQUEST_ID 64u    /* Lookup.request_id, bytes (a group's lookups) */
 #define KVQ_PROTO_MAX_MODEL_ID 256u

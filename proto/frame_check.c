@@ -99,6 +99,42 @@ static int check_attach(const Kvq__Attach *a, const char *what, char *err, size_
 	return 0;
 }
 
+/* One prompt's fields (Lookup's own, or a LookupPrompt's); a request id is
+ * the group's to check (a pool of no group ignores it). */
+static int check_prompt(size_t n_tokens, uint32_t max_tokens, const ProtobufCBinaryData *salt, const char *what,
+			char *err, size_t errlen)
+{
+	TRY(check_salt(salt, "lookup.salt", err, errlen));
+	if (max_tokens > n_tokens)
+		return fail(-EINVAL, err, errlen, "%s.max_tokens %u over the %zu tokens sent", what, max_tokens,
+			    n_tokens);
+	return 0;
+}
+
+/* A Lookup: its own fields or (version 8) prompts, not both; the limits
+ * over all prompts but the ids' (that needs the pool's B: the daemon's). */
+static int check_lookup(const Kvq__Lookup *l, char *err, size_t errlen)
+{
+	size_t tokens = 0;
+
+	if (!l->n_prompts) {
+		TRY(check_count(l->n_tokens, KVQ_PROTO_MAX_TOKENS, "lookup.tokens", err, errlen));
+		return check_prompt(l->n_tokens, l->max_tokens, &l->salt, "lookup", err, errlen);
+	}
+	if (l->n_tokens || l->max_tokens || l->salt.len || l->request_id.len)
+		return fail(-EINVAL, err, errlen, "lookup: prompts and fields of its own (one form or the other)");
+	TRY(check_count(l->n_prompts, KVQ_PROTO_MAX_PROMPTS, "lookup.prompts", err, errlen));
+	for (size_t i = 0; i < l->n_prompts; i++) {
+		const Kvq__LookupPrompt *q = l->prompts[i];
+		char what[40];
+
+		snprintf(what, sizeof(what), "lookup.prompts[%zu]", i);
+		TRY(check_prompt(q->n_tokens, q->max_tokens, &q->salt, what, err, errlen));
+		tokens += q->n_tokens;
+	}
+	return check_count(tokens, KVQ_PROTO_MAX_TOKENS, "lookup.prompts: tokens", err, errlen);
+}
+
 static int check_request(const Kvq__Envelope *e, char *err, size_t errlen)
 {
 	switch (e->body_case) {
@@ -146,16 +182,8 @@ static int check_request(const Kvq__Envelope *e, char *err, size_t errlen)
 		}
 		return check_count(tokens, KVQ_PROTO_MAX_TOKENS, "publish: tokens", err, errlen);
 	}
-	case KVQ__ENVELOPE__BODY_LOOKUP: {
-		const Kvq__Lookup *l = e->lookup;
-
-		TRY(check_count(l->n_tokens, KVQ_PROTO_MAX_TOKENS, "lookup.tokens", err, errlen));
-		TRY(check_salt(&l->salt, "lookup.salt", err, errlen));
-		if (l->max_tokens > l->n_tokens)
-			return fail(-EINVAL, err, errlen, "lookup.max_tokens %u over the %zu tokens sent",
-				    l->max_tokens, l->n_tokens);
-		return 0;
-	}
+	case KVQ__ENVELOPE__BODY_LOOKUP:
+		return check_lookup(e->lookup, err, errlen);
 	case KVQ__ENVELOPE__BODY_RELEASE:
 		return check_count(e->release->n_sealed_ids + e->release->n_open_ids + e->release->n_sink_ids,
 				   KVQ_PROTO_MAX_IDS, "release: ids", err, errlen);
@@ -221,14 +249,23 @@ static int check_reply(const Kvq__Envelope *e, char *err, size_t errlen)
 		if (a->n_open_ids != a->n_reserved_ids)
 			return fail(-EINVAL, err, errlen, "alloc_reply: %zu open ids, %zu reserved ids",
 				    a->n_open_ids, a->n_reserved_ids);
+		/* a refusal's body (version 8) says what was short and grants nothing */
+		if (e->status < 0 && a->n_open_ids + a->n_sealed_ids + a->n_sink_ids)
+			return fail(-EINVAL, err, errlen, "alloc_reply: ids with a refusal");
 		return check_count(a->n_open_ids + a->n_sealed_ids + a->n_sink_ids, KVQ_PROTO_MAX_IDS,
 				   "alloc_reply: ids", err, errlen);
 	}
 	case KVQ__ENVELOPE__BODY_PUBLISH_REPLY:
 		return check_count(e->publish_reply->n_ids, KVQ_PROTO_MAX_IDS, "publish_reply.ids", err, errlen);
-	case KVQ__ENVELOPE__BODY_LOOKUP_REPLY:
-		return check_count(e->lookup_reply->n_sealed_ids + e->lookup_reply->n_sink_ids, KVQ_PROTO_MAX_IDS,
-				   "lookup_reply: ids", err, errlen);
+	case KVQ__ENVELOPE__BODY_LOOKUP_REPLY: {
+		const Kvq__LookupReply *l = e->lookup_reply;
+		size_t ids = l->n_sealed_ids + l->n_sink_ids;
+
+		TRY(check_count(l->n_hits, KVQ_PROTO_MAX_PROMPTS, "lookup_reply.hits", err, errlen));
+		for (size_t i = 0; i < l->n_hits; i++)
+			ids += l->hits[i]->n_sealed_ids + l->hits[i]->n_sink_ids;
+		return check_count(ids, KVQ_PROTO_MAX_IDS, "lookup_reply: ids", err, errlen);
+	}
 	case KVQ__ENVELOPE__BODY_SEAL_REPLY:
 	case KVQ__ENVELOPE__BODY_RELEASE_REPLY:
 	case KVQ__ENVELOPE__BODY_FORK_REPLY:

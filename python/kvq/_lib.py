@@ -20,7 +20,7 @@ import subprocess
 # What this package was written against: libkvq's version (major.minor must
 # be equal), the protocol libkvq speaks to kvqd, the soname.
 VERSION = "0.1.0"
-PROTOCOL = 7
+PROTOCOL = 8
 SONAME = "libkvq.so.3"
 
 # kvq_wire.h's project codes (beyond errno)
