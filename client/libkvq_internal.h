@@ -5,6 +5,7 @@
  * (as kernels/cpu/ops.h gives one per instruction set):
  *
  *   client.c       the connection, attach and the block requests (RPC)
+ *   batched.c      the batched requests, written together (one round trip)
  *   attach_params.c  what of the caller's struct kvq_attach_params is read
  *   seq.c          kvq_seq: the backend-neutral block table, one sequence's
  *                  part of a step
@@ -292,6 +293,15 @@ struct batch_entry {
 	unsigned flags;                 /* KVQ_BATCH_LOOKUP */
 	uint32_t hit;                   /* tokens a lookup found: the step appends tokens[hit..m) */
 };
+
+/* What a commit seals besides its pairs: nothing (a publish), a Seal for
+ * the attention report when one is due and there is no pair (client_commit,
+ * the Seal's failure no error), or a Seal whatever (kvq_client_seal);
+ * client_commit sealing as mode says. */
+enum client_seal { CLIENT_SEAL_NONE, CLIENT_SEAL_DUE, CLIENT_SEAL_ALWAYS };
+int client_commit_run(kvq_client *c, uint32_t n_seal, const uint32_t *open_ids, const uint32_t *sealed_ids,
+		      struct client_chain *chains, uint32_t n_chains, bool *ret_sealed, struct client_count *cnt,
+		      enum client_seal mode);
 
 /* Releases ns sealed and no open ids in as few requests as the limits
  * allow (one, up to KVQ_PROTO_MAX_IDS ids); returns 0 or the first failure. */
