@@ -15,7 +15,8 @@
 # any step failed.  KVQ_GPU_STEP_TIMEOUT bounds each step (seconds, default 600);
 # KVQ_BENCH_ARGS are passed to kvq-bench decode; KVQ_FI_DIR names a directory
 # with FlashInfer's own kernels built into timing programs (fi_attn, fi_decode) for the
-# "vs FlashInfer" columns.
+# "vs FlashInfer" columns.  KVQ_GPU_STEPS (a blank-separated list of step
+# names) runs only those steps.
 set -u
 b=${1:?usage: tests/gpu/run.sh BUILD_DIR [OUT_DIR]}
 out=${2:-${OUT:-/tmp/kvq-gpu}}
@@ -29,6 +30,7 @@ echo "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format
 step() {
 	name=$1
 	shift
+	case " ${KVQ_GPU_STEPS:-$name} " in *" $name "*) ;; *) return 0 ;; esac
 	t0=$(date +%s)
 	timeout "${KVQ_GPU_STEP_TIMEOUT:-600}" "$@" > "$out/$name.log" 2>&1
 	rc=$?
@@ -77,6 +79,18 @@ if [ -n "${KVQ_FI_DIR:-}" ] && [ -x "$KVQ_FI_DIR/fi_attn" ] && [ -x "$KVQ_FI_DIR
 	done
 fi
 step bench sh -c "\"$b/bench/kvq-bench\" decode $sdpa $fi ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" prefill $sdpa ${KVQ_BENCH_ARGS:-} && \"$b/bench/kvq-bench\" append ${KVQ_BENCH_ARGS:-}"
+# libkvq's batch API on a cuda pool of a cuda-backend kvqd, against the
+# kernels' interface on the same tables, and kvq-bench decode and append at
+# its shapes in the same run
+gpu=$(mktemp -d)
+"$b/daemon/kvqd" --socket "$gpu/kvqd.sock" --backend cuda --foreground > "$gpu/kvqd.log" 2>&1 &
+kvqd_pid=$!
+for i in 1 2 3 4 5 6 7 8 9 10; do [ -S "$gpu/kvqd.sock" ] && break; sleep 0.2; done
+step batch sh -c "\"$b/bench/kvq-bench\" batch --socket \"$gpu/kvqd.sock\" --format int8,int4g32 && \"$b/bench/kvq-bench\" decode --format int8,int4g32 --shape 64x8192x32/8x128 --shape 256x2048x32/8x128 --shape 256x1024x32/8x128 && \"$b/bench/kvq-bench\" append --format int8,int4g32"
+kill "$kvqd_pid"
+wait "$kvqd_pid"
+cat "$gpu/kvqd.log" >> "$out/batch.log"
+rm -rf "$gpu"
 # the control plane on this (otherwise idle) machine: a host-backend kvqd
 ctl=$(mktemp -d)
 "$b/daemon/kvqd" --socket "$ctl/kvqd.sock" --backend host --foreground > "$ctl/kvqd.log" 2>&1 &
@@ -86,10 +100,12 @@ step control "$b/bench/kvq-bench" control --socket "$ctl/kvqd.sock" --seconds 3
 kill "$kvqd_pid"
 wait "$kvqd_pid"
 rm -rf "$ctl"
-grep -v '^{' "$out/bench.log" | tail -45 >> "$summary"
-tail -8 "$out/control.log" >> "$summary"
+[ -f "$out/bench.log" ] && grep -v '^{' "$out/bench.log" | tail -45 >> "$summary"
+[ -f "$out/batch.log" ] && grep -v '^{' "$out/batch.log" | tail -40 >> "$summary"
+[ -f "$out/control.log" ] && tail -8 "$out/control.log" >> "$summary"
 # few files: the small test logs in one
-for t in format cudapool cudaseq cudaseqp; do
+for t in format cudapool cudaseq cudaseqp cudabatch; do
+	[ -f "$out/$t.log" ] || continue
 	echo "== $t" >> "$out/tests.log"
 	cat "$out/$t.log" >> "$out/tests.log"
 	rm -f "$out/$t.log"
