@@ -50,7 +50,11 @@
 #define L_ 2
 #define H_ 2
 #define QH_ 4
+#ifdef KVQ_TEST_CUDA
+#define D_ 64                  /* the CUDA kernels' smallest head dim */
+#else
 #define D_ 32
+#endif
 #define B_ 16
 #define NS 10                  /* sequences */
 #define MAXM 80                /* tokens a sequence appends in one step, at most */
