@@ -16,7 +16,9 @@
  */
 #include <config.h>
 
+#include <errno.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +224,197 @@ static void test_single(kvq_client *c)
 	   (unsigned long long)n.trips);
 }
 
+/* ---------------------------------------------------------------- the batch */
+
+/* The proxy's counts of one step: its begin, its commit, and all of it. */
+struct step_count {
+	struct proxy_count begin, commit, all;
+};
+
+/*
+ * One step of b over seqs[0..n): sequence i appends m[i] tokens, all of
+ * them one after another in tok; flags for each.  Writes every layer (and
+ * attends each when attend).  hit (may be NULL) gets each sequence's
+ * lookup hit and rows its new rows, as the begun step says.  Returns 0 or
+ * the first failure.
+ */
+static int run_step(kvq_batch *b, kvq_seq **seqs, uint32_t n, const uint32_t *m, const uint32_t *tok, unsigned flags,
+		    bool attend, uint32_t step, struct step_count *ret, uint32_t *hit, uint32_t *rows)
+{
+	static uint16_t k[MAX_ROWS * H_ * D_], v[MAX_ROWS * H_ * D_];
+	static float q[MAX_ROWS * QH_ * D_], out[MAX_ROWS * QH_ * D_];
+	struct proxy_count t0, t_all;
+	const uint32_t *indptr;
+	uint32_t nseq = 0;
+	size_t off = 0;
+	int r = kvq_batch_clear(b);
+
+	*ret = (struct step_count){ 0 };
+	for (uint32_t i = 0; i < n && r >= 0; i++) {
+		r = kvq_batch_add(b, seqs[i], tok + off, m[i], flags);
+		off += m[i];
+	}
+	if (r < 0)
+		return r;
+	t_all = t0 = test_proxy_snap(&px);
+	r = kvq_batch_begin(b, NULL);
+	ret->begin = test_proxy_since(&px, t0);
+	if (r < 0)
+		return r;
+	indptr = kvq_batch_indptr(b, &nseq);
+	if (!indptr || nseq != n || indptr[n] > MAX_ROWS) {
+		kvq_batch_abort(b);
+		return -EPROTO;
+	}
+	for (uint32_t i = 0; hit && i < n; i++) {
+		hit[i] = kvq_batch_hit(b, i);
+		rows[i] = indptr[i + 1] - indptr[i];
+	}
+	for (uint32_t i = 0; i < indptr[n] * QH_ * D_; i++)
+		q[i] = (float)synth_kv(i, step, 0, 0, 0, 0);
+	for (uint32_t l = 0; l < L_ && r == 0; l++) {
+		make_kv(indptr[n], l, step, k, v);
+		r = kvq_batch_write(b, l, k, v);
+		if (r == 0 && attend)
+			r = kvq_batch_attention(b, l, QH_, 0.0f, q, out);
+	}
+	if (r < 0) {
+		kvq_batch_abort(b);
+		return r;
+	}
+	t0 = test_proxy_snap(&px);
+	r = kvq_batch_commit(b);
+	ret->commit = test_proxy_since(&px, t0);
+	ret->all = test_proxy_since(&px, t_all);
+	return r;
+}
+
+/* What kvq_batch_requests says of a phase agrees with the proxy: the
+ * requests are the frames it forwarded, the waits its round trips. */
+static bool agrees(const kvq_batch *b, int phase, struct proxy_count n, uint32_t *ret_waits)
+{
+	uint32_t req = UINT32_MAX, waits = UINT32_MAX;
+
+	if (kvq_batch_requests(b, phase, &req, &waits) < 0)
+		return false;
+	*ret_waits = waits;
+	return req == n.frames[PROXY_UP] && waits == n.trips && answered(n);
+}
+
+/* Both phases of a step agree with the proxy, and the writes and
+ * attention between them sent nothing. */
+static void check_step(const kvq_batch *b, const struct step_count *n, const char *what)
+{
+	uint32_t wb = 0, wc = 0;
+	bool ab = agrees(b, KVQ_BATCH_BEGIN, n->begin, &wb), ac = agrees(b, KVQ_BATCH_COMMIT, n->commit, &wc);
+
+	ok(ab && ac && n->all.trips == n->begin.trips + n->commit.trips &&
+	   n->all.frames[PROXY_UP] == n->begin.frames[PROXY_UP] + n->commit.frames[PROXY_UP],
+	   "%s: kvq_batch_requests agrees with the proxy (begin %u waits / %llu round trips, commit %u / %llu), "
+	   "nothing sent between", what, wb, (unsigned long long)n->begin.trips, wc,
+	   (unsigned long long)n->commit.trips);
+}
+
+static void test_batch(kvq_client *c)
+{
+	static kvq_seq *seqs[NSEQ + NLOOK];
+	static uint32_t tok[NSEQ * B_], m[NSEQ];
+	struct step_count n = { 0 };
+	kvq_batch *b = NULL;
+	struct kvq_stats st;
+	uint32_t pos[NSEQ], hit[NLOOK], rows[NLOOK], sealed_even = 0, hits = 0, rows_ok = 0;
+	size_t off = 0;
+	int r = kvq_batch_new(c, &b);
+
+	for (uint32_t i = 0; i < NSEQ + NLOOK && r == 0; i++)
+		r = kvq_seq_new(c, NULL, 0, &seqs[i]);
+	if (!ok(r == 0, "a batch and %u sequences (%d)", NSEQ + NLOOK, r))
+		goto out;
+
+	/* prefill: even sequences fill their first block (16 tokens), odd ones 10 */
+	for (uint32_t i = 0; i < NSEQ; i++) {
+		m[i] = i % 2 ? 10 : B_;
+		for (uint32_t t = 0; t < m[i]; t++)
+			tok[off++] = tok_of(i, t);
+		pos[i] = m[i];
+	}
+	r = run_step(b, seqs, NSEQ, m, tok, 0, false, 0, &n, NULL, NULL);
+	ok(r == 0 && n.begin.trips == 1, "prefill of %u sequences, every one a new block: begin is 1 round trip (%llu)",
+	   NSEQ, (unsigned long long)n.begin.trips);
+	ok(r == 0 && n.commit.trips <= 1, "its commit, nothing sealed: %llu round trips (%llu requests)",
+	   (unsigned long long)n.commit.trips, (unsigned long long)n.commit.frames[PROXY_UP]);
+	check_step(b, &n, "prefill");
+	if (r < 0)
+		goto fail;
+
+	/* decode A: the even sequences cross into block 1 (a new open block each,
+	 * then block 0 sealed and published), the odd ones stay in block 0 */
+	for (uint32_t i = 0; i < NSEQ; i++) {
+		m[i] = 1;
+		tok[i] = tok_of(i, pos[i]++);
+	}
+	r = run_step(b, seqs, NSEQ, m, tok, 0, true, 1, &n, NULL, NULL);
+	ok(r == 0 && n.begin.trips == 1,
+	   "decode step of %u sequences, %u needing a new block: begin is 1 round trip (%llu; %llu requests)", NSEQ,
+	   NSEQ / 2, (unsigned long long)n.begin.trips, (unsigned long long)n.begin.frames[PROXY_UP]);
+	ok(r == 0 && n.commit.trips == 1,
+	   "its commit, sealing and publishing %u blocks: 1 round trip (%llu; %llu requests)", NSEQ / 2,
+	   (unsigned long long)n.commit.trips, (unsigned long long)n.commit.frames[PROXY_UP]);
+	check_step(b, &n, "decode with new blocks");
+	for (uint32_t i = 0; i < NSEQ; i += 2) {
+		uint32_t ns = 0;
+
+		kvq_seq_blocks(seqs[i], NULL, &ns, NULL, NULL);
+		sealed_even += ns == 1 && kvq_seq_tokens(seqs[i]) == B_ + 1;
+	}
+	if (kvq_client_stats(c, NULL, &st) < 0)
+		st.cached = 0;
+	ok(sealed_even == NSEQ / 2 && st.cached >= NSEQ / 2,
+	   "the even sequences' first blocks are sealed (%u) and cached (%u)", sealed_even, st.cached);
+	if (r < 0)
+		goto fail;
+
+	/* decode B: nobody crosses a block boundary */
+	for (uint32_t i = 0; i < NSEQ; i++)
+		tok[i] = tok_of(i, pos[i]++);
+	r = run_step(b, seqs, NSEQ, m, tok, 0, true, 2, &n, NULL, NULL);
+	ok(r == 0 && n.begin.trips <= 1,
+	   "decode step of %u sequences, none needing a block: begin is %llu round trips (%llu requests)", NSEQ,
+	   (unsigned long long)n.begin.trips, (unsigned long long)n.begin.frames[PROXY_UP]);
+	ok(r == 0 && n.commit.trips <= 1, "its commit, nothing to seal: %llu round trips (%llu requests)",
+	   (unsigned long long)n.commit.trips, (unsigned long long)n.commit.frames[PROXY_UP]);
+	check_step(b, &n, "decode without new blocks");
+	if (r < 0)
+		goto fail;
+
+	/* prompts looked up first: each is an even sequence's first block (cached
+	 * now) and LOOK_TAIL tokens of its own */
+	off = 0;
+	for (uint32_t j = 0; j < NLOOK; j++) {
+		m[j] = B_ + LOOK_TAIL;
+		for (uint32_t t = 0; t < m[j]; t++)
+			tok[off++] = t < B_ ? tok_of(2 * j, t) : tok_of(NSEQ + j, t);
+	}
+	r = run_step(b, seqs + NSEQ, NLOOK, m, tok, KVQ_BATCH_LOOKUP, false, 3, &n, hit, rows);
+	for (uint32_t j = 0; j < NLOOK && r == 0; j++) {
+		hits += hit[j] == B_;
+		rows_ok += rows[j] == LOOK_TAIL;
+	}
+	ok(r == 0 && n.begin.trips <= 2,
+	   "%u prompts looked up and appended: begin is %llu round trips (at most 2: Lookup, Alloc; %llu requests)",
+	   NLOOK, (unsigned long long)n.begin.trips, (unsigned long long)n.begin.frames[PROXY_UP]);
+	ok(hits == NLOOK && rows_ok == NLOOK, "each found its %u cached tokens (%u) and wrote the rest (%u)", B_, hits,
+	   rows_ok);
+	check_step(b, &n, "lookup");
+fail:
+	if (r < 0)
+		diag("batch: %s (%s)", kvq_strerror(r), kvq_client_error(c));
+out:
+	kvq_batch_free(b);
+	for (uint32_t i = 0; i < NSEQ + NLOOK; i++)
+		kvq_seq_free(seqs[i]);
+}
+
 int main(void)
 {
 	char dir[64], bin[512];
@@ -245,6 +438,7 @@ int main(void)
 	ok(c != NULL, "a client attaches through the proxy (%d)", r);
 	if (c) {
 		test_single(c);
+		test_batch(c);
 		kvq_client_free(c);
 	}
 	r = test_proxy_stop(&px);
