@@ -8,6 +8,9 @@
  * Release), the round trip of a single small request (Stats), and the time
  * to attach (connect, hello, attach, the pool's fd received and mapped).
  * It attaches to pool "kvq-bench" (or --pool), creating it when needed.
+ * Then the batched decode cycle (cycle.c) runs through libkvq's batch API
+ * at batch 1, 16 and 256 on a pool of its own ("kvq-bench-batch": the
+ * pool's name and "-batch").
  */
 #include "config.h"
 
@@ -23,6 +26,7 @@
 
 #include "bench.h"
 #include "conn.h"
+#include "control.h"
 #include "frame.h"
 #include "frame_io.h"
 #include "kvq_wire.h"
@@ -39,13 +43,7 @@
  */
 #define CTL_BATCH 64u
 #define CTL_OPS_PER_CYCLE (4u * CTL_BATCH)   /* each block: alloc, seal, publish, release */
-#define CTL_MODEL "kvq-bench"
 #define CTL_POOL "kvq-bench"
-#define CTL_LAYERS 2u
-#define CTL_HEADS 2u
-#define CTL_HEAD_DIM 64u
-#define CTL_BLOCK_TOKENS 16u
-#define CTL_POLICY "int8"
 #define CTL_N_SEALED 4096u   /* cached blocks pile up to here, then Alloc evicts */
 #define CTL_N_OPEN 256u
 #define CTL_TIMEOUT_MS 5000
@@ -463,12 +461,57 @@ out:
 	return r;
 }
 
+/* The batched decode cycle's batch sizes (cycle.c). */
+#define CTL_CYCLE_SIZES 3u
+static const uint32_t ctl_cycle_size[CTL_CYCLE_SIZES] = { 1, 16, 256 };
+
+/* A batch size's run as rates: per second, per step. */
+struct ctl_cycle {
+	double ops_s, steps_s;
+	double trips, begin_trips, commit_trips, requests, releases;
+};
+
+static struct ctl_cycle ctl_cycle_figures(const struct cycle_result *y)
+{
+	const double steps = y->steps ? (double)y->steps : 1.0;
+
+	return (struct ctl_cycle){
+		.ops_s = (double)(y->allocs + y->seals + y->publishes + y->releases) / y->seconds,
+		.steps_s = (double)y->steps / y->seconds,
+		.trips = (double)(y->begin_waits + y->commit_waits) / steps,
+		.begin_trips = (double)y->begin_waits / steps,
+		.commit_trips = (double)y->commit_waits / steps,
+		.requests = (double)(y->begin_requests + y->commit_requests) / steps,
+		.releases = (double)y->ended / steps,
+	};
+}
+
+static void ctl_cycle_print(const char *pool, double seconds, const struct cycle_result *cy)
+{
+	printf("batched decode (libkvq kvq_batch, pool %s, sequences of %u tokens, %.2f s per batch size):\n", pool,
+	       CYCLE_SEQ_TOKENS, seconds);
+	for (unsigned i = 0; i < CTL_CYCLE_SIZES; i++) {
+		struct ctl_cycle f = ctl_cycle_figures(&cy[i]);
+
+		printf("batch %3u: %.0f block operations/s, %.0f steps/s; per step %.2f round trips (begin %.2f + "
+		       "commit %.2f), %.2f requests, %.2f ended sequences\n", cy[i].size, f.ops_s, f.steps_s, f.trips,
+		       f.begin_trips, f.commit_trips, f.requests, f.releases);
+	}
+	printf("  a step appends one token to each sequence: kvq_batch_add (m = 1) for each, kvq_batch_begin, a\n"
+	       "  kvq_batch_write of each layer, kvq_batch_commit; round trips and requests of begin and commit as\n"
+	       "  kvq_batch_requests reports them; a block operation is each block counted once when a begin\n"
+	       "  allocates it, once each when a commit seals and publishes it, once when it is released; a\n"
+	       "  sequence that reached %u tokens is freed (kvq_seq_free: one Release, a round trip outside\n"
+	       "  the step, timed) and replaced by an empty one\n", CYCLE_SEQ_TOKENS);
+}
+
 int cmd_control(int argc, char **argv)
 {
 	struct ctl_cfg cfg = { .pool = CTL_POOL, .seconds = 3.0 };
 	struct ctl_conn c;
 	struct ctl_ops o = { 0 };
-	char err[CTL_ERR] = "", sockbuf[108];
+	struct cycle_result cy[CTL_CYCLE_SIZES] = { 0 };
+	char err[CTL_ERR] = "", sockbuf[108], bpool[KVQ_PROTO_MAX_NAME + 1];
 	double p50 = 0, p99 = 0, pmax = 0, attach_ms = 0, ops_s, t_first;
 	int r;
 
@@ -536,6 +579,18 @@ int cmd_control(int argc, char **argv)
 	ctl_close(&c);
 	if (r == 0)
 		r = ctl_attach_ms(&cfg, &attach_ms, err);
+	if (r == 0 && (size_t)snprintf(bpool, sizeof bpool, "%s-batch", cfg.pool) >= sizeof bpool) {
+		snprintf(err, CTL_ERR, "pool name %s is too long for the batched cycle's pool (%s-batch)", cfg.pool,
+			 cfg.pool);
+		r = -ENAMETOOLONG;
+	}
+	for (unsigned i = 0; r == 0 && i < CTL_CYCLE_SIZES; i++) {
+		if (!cfg.json)
+			fprintf(stderr, PROG " control: batched decode steps of %u sequences for %.1f s ...\n",
+				ctl_cycle_size[i], cfg.seconds / CTL_CYCLE_SIZES);
+		r = cycle_run(cfg.socket, bpool, ctl_cycle_size[i], cfg.seconds / CTL_CYCLE_SIZES, &cy[i], err,
+			      CTL_ERR);
+	}
 	if (r < 0) {
 		fprintf(stderr, PROG " control: %s\n", err);
 		return 1;
@@ -543,8 +598,16 @@ int cmd_control(int argc, char **argv)
 
 	ops_s = (double)o.cycles * CTL_OPS_PER_CYCLE / o.seconds;
 	if (cfg.json) {
-		printf("{\"ops_per_s\":%.0f,\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"attach_ms\":%.3f}\n", ops_s, p50,
-		       p99, attach_ms);
+		printf("{\"ops_per_s\":%.0f,\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"attach_ms\":%.3f,\"batch\":[", ops_s,
+		       p50, p99, attach_ms);
+		for (unsigned i = 0; i < CTL_CYCLE_SIZES; i++) {
+			struct ctl_cycle f = ctl_cycle_figures(&cy[i]);
+
+			printf("%s{\"size\":%u,\"ops_per_s\":%.0f,\"steps_per_s\":%.0f,\"trips_per_step\":%.3f,"
+			       "\"requests_per_step\":%.3f,\"releases_per_step\":%.3f}", i ? "," : "", cy[i].size,
+			       f.ops_s, f.steps_s, f.trips, f.requests, f.releases);
+		}
+		printf("]}\n");
 		return 0;
 	}
 	printf("kvq-bench control: one client, pool %s (model %s, L=%u H=%u D=%u B=%u, %s), socket %s\n", cfg.pool,
@@ -562,5 +625,6 @@ int cmd_control(int argc, char **argv)
 	       p99 < CTL_RTT_P99_TARGET_US ? "PASS" : "MISS", CTL_RTT_P99_TARGET_US);
 	printf("attach (connect + hello + attach + fd + mmap, existing pool): median of %u %.3f ms "
 	       "(first attach of this run: %.3f ms)\n", CTL_ATTACH_SAMPLES, attach_ms, t_first);
+	ctl_cycle_print(bpool, cfg.seconds / CTL_CYCLE_SIZES, cy);
 	return 0;
 }

@@ -102,7 +102,7 @@ wait "$kvqd_pid"
 rm -rf "$ctl"
 [ -f "$out/bench.log" ] && grep -v '^{' "$out/bench.log" | tail -45 >> "$summary"
 [ -f "$out/batch.log" ] && grep -v '^{' "$out/batch.log" | tail -40 >> "$summary"
-[ -f "$out/control.log" ] && tail -8 "$out/control.log" >> "$summary"
+[ -f "$out/control.log" ] && tail -18 "$out/control.log" >> "$summary"
 # few files: the small test logs in one
 for t in format cudapool cudaseq cudaseqp cudabatch; do
 	[ -f "$out/$t.log" ] || continue
