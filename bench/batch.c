@@ -165,7 +165,7 @@ static int bb_tables(struct bb *x, uint32_t m, bool write, void **ret, uint32_t 
 	for (uint32_t i = 0; i < x->nseq; i++) {
 		uint32_t ns, no;
 		kvq_seq_blocks(x->s[i], NULL, &ns, NULL, &no);
-		ids += (size_t)ns + no + 1;
+		ids += (size_t)(write ? 2 : 1) * ns + no + 1;   /* a write's open entries: -1 for each sealed block too */
 	}
 	all = calloc(ids, sizeof(*all));
 	if (!t || !all || cudaMalloc((void **)&d, ids * sizeof(*all) + x->nseq * sizeof(*t)) != cudaSuccess) {
@@ -381,6 +381,10 @@ static int bb_format(const char *sock, const char *fmt)
 	cudaFree(x.v);
 	cudaFree(x.q);
 	cudaFree(x.out);
+	if (x.e0)
+		cudaEventDestroy(x.e0);
+	if (x.e1)
+		cudaEventDestroy(x.e1);
 	kvq_client_free(x.c);
 	return r;
 }
