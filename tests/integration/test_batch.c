@@ -257,8 +257,8 @@ static void test_same(const char *tag, const char *policy)
 	worst_rel = 0;
 	snprintf(p1, sizeof p1, "b-%s", tag);
 	snprintf(p2, sizeof p2, "s-%s", tag);
-	bs.c = open_pool(p1, policy, 1024, 96);
-	ss.c = open_pool(p2, policy, 1024, 96);
+	bs.c = open_pool(p1, policy, 512, 96);
+	ss.c = open_pool(p2, policy, 512, 96);
 	if (!bs.c || !ss.c || kvq_batch_new(bs.c, &b) < 0) {
 		ok(0, "%s: two pools and a batch", policy);
 		goto out;
@@ -316,7 +316,7 @@ out:
  * commit that seals and publishes one wait. */
 static void test_requests(void)
 {
-	kvq_client *c = open_pool("req", "int8", 1024, 64);
+	kvq_client *c = open_pool("req", "int8", 512, 64);
 	kvq_seq *s[16] = { 0 };
 	kvq_batch *b = NULL;
 	uint32_t tok[B_], rq[4] = { 0 }, wt[4] = { 0 };
