@@ -260,6 +260,24 @@ static inline struct kvq_block_ref kvq_layout_block_ref(const struct kvq_layout 
 	return r;
 }
 
+/* Bytes of one layer's slice of a block of class cls: a sink slice is an
+ * open one. */
+static inline uint64_t kvq_layout_slice_bytes(const struct kvq_layout *L, uint32_t cls, uint32_t layer)
+{
+	return cls == KVQ_BLOCK_SINK ? L->layer[layer].open_slice : L->layer[layer].sealed_slice;
+}
+
+/* Byte offset of block r's slice of one layer (its H head slices back to
+ * back, kvq_layout_slice_bytes long), r checked first (kvq_layout_block_id). */
+static inline uint64_t kvq_layout_slice_off(const struct kvq_layout *L, struct kvq_block_ref r, uint32_t layer)
+{
+	const struct kvq_layer_layout *ll = &L->layer[layer];
+
+	if (r.cls == KVQ_BLOCK_SINK)
+		return kvq_head_off(ll->open_base, ll->open_slice, ll->open_head, kvq_sink_open_id(L->n_open, r.index), 0);
+	return kvq_head_off(ll->region, ll->sealed_slice, ll->sealed_head, r.index, 0);
+}
+
 /* kvq_seq_table.sink of a table whose block 0 is r: 1 + its sink id, 0 when
  * r is no sink block. */
 static inline uint32_t kvq_seq_table_sink(struct kvq_block_ref r)
