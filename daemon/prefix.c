@@ -7,8 +7,12 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include "blockrec.h"
 #include "layout.h"
 #include "prefix.h"
+
+/* a block record (kernels/blockrec.h) carries this index's keys */
+_Static_assert(KVQ_BLOCKREC_KEY_LEN == KVQ_PREFIX_KEY_LEN, "one key length");
 
 #if OPENSSL_VERSION_NUMBER < 0x30000000L
 /* OpenSSL 1.1 has no explicit fetch; its EVP_sha256() costs nothing per use */
