@@ -13,7 +13,7 @@
  *   12   4  flags          KVQ_BLOCKREC_PARENT: the block has a parent; no
  *                          other bit is set
  *   16   8  length         bytes of the whole record (kvq_blockrec_size)
- *   24   8  checksum       FNV-1a 64 over the whole record, this field
+ *   24   8  checksum       XXH64 (seed 0) of the whole record, this field
  *                          taken as 8 zero bytes
  *   32   4  class          enum kvq_block_class (blockref.h)
  *   36   4  layers         } the pool's geometry, for the reason a
@@ -64,7 +64,8 @@ struct kvq_blockrec_info {
 	uint32_t tokens[KVQ_MAX_BLOCK_TOKENS];
 };
 
-/* A 64-bit digest of what a block's bytes mean in L: the layout version,
+/* A 64-bit digest (FNV-1a 64 of the fields, each u32 or u64 LE, in this
+ * order) of what a block's bytes mean in L: the layout version,
  * layers, heads, head dim, B, the activation dtype and each layer's formats,
  * rotation, slice and field sizes and offsets; not the slot counts, the
  * window or the codebooks' contents (those are the pool's identity). */
