@@ -19,7 +19,11 @@
  *    pool's figures); dropping sequences until it fits then works;
  *  - refusals: another client's sequence, a sequence twice, a lookup for a
  *    sequence that is not empty, attention before the write, commit before
- *    every layer is written.
+ *    every layer is written;
+ *  - a tensor-parallel group of two ranks (host pools): each rank's batch
+ *    looks its prompts up with each sequence's request id in one Lookup, and
+ *    both ranks get the same hits; a batch whose sequences have no request
+ *    id is refused on a member pool and holds nothing.
  *
  * Built again as tests/gpu/test_cuda_batch (KVQ_TEST_CUDA): the same on
  * cuda pools, with the KV splits fixed (KVQ_CUDA_SPLITS=1, a plan that
@@ -430,6 +434,99 @@ static void test_all_or_nothing(void)
 	kvq_client_free(c2);
 }
 
+/* A group of two ranks, one client each: prompts published by both, then
+ * found by a batch on each rank with the sequences' request ids. */
+static kvq_client *attach_rank(uint32_t rank)
+{
+	struct kvq_attach_params p = { .pool = rank ? "g1" : "g0", .model_id = MODEL, .layers = L_,
+		.kv_heads = 2 * H_, .head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16,
+		.create = 1, .n_sealed = 128, .n_open = 32, .backend = BACKEND, .device = -1 };
+	kvq_client *c = NULL;
+
+	if (kvq_client_connect(sock_path, "batch-group", &c) < 0)
+		return NULL;
+	if (kvq_client_set_group(c, "bg", rank, 2) < 0 || kvq_client_attach(c, &p) < 0) {
+		diag("rank %u: %s", rank, kvq_client_error(c));
+		kvq_client_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+#define GP 3                   /* prompts */
+#define GN 40                  /* their tokens */
+
+/* Rank r's batch of GP new sequences with request ids "<tag>-i", each
+ * looking up prompt i and appending extra tokens; writes, commits and
+ * frees them.  Hits into hit[]; returns the begin's result. */
+static int group_step(kvq_client *c, const char *tag, uint32_t extra, bool rid, uint32_t *hit)
+{
+	kvq_batch *b = NULL;
+	kvq_seq *s[GP] = { 0 };
+	uint32_t tok[GN + 8];
+	int r = kvq_batch_new(c, &b);
+
+	for (uint32_t i = 0; r == 0 && i < GP; i++) {
+		char id[16];
+
+		snprintf(id, sizeof id, "%s-%u", tag, i);
+		for (uint32_t t = 0; t < GN + extra; t++)
+			tok[t] = 7000 + 100 * i + t;
+		r = kvq_seq_new(c, NULL, 0, &s[i]);
+		if (r == 0 && rid)
+			r = kvq_seq_set_request(s[i], id, strlen(id));
+		if (r == 0)
+			r = kvq_batch_add(b, s[i], tok, GN + extra, KVQ_BATCH_LOOKUP) < 0 ? -1 : 0;
+	}
+	if (r == 0)
+		r = kvq_batch_begin(b, NULL);
+	for (uint32_t i = 0; r == 0 && i < GP; i++)
+		hit[i] = kvq_batch_hit(b, i);
+	for (uint32_t l = 0; r == 0 && l < L_; l++) {
+		const uint32_t *ip = kvq_batch_indptr(b, NULL);
+
+		/* any values will do: the ranks' hits are compared */
+		make_kv(tok, 0, ip[GP], l, kbuf, vbuf);
+		r = kvq_batch_write(b, l, kbuf, vbuf);
+	}
+	if (r == 0)
+		r = kvq_batch_commit(b);
+	kvq_batch_free(b);
+	for (uint32_t i = 0; i < GP; i++)
+		kvq_seq_free(s[i]);
+	return r;
+}
+
+static void test_group(void)
+{
+	kvq_client *c0 = attach_rank(0), *c1 = attach_rank(1);
+	uint32_t h0[GP] = { 0 }, h1[GP] = { 0 }, x[GP];
+	struct kvq_stats before, after;
+	int r0, r1;
+
+	if (!c0 || !c1) {
+		ok(0, "a group of two ranks attaches");
+		goto out;
+	}
+	/* both ranks publish the prompts, then look them up again */
+	r0 = group_step(c0, "pub", 0, true, x);
+	r1 = group_step(c1, "pub", 0, true, x);
+	ok(r0 == 0 && r1 == 0, "both ranks of a group publish %u prompts through a batch (%d, %d)", GP, r0, r1);
+	r0 = group_step(c0, "hit", 5, true, h0);
+	r1 = group_step(c1, "hit", 5, true, h1);
+	ok(r0 == 0 && r1 == 0 && !memcmp(h0, h1, sizeof h0) && h0[0] > 0 && h0[1] > 0 && h0[2] > 0,
+	   "each rank's batch finds them with the sequences' request ids, the same hits on both (%u %u %u)", h0[0],
+	   h0[1], h0[2]);
+	kvq_client_stats(c0, NULL, &before);
+	r0 = group_step(c0, "none", 5, false, x);
+	kvq_client_stats(c0, NULL, &after);
+	ok(r0 == -EINVAL && after.referenced == before.referenced && after.sealed_held == before.sealed_held,
+	   "a member pool's batch without request ids is refused (%s), nothing held", kvq_strerror(r0));
+out:
+	kvq_client_free(c0);
+	kvq_client_free(c1);
+}
+
 int main(void)
 {
 	char dir[64], bin[512];
@@ -454,6 +551,7 @@ int main(void)
 	test_same("kivi", "0:int4g32; 1-:kivi2");
 	test_requests();
 	test_all_or_nothing();
+	test_group();
 	test_daemon_stop(pid, dir);
 	return done_testing();
 }
