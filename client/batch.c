@@ -116,20 +116,21 @@ static void untake_hits(kvq_client *c, struct batch_entry *e, uint32_t n)
 	free(ids);
 }
 
-/* The lookups of e[0..n)'s KVQ_BATCH_LOOKUP sequences, in one request;
- * each hit taken as its sequence's prefix (e[i].hit).  On failure nothing
- * is held and no sequence changed. */
+/* The lookups of e[0..n)'s KVQ_BATCH_LOOKUP sequences, in one request (a
+ * prompt too short to match a whole block is not sent); each hit taken as
+ * its sequence's prefix (e[i].hit).  On failure nothing is held and no
+ * sequence changed. */
 static int step_lookups(kvq_client *c, struct batch_entry *e, uint32_t n, struct client_count *cnt)
 {
 	const struct kvq_layout *L = c->L;
 	struct client_prompt *p = NULL;
-	uint32_t np = 0, *ids = NULL, *at;
+	uint32_t np = 0, *ids = NULL, *at, *who = NULL, j;
 	size_t nids = 0;
 	int r = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
 		e[i].hit = 0;
-		if (e[i].flags & KVQ_BATCH_LOOKUP) {
+		if ((e[i].flags & KVQ_BATCH_LOOKUP) && seq_lookup_max(L, e[i].m)) {
 			np++;
 			nids += seq_lookup_max(L, e[i].m) / L->block_tokens;
 		}
@@ -137,48 +138,44 @@ static int step_lookups(kvq_client *c, struct batch_entry *e, uint32_t n, struct
 	if (!np)
 		return 0;
 	p = calloc(np, sizeof(*p));
+	who = malloc(np * sizeof(*who));   /* prompt j is e[who[j]]'s */
 	ids = malloc((nids + 1) * sizeof(*ids));
-	if (!p || !ids) {
+	if (!p || !who || !ids) {
 		r = -ENOMEM;
 		goto out;
 	}
 	np = 0;
 	at = ids;
 	for (uint32_t i = 0; i < n; i++) {
-		kvq_seq *s = e[i].s;
+		const kvq_seq *s = e[i].s;
+		const uint32_t max = seq_lookup_max(L, e[i].m);
 
-		if (!(e[i].flags & KVQ_BATCH_LOOKUP))
+		if (!(e[i].flags & KVQ_BATCH_LOOKUP) || !max)
 			continue;
-		p[np] = (struct client_prompt){ .tokens = e[i].tokens, .n_tokens = e[i].m,
-			.max_tokens = seq_lookup_max(L, e[i].m), .salt = s->salt_len ? s->salt : NULL,
-			.salt_len = s->salt_len, .rid = s->rid_len ? s->rid : NULL, .rid_len = s->rid_len,
-			.ret_ids = at };
-		at += p[np++].max_tokens / L->block_tokens;
+		p[np] = (struct client_prompt){ .tokens = e[i].tokens, .n_tokens = e[i].m, .max_tokens = max,
+			.salt = s->salt_len ? s->salt : NULL, .salt_len = s->salt_len,
+			.rid = s->rid_len ? s->rid : NULL, .rid_len = s->rid_len, .ret_ids = at };
+		who[np++] = i;
+		at += max / L->block_tokens;
 	}
 	if ((r = client_lookup_many(c, p, np, cnt)) < 0)
 		goto out;
-	np = 0;
-	for (uint32_t i = 0; i < n && r == 0; i++) {
-		if (!(e[i].flags & KVQ_BATCH_LOOKUP))
-			continue;
-		r = seq_take_hit(e[i].s, e[i].tokens, p[np].ret_ids, p[np].ret_n);
-		if (r == 0)
-			e[i].hit = p[np].ret_n * L->block_tokens;
-		np++;
+	for (j = 0; j < np && r == 0; j++) {
+		struct batch_entry *x = &e[who[j]];
+
+		if ((r = seq_take_hit(x->s, x->tokens, p[j].ret_ids, p[j].ret_n)) == 0)
+			x->hit = p[j].ret_n * L->block_tokens;
 	}
 	if (r < 0) {
-		/* the hits not taken yet, then the ones taken */
-		for (uint32_t i = 0, j = 0; i < n; i++) {
-			if (!(e[i].flags & KVQ_BATCH_LOOKUP))
-				continue;
-			if (!e[i].hit && p[j].ret_n)
+		/* the hits not taken (the one that failed and those after it), then the ones taken */
+		for (j = j - 1; j < np; j++)
+			if (p[j].ret_n)
 				client_release_many(c, p[j].ret_ids, p[j].ret_n, NULL, 0);
-			j++;
-		}
 		untake_hits(c, e, n);
 	}
 out:
 	free(p);
+	free(who);
 	free(ids);
 	return r;
 }

@@ -426,6 +426,16 @@ static void test_all_or_nothing(void)
 	   "once written, it commits");
 	kvq_batch_clear(b);
 	ok(kvq_batch_add(b, s[0], tok, 1, KVQ_BATCH_LOOKUP) == -EINVAL, "a lookup for a sequence that is not empty is refused");
+	{
+		uint32_t rq = 9, wt = 9;
+
+		kvq_batch_clear(b);
+		r = kvq_batch_add(b, s[7], tok, 3, KVQ_BATCH_LOOKUP) < 0 ? -1 : kvq_batch_begin(b, NULL);
+		kvq_batch_requests(b, KVQ_BATCH_BEGIN, &rq, &wt);
+		ok(r == 0 && rq == 1 && wt == 1 && kvq_batch_hit(b, 0) == 0,
+		   "a prompt too short for a whole block sends no Lookup: the begin is its Alloc alone (%u request)", rq);
+		kvq_batch_abort(b);
+	}
 	kvq_batch_free(b);
 	for (uint32_t i = 0; i < 8; i++)
 		kvq_seq_free(s[i]);
