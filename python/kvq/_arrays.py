@@ -106,3 +106,56 @@ def check(a, what, shape, dtypes, layout):
     if a.dtype not in dtypes:
         raise TypeError(f"{what}: dtype {a.dtype_name()}, expected {' or '.join(dtypes)} (no conversion is made: "
                         f"convert it first, a copy)")
+
+
+# The checks of a pool's calls, shared by Sequence and Batch: the same
+# arguments reach libkvq the same way whichever object makes the call.
+
+def kv(x, what, shape, act, dev, layout):
+    """K or V of a write: shape, the pool's act dtype, and host memory or
+    the pool's device (dev: the pool's CUDA ordinal, -1 a host pool)."""
+    a = inspect(x, what)
+    check(a, what, shape, (act,), layout)
+    if a.device is not None and a.device >= 0 and a.device != dev:
+        raise ValueError(f"{what}: on cuda:{a.device}, " + (f"the pool is on cuda:{dev}" if dev >= 0 else
+                         "the pool is a host pool (host memory only)"))
+    if a.device is None and dev < 0:
+        raise ValueError(f"{what}: device memory, and the pool is a host pool (host memory only)")
+    return a
+
+
+def attention(q, out, head_dim, act, dev, rows=None):
+    """q and out of an attention call, out allocated when None: (q's Array,
+    out's Array, out, whether they are in device memory).  rows: the query
+    rows the call needs (None: q's own count)."""
+    qa = inspect(q, "q")
+    if len(qa.shape) != 3:
+        raise ValueError(f"q: shape {tuple(qa.shape)}, expected 3 axes [n_q, q_heads, head_dim]")
+    shape = (qa.shape[0] if rows is None else rows, qa.shape[1], head_dim)
+    on_dev = qa.device != -1
+    if out is None:
+        out = _alloc_out(q, shape, on_dev)
+    oa = inspect(out, "out", writable=True)
+    if on_dev != (oa.device != -1):
+        raise ValueError("q and out: one in host memory and one on a GPU; both host (float32) or both device")
+    if on_dev:
+        if dev < 0:
+            raise ValueError("q: device memory, and the pool is a host pool (host memory only)")
+        for a, w in ((qa, "q"), (oa, "out")):
+            if a.device is not None and a.device != dev:
+                raise ValueError(f"{w}: on cuda:{a.device}, the pool is on cuda:{dev}")
+        check(qa, "q", shape, (act,), "[n_q, q_heads, head_dim], the pool's act dtype")
+        check(oa, "out", shape, ("f32", act), "[n_q, q_heads, head_dim]")
+    else:
+        check(qa, "q", shape, ("f32",), "[n_q, q_heads, head_dim] in host memory")
+        check(oa, "out", shape, ("f32",), "[n_q, q_heads, head_dim] in host memory")
+    return qa, oa, out, on_dev
+
+
+def _alloc_out(q, shape, on_dev):
+    torch = _torch_of(q)
+    if torch is not None:
+        return torch.empty(shape, dtype=q.dtype if on_dev else torch.float32, device=q.device)
+    if on_dev:
+        raise ValueError("out: pass an output array for device memory that is not a torch tensor")
+    return np.empty(shape, np.float32)

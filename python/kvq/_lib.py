@@ -18,15 +18,20 @@ import shutil
 import subprocess
 
 # What this package was written against: libkvq's version (major.minor must
-# be equal), the protocol libkvq speaks to kvqd, the soname.
+# be equal), the protocol libkvq speaks to kvqd, the soname, and the
+# library's interface (Makefile.am's -version-info): every function of
+# PROTOTYPES is needed at import, so an older libkvq.so.3 is refused there.
 VERSION = "0.1.0"
 PROTOCOL = 8
 SONAME = "libkvq.so.3"
+INTERFACE = 8
 
 # kvq_wire.h's project codes (beyond errno)
 KVQ_ELAYOUT, KVQ_EPOLICY, KVQ_EPROTOCOL = -1001, -1002, -1003
 KVQ_ACT_F16, KVQ_ACT_BF16 = 0, 1
 KVQ_TRACE_WRITE, KVQ_TRACE_ATTENTION = 0, 1
+KVQ_BATCH_LOOKUP = 1
+KVQ_BATCH_BEGIN, KVQ_BATCH_COMMIT = 0, 1
 
 c_u32, c_u64, c_int, c_p, c_char_p = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
 P_u32 = ctypes.POINTER(c_u32)
@@ -99,6 +104,21 @@ PROTOTYPES = {
     "kvq_seq_attention_device": (c_int, [c_p, c_u32, c_u32, c_u32, ctypes.c_float, c_p, c_p, c_int]),
     "kvq_seq_fork": (c_int, [c_p, ctypes.POINTER(c_p)]),
     "kvq_seq_blocks": (c_int, [c_p, ctypes.POINTER(P_i32), P_u32, ctypes.POINTER(P_i32), P_u32]),
+    # interface 8
+    "kvq_batch_new": (c_int, [c_p, ctypes.POINTER(c_p)]),
+    "kvq_batch_free": (None, [c_p]),
+    "kvq_batch_add": (c_int, [c_p, c_p, P_u32, c_u32, ctypes.c_uint]),
+    "kvq_batch_clear": (c_int, [c_p]),
+    "kvq_batch_size": (c_u32, [c_p]),
+    "kvq_batch_begin": (c_int, [c_p, P_u32]),
+    "kvq_batch_indptr": (P_u32, [c_p, P_u32]),
+    "kvq_batch_hit": (c_u32, [c_p, c_u32]),
+    "kvq_batch_write": (c_int, [c_p, c_u32, c_p, c_p]),
+    "kvq_batch_attention": (c_int, [c_p, c_u32, c_u32, ctypes.c_float, c_p, c_p]),
+    "kvq_batch_attention_device": (c_int, [c_p, c_u32, c_u32, ctypes.c_float, c_p, c_p, c_int]),
+    "kvq_batch_commit": (c_int, [c_p]),
+    "kvq_batch_abort": (None, [c_p]),
+    "kvq_batch_requests": (c_int, [c_p, c_int, P_u32, P_u32]),
 }
 
 
@@ -137,7 +157,8 @@ def _check(lib, path):
             f = getattr(lib, name)
         except AttributeError:
             raise ImportError(f"kvq: {path} has no {name}: a libkvq older than this package "
-                              f"(kvq {VERSION} needs libkvq {VERSION} or a later {VERSION.rsplit('.', 1)[0]}.x)")
+                              f"(kvq {VERSION} needs libkvq interface {INTERFACE}: libkvq {VERSION} or a later "
+                              f"{VERSION.rsplit('.', 1)[0]}.x)")
         f.restype, f.argtypes = res, args
     version = lib.kvq_version().decode()
     if version.split(".")[:2] != VERSION.split(".")[:2]:

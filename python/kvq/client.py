@@ -4,8 +4,9 @@ sequence's block table in it): libkvq's kvq_client and kvq_seq.
 
 Resources: a Client holds a connection, the pool's mapping and every block
 its sequences hold; close() (or the end of a ``with`` block, or garbage
-collection) frees its open sequences, then the client.  A Sequence's close()
-releases its blocks (one Release).  Closing twice is fine.
+collection) frees its batches (kvq.batch) and open sequences, then the
+client.  A Sequence's close() releases its blocks (one Release); it is
+refused while a Batch holds the sequence.  Closing twice is fine.
 
 Threads: one libkvq client may be used by one thread at a time; each Client
 has a lock that its calls (its sequences' too) take, so sharing one across
@@ -46,11 +47,11 @@ def _u32p(a):
 
 
 class _Handle:
-    """A kvq_client pointer with its lock, its process and its open
-    sequences; freed once, in the process that opened it."""
+    """A kvq_client pointer with its lock, its process, its open sequences
+    and batches; freed once, in the process that opened it."""
 
     def __init__(self, ptr):
-        self.ptr, self.pid, self.lock, self.seqs = ptr, os.getpid(), threading.RLock(), {}
+        self.ptr, self.pid, self.lock, self.seqs, self.batches = ptr, os.getpid(), threading.RLock(), {}, {}
 
     def check(self, what):
         if self.ptr is None:
@@ -69,6 +70,8 @@ class _Handle:
         if self.ptr is None or os.getpid() != self.pid:
             return
         with self.lock:
+            for b in list(self.batches.values()):   # a batch refers to its sequences
+                b.free()
             for s in list(self.seqs.values()):
                 s.free()
             L.kvq_client_free(self.ptr)
@@ -76,8 +79,11 @@ class _Handle:
 
 
 class _SeqHandle:
+    """A kvq_seq pointer and the batches (batch._BatchHandle) that hold it:
+    libkvq frees a sequence only when no batch holds it."""
+
     def __init__(self, client, ptr):
-        self.client, self.ptr = client, ptr
+        self.client, self.ptr, self.batches = client, ptr, {}
         client.seqs[id(self)] = self
 
     def free(self):
@@ -85,6 +91,10 @@ class _SeqHandle:
         if self.ptr is None or os.getpid() != c.pid:
             return
         with c.lock:
+            # Sequence.close() refuses while a batch holds it; collection at
+            # exit or the client's close frees those batches first
+            for b in list(self.batches.values()):
+                b.free()
             if self.ptr is not None and c.ptr is not None:
                 L.kvq_seq_free(self.ptr)
             self.ptr = None
@@ -290,7 +300,10 @@ class Sequence:
         self._m = 0
 
     def close(self):
-        """Releases every block the sequence holds."""
+        """Releases every block the sequence holds.  Refused (ValueError)
+        while a Batch holds the sequence: clear() or close the batch first."""
+        if self._h.batches and self._h.ptr is not None and os.getpid() == self._h.client.pid:
+            raise ValueError("close: the sequence is in a batch; clear() or close() the batch first")
         self._fin()
 
     def __enter__(self):
@@ -344,16 +357,8 @@ class Sequence:
 
     def _kv(self, x, what):
         g = self.client.geometry
-        a = _arrays.inspect(x, what)
-        _arrays.check(a, what, (self._m, g["kv_heads"], g["head_dim"]), (g["act"],),
-                      "[new tokens, kv_heads, head_dim] of the current begin()")
-        dev = self.client.device
-        if a.device is not None and a.device >= 0 and a.device != dev:
-            raise ValueError(f"{what}: on cuda:{a.device}, " + (f"the pool is on cuda:{dev}" if dev >= 0 else
-                             "the pool is a host pool (host memory only)"))
-        if a.device is None and dev < 0:
-            raise ValueError(f"{what}: device memory, and the pool is a host pool (host memory only)")
-        return a
+        return _arrays.kv(x, what, (self._m, g["kv_heads"], g["head_dim"]), g["act"], self.client.device,
+                          "[new tokens, kv_heads, head_dim] of the current begin()")
 
     def write(self, layer, k, v):
         """Writes one layer's K and V of the current begin()'s tokens."""
@@ -368,42 +373,14 @@ class Sequence:
         1/sqrt(head_dim).  Host arrays: returns once out is written; CUDA
         tensors: queued on q's current stream.  Returns out."""
         g = self.client.geometry
-        qa = _arrays.inspect(q, "q")
-        if len(qa.shape) != 3:
-            raise ValueError(f"q: shape {tuple(qa.shape)}, expected 3 axes [n_q, q_heads, head_dim]")
-        shape = (qa.shape[0], qa.shape[1], g["head_dim"])
-        on_dev = qa.device != -1
-        if out is None:
-            out = self._alloc_out(q, shape, on_dev)
-        oa = _arrays.inspect(out, "out", writable=True)
-        dev = self.client.device
-        if on_dev != (oa.device != -1):
-            raise ValueError("q and out: one in host memory and one on a GPU; both host (float32) or both device")
+        qa, oa, out, on_dev = _arrays.attention(q, out, g["head_dim"], g["act"], self.client.device)
         if on_dev:
-            if dev < 0:
-                raise ValueError("q: device memory, and the pool is a host pool (host memory only)")
-            for a, w in ((qa, "q"), (oa, "out")):
-                if a.device is not None and a.device != dev:
-                    raise ValueError(f"{w}: on cuda:{a.device}, the pool is on cuda:{dev}")
-            _arrays.check(qa, "q", shape, (g["act"],), "[n_q, q_heads, head_dim], the pool's act dtype")
-            _arrays.check(oa, "out", shape, ("f32", g["act"]), "[n_q, q_heads, head_dim]")
             self.client._use_stream(qa.stream)
-            self._call("attention", L.kvq_seq_attention_device, layer, shape[1], shape[0], scale, qa.ptr, oa.ptr,
-                       1 if oa.dtype == "f32" else 0)
+            self._call("attention", L.kvq_seq_attention_device, layer, qa.shape[1], qa.shape[0], scale, qa.ptr,
+                       oa.ptr, 1 if oa.dtype == "f32" else 0)
         else:
-            _arrays.check(qa, "q", shape, ("f32",), "[n_q, q_heads, head_dim] in host memory")
-            _arrays.check(oa, "out", shape, ("f32",), "[n_q, q_heads, head_dim] in host memory")
-            self._call("attention", L.kvq_seq_attention, layer, shape[1], shape[0], scale, qa.ptr, oa.ptr)
+            self._call("attention", L.kvq_seq_attention, layer, qa.shape[1], qa.shape[0], scale, qa.ptr, oa.ptr)
         return out
-
-    @staticmethod
-    def _alloc_out(q, shape, on_dev):
-        torch = _arrays._torch_of(q)
-        if torch is not None:
-            return torch.empty(shape, dtype=q.dtype if on_dev else torch.float32, device=q.device)
-        if on_dev:
-            raise ValueError("out: pass an output array for device memory that is not a torch tensor")
-        return np.empty(shape, np.float32)
 
     def commit(self):
         """Seals the blocks that left the open window and publishes every

@@ -44,7 +44,10 @@ class PoolRefused(KvqError):
 
 class PoolFull(KvqError):
     """The pool cannot hold the blocks asked for (-ENOSPC), or the caller's
-    quota (-EDQUOT)."""
+    quota (-EDQUOT).  From Batch.begin(), ``short`` is the slots the pool
+    was short of (0 for a quota); None otherwise."""
+
+    short = None
 
 
 class NotSupported(KvqError):

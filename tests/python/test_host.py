@@ -521,6 +521,212 @@ def test_figure_row(ctx):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- batch
+
+def rand_step(rng, rows):
+    """Each sequence's new rows of one step: per layer (k, v, q), q one row per new token."""
+    return [[(rand_kv(rng, m), rand_kv(rng, m), rng.standard_normal((m, QH, G["head_dim"])).astype(np.float32))
+             for _ in range(G["layers"])] for m in rows]
+
+
+def batch_vs_sequences(ctx, tag, prompts, lookups, decode, published=None, policy="int8"):
+    """The same steps on two identical pools: one kvq.Batch over the
+    sequences on one, each Sequence's own calls on the other.  Step 0 adds
+    the prompts (lookups[i]: the prompt looked up first), then `decode`
+    steps of one token each.  published: a prompt and its K/V written to
+    both pools first.  Returns (batch outputs, sequence outputs, hits of
+    both sides, the batch's requests after the first commit)."""
+    rng = np.random.default_rng(sum(map(len, prompts)) + decode)
+    kw = dict(socket=ctx["sock"], policy=policy, **G)
+    outs = {"batch": [], "seq": []}
+    with kvq.attach(f"bb-{tag}", "python-test", **kw) as cb, kvq.attach(f"bs-{tag}", "python-test", **kw) as cs:
+        if published is not None:
+            toks, kv = published
+            for c in (cb, cs):
+                with c.sequence() as s:
+                    s.begin(toks)
+                    for layer in range(G["layers"]):
+                        s.write(layer, *kv[layer])
+                    s.commit()
+        sb = [cb.sequence() for _ in prompts]
+        ss = [cs.sequence() for _ in prompts]
+        b = kvq.Batch(cb)
+        hits = {"batch": [], "seq": []}
+        steps = [[np.asarray(p) for p in prompts]] + [[rng.integers(0, 50000, 1) for _ in prompts]
+                                                      for _ in range(decode)]
+        first_commit = None
+        for n, toks in enumerate(steps):
+            b.clear()
+            assert len(b) == 0 and b.indptr is None
+            for i, (s, t) in enumerate(zip(sb, toks)):
+                assert b.add(s, t, lookup=n == 0 and lookups[i]) == i
+            b.begin()
+            ip = b.indptr
+            assert ip.dtype == np.uint32 and len(ip) == len(sb) + 1 and ip[0] == 0, ip
+            if n == 0:
+                hits["batch"] = [b.hit(i) for i in range(len(sb))]
+                hits["seq"] = [s.lookup(t) if lookups[i] else 0 for i, (s, t) in enumerate(zip(ss, toks))]
+            rows = np.diff(ip)
+            assert list(rows) == [len(t) - (hits["batch"][i] if n == 0 else 0) for i, t in enumerate(toks)], rows
+            data = rand_step(rng, rows)
+            for i, s in enumerate(ss):
+                s.begin(toks[i][len(toks[i]) - rows[i]:])
+            for layer in range(G["layers"]):
+                k, v, q = (np.concatenate([d[layer][j] for d in data]) for j in range(3))
+                b.write(layer, k, v)
+                outs["batch"].append(b.attention(layer, q))
+                for s, d in zip(ss, data):
+                    s.write(layer, d[layer][0], d[layer][1])
+                outs["seq"].append(np.concatenate([s.attention(layer, d[layer][2]) for s, d in zip(ss, data)]))
+            b.commit()
+            assert b.indptr is None
+            for s in ss:
+                s.commit()
+            if n == 0:
+                first_commit = b.requests("commit")
+            assert [s.tokens for s in sb] == [s.tokens for s in ss]
+        b.close()
+        for s in sb + ss:
+            s.close()
+    return outs, hits, first_commit
+
+
+def test_batch_equals_sequences(ctx):
+    """kvq.Batch: prompts of 70, 33 and 5 tokens, then 40 decode steps: each step's attention equals each Sequence's own on a second pool bit for bit; a commit that seals and publishes waits once"""
+    rng = np.random.default_rng(21)
+    prompts = [rng.integers(0, 50000, m) for m in (70, 33, 5)]
+    outs, hits, (reqs, waits) = batch_vs_sequences(ctx, "eq", prompts, [False] * 3, 40)
+    assert len(outs["batch"]) == 41 * G["layers"]
+    for n, (ob, os_) in enumerate(zip(outs["batch"], outs["seq"])):
+        assert ob.shape == os_.shape and np.array_equal(ob, os_), \
+            f"step {n // 2} layer {n % 2}: batch differs from the sequences, max {np.abs(ob - os_).max()}"
+    assert waits == 1 and reqs >= 1, (reqs, waits)
+
+
+def test_batch_lookup_hit(ctx):
+    """kvq.Batch add(lookup=True) finds a published prefix: hit equals Sequence.lookup's on the other pool, and attention is equal"""
+    rng = np.random.default_rng(22)
+    toks = rng.integers(0, 50000, 100)
+    kv = [(rand_kv(rng, 100), rand_kv(rng, 100)) for _ in range(G["layers"])]
+    prompts = [np.concatenate([toks, rng.integers(0, 50000, 10)]), rng.integers(0, 50000, 40), toks[:50]]
+    outs, hits, _ = batch_vs_sequences(ctx, "hit", prompts, [True, False, True], 3, published=(toks, kv))
+    assert hits["batch"] == hits["seq"] == [96, 0, 32], hits
+    for ob, os_ in zip(outs["batch"], outs["seq"]):
+        assert np.array_equal(ob, os_), np.abs(ob - os_).max()
+
+
+def test_batch_enospc(ctx):
+    """kvq.Batch begin: 8 sequences in a pool of 6 open slots is PoolFull 2 slots short and changes nothing; 6 of them begin; abort gives the slots back"""
+    with kvq.attach("bsmall", "python-test", socket=ctx["sock"], policy="int8", n_sealed=64, n_open=6, **G) as c:
+        seqs = [c.sequence() for _ in range(8)]
+        b = kvq.Batch(c)
+        for s in seqs:
+            b.add(s, np.arange(B - 1))
+        before = c.stats()
+        try:
+            b.begin()
+            raise AssertionError("no error")
+        except kvq.PoolFull as e:
+            assert e.code == -errno.ENOSPC and e.short == 2, (e, e.short)
+        after = c.stats()
+        for f in ("open_used", "sealed_held", "referenced"):
+            assert after[f] == before[f], (f, before[f], after[f])
+        assert b.indptr is None and [s.tokens for s in seqs] == [0] * 8 and all(s.blocks() == ([], []) for s in seqs)
+        b.clear()
+        for s in seqs[:6]:
+            b.add(s, np.arange(B - 1))
+        b.begin()
+        assert list(b.indptr) == [i * (B - 1) for i in range(7)]
+        assert c.stats()["open_used"] == before["open_used"] + 6
+        b.abort()
+        assert c.stats()["open_used"] == before["open_used"] and seqs[0].tokens == 0 and b.indptr is None
+        b.close()
+        for s in seqs:
+            s.close()
+
+
+def test_batch_refusals(ctx):
+    """kvq.Batch: bad shapes and dtypes, a write before begin, a sequence twice or of another client, a lookup on a non-empty sequence, closing a sequence in a batch: each refused with a clear error"""
+    def refused(f, exc, text):
+        try:
+            f()
+        except exc as e:
+            assert text in str(e), (text, str(e))
+            return e
+        raise AssertionError(f"no error ({text})")
+
+    with kvq.attach("berr", "python-test", socket=ctx["sock"], policy="f16", **G) as c, \
+            kvq.attach("berr", "python-test", socket=ctx["sock"], policy="f16", **G) as c2, \
+            c.sequence() as s1, c.sequence() as s2, c2.sequence() as other:
+        b = kvq.Batch(c)
+        z = np.zeros((3, 2, 64), np.float16)
+        refused(lambda: b.write(0, z, z), ValueError, "write: no step is begun")
+        assert b.add(s1, [1, 2]) == 0 and b.add(s2, [3]) == 1
+        e = refused(lambda: b.add(s1, [4]), kvq.KvqError, "in the batch already")
+        assert e.code == -errno.EEXIST
+        refused(lambda: b.add(other, [4]), ValueError, "another client")
+        refused(lambda: s1.close(), ValueError, "the sequence is in a batch")
+        b.begin()
+        e = refused(lambda: b.add(c.sequence(), [4]), kvq.KvqError, "the step is begun")
+        assert e.code == -errno.EBUSY
+        refused(lambda: b.write(0, np.zeros((2, 2, 64), np.float16), z), ValueError,
+                "k: shape (2, 2, 64), expected (3, 2, 64)")
+        refused(lambda: b.write(0, z, z.astype(np.float32)), TypeError, "v: dtype float32, expected f16")
+        refused(lambda: b.attention(0, np.zeros((3, QH, 64), np.float32)), kvq.KvqError, "before its write")
+        b.write(0, z, z)
+        refused(lambda: b.attention(0, np.zeros((2, QH, 64), np.float32)), ValueError,
+                "q: shape (2, 4, 64), expected (3, 4, 64)")
+        refused(lambda: b.attention(0, np.zeros((3, QH, 64), np.float16)), TypeError, "q: dtype float16")
+        refused(lambda: b.attention(0, np.zeros((3, QH, 64), np.float32), np.zeros((3, QH, 32), np.float32)),
+                ValueError, "out: shape (3, 4, 32)")
+        assert b.attention(0, np.ones((3, QH, 64), np.float32)).shape == (3, QH, 64)
+        e = refused(lambda: b.commit(), kvq.KvqError, "layer 1")
+        assert e.code == -errno.EINVAL
+        b.write(1, z, z)
+        b.commit()
+        b.clear()
+        refused(lambda: b.add(s1, [5], lookup=True), kvq.KvqError, "not empty")
+        refused(lambda: b.requests("write"), ValueError, "phase")
+        refused(lambda: b.hit(2), IndexError, "no sequence 2")
+        b.close()
+        refused(lambda: len(b), ValueError, "the batch is closed")
+
+
+def test_batch_close_and_collect(ctx):
+    """kvq.Batch: a sequence is closable once its batch is cleared or closed; a Client closed with a begun batch and its sequences frees them all; garbage collection too"""
+    with kvq.attach("bclose", "python-test", socket=ctx["sock"], policy="int8", **G) as c:
+        s = c.sequence()
+        b = kvq.Batch(c)
+        b.add(s, np.arange(40))
+        b.clear()
+        s.close()
+        s = c.sequence()
+        b.add(s, np.arange(40))
+        del s
+        gc.collect()
+        assert len(b.sequences) == 1, "the batch keeps its sequence alive"
+        b.begin()
+        assert c.stats()["open_used"] > 0
+        del b
+        gc.collect()   # the batch's abort and free, then the sequence's
+        st = c.stats()
+        assert st["open_used"] == 0 and st["sealed_held"] == 0, st
+        seqs = [c.sequence() for _ in range(3)]
+        b = kvq.Batch(c)
+        for i, s in enumerate(seqs):
+            b.add(s, np.arange(10 + i))
+        b.begin()
+    # the client's close freed the begun batch, then the sequences
+    try:
+        len(b)
+        raise AssertionError("no error")
+    except ValueError as e:
+        assert "closed" in str(e), e
+    with kvq.connect(ctx["sock"]) as c2:
+        st = c2.stats("bclose")
+        assert st["open_used"] == 0 and st["clients"] == 0, st
+
+
 def main():
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_")]
     tmp = tempfile.mkdtemp(prefix="kvqd-python.")
