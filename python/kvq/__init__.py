@@ -24,5 +24,5 @@ from .errors import DaemonUnavailable, InheritedError, KvqError, NotSupported, P
 
 __version__ = VERSION
 
-__all__ = ["Client", "Sequence", "Batch", "attach", "connect", "KvqError", "DaemonUnavailable", "PoolRefused", "PoolFull",
-           "NotSupported", "InheritedError", "libkvq_version", "libkvq_path", "protocol"]
+__all__ = ["Client", "Sequence", "Batch", "attach", "connect", "KvqError", "DaemonUnavailable", "PoolRefused",
+           "PoolFull", "NotSupported", "InheritedError", "libkvq_version", "libkvq_path", "protocol"]

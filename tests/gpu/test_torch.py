@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """TAP, on a GPU machine: the kvq package's torch path on a cuda pool against
 its NumPy path on a host pool, the pointers the CUDA kernels get against the
-tensors' data_ptr() (zero copy), work on a side stream, and the refusals.
+tensors' data_ptr() (zero copy), work on a side stream, the refusals, and a
+kvq.Batch on a cuda pool against one on a host pool.
 A running kvqd built with CUDA at $KVQ_SOCKET; tests/gpu/python.sh runs it.
 """
 import os
@@ -123,6 +124,48 @@ def test_refusals():
             raise AssertionError("no error")
         except ValueError as e:
             assert "host pool" in str(e), e
+
+
+def test_batch_cuda_matches_host():
+    """kvq.Batch on a cuda pool (CUDA tensors, zero copy; host arrays too) equals a host pool's batch for int8 within 1e-2"""
+    gen = torch.Generator().manual_seed(11)
+    with kvq.attach("b-cuda", "gpu-test", socket=SOCK, policy="int8", backend="cuda", **A) as cc, \
+            kvq.attach("b-host", "gpu-test", socket=SOCK, policy="int8", backend="host", **A) as hc:
+        seqs = {c: [c.sequence() for _ in range(3)] for c in (cc, hc)}
+        batches = {c: kvq.Batch(c) for c in (cc, hc)}
+        calls, worst = [], 0.0
+        cc.set_trace(calls.append)
+        for n, lens in enumerate([(70, 33, 5), (1, 1, 1), (1, 1, 1)]):
+            for c, b in batches.items():
+                b.clear()
+                for s, m in zip(seqs[c], lens):
+                    b.add(s, np.arange(n * 100, n * 100 + m))
+                b.begin()
+            rows = int(batches[cc].indptr[-1])
+            assert rows == sum(lens)
+            for layer in range(G["layers"]):
+                k, v = kv(gen, rows), kv(gen, rows)
+                q = torch.randn(rows, QH, G["head_dim"], generator=gen)
+                if layer == 0:   # CUDA tensors, read in place
+                    kd, vd, qd = k.cuda(), v.cuda(), q.half().cuda()
+                    od = torch.empty(qd.shape, dtype=torch.float32, device="cuda")
+                    batches[cc].write(layer, kd, vd)
+                    batches[cc].attention(layer, qd, od)
+                    assert calls[-2]["k"] == kd.data_ptr() and calls[-1]["out"] == od.data_ptr(), calls[-2:]
+                    got = od.cpu().numpy()
+                    q = q.half().float()
+                else:            # host arrays on the cuda pool (copied by libkvq)
+                    batches[cc].write(layer, k.numpy(), v.numpy())
+                    got = batches[cc].attention(layer, q.numpy())
+                batches[hc].write(layer, k.numpy(), v.numpy())
+                ref = batches[hc].attention(layer, q.numpy())
+                worst = max(worst, np.abs(got - ref).max() / max(1.0, np.abs(ref).max()))
+            for b in batches.values():
+                b.commit()
+        for b in batches.values():
+            b.close()
+        assert worst <= 1e-2, f"batch cuda vs host relative error {worst}"
+    print(f"# batch cuda vs host, largest relative error {worst:.2e}")
 
 
 def main():

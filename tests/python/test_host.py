@@ -692,6 +692,28 @@ def test_batch_refusals(ctx):
         refused(lambda: len(b), ValueError, "the batch is closed")
 
 
+def test_batch_zero_copy_host(ctx):
+    """kvq.Batch: the CPU kernels get the packed arrays' own addresses (kvq_client_set_trace)"""
+    rng = np.random.default_rng(23)
+    calls = []
+    with kvq.attach("bzc", "python-test", socket=ctx["sock"], policy="int8", **G) as c, \
+            c.sequence() as s1, c.sequence() as s2, kvq.Batch(c) as b:
+        b.add(s1, np.arange(40))
+        b.add(s2, np.arange(3))
+        b.begin()
+        c.set_trace(calls.append)
+        k, v = rand_kv(rng, 43), rand_kv(rng, 43)
+        q = rng.standard_normal((43, QH, 64)).astype(np.float32)
+        out = np.empty_like(q)
+        b.write(1, k, v)
+        assert b.attention(1, q, out) is out
+        c.set_trace(None)
+    assert [x["op"] for x in calls] == ["write", "attention"], calls
+    w, a = calls
+    assert (w["k"], w["v"], w["layer"]) == (k.ctypes.data, v.ctypes.data, 1), w
+    assert (a["q"], a["out"]) == (q.ctypes.data, out.ctypes.data), a
+
+
 def test_batch_close_and_collect(ctx):
     """kvq.Batch: a sequence is closable once its batch is cleared or closed; a Client closed with a begun batch and its sequences frees them all; garbage collection too"""
     with kvq.attach("bclose", "python-test", socket=ctx["sock"], policy="int8", **G) as c:
