@@ -36,7 +36,7 @@ import weakref
 import numpy as np
 
 from . import _arrays, _lib
-from .client import Sequence, _tokens, _u32p
+from .client import Sequence, _call_on, _tokens, _u32p
 
 L = _lib.lib
 
@@ -95,15 +95,7 @@ class Batch:
         self.close()
 
     def _call(self, what, fn, *args, raw=False):
-        h = self._h
-        with h.client.lock:
-            h.client.check(what)
-            if h.ptr is None:
-                raise ValueError(f"{what}: the batch is closed")
-            r = fn(h.ptr, *args)
-            if not raw and isinstance(r, int) and r < 0:
-                raise h.client.fail(r, what)
-            return r
+        return _call_on(self._h, "batch", what, fn, *args, raw=raw)
 
     def __len__(self):
         """Sequences in the batch."""
@@ -159,14 +151,10 @@ class Batch:
         holds nothing and changes no sequence (drop some: clear(), then add
         the rest)."""
         short = ctypes.c_uint32()
-        h = self._h
-        with h.client.lock:
-            h.client.check("begin")
-            if h.ptr is None:
-                raise ValueError("begin: the batch is closed")
-            r = L.kvq_batch_begin(h.ptr, ctypes.byref(short))
+        with self._h.client.lock:   # kvq_client_error read before another call
+            r = self._call("begin", L.kvq_batch_begin, ctypes.byref(short), raw=True)
             if r < 0:
-                e = h.client.fail(r, "begin")
+                e = self._h.client.fail(r, "begin")
                 e.short = short.value
                 raise e
 

@@ -101,6 +101,19 @@ class _SeqHandle:
             c.seqs.pop(id(self), None)
 
 
+def _call_on(h, kind, what, fn, *args, raw=False):
+    """fn(ptr, *args) for the handle h of a sequence or batch (kind) under
+    its client's lock; raises on a negative return (unless raw)."""
+    with h.client.lock:
+        h.client.check(what)
+        if h.ptr is None:
+            raise ValueError(f"{what}: the {kind} is closed")
+        r = fn(h.ptr, *args)
+        if not raw and isinstance(r, int) and r < 0:
+            raise h.client.fail(r, what)
+        return r
+
+
 ACTS = {"f16": _lib.KVQ_ACT_F16, "bf16": _lib.KVQ_ACT_BF16}
 
 
@@ -313,15 +326,7 @@ class Sequence:
         self.close()
 
     def _call(self, what, fn, *args):
-        h = self._h
-        with h.client.lock:
-            h.client.check(what)
-            if h.ptr is None:
-                raise ValueError(f"{what}: the sequence is closed")
-            r = fn(h.ptr, *args)
-            if isinstance(r, int) and r < 0:
-                raise h.client.fail(r, what)
-            return r
+        return _call_on(self._h, "sequence", what, fn, *args)
 
     @property
     def tokens(self):
