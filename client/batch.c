@@ -346,8 +346,10 @@ int kvq_batch_add(kvq_batch *b, kvq_seq *s, const uint32_t *tokens, uint32_t m, 
 {
 	uint32_t *t;
 
-	if (!b || !s || !tokens || !m || (flags & ~(unsigned)KVQ_BATCH_LOOKUP))
+	if (!b)
 		return -EINVAL;
+	if (!s || !tokens || !m || (flags & ~(unsigned)KVQ_BATCH_LOOKUP))
+		return client_fail(b->c, -EINVAL, "add: no sequence, no tokens or unknown flags");
 	if (s->c != b->c)
 		return client_fail(b->c, -EINVAL, "a sequence of another client");
 	if (b->begun || s->busy)
@@ -455,8 +457,10 @@ int kvq_batch_write(kvq_batch *b, uint32_t layer, const void *k, const void *v)
 {
 	int r;
 
-	if (!b || !k || !v)
+	if (!b)
 		return -EINVAL;
+	if (!k || !v)
+		return client_fail(b->c, -EINVAL, "write: no K or V");
 	if (!b->begun || layer >= b->c->L->layers)
 		return client_fail(b->c, -EINVAL, "write without begin, or layer %u out of range", layer);
 	if ((r = b->c->be->write(b->c, &b->w, layer, k, v)) < 0)
@@ -485,8 +489,10 @@ int kvq_batch_attention(kvq_batch *b, uint32_t layer, uint32_t q_heads, float sc
 {
 	int r;
 
-	if (!b || !q || !out)
+	if (!b)
 		return -EINVAL;
+	if (!q || !out)
+		return client_fail(b->c, -EINVAL, "attention: no q or out");
 	if ((r = batch_attn_check(b, layer, q_heads)) < 0)
 		return r;
 	return b->c->be->attention(b->c, &b->a, layer, q_heads, seq_scale(b->c, scale), q, out);
@@ -497,8 +503,10 @@ int kvq_batch_attention_device(kvq_batch *b, uint32_t layer, uint32_t q_heads, f
 {
 	int r;
 
-	if (!b || !q || !out)
+	if (!b)
 		return -EINVAL;
+	if (!q || !out)
+		return client_fail(b->c, -EINVAL, "attention: no q or out");
 	if (!b->c->be->attention_device)
 		return client_fail(b->c, -ENOTSUP, "attention on device memory needs a cuda pool%s",
 				   client_cuda.compiled ? "" : " (libkvq built without CUDA)");
