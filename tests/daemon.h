@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -61,6 +62,10 @@ static pid_t test_daemon_start_conf(const char *backend, const char *tag, const 
 
 		if (test_daemon_nofile && setrlimit(RLIMIT_NOFILE, &rl) < 0)
 			_exit(126);
+		/* a test that dies (an assertion, a sanitizer) takes its kvqd with
+		 * it: none is left holding the test's output open */
+		if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() == 1)
+			_exit(125);
 		execl(bin, bin, "--config", conf, "--socket", sock, "--backend", backend, "--foreground",
 		      (char *)NULL);
 		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));

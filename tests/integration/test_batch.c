@@ -496,7 +496,9 @@ static int group_step(kvq_client *c, const char *tag, uint32_t extra, bool rid, 
 		const uint32_t *ip = kvq_batch_indptr(b, NULL);
 
 		/* any values will do: the ranks' hits are compared */
-		make_kv(tok, 0, ip[GP], l, kbuf, vbuf);
+		for (uint32_t i = 0; i < GP; i++)
+			make_kv(tok, 0, ip[i + 1] - ip[i], l, kbuf + (size_t)ip[i] * H_ * D_,
+				vbuf + (size_t)ip[i] * H_ * D_);
 		r = kvq_batch_write(b, l, kbuf, vbuf);
 	}
 	if (r == 0)
