@@ -486,7 +486,8 @@ int kvq_seq_blocks(const kvq_seq *s, const int32_t **ret_sealed, uint32_t *ret_n
  * A step is sent in the fewest requests the protocol's limits allow
  * (KVQ_PROTO_MAX_IDS ids and KVQ_PROTO_MAX_TOKENS tokens a request, the
  * frame bound); kvq_batch_requests says how many, and how many times the
- * caller waited for kvqd.  Not thread-safe, as its client.
+ * caller waited for kvqd.  Not thread-safe, as its client.  A sequence
+ * in a batch is freed only after kvq_batch_clear or kvq_batch_free.
  */
 typedef struct kvq_batch kvq_batch;
 
