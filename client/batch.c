@@ -76,20 +76,6 @@ void client_tables_free(kvq_client *c, struct client_tables *t)
 
 /* ---------------------------------------------------------------- the step */
 
-int client_release_many(kvq_client *c, const uint32_t *sealed, uint32_t ns, const uint32_t *open, uint32_t no)
-{
-	const uint32_t half = KVQ_PROTO_MAX_IDS / 2;
-
-	for (uint32_t i = 0; i < ns || i < no; i += half) {
-		uint32_t a = ns > i ? ns - i : 0, b = no > i ? no - i : 0;
-		int r = kvq_client_release(c, a < half ? a : half, sealed + i, b < half ? b : half, open + i);
-
-		if (r < 0)
-			return r;
-	}
-	return 0;
-}
-
 /* Gives back the hits e[0..n)'s lookups took, and empties those sequences. */
 static void untake_hits(kvq_client *c, struct batch_entry *e, uint32_t n)
 {

@@ -104,6 +104,21 @@ static void keep_first(kvq_client *c, int r, int *first, char *msg, size_t len)
 	}
 }
 
+int client_release_many(kvq_client *c, const uint32_t *sealed, uint32_t ns, const uint32_t *open, uint32_t no)
+{
+	const uint32_t half = KVQ_PROTO_MAX_IDS / 2;
+
+	for (uint32_t i = 0; i < ns || i < no; i += half) {
+		uint32_t a = ns > i ? ns - i : 0, b = no > i ? no - i : 0;
+		int r = kvq_client_release(c, a < half ? a : half, a ? sealed + i : NULL, b < half ? b : half,
+					   b ? open + i : NULL);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
 /* Gives back references and slots taken in a batch that failed: a Release
  * per piece (each within the protocol's limits); failures are the
  * connection's (a broken one drops everything). */
@@ -112,7 +127,7 @@ static void give_back(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_i
 {
 	if ((!n_sealed && !n_open) || c->conn.broken)
 		return;
-	if (kvq_client_release(c, n_sealed, sealed_ids, n_open, open_ids) < 0)
+	if (client_release_many(c, sealed_ids, n_sealed, open_ids, n_open) < 0)
 		c->conn.broken = true;   /* holds we could not give back: closing drops them */
 	if (cnt) {
 		cnt->requests++;
