@@ -184,7 +184,7 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 	uint64_t size, at;
 	uint32_t id;
 
-	if (!L || !base || !key || !tokens || !buf) {
+	if (!L || !base || !key || !buf) {
 		kvq_seterr(err, errlen, "block record: a NULL argument");
 		return -EINVAL;
 	}
@@ -202,7 +202,7 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 
 	memcpy(p + OFF_MAGIC, KVQ_BLOCKREC_MAGIC, OFF_VERSION);
 	put32(p + OFF_VERSION, KVQ_BLOCKREC_VERSION);
-	put32(p + OFF_FLAGS, parent ? KVQ_BLOCKREC_PARENT : 0);
+	put32(p + OFF_FLAGS, (parent ? KVQ_BLOCKREC_PARENT : 0) | (tokens ? KVQ_BLOCKREC_TOKENS : 0));
 	put64(p + OFF_LENGTH, size);
 	put64(p + OFF_CHECKSUM, 0);
 	put32(p + OFF_CLASS, r.cls);
@@ -219,7 +219,7 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 		memset(p + OFF_PARENT, 0, KVQ_BLOCKREC_KEY_LEN);
 	at = KVQ_BLOCKREC_HEADER;
 	for (uint32_t t = 0; t < L->block_tokens; t++, at += 4)
-		put32(p + at, tokens[t]);
+		put32(p + at, tokens ? tokens[t] : 0);
 	for (uint32_t l = 0; l < L->layers; l++) {
 		uint64_t n = kvq_layout_slice_bytes(L, r.cls, l);
 
@@ -276,6 +276,7 @@ static void decode(const struct kvq_layout *L, const uint8_t *p, struct kvq_bloc
 {
 	ret->cls = get32(p + OFF_CLASS);
 	ret->has_parent = !!(get32(p + OFF_FLAGS) & KVQ_BLOCKREC_PARENT);
+	ret->has_tokens = !!(get32(p + OFF_FLAGS) & KVQ_BLOCKREC_TOKENS);
 	memcpy(ret->key, p + OFF_KEY, KVQ_BLOCKREC_KEY_LEN);
 	memcpy(ret->parent, p + OFF_PARENT, KVQ_BLOCKREC_KEY_LEN);
 	ret->n_tokens = L->block_tokens;
@@ -308,8 +309,9 @@ int kvq_blockrec_check(const struct kvq_layout *L, const void *buf, size_t len, 
 		return -EBADMSG;
 	}
 	flags = get32(p + OFF_FLAGS);
-	if (flags & ~KVQ_BLOCKREC_PARENT) {
-		kvq_seterr(err, errlen, "block record: unknown flags %#" PRIx32, flags & ~KVQ_BLOCKREC_PARENT);
+	if (flags & ~(KVQ_BLOCKREC_PARENT | KVQ_BLOCKREC_TOKENS)) {
+		kvq_seterr(err, errlen, "block record: unknown flags %#" PRIx32,
+			   flags & ~(KVQ_BLOCKREC_PARENT | KVQ_BLOCKREC_TOKENS));
 		return -EBADMSG;
 	}
 	if (!(flags & KVQ_BLOCKREC_PARENT)) {

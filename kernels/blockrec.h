@@ -10,8 +10,11 @@
  *
  *   0    8  magic          KVQ_BLOCKREC_MAGIC
  *   8    4  version        KVQ_BLOCKREC_VERSION
- *   12   4  flags          KVQ_BLOCKREC_PARENT: the block has a parent; no
- *                          other bit is set
+ *   12   4  flags          KVQ_BLOCKREC_PARENT: the block has a parent;
+ *                          KVQ_BLOCKREC_TOKENS: the tokens field holds its
+ *                          tokens (a packer that has only the key, as the
+ *                          daemon's prefix index, writes zeros); no other
+ *                          bit is set
  *   16   8  length         bytes of the whole record (kvq_blockrec_size)
  *   24   8  checksum       XXH64 (seed 0) of the whole record, this field
  *                          taken as 8 zero bytes
@@ -25,7 +28,7 @@
  *   64  32  key            the block's prefix key (daemon/prefix.h): its
  *                          identity in every tier
  *   96  32  parent         the parent's key; zeros without a parent
- *   128 4B  tokens         the block's B token ids, u32 each
+ *   128 4B  tokens         the block's B token ids, u32 each, or zeros
  *   ..      slices         layer 0's slice of the block, then layer 1's, ..
  *                          (kvq_layout_slice_bytes each: sealed_slice, or
  *                          open_slice for a sink block), copied as the
@@ -49,15 +52,17 @@ extern "C" {
 #endif
 
 #define KVQ_BLOCKREC_MAGIC "KVQBLKRC"   /* 8 bytes, no terminator */
-#define KVQ_BLOCKREC_VERSION 1u
+#define KVQ_BLOCKREC_VERSION 2u        /* 2: the tokens flag */
 #define KVQ_BLOCKREC_HEADER 128u        /* bytes before the tokens */
 #define KVQ_BLOCKREC_KEY_LEN 32u        /* daemon/prefix.h's KVQ_PREFIX_KEY_LEN */
 #define KVQ_BLOCKREC_PARENT 1u          /* flags: the parent field is a key */
+#define KVQ_BLOCKREC_TOKENS 2u          /* flags: the tokens field holds the tokens */
 
 /* The header of a checked record, decoded. */
 struct kvq_blockrec_info {
 	uint32_t cls;                           /* enum kvq_block_class */
 	int has_parent;
+	int has_tokens;                         /* tokens[] is the block's; else zeros */
 	uint8_t key[KVQ_BLOCKREC_KEY_LEN];
 	uint8_t parent[KVQ_BLOCKREC_KEY_LEN];   /* zeros without a parent */
 	uint32_t n_tokens;                      /* B */
@@ -76,7 +81,8 @@ uint64_t kvq_blockrec_size(const struct kvq_layout *L, uint32_t cls);
 
 /*
  * Packs block r of the pool at base (L's bytes, host-addressable), with its
- * key, its parent's key (NULL: none) and tokens[B], into buf[len].  Returns
+ * key, its parent's key (NULL: none) and tokens[B] (NULL: not known, zeros
+ * and no KVQ_BLOCKREC_TOKENS), into buf[len].  Returns
  * 0 with kvq_blockrec_size(L, r.cls) bytes written, -ERANGE (r names no
  * slot of L), -ENOSPC (len too short; nothing written) or -EINVAL (a NULL
  * argument), with a one-line reason in err.

@@ -264,7 +264,7 @@ static void round_trip(const struct shape *s, uint32_t cls)
 
 	rec = pack(&a, cls, from, &blk, with_parent, &len);
 	ok(memcmp(rec, "KVQBLKRC", 8) == 0 && le32(rec + 8) == KVQ_BLOCKREC_VERSION &&
-	   le32(rec + 12) == (with_parent ? 1u : 0u) && le64(rec + 16) == len && le32(rec + 32) == cls,
+	   le32(rec + 12) == (with_parent ? 3u : 2u) && le64(rec + 16) == len && le32(rec + 32) == cls,
 	   "header: magic, version, flags, length = record size, class");
 	ok(le32(rec + 36) == s->layers && le32(rec + 40) == s->H && le32(rec + 44) == s->D && le32(rec + 48) == s->B &&
 	   le32(rec + 52) == a.L->version && le64(rec + 56) == kvq_blockrec_fingerprint(a.L),
@@ -292,7 +292,7 @@ static void round_trip(const struct shape *s, uint32_t cls)
 	memset(&info, 0xa5, sizeof info);
 	rc = kvq_blockrec_check(b.L, rec, len, &info, err, sizeof err);
 	ok(rc == 0, "check against a second pool of the layout: %d %s", rc, err);
-	ok(info.cls == cls && info.has_parent == with_parent && memcmp(info.key, blk.key, 32) == 0 &&
+	ok(info.cls == cls && info.has_parent == with_parent && info.has_tokens && memcmp(info.key, blk.key, 32) == 0 &&
 	   info.n_tokens == s->B && memcmp(info.tokens, blk.tokens, 4u * s->B) == 0 &&
 	   (with_parent ? memcmp(info.parent, blk.parent, 32) == 0 : info.parent[0] == 0 && info.parent[31] == 0),
 	   "decoded header: class, parent flag, key, parent, tokens");
@@ -432,7 +432,7 @@ static void refusals(void)
 	c = changed(rec, len, 12, 0, 4, 0);
 	refused(a.L, c, len, -EBADMSG, "the parent flag cleared (unsealed)");
 	free(c);
-	c = changed(rec, len, 12, 3, 4, 1);
+	c = changed(rec, len, 12, 7, 4, 1);
 	refused(a.L, c, len, -EBADMSG, "an unknown flag (resealed)");
 	free(c);
 	c = changed(rec, len, 12, 0, 4, 1);
@@ -492,6 +492,22 @@ static void refusals(void)
 				       blk.tokens, buf, len, err, sizeof err);
 		ok(rc == -EINVAL, "pack without a key: %d \"%s\"", rc, err);
 		ok(kvq_blockrec_size(a.L, KVQ_BLOCK_NCLASS) == 0, "no size for an unknown class");
+		{
+			struct kvq_blockrec_info info;
+			int zeros = 1;
+
+			rc = kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, 0 }, blk.key, NULL,
+					       NULL, buf, len, err, sizeof err);
+			for (uint32_t t = 0; t < a.L->block_tokens; t++)
+				zeros &= le32(buf + 128 + 4 * t) == 0;
+			ok(rc == 0 && le32(buf + 12) == 0 && zeros &&
+			   kvq_blockrec_check(a.L, buf, len, &info, err, sizeof err) == 0 && !info.has_tokens,
+			   "packed without tokens: no flag, zeros, and it checks: %d \"%s\"", rc, err);
+			put_le(buf + 12, 4, 4);
+			put_le(buf + 24, 0, 8);
+			put_le(buf + 24, sum_record(buf, len), 8);
+			refused(a.L, buf, len, -EBADMSG, "flag 4 alone, resealed");
+		}
 		free(buf);
 	}
 
