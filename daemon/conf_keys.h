@@ -168,6 +168,12 @@ enum kvq_conf_type {
 	  "a group lookup's wait for its ranks") \
 	X(KVQD, group_pending_lookups, COUNT, group_pending_lookups, 1, 65536, 1, "1024", KVQ_CONF_RELOAD, \
 	  "group lookups waiting for ranks") \
+	X(KVQD, host_tier_reserve, U32, host_tier_reserve, 0, 50, 1, "5", KVQ_CONF_RELOAD, \
+	  "percent of a tiered pool's slots kept free by demotion") \
+	X(KVQD, host_tier_inflight, COUNT, host_tier_inflight, 1, 4096, 1, "64", KVQ_CONF_RELOAD, \
+	  "blocks of a pool in demotion at once") \
+	X(KVQD, host_tier_wait_ms, MS, host_tier_wait_ms, 1, 600000, 1, "1000", KVQ_CONF_RELOAD, \
+	  "a lookup's wait for its promotions") \
 	KVQ_CONF_KVQD_EXTRA(X)
 
 /* [pool NAME]: one configured pool.  A pool's memory, geometry and policy
@@ -186,6 +192,10 @@ enum kvq_conf_type {
 	X(POOL, sink_blocks, U32, sink_blocks, 0, 1, 1, "0", 0, "whether each sequence's first block stays exact") \
 	X(POOL, capacity, AMOUNT, capacity, 0, 0, 0, "", KVQ_CONF_REQUIRED, "pool memory in bytes") \
 	X(POOL, memory_share, SHARE, capacity, 0, 0, 0, "", KVQ_CONF_REQUIRED, "or a percent of memory_budget") \
+	X(POOL, host_capacity, AMOUNT, host_capacity, 0, 0, 0, "", 0, \
+	  "bytes of the pool's host tier (0: none)") \
+	X(POOL, host_memory_share, SHARE, host_capacity, 0, 0, 0, "", 0, \
+	  "or a percent of the host's memory_budget") \
 	X(POOL, acl_uids, UIDS, acl, 0, 0, 0, "", KVQ_CONF_RELOAD, "users who may attach") \
 	X(POOL, acl_gids, GIDS, acl, 0, 0, 0, "", KVQ_CONF_RELOAD, "groups whose members may attach") \
 	X(POOL, quota_per_uid, QUOTA, quota_per_uid, 0, 0, 0, "", KVQ_CONF_RELOAD | KVQ_CONF_INHERIT, \

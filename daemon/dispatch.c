@@ -102,6 +102,12 @@ size_t kvq_dispatch(const struct kvq_request *rows, size_t n, struct kvq_conn *c
 		ret = reply_body(r, row->reply);
 	if (ret == 0)
 		ret = row->handler(c, req, r, err, errlen);
+	if (ret == 0 && r->wait && r->wait->ready) {
+		struct kvq_wait *w = r->wait;
+
+		r->wait = NULL;
+		ret = w->finish(w, c, r, false, err, errlen);
+	}
 	if (ret < 0) {
 		/* a refusal has no body but one that describes it (kvq.proto,
 		 * "Requests and replies") */
@@ -111,6 +117,21 @@ size_t kvq_dispatch(const struct kvq_request *rows, size_t n, struct kvq_conn *c
 		reply_error(c, r, ret);
 	}
 	return (size_t)(row - rows);
+}
+
+void kvq_dispatch_finish(struct kvq_conn *c, struct kvq_reply *r, bool timed_out)
+{
+	struct kvq_wait *w = r->wait;
+	int ret;
+
+	r->wait = NULL;
+	ret = w->finish(w, c, r, timed_out, r->message, sizeof(r->message));
+	if (ret < 0 && c) {
+		if (!r->refusal_body)
+			r->e.body_case = KVQ__ENVELOPE__BODY__NOT_SET;
+		r->fd = -1;
+		reply_error(c, r, ret);
+	}
 }
 
 int kvq_dispatch_frame(const struct kvq_request *rows, size_t n, struct kvq_conn *c, const uint8_t *payload,

@@ -131,6 +131,32 @@
 	X(sink_tokens, "sink_tokens", GAUGE, NULL, NULL,                                                           \
 	  "Sink blocks with a reference x block tokens (at most: a first block may not be full yet).",             \
 	  i->res.sink_tokens)                                                                                      \
+	/* the host tier (daemon/tiering.h); all 0 without one */                                                  \
+	X(tier_capacity, "tier_capacity", GAUGE, "kvq_tier_capacity_bytes", NULL,                                  \
+	  "Bytes of the pool's host tier (0: none).", i->tier.tier.capacity)                                       \
+	X(tier_records, "tier_records", GAUGE, "kvq_tier_records", NULL,                                           \
+	  "Block records in the host tier (sealed and sink, copies in flight included).",                          \
+	  (uint64_t)i->tier.tier.records[0] + i->tier.tier.records[1])                                             \
+	X(tier_bytes, "tier_bytes", GAUGE, "kvq_tier_bytes", NULL, "Bytes of the host tier's records.",            \
+	  i->tier.tier.bytes)                                                                                      \
+	X(tier_hit_tokens, "tier_hit_tokens", COUNTER, "kvq_tier_hit_tokens_total", NULL,                          \
+	  "Tokens of lookups' hits promoted from the host tier (part of hit_tokens).", i->tier.hit_tokens)         \
+	X(tier_demotions, "tier_demotions", COUNTER, "kvq_tier_blocks_total", "demoted",                           \
+	  "Blocks stored in the host tier.", i->tier.demotions)                                                    \
+	X(tier_promotions, "tier_promotions", COUNTER, "kvq_tier_blocks_total", "promoted",                        \
+	  "Blocks copied back into the pool for lookups.", i->tier.promotions)                                     \
+	X(tier_evictions, "tier_evictions", COUNTER, "kvq_tier_blocks_total", "evicted",                           \
+	  "Records the host tier evicted for room.", i->tier.tier.evictions)                                       \
+	X(tier_drops, "tier_drops", COUNTER, "kvq_tier_blocks_total", "dropped",                                   \
+	  "Records dropped: their parent left both tiers, or their copy failed.", i->tier.tier.dropped)            \
+	X(tier_cancelled, "tier_cancelled", COUNTER, "kvq_tier_blocks_total", "cancelled",                         \
+	  "Demotions an allocation overtook (the slot taken, the copy dropped).", i->tier.cancelled)               \
+	X(tier_copy_bytes, "tier_copy_bytes", COUNTER, "kvq_tier_copy_bytes_total", NULL,                          \
+	  "Bytes the copy engine moved for the host tier, both ways.", i->tier.copy_bytes)                         \
+	X(tier_copy_us, "tier_copy_us", COUNTER, "kvq_tier_copy_microseconds_total", NULL,                         \
+	  "Time of the host tier's copy jobs, microseconds.", i->tier.copy_us)                                     \
+	X(tier_copies, "tier_copies", COUNTER, "kvq_tier_copies_total", NULL,                                      \
+	  "Copy jobs of the host tier (one per demotion batch or lookup).", i->tier.copies)                        \
 	KVQ_POOL_FIGURES_EXTRA(X)
 
 /* The labelled families of the rows: F(FAMILY, KEY, HELP), KEY the label
@@ -140,6 +166,8 @@
 	  "referenced; open: used, free; sink slots, 0 without sink blocks: free, held, cached, referenced).")       \
 	F("kvq_pool_bytes", "state", "Bytes of each pool's slots by state (sealed: held, cached, reserved; open: "    \
 	  "used; sink: held, cached).")                                                                             \
+	F("kvq_tier_blocks_total", "event", "Blocks through each pool's host tier: demoted, promoted, evicted "      \
+	  "(for room), dropped (parent gone or copy failed), cancelled (slot taken before the copy ended).")        \
 	F("kvq_resident_tokens", "kind", "Tokens resident in live sequences: sealed (as the sequences see them: "    \
 	  "references x block tokens), sealed_distinct (as stored), open_max (open slots x block tokens, an upper "  \
 	  "bound).  Sharing factor = sealed / sealed_distinct.")

@@ -27,6 +27,7 @@ struct kvq_peer {
 	int out_fd;                     /* sent with the byte at out_fd_at, or -1 (not owned) */
 	size_t out_fd_at;
 	bool close_after_flush;
+	bool held;                      /* kvq_peer_hold: no frame decoded, nothing read */
 	char label[32];
 	const struct kvq_peer_cb *cb;
 	void *arg;
@@ -93,7 +94,7 @@ static bool over_output(const kvq_peer *p)
 
 static void update_events(kvq_peer *p)
 {
-	bool blocked = p->close_after_flush || over_output(p);
+	bool blocked = p->close_after_flush || p->held || over_output(p);
 	bool want_read = !blocked && !p->more;
 
 	if (over_output(p) && !p->throttled) {
@@ -231,6 +232,10 @@ static void decode(kvq_peer *p)
 	for (;;) {
 		if (p->close_after_flush)
 			break;
+		if (p->held) {
+			p->more = true;
+			break;
+		}
 		/* back-pressure per frame: no reply is made past the output cap */
 		if (over_output(p) || budget == 0) {
 			p->more = true;
@@ -253,6 +258,12 @@ static void decode(kvq_peer *p)
 		budget--;
 	}
 	flush(p);
+}
+
+void kvq_peer_hold(kvq_peer *p, bool held)
+{
+	p->held = held;
+	update_events(p);
 }
 
 static void on_read(evutil_socket_t fd, short what, void *arg)

@@ -20,6 +20,7 @@
 #ifndef KVQD_PEER_H
 #define KVQD_PEER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,11 @@ int kvq_peer_new(struct event_base *base, int fd, const char *label, const struc
  * the event loop next runs.  Returns 0, -EMSGSIZE (over KVQ_FRAME_MAX),
  * -EBUSY (a descriptor waits already) or -ENOMEM. */
 int kvq_peer_queue(kvq_peer *p, const Kvq__Envelope *e, int fd);
+
+/* held: decodes no more frames and reads nothing (a reply waits, and
+ * replies go in order); frames already read wait too.  Not held: goes on,
+ * the waiting frames first. */
+void kvq_peer_hold(kvq_peer *p, bool held);
 
 /* Reads no more frames; closes once everything queued is sent. */
 void kvq_peer_close_after(kvq_peer *p);

@@ -23,11 +23,16 @@ struct kvq_pool {
 	uint32_t *ofree;           /* stack of free open ids */
 	uint32_t n_ofree;
 
+	/* DEMOTING blocks by class, and each one's place there (pool.h) */
+	uint32_t *demoting[2], n_demoting[2];
+	uint32_t *demoting_at;
+
 	/* counters kept on each transition, so stats cost nothing; by class */
 	uint32_t n_reserved, n_private[2], n_cached[2], n_cached_ref[2];
 	uint64_t total_refs[2], evictions, alloc_failures;
 
 	struct kvq_pool_cache cache;   /* all NULL when none is attached */
+	struct kvq_pool_transit transit;
 };
 
 /* Class of block id: 0 sealed, 1 sink. */
@@ -56,7 +61,11 @@ int kvq_pool_new(uint32_t n_sealed, uint32_t n_open, uint32_t n_sink, kvq_pool *
 	p->free[1] = calloc((size_t)n_sink + 1, sizeof *p->free[1]);
 	p->reserved = calloc((size_t)n_open + 1, sizeof *p->reserved);
 	p->ofree = calloc((size_t)n_open + 1, sizeof *p->ofree);
-	if (!p->state || !p->refs || !p->free[0] || !p->free[1] || !p->reserved || !p->ofree) {
+	p->demoting[0] = calloc((size_t)n_sealed + 1, sizeof *p->demoting[0]);
+	p->demoting[1] = calloc((size_t)n_sink + 1, sizeof *p->demoting[1]);
+	p->demoting_at = calloc(nb + 1, sizeof *p->demoting_at);
+	if (!p->state || !p->refs || !p->free[0] || !p->free[1] || !p->reserved || !p->ofree || !p->demoting[0] ||
+	    !p->demoting[1] || !p->demoting_at) {
 		kvq_pool_free(p);
 		return -ENOMEM;
 	}
@@ -87,6 +96,9 @@ void kvq_pool_free(kvq_pool *p)
 	free(p->free[1]);
 	free(p->reserved);
 	free(p->ofree);
+	free(p->demoting[0]);
+	free(p->demoting[1]);
+	free(p->demoting_at);
 	free(p);
 }
 
@@ -107,10 +119,20 @@ static void push_block(struct kvq_pool *p, uint32_t id)
 	p->free[c][p->n_free[c]++] = id;
 }
 
-/* Makes at least need slots of class cls free, evicting until the shortfall
- * is made up, or changes nothing and returns -ENOSPC.  The cache is asked
- * first how much it could evict, so a refusal never costs the cache any
- * block. */
+/* DEMOTING block id out of its class's list. */
+static void demoting_remove(struct kvq_pool *p, uint32_t id)
+{
+	int c = cls_of(p, id);
+	uint32_t at = p->demoting_at[id], last = p->demoting[c][--p->n_demoting[c]];
+
+	p->demoting[c][at] = last;
+	p->demoting_at[last] = at;
+}
+
+/* Makes at least need slots of class cls free, taking demoting slots (their
+ * copies dropped) and then evicting until the shortfall is made up, or
+ * changes nothing and returns -ENOSPC.  The cache is asked first how much
+ * it could evict, so a refusal never costs the cache any block. */
 static int make_room(struct kvq_pool *p, int cls, uint32_t need)
 {
 	uint32_t short_by;
@@ -118,9 +140,20 @@ static int make_room(struct kvq_pool *p, int cls, uint32_t need)
 	if (need <= p->n_free[cls])
 		return 0;
 	short_by = need - p->n_free[cls];
-	if (!p->cache.evict || p->cache.evictable(p->cache.ctx, cls) < short_by)
+	if (short_by > p->n_demoting[cls] &&
+	    (!p->cache.evict || p->cache.evictable(p->cache.ctx, cls) < short_by - p->n_demoting[cls]))
 		return -ENOSPC;
-	p->cache.evict(p->cache.ctx, cls, short_by);
+	while (p->n_free[cls] < need && p->n_demoting[cls] > 0) {
+		uint32_t id = p->demoting[cls][p->n_demoting[cls] - 1];
+
+		demoting_remove(p, id);
+		push_block(p, id);
+		if (p->transit.cancel)
+			p->transit.cancel(p->transit.ctx, id);
+	}
+	if (p->n_free[cls] >= need)
+		return 0;
+	p->cache.evict(p->cache.ctx, cls, need - p->n_free[cls]);
 	/* only a cache that broke its word leaves us short here */
 	return p->n_free[cls] >= need ? 0 : -ENOSPC;
 }
@@ -303,6 +336,8 @@ void kvq_pool_stats(const kvq_pool *p, struct kvq_pool_stats *ret)
 		.sealed_cached = p->n_cached[0],
 		.cached_referenced = p->n_cached_ref[0],
 		.sealed_evictable = p->cache.evictable ? p->cache.evictable(p->cache.ctx, 0) : 0,
+		.sealed_demoting = p->n_demoting[0],
+		.sink_demoting = p->n_demoting[1],
 		.sink_free = p->n_free[1],
 		.sink_private = p->n_private[1],
 		.sink_cached = p->n_cached[1],
@@ -352,4 +387,40 @@ int kvq_pool_cache_evicted(kvq_pool *p, uint32_t id)
 	p->evictions++;
 	push_block(p, id);
 	return 0;
+}
+
+int kvq_pool_cache_demoting(kvq_pool *p, uint32_t id)
+{
+	int r = kvq_pool_check_sealed(p, id, KVQ_POOL_BIT(KVQ_POOL_CACHED));
+	int c;
+
+	if (r < 0)
+		return r;
+	if (p->refs[id] > 0)
+		return -EINVAL;
+	c = cls_of(p, id);
+	p->n_cached[c]--;
+	p->state[id] = KVQ_POOL_DEMOTING;
+	p->demoting_at[id] = p->n_demoting[c];
+	p->demoting[c][p->n_demoting[c]++] = id;
+	return 0;
+}
+
+int kvq_pool_demoted(kvq_pool *p, uint32_t id)
+{
+	int r = kvq_pool_check_sealed(p, id, KVQ_POOL_BIT(KVQ_POOL_DEMOTING));
+
+	if (r < 0)
+		return r;
+	demoting_remove(p, id);
+	push_block(p, id);
+	return 0;
+}
+
+void kvq_pool_set_transit(kvq_pool *p, const struct kvq_pool_transit *t)
+{
+	if (t)
+		p->transit = *t;
+	else
+		memset(&p->transit, 0, sizeof p->transit);
 }

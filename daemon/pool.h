@@ -27,6 +27,14 @@
  *             refs == 0 it stays cached, owned by the cache, until the cache
  *             evicts it (kvq_pool_cache_evicted()).
  *
+ *   DEMOTING  left the prefix cache for the pool's host tier
+ *             (daemon/tiering.h) with no reference; its bytes are being
+ *             copied.  FREE at kvq_pool_demoted() when the copy ends, or at
+ *             once when an allocation needs the slot: make_room takes
+ *             demoting slots before it evicts, telling the transit's
+ *             cancel() so that the copy, whose bytes may now change, is
+ *             dropped.  An allocation never waits for a copy.
+ *
  * Open slots are FREE or USED; a USED open slot always owns exactly one
  * RESERVED sealed slot, so stats.sealed_reserved == stats.open_used.
  *
@@ -63,6 +71,7 @@ enum kvq_pool_state {
 	KVQ_POOL_RESERVED,
 	KVQ_POOL_PRIVATE,
 	KVQ_POOL_CACHED,
+	KVQ_POOL_DEMOTING,
 };
 
 /* Masks of states for kvq_pool_check_sealed(). */
@@ -82,7 +91,9 @@ struct kvq_pool_stats {
 	uint32_t cached_referenced;    /* cached with refs > 0 */
 	uint32_t sealed_evictable;     /* cached blocks eviction could free now */
 	uint32_t open_free, open_used;
+	uint32_t sealed_demoting;      /* copies to the host tier in flight */
 	uint32_t sink_free, sink_private, sink_cached, sink_referenced, sink_evictable; /* as sealed_* */
+	uint32_t sink_demoting;
 	uint64_t refs, sink_refs;      /* sum of the sealed blocks' references, of the sink blocks' */
 	uint64_t evictions;            /* blocks evicted, ever */
 	uint64_t alloc_failures;       /* allocations refused with -ENOSPC */
@@ -105,6 +116,13 @@ struct kvq_pool_cache {
 	void (*held)(void *ctx, uint32_t id, int held);
 	uint32_t (*evictable)(void *ctx, int cls);
 	uint32_t (*evict)(void *ctx, int cls, uint32_t count);
+};
+
+/* The host tier's side of the pool (daemon/tiering.h): cancel(ctx, id)
+ * when make_room frees DEMOTING slot id before its copy ended. */
+struct kvq_pool_transit {
+	void *ctx;
+	void (*cancel)(void *ctx, uint32_t id);
 };
 
 /* New pool of n_sealed sealed, n_open open and n_sink sink slots, all free
@@ -184,5 +202,17 @@ int kvq_pool_cache_insert(kvq_pool *p, uint32_t id);
 /* For the cache: a CACHED block with no reference was evicted; its slot is
  * free again.  Returns 0, -ERANGE or -EINVAL. */
 int kvq_pool_cache_evicted(kvq_pool *p, uint32_t id);
+
+/* For the cache: a CACHED block with no reference left it for the host
+ * tier: DEMOTING until kvq_pool_demoted() or a cancel.  Returns 0, -ERANGE
+ * or -EINVAL. */
+int kvq_pool_cache_demoting(kvq_pool *p, uint32_t id);
+
+/* The copy of DEMOTING block id ended: its slot is free.  Returns 0,
+ * -ERANGE or -EINVAL (not demoting: an allocation took it first). */
+int kvq_pool_demoted(kvq_pool *p, uint32_t id);
+
+/* Attaches the host tier's transit hooks (t copied), or detaches them. */
+void kvq_pool_set_transit(kvq_pool *p, const struct kvq_pool_transit *t);
 
 #endif

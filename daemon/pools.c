@@ -9,6 +9,7 @@
 #include "log.h"
 #include "pools.h"
 #include "seterr.h"
+#include "tiering.h"
 
 int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, char *err, size_t errlen)
 {
@@ -17,8 +18,13 @@ int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, char *
 	memset(ps, 0, sizeof(*ps));
 	ps->device = device;
 	r = kvq_backend_pick(backend, device, &ps->backend, ps->backend_reason, sizeof(ps->backend_reason));
-	if (r < 0)
+	if (r < 0) {
 		kvq_seterr(err, errlen, "backend %s: %s", backend, ps->backend_reason);
+		return r;
+	}
+	r = kvq_copier_new(NULL, &ps->copier);
+	if (r < 0)
+		kvq_seterr(err, errlen, "out of memory");
 	return r;
 }
 
@@ -30,6 +36,8 @@ void kvq_pools_fini(struct kvq_pools *ps)
 		ps->head = p->next;
 		kvq_pools_rec_free(p);
 	}
+	kvq_copier_free(ps->copier);
+	ps->copier = NULL;
 }
 
 struct kvq_pools_rec *kvq_pools_find(const struct kvq_pools *ps, const char *name)
@@ -127,6 +135,7 @@ int kvq_pools_from_config(const struct kvq_pools *ps, const struct kvq_config_po
 	p->acl = c->acl;
 	p->quota = c->quota_per_uid;
 	p->capacity = c->capacity;
+	p->host_capacity = c->host_capacity;
 	*ret = p;
 	return 0;
 }
@@ -180,9 +189,13 @@ static uint64_t budget_used(const struct kvq_pools *ps, const struct kvq_backend
 {
 	uint64_t used = 0;
 
-	for (const struct kvq_pools_rec *p = ps->head; p; p = p->next)
+	for (const struct kvq_pools_rec *p = ps->head; p; p = p->next) {
 		if (p->allocated && p->backend == b && p->device == device)
 			used += p->mem.size;
+		/* host tiers live in the host's budget */
+		if (p->allocated && p->tiering && b == &kvq_backend_host && device == 0)
+			used += kvq_tier_mem(kvq_tiering_tier(p->tiering))->size;
+	}
 	return used;
 }
 /* Sets the slot counts of q: n_sink sink slots with sink blocks (0: as many
@@ -308,6 +321,8 @@ void kvq_pools_release(struct kvq_pools_rec *p)
 {
 	if (p->glink.g)
 		p->glink.leave(p);
+	kvq_tiering_free(p->tiering);
+	p->tiering = NULL;
 	kvq_attn_free(p->attn);
 	p->attn = NULL;
 	kvq_prefix_free(p->prefix);
@@ -368,6 +383,42 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 	o->bytes = distinct * i->sealed_block_bytes + sinks * i->open_block_bytes +
 		   (uint64_t)st->open_used * (i->open_block_bytes + i->sealed_block_bytes);
 	o->f16_bytes = (distinct + sinks + st->open_used) * f16_block_bytes;
+}
+
+/* p's host tier, when it has a host_capacity: within the host's budget
+ * (the pools there and the other tiers, p's memory included), or refused
+ * with -ENOSPC; a pool whose memory the daemon cannot copy (a cuda pool,
+ * today) keeps no tier, and says so in the log. */
+static int host_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p, char *err,
+		     size_t errlen)
+{
+	uint64_t total = 0, budget, used, want;
+	char why[KVQ_BACKEND_MSG_MAX] = "";
+	int r;
+
+	if (p->host_capacity.kind == KVQ_AMOUNT_BYTES && p->host_capacity.bytes == 0)
+		return 0;
+	r = kvq_backend_host.total_memory(0, &total, err, errlen);
+	if (r < 0)
+		return r;
+	budget = kvq_config_amount_bytes(&cfg->memory_budget, total);
+	used = budget_used(ps, &kvq_backend_host, 0) + (p->backend == &kvq_backend_host ? p->mem.size : 0);
+	want = kvq_config_amount_bytes(&p->host_capacity, budget);
+	if (want == 0)
+		return 0;
+	if (used > budget || want > budget - used)
+		return kvq_seterr(err, errlen, "pool %s: host_capacity %llu bytes beyond the host's memory budget "
+				  "(%llu of %llu used)", p->name, (unsigned long long)want, (unsigned long long)used,
+				  (unsigned long long)budget), -ENOSPC;
+	r = kvq_tiering_new(p, want, &ps->copier, &p->tiering, why, sizeof why);
+	if (r == -EOPNOTSUPP) {
+		kvq_log(LOG_WARNING, "%s: the pool runs without its host tier", why);
+		return 0;
+	}
+	if (r < 0)
+		return kvq_seterr(err, errlen, "pool %s: %s", p->name, why), r;
+	kvq_log(LOG_INFO, "pool %s: host tier of %llu bytes", p->name, (unsigned long long)want);
+	return 0;
 }
 
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
@@ -441,6 +492,9 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 		kvq_log(LOG_INFO, "pool %s: codebooks of %llu bytes, sha256 %s", p->name,
 			(unsigned long long)cb->file.data_bytes, hex);
 	}
+	r = host_tier(ps, cfg, p, err, errlen);
+	if (r < 0)
+		goto fail;
 	p->allocated = true;
 	p->device_memory = total;
 	kvq_log(LOG_INFO, "pool %s: %s on %s, %u layers, %u kv heads, head dim %u, %u tokens/block, window %u, "
@@ -467,6 +521,8 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 {
 	memset(o, 0, sizeof(*o));
 	kvq_pool_stats(p->pool, &o->st);
+	if (p->tiering)
+		kvq_tiering_stats(p->tiering, &o->tier);
 	o->name = p->name;
 	o->model = p->model;
 	o->policy = p->policy_str;

@@ -28,10 +28,12 @@
 #include "backend.h"
 #include "codebooks.h"
 #include "conf.h"
+#include "copier.h"
 #include "frame.h"
 #include "layout.h"
 #include "pool.h"
 #include "prefix.h"
+#include "tiering.h"
 
 /* A pool created on attach without slot counts gets one open slot per this
  * many sealed ones: the window is a few blocks per sequence, the prefix
@@ -61,6 +63,8 @@ struct kvq_pools_rec {
 	struct kvq_config_acl acl;
 	uint64_t quota;                              /* per uid, bytes */
 	struct kvq_config_amount capacity;
+	struct kvq_config_amount host_capacity;      /* of its host tier: bytes or a share of the host budget */
+	struct kvq_tiering *tiering;                 /* its host tier at work (daemon/tiering.h), or NULL */
 	const struct kvq_backend *backend;
 	int device;                                  /* 0 for host */
 	bool allocated;                              /* memory, layout and books exist */
@@ -90,6 +94,8 @@ struct kvq_pools {
 	const struct kvq_backend *backend;           /* --backend, else kvqd.conf's */
 	int device;                                  /* its device */
 	char backend_reason[KVQ_BACKEND_MSG_MAX];    /* why that backend, for the log */
+	kvq_copier *copier;                          /* the host tiers' copies: synchronous until the
+							server gives its own (kvq_copier_new with its loop) */
 };
 
 /*
@@ -130,6 +136,7 @@ struct kvq_pools_info {
 	const char *group;               /* tensor-parallel group, "" for none */
 	uint32_t rank, world_size;       /* in it (0, 0 for none) */
 	uint32_t group_pending;          /* its lookups waiting for ranks */
+	struct kvq_tiering_stats tier;   /* its host tier's (all 0 without one) */
 };
 
 /* No records; the daemon's backend from its name ("auto", "host", "cuda")

@@ -58,6 +58,9 @@ struct kvq_prefix {
 	/* told each evicted block's key before it goes (kvq_prefix_set_evict_hook) */
 	void (*evict_hook)(void *arg, const uint8_t *key);
 	void *evict_arg;
+	/* told each block's key that goes without a copy (kvq_prefix_set_drop_hook) */
+	void (*drop_hook)(void *arg, const uint8_t *key);
+	void *drop_arg;
 };
 
 /* ------------------------------------------------------------------- keys */
@@ -287,13 +290,16 @@ static void on_held(void *ctx, uint32_t b, int held)
 
 /* ------------------------------------------------------------ eviction */
 
-/* Evicts b, an evictable leaf (in the heap). */
-static uint32_t evict_block(struct kvq_prefix *x, uint32_t b)
+/* Evicts b, an evictable leaf (in the heap): its slot freed, or, with
+ * demote, handed to the host tier's copy (kvq_pool_cache_demoting). */
+static uint32_t evict_block_to(struct kvq_prefix *x, uint32_t b, int demote)
 {
 	int32_t p = x->parent[b];
 
 	if (x->evict_hook)
 		x->evict_hook(x->evict_arg, x->key[b]);
+	if (!demote && x->drop_hook)
+		x->drop_hook(x->drop_arg, x->key[b]);
 	heap_remove(x, b);
 	hash_remove(x, b);
 	x->flags[b] = 0;
@@ -301,8 +307,16 @@ static uint32_t evict_block(struct kvq_prefix *x, uint32_t b)
 	/* b was an unpinned leaf: no pin count above it changes */
 	if (p >= 0 && --x->children[p] == 0 && !(x->flags[p] & HELD))
 		heap_push(x, (uint32_t)p);
-	kvq_pool_cache_evicted(x->pool, b);
+	if (demote)
+		kvq_pool_cache_demoting(x->pool, b);
+	else
+		kvq_pool_cache_evicted(x->pool, b);
 	return b;
+}
+
+static uint32_t evict_block(struct kvq_prefix *x, uint32_t b)
+{
+	return evict_block_to(x, b, 0);
 }
 
 static uint32_t evict_one(struct kvq_prefix *x)
@@ -356,6 +370,48 @@ void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint
 {
 	x->evict_hook = hook;
 	x->evict_arg = arg;
+}
+
+void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg)
+{
+	x->drop_hook = hook;
+	x->drop_arg = arg;
+}
+
+uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, struct kvq_prefix_victim *ret)
+{
+	uint32_t n = 0;
+
+	/* the eviction order, as cache_evict takes it; a block of the other
+	 * class on the way is skipped only by stopping: demotion is optional */
+	while (n < count && x->heap_len > 0 && cls_of(x, x->heap[0]) == cls) {
+		uint32_t b = x->heap[0];
+		int32_t p = x->parent[b];
+
+		ret[n].id = b;
+		memcpy(ret[n].key, x->key[b], KVQ_PREFIX_KEY_LEN);
+		ret[n].has_parent = p >= 0;
+		if (p >= 0)
+			memcpy(ret[n].parent, x->key[p], KVQ_PREFIX_KEY_LEN);
+		else
+			memset(ret[n].parent, 0, KVQ_PREFIX_KEY_LEN);
+		evict_block_to(x, b, 1);
+		n++;
+	}
+	return n;
+}
+
+int kvq_prefix_chain_key(kvq_prefix *x, const uint8_t *parent_key, const uint32_t *tokens, const void *salt,
+			 size_t salt_len, uint8_t ret_key[KVQ_PREFIX_KEY_LEN])
+{
+	if (salt_len > KVQ_PREFIX_MAX_SALT || (salt_len && !salt))
+		return -EINVAL;
+	return block_key(x, parent_key, tokens, salt, salt_len, ret_key);
+}
+
+int64_t kvq_prefix_find(const kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN])
+{
+	return hash_find(x, key);
 }
 
 int kvq_prefix_evict(kvq_prefix *x, uint32_t count, uint32_t *ret_ids, uint32_t *ret_evicted)

@@ -145,6 +145,34 @@ int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t 
  * daemon/groups.h); it may evict blocks of other indexes, not this one's. */
 void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg);
 
+/* hook (NULL: none) is told the key of every block the index evicts
+ * without a copy to the host tier (not those kvq_prefix_demote takes),
+ * before it goes: the tier drops the records below it (daemon/tiering.h). */
+void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg);
+
+/* A block kvq_prefix_demote took: its id (now DEMOTING in the pool), key
+ * and parent's key (zeros when it has none). */
+struct kvq_prefix_victim {
+	uint32_t id;
+	int has_parent;
+	uint8_t key[KVQ_PREFIX_KEY_LEN], parent[KVQ_PREFIX_KEY_LEN];
+};
+
+/* Takes up to count evictable blocks of class cls (0 sealed, 1 sink) out of
+ * the index in the eviction order, stopping at the first of the other
+ * class, into the pool's DEMOTING state (kvq_pool_cache_demoting) for
+ * their copy to the host tier; the evict hook is told as for an eviction,
+ * the drop hook is not.  Returns how many, ret[0..n). */
+uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, struct kvq_prefix_victim *ret);
+
+/* The key of the block after parent_key (NULL: a first block) holding
+ * tokens[B], in this index's namespace.  0, -EINVAL (salt too long) or -EIO. */
+int kvq_prefix_chain_key(kvq_prefix *x, const uint8_t *parent_key, const uint32_t *tokens, const void *salt,
+			 size_t salt_len, uint8_t ret_key[KVQ_PREFIX_KEY_LEN]);
+
+/* The cached block under key, or -1. */
+int64_t kvq_prefix_find(const kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN]);
+
 /* Cached blocks of class cls (0 sealed, 1 sink; -1 both) eviction could
  * free now, leaf by leaf (unpinned ones). */
 uint32_t kvq_prefix_evictable(const kvq_prefix *x, int cls);

@@ -29,6 +29,24 @@ enum {
 	KVQ_REQ_ADMIN = 1u << 2,      /* root or kvqd.conf's admin ACL */
 };
 
+struct kvq_reply;
+
+/* A reply that waits (a Lookup's promotions, daemon/req_lookup.c): the
+ * handler returns 0 with r->wait set; the server keeps the reply, reads no
+ * more requests of the connection until it is sent (replies stay in
+ * order), and calls finish once the handler's work says it may go on
+ * (kvq_conn.resume), once the bound (kvqd.conf host_tier_wait_ms) passed
+ * (timed_out), or when the connection closed (c NULL: no reply, and
+ * everything the wait held let go).  finish fills r as a handler does
+ * (0, or a code with err set) and frees the wait.  A wait that is ready
+ * when its handler returns (a synchronous copier) is finished by the
+ * dispatcher at once. */
+struct kvq_wait {
+	bool ready;                             /* the work is done: finish at once */
+	int (*finish)(struct kvq_wait *w, struct kvq_conn *c, struct kvq_reply *r, bool timed_out, char *err,
+		      size_t errlen);
+};
+
 /* A reply being made.  The dispatcher sets the body its row names
  * (r->e.NAME_reply, initialised) and req_fd; handlers fill the body, may
  * set fd, close_after and refusal_body, and leave what they allocate for
@@ -42,6 +60,7 @@ struct kvq_reply {
 	bool close_after;                       /* close the connection once it is sent */
 	bool refusal_body;                      /* the body says why the handler refused (a HelloReply
 						   on a version mismatch, an Alloc's shortfall): kept */
+	struct kvq_wait *wait;                  /* set: the reply waits (struct kvq_wait) */
 	void *mem[4];                           /* freed with the reply */
 	void *body;                             /* the reply body */
 	Kvq__Envelope *req;                     /* an unpacked request, freed with the reply */
@@ -113,6 +132,11 @@ size_t kvq_dispatch(const struct kvq_request *rows, size_t n, struct kvq_conn *c
  * which no row counts). */
 int kvq_dispatch_frame(const struct kvq_request *rows, size_t n, struct kvq_conn *c, const uint8_t *payload,
 		       size_t len, int req_fd, struct kvq_reply *r, size_t *ret_row);
+
+/* Finishes r, a reply that waits (struct kvq_wait), of c (NULL: the
+ * connection is gone, nothing is sent): r is then made as kvq_dispatch
+ * makes one, an error reply included. */
+void kvq_dispatch_finish(struct kvq_conn *c, struct kvq_reply *r, bool timed_out);
 
 /* Frees what r holds (not r). */
 void kvq_reply_fini(struct kvq_reply *r);

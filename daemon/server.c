@@ -31,6 +31,7 @@
 #include "server.h"
 #include "seterr.h"
 #include "state.h"
+#include "tiering.h"
 
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59    /* Linux 4.13; older C libraries lack the name */
@@ -56,6 +57,7 @@ struct kvq_server {
 };
 
 static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, int fd, void *arg);
+static void wait_drop(struct kvq_conn *c);
 static void conn_on_closed(kvq_peer *peer, const char *why, void *arg);
 static void conn_on_pidfd(evutil_socket_t fd, short what, void *arg);
 static void srv_on_accept(evutil_socket_t fd, short what, void *arg);
@@ -159,6 +161,7 @@ static bool peer_dying(const struct kvq_conn *c)
 static void conn_close(struct kvq_conn *c, const char *why)
 {
 	kvq_log(LOG_DEBUG, "client %llu (pid %d): closed: %s", (unsigned long long)c->id, (int)c->pid, why);
+	wait_drop(c);
 	kvq_peer_free(c->peer);
 	c->peer = NULL;
 	if (c->tev) {
@@ -193,6 +196,104 @@ static void conn_on_pidfd(evutil_socket_t fd, short what, void *arg)
 	conn_free(c);
 }
 
+/* ---------------------------------------------------------------- waiting replies */
+
+/* Sends c's reply (queued on its peer), counting its error. */
+static void reply_send(struct kvq_conn *c, struct kvq_reply *r, size_t row)
+{
+	kvq_server *s = server_of(c);
+
+	if (r->e.status < 0)
+		count_error(&s->errors[row], r->e.status);
+	if (kvq_peer_queue(c->peer, &r->e, r->fd) < 0) {
+		kvq_log(LOG_ERR, "client %llu: reply to request %llu cannot be encoded", (unsigned long long)c->id,
+			(unsigned long long)r->e.id);
+		r->close_after = true;
+	}
+	if (r->close_after)
+		kvq_peer_close_after(c->peer);
+}
+
+/* c's waiting reply finished (its work done, or its bound passed) and
+ * sent; the connection reads again. */
+static void wait_end(struct kvq_conn *c, bool timed_out)
+{
+	struct kvq_reply *r = c->waiting;
+
+	c->waiting = NULL;
+	if (c->wev)
+		event_del(c->wev);
+	kvq_dispatch_finish(c, r, timed_out);
+	reply_send(c, r, c->wait_row);
+	kvq_reply_fini(r);
+	free(r);
+	kvq_peer_hold(c->peer, false);
+}
+
+static void wait_on_resume(struct kvq_conn *c)
+{
+	if (c->waiting && c->peer)
+		wait_end(c, false);
+}
+
+static void wait_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct kvq_conn *c = arg;
+
+	(void)fd;
+	(void)what;
+	if (c->waiting && c->peer)
+		wait_end(c, true);
+}
+
+/* The connection goes with a reply waiting: no reply, what it held let go. */
+static void wait_drop(struct kvq_conn *c)
+{
+	if (c->wev) {
+		event_free(c->wev);
+		c->wev = NULL;
+	}
+	if (!c->waiting)
+		return;
+	kvq_dispatch_finish(NULL, c->waiting, false);
+	kvq_reply_fini(c->waiting);
+	free(c->waiting);
+	c->waiting = NULL;
+}
+
+/* r waits: kept, the connection held, the bound armed.  0, or -ENOMEM (r
+ * finished now, as at its bound). */
+static int wait_start(struct kvq_conn *c, struct kvq_reply *r, size_t row)
+{
+	uint64_t ms = c->st->cfg->host_tier_wait_ms;
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000 * 1000) };
+
+	c->waiting = malloc(sizeof(*r));
+	if (!c->wev)
+		c->wev = evtimer_new(server_of(c)->base, wait_on_timer, c);
+	if (!c->waiting || !c->wev) {
+		free(c->waiting);
+		c->waiting = NULL;
+		kvq_dispatch_finish(c, r, true);
+		return -ENOMEM;
+	}
+	*c->waiting = *r;
+	c->wait_row = row;
+	c->resume = wait_on_resume;
+	evtimer_add(c->wev, &tv);
+	kvq_peer_hold(c->peer, true);
+	return 0;
+}
+
+/* After a request on a pool with a host tier: its reserve of free slots. */
+static void tier_tick(struct kvq_conn *c)
+{
+	const struct kvq_config *cfg = c->st->cfg;
+
+	if (c->pool && c->pool->tiering)
+		kvq_tiering_demote(c->pool->tiering, cfg->host_tier_reserve, cfg->host_tier_inflight);
+}
+
 /* One frame of c, with the descriptor that came with it (-1: none; the
  * peer closes it after): the request's reply is queued, its time counted. */
 static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, int fd, void *arg)
@@ -208,16 +309,13 @@ static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, in
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	c->active_ms = (int64_t)t0.tv_sec * 1000 + t0.tv_nsec / 1000000;
 	parsed = kvq_dispatch_frame(kvq_requests, kvq_requests_n, c, payload, len, fd, &r, &row) == 0;
-	if (r.e.status < 0)
-		/* an envelope that does not parse has no row: "other"'s */
-		count_error(&s->errors[parsed ? row : kvq_requests_n - 1], r.e.status);
-	if (kvq_peer_queue(peer, &r.e, r.fd) < 0) {
-		kvq_log(LOG_ERR, "client %llu: reply to request %llu cannot be encoded", (unsigned long long)c->id,
-			(unsigned long long)r.e.id);
-		r.close_after = true;
+	if (r.wait && wait_start(c, &r, row) == 0) {
+		tier_tick(c);
+		return;
 	}
-	if (r.close_after)
-		kvq_peer_close_after(peer);
+	/* an envelope that does not parse has no row: "other"'s */
+	reply_send(c, &r, parsed ? row : kvq_requests_n - 1);
+	tier_tick(c);
 	/* from the Hello's deadline to the idle time's */
 	if (c->hello != had_hello)
 		conn_arm(c);
@@ -507,6 +605,20 @@ int kvq_server_counter(const kvq_server *s, int i, uint64_t *ret_value, const ch
 	return 0;
 }
 
+/* The host tiers' copies from now on on a thread of their own, back on
+ * the loop (the state began with a synchronous copier, idle). */
+static int server_copier(kvq_server *s, char *err, size_t errlen)
+{
+	kvq_copier *cp;
+	int r = kvq_copier_new(s->base, &cp);
+
+	if (r < 0)
+		return kvq_seterr(err, errlen, "copy thread: %s", strerror(-r)), r;
+	kvq_copier_free(s->st.pools.copier);
+	s->st.pools.copier = cp;
+	return 0;
+}
+
 int kvq_server_new(struct event_base *base, const struct kvq_config *config, const char *backend, int device,
 		   kvq_server **ret, char *err, size_t errlen)
 {
@@ -526,6 +638,8 @@ int kvq_server_new(struct event_base *base, const struct kvq_config *config, con
 		return -ENOMEM;
 	}
 	r = kvq_state_init(&s->st, config, backend, device, err, errlen);
+	if (r == 0)
+		r = server_copier(s, err, errlen);
 	if (r < 0) {
 		s->st.cfg = NULL;
 		kvq_server_free(s);

@@ -51,6 +51,10 @@ struct kvq_conn {
 	struct event *tev;                       /* the handshake and idle timeouts */
 	int64_t accepted_ms, active_ms;          /* CLOCK_MONOTONIC: accept, the last request */
 	int64_t timing_ms;                       /* its attach, then its last attention report taken */
+	struct kvq_reply *waiting;               /* a reply that waits (request.h, struct kvq_wait), or NULL */
+	struct event *wev;                       /* its bound */
+	size_t wait_row;                         /* its request's row (daemon/request.h) */
+	void (*resume)(struct kvq_conn *c);      /* the server's: finish the waiting reply now */
 };
 
 struct kvq_state {
