@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host tier against a real kvqd with host pools (kvqd.conf
+ * host_capacity, daemon/tiering.h):
+ *  - a small pool with a tier: prompts written until the pool held three
+ *    times its sealed slots; the first prompt's blocks went to the tier
+ *    (demotions counted, none cancelled), and a lookup of it promotes them:
+ *    the whole chain is a hit again, and attention over it equals the
+ *    attention computed over the same prompt before it left, bit for bit;
+ *  - the same with a tier too small for everything: the tier evicts its
+ *    oldest records, lookups of the newest prompts still hit whole and
+ *    attend equal, and every record left is whole (a lookup of the oldest
+ *    prompt is a shorter hit or none, never a wrong block);
+ *  - a host_capacity beyond the host's budget stops kvqd at start.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../tap.h"
+#include "../daemon.h"
+#include "../synth.h"
+#include "kvq.h"
+#include "layout.h"
+
+#define L_ 2
+#define H_ 2
+#define QH_ 4
+#define D_ 32
+#define B_ 16
+#define NTOK 83                /* 5 sealed blocks (a lookup hits 80 tokens) and 3 more */
+#define NQ 2
+#define MAXP 256
+#define MODEL "test/tier@1"
+
+static char sock_path[108];
+
+static void make_kv(const uint32_t *tok, uint32_t pos0, uint32_t m, uint32_t layer, uint16_t *k, uint16_t *v)
+{
+	for (uint32_t t = 0; t < m; t++)
+		for (uint32_t h = 0; h < H_; h++)
+			for (uint32_t d = 0; d < D_; d++) {
+				size_t i = ((size_t)t * H_ + h) * D_ + d;
+
+				k[i] = kvq_f16_from_f32((float)synth_kv(tok[t], pos0 + t, layer, h, d, 0));
+				v[i] = kvq_f16_from_f32((float)synth_kv(tok[t], pos0 + t, layer, h, d, 1));
+			}
+}
+
+static void prompt_tokens(uint32_t p, uint32_t *tok)
+{
+	for (uint32_t i = 0; i < NTOK; i++)
+		tok[i] = 1000 + 7919 * p + 13 * i;
+}
+
+static kvq_client *open_pool(const char *pool)
+{
+	struct kvq_attach_params a = { .pool = pool, .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .device = -1 };
+	kvq_client *c = NULL;
+
+	if (kvq_client_connect(sock_path, "tier", &c) < 0)
+		return NULL;
+	if (kvq_client_attach(c, &a) < 0) {
+		diag("attach %s: %s", pool, kvq_client_error(c));
+		kvq_client_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* Appends tok[from..to) in one write of every layer and commits. */
+static int append(kvq_seq *s, const uint32_t *tok, uint32_t from, uint32_t to)
+{
+	static uint16_t k[NTOK * H_ * D_], v[NTOK * H_ * D_];
+	int r = kvq_seq_begin(s, tok + from, to - from);
+
+	for (uint32_t l = 0; r == 0 && l < L_; l++) {
+		make_kv(tok + from, from, to - from, l, k, v);
+		r = kvq_seq_write(s, l, k, v);
+	}
+	return r < 0 ? r : kvq_seq_commit(s);
+}
+
+/* Attention of the last NQ tokens of every layer, fixed queries. */
+static int attend(kvq_seq *s, float (*out)[NQ * QH_ * D_])
+{
+	float q[NQ * QH_ * D_];
+
+	for (uint32_t l = 0; l < L_; l++) {
+		for (uint32_t i = 0; i < NQ * QH_ * D_; i++)
+			q[i] = (float)synth_kv(7, i, l, 0, 0, 0);
+		if (kvq_seq_attention(s, l, QH_, NQ, 0.0f, q, out[l]) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Prompt p from its lookup on: its hit in *ret_hit, its attention in out.
+ * The sequence is freed, its blocks left published. */
+static int run_prompt(kvq_client *c, uint32_t p, uint32_t *ret_hit, float (*out)[NQ * QH_ * D_])
+{
+	uint32_t tok[NTOK], hit = 0;
+	kvq_seq *s = NULL;
+	int r;
+
+	prompt_tokens(p, tok);
+	r = kvq_seq_new(c, NULL, 0, &s);
+	r = r < 0 ? r : kvq_seq_from_prompt(s, tok, NTOK, &hit);
+	r = r < 0 ? r : append(s, tok, hit, NTOK);
+	r = r < 0 ? r : attend(s, out);
+	if (r < 0)
+		diag("prompt %u: %d %s", p, r, kvq_client_error(c));
+	kvq_seq_free(s);
+	*ret_hit = hit;
+	return r;
+}
+
+static uint64_t figure(kvq_client *c, const char *name)
+{
+	uint64_t v = 0;
+
+	return kvq_client_pool_stat(c, NULL, name, &v) < 0 ? UINT64_MAX : v;
+}
+
+/* Writes prompts 0 .. n-1 cold, the attention of those in keep[] kept;
+ * each waits for the copies it started (a few ms), as a real worker's
+ * compute between steps would let them run. */
+static int fill(kvq_client *c, uint32_t n, float (*first)[L_][NQ * QH_ * D_], uint32_t n_first)
+{
+	float out[L_][NQ * QH_ * D_];
+	uint32_t hit;
+
+	for (uint32_t p = 0; p < n; p++) {
+		if (run_prompt(c, p, &hit, p < n_first ? first[p] : out) < 0 || hit != 0)
+			return -1;
+		usleep(3000);
+	}
+	return 0;
+}
+
+static void test_tier(const char *pool, bool small)
+{
+	static float first[2][L_][NQ * QH_ * D_], again[L_][NQ * QH_ * D_];
+	kvq_client *c = open_pool(pool);
+	uint64_t sealed, dem, prom, evict;
+	uint32_t n, hit = 0;
+	int r;
+
+	if (!ok(c != NULL, "%s: attach to a configured pool with a host tier", pool))
+		return;
+	sealed = figure(c, "n_sealed");
+	n = (uint32_t)(3 * sealed / 5 + 3);
+	n = n > MAXP ? MAXP : n;
+	r = fill(c, n, first, 2);
+	dem = figure(c, "tier_demotions");
+	ok(r == 0 && figure(c, "tier_capacity") > 0 && dem >= sealed,
+	   "%s: %u prompts (%u blocks) through %llu sealed slots: %llu blocks demoted, %llu cancelled", pool, n,
+	   n * (NTOK / B_), (unsigned long long)sealed, (unsigned long long)dem,
+	   (unsigned long long)figure(c, "tier_cancelled"));
+	if (!small) {
+		prom = figure(c, "tier_promotions");
+		r = run_prompt(c, 0, &hit, again);
+		ok(r == 0 && hit == (NTOK / B_) * B_ && figure(c, "tier_promotions") > prom &&
+		   figure(c, "tier_hit_tokens") >= hit,
+		   "%s: the first prompt, long gone from the pool, is a whole hit again (%u tokens), promoted "
+		   "(%llu -> %llu)", pool, hit, (unsigned long long)prom,
+		   (unsigned long long)figure(c, "tier_promotions"));
+		ok(r == 0 && memcmp(again, first[0], sizeof again) == 0,
+		   "%s: attention over the promoted chain equals the prompt's before it left, bit for bit", pool);
+		r = run_prompt(c, 1, &hit, again);
+		ok(r == 0 && hit == (NTOK / B_) * B_ && memcmp(again, first[1], sizeof again) == 0,
+		   "%s: so does the second prompt's (hit %u)", pool, hit);
+	} else {
+		evict = figure(c, "tier_evictions");
+		ok(evict > 0 && figure(c, "tier_records") <= figure(c, "tier_capacity") / 1,
+		   "%s: the tier evicted %llu records for room, %llu left", pool, (unsigned long long)evict,
+		   (unsigned long long)figure(c, "tier_records"));
+		r = run_prompt(c, 0, &hit, again);
+		ok(r == 0 && hit % B_ == 0 && (hit == 0 || memcmp(again, first[0], sizeof again) == 0),
+		   "%s: the oldest prompt hits %u tokens (its head, if any), attention equal", pool, hit);
+		r = run_prompt(c, n - 1, &hit, again);
+		ok(r == 0 && hit == (NTOK / B_) * B_, "%s: the newest prompt is a whole hit (%u)", pool, hit);
+	}
+	kvq_client_free(c);
+}
+
+static void test_budget(void)
+{
+	char dir[64], sock[108], bin[512];
+	pid_t pid = test_daemon_start_conf("host", "tierbad",
+					   "[pool over]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\n"
+					   "block_tokens = 16\npolicy = int8\ncapacity = 1M\nhost_memory_share = 100\n",
+					   dir, sizeof dir, sock, sizeof sock, bin, sizeof bin);
+
+	ok(pid < 0, "a host tier of the whole host budget beside its pool stops kvqd at start");
+	if (pid > 0)
+		test_daemon_stop(pid, dir);
+	else {
+		char cmd[128];
+
+		snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+		if (system(cmd) != 0)
+			diag("cannot remove %s", dir);
+	}
+}
+
+int main(void)
+{
+	char dir[64], bin[512];
+	const char *pools =
+		"host_tier_reserve = 20\n"
+		"[pool tiered]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
+		"policy = int8\ncapacity = 256K\nhost_capacity = 4M\n"
+		"[pool small]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
+		"policy = int8\ncapacity = 256K\nhost_capacity = 96K\n";
+	pid_t pid = test_daemon_start_conf("host", "tier", pools, dir, sizeof dir, sock_path, sizeof sock_path, bin,
+					   sizeof bin);
+
+	if (!ok(pid > 0, "kvqd starts with two pools with host tiers (%s)", bin))
+		return done_testing();
+	test_tier("tiered", false);
+	test_tier("small", true);
+	test_daemon_stop(pid, dir);
+	test_budget();
+	return done_testing();
+}
