@@ -33,7 +33,7 @@
 #include "layout.h"
 #include "pool.h"
 #include "prefix.h"
-#include "tiering.h"
+#include "tier.h"
 
 /* A pool created on attach without slot counts gets one open slot per this
  * many sealed ones: the window is a few blocks per sequence, the prefix

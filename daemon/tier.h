@@ -55,6 +55,18 @@ struct kvq_tier_stats {
 	uint64_t dropped;             /* records dropped: parent gone, or a copy given up */
 };
 
+/* A tier's records and its traffic (daemon/tiering.h counts it), for the
+ * pool's figures (daemon/figures.h). */
+struct kvq_tiering_stats {
+	struct kvq_tier_stats tier;
+	uint64_t demotions;            /* blocks stored in the tier */
+	uint64_t promotions;           /* blocks copied back for lookups */
+	uint64_t cancelled;            /* demotions whose slot an allocation took first */
+	uint64_t copy_bytes;           /* both ways */
+	uint64_t copy_us, copies;      /* time of the copy jobs, in microseconds, and their number */
+	uint64_t hit_tokens;           /* tokens of lookups' hits the tier served */
+};
+
 /*
  * A tier of capacity bytes for pool layout L (its slot counts set the
  * split between sealed and sink records); label names the memfd.  Returns

@@ -7,7 +7,7 @@
 
 #include "blockrec.h"
 #include "log.h"
-#include "pools.h"
+#include "prefix.h"
 #include "seterr.h"
 #include "tiering.h"
 
@@ -15,7 +15,7 @@
 #define DEMOTE_BATCH 32u
 
 struct kvq_tiering {
-	struct kvq_pools_rec *p;
+	struct kvq_tiering_pool p;     /* the pool's parts, borrowed */
 	kvq_tier *tier;
 	kvq_copier *const *cp;         /* the daemon's copier (struct kvq_pools), which may change */
 	uint32_t *gen;                 /* per block id: bumped at each demotion and cancel */
@@ -50,13 +50,13 @@ static void count_copy(struct kvq_tiering *tg, const struct kvq_copy_job *j)
 static int demote_run(struct kvq_copy_job *job)
 {
 	struct demote_job *j = (struct demote_job *)job;
-	const struct kvq_pools_rec *p = j->tg->p;
+	const struct kvq_tiering_pool *p = &j->tg->p;
 	char err[128];
 
 	for (uint32_t i = 0; i < j->n; i++) {
 		uint64_t len;
 		uint8_t *buf = kvq_tier_rec(j->tg->tier, j->b[i].rec, &len);
-		int r = kvq_blockrec_pack(p->L, p->mem.map, kvq_layout_block_ref(p->L, j->b[i].id), j->b[i].key,
+		int r = kvq_blockrec_pack(p->L, p->base, kvq_layout_block_ref(p->L, j->b[i].id), j->b[i].key,
 					  j->b[i].has_parent ? j->b[i].parent : NULL, NULL, buf, len, err, sizeof err);
 
 		if (r < 0)
@@ -70,7 +70,7 @@ static void demote_done(struct kvq_copy_job *job, int result)
 {
 	struct demote_job *j = (struct demote_job *)job;
 	struct kvq_tiering *tg = j->tg;
-	kvq_pool *pool = tg->p->pool;
+	kvq_pool *pool = tg->p.pool;
 
 	count_copy(tg, job);
 	for (uint32_t i = 0; i < j->n; i++) {
@@ -89,7 +89,7 @@ static void demote_done(struct kvq_copy_job *job, int result)
 		}
 	}
 	if (result != 0)
-		kvq_log(LOG_ERR, "pool %s: a copy to the host tier failed: %s", tg->p->name, strerror(-result));
+		kvq_log(LOG_ERR, "pool %s: a copy to the host tier failed: %s", tg->p.name, strerror(-result));
 	tg->inflight -= j->n;
 	tg->jobs--;
 	free(j);
@@ -129,14 +129,14 @@ static void demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 	j = calloc(1, sizeof *j);
 	if (!j)
 		return;
-	n = kvq_prefix_demote(tg->p->prefix, cls, want, v);
+	n = kvq_prefix_demote(tg->p.prefix, cls, want, v);
 	for (uint32_t i = 0; i < n; i++) {
 		int64_t rec = kvq_tier_reserve(tg->tier, (uint32_t)cls, v[i].key, v[i].has_parent ? v[i].parent : NULL);
 
 		tg->gen[v[i].id]++;
 		if (rec < 0) {
 			/* no room, or the key is there already: the block just goes */
-			kvq_pool_demoted(tg->p->pool, v[i].id);
+			kvq_pool_demoted(tg->p.pool, v[i].id);
 			if (rec != -EEXIST)
 				kvq_tier_drop_under(tg->tier, v[i].key);
 			continue;
@@ -173,7 +173,7 @@ void kvq_tiering_demote(struct kvq_tiering *tg, uint32_t reserve_pct, uint32_t m
 	for (int cls = 0; cls < 2; cls++) {
 		uint32_t slots, free, demoting, reserve;
 
-		kvq_pool_stats(tg->p->pool, &st);
+		kvq_pool_stats(tg->p.pool, &st);
 		slots = cls ? st.n_sink : st.n_sealed;
 		free = cls ? st.sink_free : st.sealed_free;
 		demoting = cls ? st.sink_demoting : st.sealed_demoting;
@@ -192,13 +192,13 @@ void kvq_tiering_demote(struct kvq_tiering *tg, uint32_t reserve_pct, uint32_t m
 static int promote_run(struct kvq_copy_job *job)
 {
 	struct kvq_promotion *pr = (struct kvq_promotion *)job;
-	const struct kvq_pools_rec *p = pr->tg->p;
+	const struct kvq_tiering_pool *p = &pr->tg->p;
 	char err[160];
 
 	for (uint32_t i = 0; i < pr->n; i++) {
 		uint64_t len;
 		const uint8_t *buf = kvq_tier_rec(pr->tg->tier, pr->rec[i], &len);
-		int r = kvq_blockrec_unpack(p->L, p->mem.map, kvq_layout_block_ref(p->L, pr->id[i]), buf, len, NULL,
+		int r = kvq_blockrec_unpack(p->L, p->base, kvq_layout_block_ref(p->L, pr->id[i]), buf, len, NULL,
 					    err, sizeof err);
 
 		if (r < 0)
@@ -216,14 +216,14 @@ static void promote_done(struct kvq_copy_job *job, int result)
 	pr->tg->jobs--;
 	pr->result = result;
 	if (result != 0)
-		kvq_log(LOG_ERR, "pool %s: a copy from the host tier failed: %s", pr->tg->p->name, strerror(-result));
+		kvq_log(LOG_ERR, "pool %s: a copy from the host tier failed: %s", pr->tg->p.name, strerror(-result));
 	pr->ready(pr, pr->arg);
 }
 
 /* Slots for pr's records by class: 0 or -ENOSPC (none taken). */
 static int promote_slots(struct kvq_promotion *pr)
 {
-	kvq_pool *pool = pr->tg->p->pool;
+	kvq_pool *pool = pr->tg->p.pool;
 	uint32_t n[2] = { 0, 0 }, *ids[2];
 	int r;
 
@@ -327,21 +327,21 @@ void kvq_tiering_stats(const struct kvq_tiering *tg, struct kvq_tiering_stats *r
 	kvq_tier_stats(tg->tier, &ret->tier);
 }
 
-int kvq_tiering_new(struct kvq_pools_rec *p, uint64_t capacity, kvq_copier *const *cp, struct kvq_tiering **ret,
+int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_copier *const *cp, struct kvq_tiering **ret,
 		    char *err, size_t errlen)
 {
 	struct kvq_tiering *tg;
 	size_t nb = (size_t)p->L->n_sealed + p->L->n_sink + 1;
-	char label[KVQ_PROTO_MAX_NAME + 16];
+	char label[KVQ_PREFIX_MAX_NAME + 16];
 	int r;
 
-	if (!p->mem.map)
+	if (!p->base)
 		return kvq_seterr(err, errlen, "pool %s: a host tier needs a pool the daemon maps (a host pool); "
-				  "%s pools have none yet", p->name, p->backend->name), -EOPNOTSUPP;
+				  "%s pools have none yet", p->name, p->backend), -EOPNOTSUPP;
 	tg = calloc(1, sizeof *tg);
 	if (!tg)
 		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
-	tg->p = p;
+	tg->p = *p;
 	tg->cp = cp;
 	tg->gen = calloc(nb, sizeof *tg->gen);
 	tg->rec_of = malloc(nb * sizeof *tg->rec_of);
@@ -370,8 +370,8 @@ void kvq_tiering_free(struct kvq_tiering *tg)
 	if (tg->jobs)
 		kvq_copier_drain(*tg->cp);
 	if (tg->tier) {
-		kvq_pool_set_transit(tg->p->pool, NULL);
-		kvq_prefix_set_drop_hook(tg->p->prefix, NULL, NULL);
+		kvq_pool_set_transit(tg->p.pool, NULL);
+		kvq_prefix_set_drop_hook(tg->p.prefix, NULL, NULL);
 	}
 	kvq_tier_free(tg->tier);
 	free(tg->gen);

@@ -33,27 +33,27 @@
 #include <stdint.h>
 
 #include "copier.h"
+#include "pool.h"
+#include "prefix.h"
 #include "tier.h"
 
-struct kvq_pools_rec;
 struct kvq_tiering;
 
-/* Counters of a pool's tier, for its figures (daemon/figures.h). */
-struct kvq_tiering_stats {
-	struct kvq_tier_stats tier;
-	uint64_t demotions;            /* blocks stored in the tier */
-	uint64_t promotions;           /* blocks copied back for lookups */
-	uint64_t cancelled;            /* demotions whose slot an allocation took first */
-	uint64_t copy_bytes;           /* both ways */
-	uint64_t copy_us, copies;      /* time of the copy jobs, in microseconds, and their number */
-	uint64_t hit_tokens;           /* tokens of lookups' hits the tier served */
+/* What the tier works on: an allocated pool's parts (daemon/pools.h). */
+struct kvq_tiering_pool {
+	const char *name;              /* for the log */
+	const char *backend;           /* its backend's name */
+	const struct kvq_layout *L;
+	void *base;                    /* the daemon's mapping of its memory, or NULL (none) */
+	kvq_pool *pool;
+	kvq_prefix *prefix;
 };
 
-/* The tier of allocated pool p: capacity bytes of records (tier.h), its
+/* The tier of an allocated pool p (copied): capacity bytes of records (tier.h), its
  * copies on *cp (read at each copy: the daemon swaps its copier once).  Hooks itself into p's books and index.  Returns 0 and
  * *ret, or a negative code with err set (-EOPNOTSUPP: a pool whose memory
  * the daemon has not mapped, as a cuda pool's). */
-int kvq_tiering_new(struct kvq_pools_rec *p, uint64_t capacity, kvq_copier *const *cp, struct kvq_tiering **ret,
+int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_copier *const *cp, struct kvq_tiering **ret,
 		    char *err, size_t errlen);
 
 /* Waits for the tier's copies (kvq_copier_drain), unhooks it and frees it
