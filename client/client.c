@@ -200,6 +200,7 @@ int client_attach(kvq_client *c, const struct kvq_attach_params *p)
 		pc.n_sink = c->n_sink;
 		pc.backend = (char *)(p->backend ? p->backend : "");
 		pc.device = p->device;
+		pc.host_capacity = p->host_capacity;
 		a.create = &pc;
 	}
 	e.body_case = KVQ__ENVELOPE__BODY_ATTACH;

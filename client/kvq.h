@@ -72,6 +72,7 @@ struct kvq_attach_params {
 	const char *backend;
 	int device;
 	const char *codebooks;          /* interface 3 */
+	uint64_t host_capacity;         /* interface 9: bytes of a created pool's host tier (0: none) */
 };
 
 /* One pool as Stats reports it (kvq.proto PoolStats).  Frozen with

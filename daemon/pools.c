@@ -173,6 +173,7 @@ int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *c
 		p->acl.uids[p->acl.n_uids++] = geteuid();
 	p->quota = cfg->quota_per_uid;
 	p->capacity = cfg->create_capacity;
+	p->host_capacity = (struct kvq_config_amount){ .kind = KVQ_AMOUNT_BYTES, .bytes = pc->host_capacity };
 	p->attention_report_ms = kvq_pools_report_ms(cfg, p->name);
 	*ret = p;
 	return 0;
@@ -407,8 +408,8 @@ static int host_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, s
 	if (want == 0)
 		return 0;
 	if (used > budget || want > budget - used)
-		return kvq_seterr(err, errlen, "pool %s: host_capacity %llu bytes beyond the host's memory budget "
-				  "(%llu of %llu used)", p->name, (unsigned long long)want, (unsigned long long)used,
+		return kvq_seterr(err, errlen, "host_capacity %llu bytes beyond the host's memory budget "
+				  "(%llu of %llu used)", (unsigned long long)want, (unsigned long long)used,
 				  (unsigned long long)budget), -ENOSPC;
 	r = kvq_tiering_new(&(struct kvq_tiering_pool){ p->name, p->backend->name, p->L, p->mem.map, p->pool,
 						       p->prefix }, want, &ps->copier, &p->tiering, why, sizeof why);
@@ -417,7 +418,7 @@ static int host_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, s
 		return 0;
 	}
 	if (r < 0)
-		return kvq_seterr(err, errlen, "pool %s: %s", p->name, why), r;
+		return kvq_seterr(err, errlen, "%s", why), r;
 	kvq_log(LOG_INFO, "pool %s: host tier of %llu bytes", p->name, (unsigned long long)want);
 	return 0;
 }

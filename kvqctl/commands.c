@@ -270,6 +270,7 @@ const struct option pool_create_opts[] = {
 	{ "device", required_argument, NULL, 'd' },      { "acl-uids", required_argument, NULL, 'u' },
 	{ "acl-gids", required_argument, NULL, 'g' },    { "codebooks", required_argument, NULL, 'k' },
 	{ "sink-blocks", required_argument, NULL, 'K' }, { "sinks", required_argument, NULL, 'N' },
+	{ "host-capacity", required_argument, NULL, 'T' },
 	{ NULL, 0, NULL, 0 },
 };
 CTL_OPTS_FIT(pool_create_opts);
@@ -315,6 +316,10 @@ int cmd_pool_create(struct cmdline *cl)
 			/* binary units, as kvqd.conf */
 			r = parse_size(optarg, &size);
 			add.capacity = (uint64_t)size;
+			break;
+		case 'T':
+			r = parse_size(optarg, &size);
+			pc.host_capacity = (uint64_t)size;
 			break;
 		case 'S': r = parse_u32(optarg, 1, KVQ_MAX_SLOTS, &pc.n_sealed); break;
 		case 'O': r = parse_u32(optarg, 1, KVQ_MAX_SLOTS, &pc.n_open); break;

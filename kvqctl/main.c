@@ -177,13 +177,15 @@ static const struct command commands[] = {
 	{ "pool", "create", "NAME --model ID --layers L --kv-heads H --head-dim D --policy P\n"
 	  "       [--block-tokens B] [--window R] [--window-dtype f16|bf16] [--capacity SIZE]\n"
 	  "       [--sealed N --open N] [--sink-blocks 0|1] [--sinks N] [--backend host|cuda]\n"
-	  "       [--device N] [--acl-uids LIST] [--acl-gids LIST] [--codebooks FILE]",
+	  "       [--device N] [--acl-uids LIST] [--acl-gids LIST] [--codebooks FILE]\n"
+	  "       [--host-capacity SIZE]",
 	  "create a pool (admin)",
 	  "  --block-tokens B     tokens per block (default 32)\n"
 	  "  --window R           the open window in tokens (default: the policy's)\n"
 	  "  --window-dtype T     f16 or bf16: the open window's values\n"
 	  "  --capacity SIZE      bytes (K, M, G, T: powers of 1024; default create_capacity)\n"
 	  "  --sealed N --open N  slot counts instead of --capacity (both or neither)\n"
+	  "  --host-capacity SIZE bytes of the pool's host tier (default none)\n"
 	  "  --sink-blocks 0|1    1: each sequence's first block kept exact (kvqd.conf(5))\n"
 	  "  --sinks N            sink slots with --sealed and --open (default: as many as open)\n"
 	  "  --backend B          host or cuda;  --device N  the GPU\n"

@@ -22,9 +22,9 @@ import subprocess
 # library's interface (Makefile.am's -version-info): every function of
 # PROTOTYPES is needed at import, so an older libkvq.so.3 is refused there.
 VERSION = "0.1.0"
-PROTOCOL = 8
+PROTOCOL = 9
 SONAME = "libkvq.so.3"
-INTERFACE = 8
+INTERFACE = 9
 
 # kvq_wire.h's project codes (beyond errno)
 KVQ_ELAYOUT, KVQ_EPOLICY, KVQ_EPROTOCOL = -1001, -1002, -1003

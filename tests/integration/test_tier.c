@@ -190,6 +190,31 @@ static void test_tier(const char *pool, bool small)
 	kvq_client_free(c);
 }
 
+/* A pool an attach creates, with a host tier asked for in the attach. */
+static void test_attach_create(void)
+{
+	struct kvq_attach_params a = { .pool = "made", .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .create = 1, .n_sealed = 48,
+		.n_open = 8, .device = -1, .host_capacity = 1 << 20 };
+	kvq_client *c = NULL;
+	uint64_t cap;
+	int r = kvq_client_connect(sock_path, "tier", &c);
+
+	r = r < 0 ? r : kvq_client_attach(c, &a);
+	cap = r < 0 ? 0 : figure(c, "tier_capacity");
+	ok(r == 0 && cap > (1 << 20) - 8192 && cap <= 1 << 20,
+	   "an attach that creates a pool gives it the host tier it asks for (%llu bytes)", (unsigned long long)cap);
+	kvq_client_free(c);
+	a.pool = "greedy";
+	a.host_capacity = UINT64_C(1) << 40;
+	c = NULL;
+	r = kvq_client_connect(sock_path, "tier", &c);
+	r = r < 0 ? r : kvq_client_attach(c, &a);
+	ok(r == -ENOSPC && c && strstr(kvq_client_error(c), "host_capacity"),
+	   "one that asks for more than the host's budget is refused: %d %s", r, c ? kvq_client_error(c) : "");
+	kvq_client_free(c);
+}
+
 static void test_budget(void)
 {
 	char dir[64], sock[108], bin[512];
@@ -226,6 +251,7 @@ int main(void)
 		return done_testing();
 	test_tier("tiered", false);
 	test_tier("small", true);
+	test_attach_create();
 	test_daemon_stop(pid, dir);
 	test_budget();
 	return done_testing();
