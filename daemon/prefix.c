@@ -378,23 +378,25 @@ void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8
 	x->drop_arg = arg;
 }
 
-uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, struct kvq_prefix_victim *ret)
+uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, uint32_t max, struct kvq_prefix_victim *ret)
 {
-	uint32_t n = 0;
+	uint32_t n = 0, of_cls = 0;
 
-	/* the eviction order, as cache_evict takes it; a block of the other
-	 * class on the way is skipped only by stopping: demotion is optional */
-	while (n < count && x->heap_len > 0 && cls_of(x, x->heap[0]) == cls) {
+	/* the eviction order, as cache_evict takes it: blocks of the other
+	 * class on the way go too (a sink comes after its chain) */
+	while (of_cls < count && n < max && x->heap_len > 0) {
 		uint32_t b = x->heap[0];
 		int32_t p = x->parent[b];
 
 		ret[n].id = b;
+		ret[n].cls = cls_of(x, b);
 		memcpy(ret[n].key, x->key[b], KVQ_PREFIX_KEY_LEN);
 		ret[n].has_parent = p >= 0;
 		if (p >= 0)
 			memcpy(ret[n].parent, x->key[p], KVQ_PREFIX_KEY_LEN);
 		else
 			memset(ret[n].parent, 0, KVQ_PREFIX_KEY_LEN);
+		of_cls += ret[n].cls == cls;
 		evict_block_to(x, b, 1);
 		n++;
 	}

@@ -154,16 +154,18 @@ void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8
  * and parent's key (zeros when it has none). */
 struct kvq_prefix_victim {
 	uint32_t id;
+	int cls;                        /* 0 sealed, 1 sink */
 	int has_parent;
 	uint8_t key[KVQ_PREFIX_KEY_LEN], parent[KVQ_PREFIX_KEY_LEN];
 };
 
-/* Takes up to count evictable blocks of class cls (0 sealed, 1 sink) out of
- * the index in the eviction order, stopping at the first of the other
- * class, into the pool's DEMOTING state (kvq_pool_cache_demoting) for
- * their copy to the host tier; the evict hook is told as for an eviction,
- * the drop hook is not.  Returns how many, ret[0..n). */
-uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, struct kvq_prefix_victim *ret);
+/* Takes evictable blocks out of the index in the eviction order (blocks of
+ * either class, as an allocation short of class cls evicts them) until
+ * count of class cls (0 sealed, 1 sink) or max in all went, into the
+ * pool's DEMOTING state (kvq_pool_cache_demoting) for their copy to the
+ * host tier; the evict hook is told as for an eviction, the drop hook is
+ * not.  Returns how many, ret[0..n). */
+uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, uint32_t max, struct kvq_prefix_victim *ret);
 
 /* The key of the block after parent_key (NULL: a first block) holding
  * tokens[B], in this index's namespace.  0, -EINVAL (salt too long) or -EIO. */

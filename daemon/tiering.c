@@ -129,9 +129,10 @@ static void demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 	j = calloc(1, sizeof *j);
 	if (!j)
 		return;
-	n = kvq_prefix_demote(tg->p.prefix, cls, want, v);
+	n = kvq_prefix_demote(tg->p.prefix, cls, want, DEMOTE_BATCH, v);
 	for (uint32_t i = 0; i < n; i++) {
-		int64_t rec = kvq_tier_reserve(tg->tier, (uint32_t)cls, v[i].key, v[i].has_parent ? v[i].parent : NULL);
+		int64_t rec = kvq_tier_reserve(tg->tier, (uint32_t)v[i].cls, v[i].key,
+					       v[i].has_parent ? v[i].parent : NULL);
 
 		tg->gen[v[i].id]++;
 		if (rec < 0) {

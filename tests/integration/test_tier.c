@@ -11,6 +11,10 @@
  *    oldest records, lookups of the newest prompts still hit whole and
  *    attend equal, and every record left is whole (a lookup of the oldest
  *    prompt is a shorter hit or none, never a wrong block);
+ *  - the same in a pool with sink blocks, whose chains' first blocks (sink
+ *    records) move too;
+ *  - an attach that creates a pool with a tier, and one whose tier is
+ *    beyond the host's budget (-ENOSPC);
  *  - a host_capacity beyond the host's budget stops kvqd at start.
  */
 #include <config.h>
@@ -58,7 +62,7 @@ static void prompt_tokens(uint32_t p, uint32_t *tok)
 		tok[i] = 1000 + 7919 * p + 13 * i;
 }
 
-static kvq_client *open_pool(const char *pool)
+static kvq_client *open_pool(const char *pool, uint32_t sinks)
 {
 	struct kvq_attach_params a = { .pool = pool, .model_id = MODEL, .layers = L_, .kv_heads = H_,
 		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .device = -1 };
@@ -66,7 +70,7 @@ static kvq_client *open_pool(const char *pool)
 
 	if (kvq_client_connect(sock_path, "tier", &c) < 0)
 		return NULL;
-	if (kvq_client_attach(c, &a) < 0) {
+	if ((sinks && kvq_client_set_sinks(c, 1, 0) < 0) || kvq_client_attach(c, &a) < 0) {
 		diag("attach %s: %s", pool, kvq_client_error(c));
 		kvq_client_free(c);
 		return NULL;
@@ -144,10 +148,10 @@ static int fill(kvq_client *c, uint32_t n, float (*first)[L_][NQ * QH_ * D_], ui
 	return 0;
 }
 
-static void test_tier(const char *pool, bool small)
+static void test_tier(const char *pool, bool small, uint32_t sinks)
 {
 	static float first[2][L_][NQ * QH_ * D_], again[L_][NQ * QH_ * D_];
-	kvq_client *c = open_pool(pool);
+	kvq_client *c = open_pool(pool, sinks);
 	uint64_t sealed, dem, prom, evict;
 	uint32_t n, hit = 0;
 	int r;
@@ -243,14 +247,17 @@ int main(void)
 		"[pool tiered]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
 		"policy = int8\ncapacity = 256K\nhost_capacity = 4M\n"
 		"[pool small]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
-		"policy = int8\ncapacity = 256K\nhost_capacity = 96K\n";
+		"policy = int8\ncapacity = 256K\nhost_capacity = 96K\n"
+		"[pool sinky]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
+		"policy = int8\nsink_blocks = 1\ncapacity = 256K\nhost_capacity = 4M\n";
 	pid_t pid = test_daemon_start_conf("host", "tier", pools, dir, sizeof dir, sock_path, sizeof sock_path, bin,
 					   sizeof bin);
 
 	if (!ok(pid > 0, "kvqd starts with two pools with host tiers (%s)", bin))
 		return done_testing();
-	test_tier("tiered", false);
-	test_tier("small", true);
+	test_tier("tiered", false, 0);
+	test_tier("small", true, 0);
+	test_tier("sinky", false, 1);
 	test_attach_create();
 	test_daemon_stop(pid, dir);
 	test_budget();
