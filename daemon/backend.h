@@ -4,8 +4,9 @@
  *
  * A backend creates one memory object per pool and hands out a file
  * descriptor for it; the daemon sends that descriptor to each worker with the
- * attach reply (SCM_RIGHTS) and never touches KV bytes itself: it writes
- * only a pool's codebooks (kernels/codebook.h), once, at its creation
+ * attach reply (SCM_RIGHTS) and touches KV bytes only for a pool's host
+ * tier (daemon/tiering.h: whole blocks, copied through the mapping): it
+ * writes otherwise only a pool's codebooks (kernels/codebook.h), once, at its creation
  * (write).  Both backends serve the same layout (kernels/layout.h): only the
  * memory differs.
  *
