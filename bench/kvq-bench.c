@@ -9,11 +9,12 @@
  *   kvq-bench decode|prefill|append [OPTIONS]
  *   kvq-bench timing [OPTIONS]
  *   kvq-bench batch [--socket PATH] [--format LIST]
+ *   kvq-bench tier [--blocks N] [--format LIST] [--json]
  *
  * This file: the command table and the usage text of every command.
  * formats: bench/formats.c (with workload.c, memory.c, team.c, report.c);
  * control: bench/control.c; rotation: bench/rotation.c; decode, prefill, append: bench/decode.cu;
- * timing: bench/timing.cu; batch: bench/batch.c.
+ * timing: bench/timing.cu; batch: bench/batch.c; tier: bench/tier.c.
  */
 #include "config.h"
 
@@ -43,6 +44,9 @@ void usage(FILE *f)
 		"  batch     libkvq's batch API on a cuda pool of a running kvqd (--socket PATH, --format LIST):\n"
 		"            decode attention at 64 x 8192, 256 x 2048, 256 x 1024 and a 64 x 2048 write, ms per\n"
 		"            layer against the kernels' own interface on the same tables\n"
+		"  tier      the host tier's copies on the host: block records packed and unpacked (demotion,\n"
+		"            promotion) against memcpy, Llama-3-8B geometry (kvq-bench tier [--blocks N] [--format\n"
+		"            LIST] [--json])\n"
 		"options of formats:\n"
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"
@@ -99,6 +103,7 @@ static const struct command commands[] = {
 	{ "append", bench_decode },
 	{ "timing", bench_timing },
 	{ "batch", bench_batch },
+	{ "tier", cmd_tier },
 };
 
 int main(int argc, char **argv)

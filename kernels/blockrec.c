@@ -2,6 +2,7 @@
 /* The packed block record (blockrec.h, which documents its bytes). */
 #include "config.h"
 
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -142,29 +143,67 @@ static uint64_t xxh_merge(uint64_t acc, uint64_t v)
 	return (acc ^ xxh_round(0, v)) * XXH_P1 + XXH_P4;
 }
 
-/* XXH64 of a record of length bytes (more than 32) with its checksum field
- * as zeros: the first 32-byte stripe, which holds the field, from a copy. */
-static uint64_t checksum(const uint8_t *rec, uint64_t length)
+/* A little-endian u64 from any address: one load where the host is
+ * little-endian (the compiler sees through the memcpy). */
+static uint64_t load64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, sizeof v);
+	return le64toh(v);
+}
+
+/* XXH64 over a record as it is written or read, stripe by stripe, so that
+ * each slice is hashed while it is still in cache: the first 32-byte
+ * stripe (which holds the checksum field, taken as zeros) at begin, then
+ * every whole stripe below upto, then the tail at the end. */
+struct xxh {
+	uint64_t v0, v1, v2, v3;
+	uint64_t at;                   /* bytes hashed, a multiple of 32 */
+};
+
+static void xxh_begin(struct xxh *x, const uint8_t *rec)
 {
 	uint8_t first[32];
-	uint64_t v[4] = { XXH_P1 + XXH_P2, XXH_P2, 0, 0 - XXH_P1 }, acc;
-	const uint8_t *p = rec;
-	uint64_t i = 0;
 
 	memcpy(first, rec, sizeof first);
 	memset(first + OFF_CHECKSUM, 0, 8);
-	for (; i + 32 <= length; i += 32) {
-		const uint8_t *s = i == 0 ? first : p + i;
+	x->v0 = xxh_round(XXH_P1 + XXH_P2, load64(first));
+	x->v1 = xxh_round(XXH_P2, load64(first + 8));
+	x->v2 = xxh_round(0, load64(first + 16));
+	x->v3 = xxh_round(0 - XXH_P1, load64(first + 24));
+	x->at = 32;
+}
 
-		for (int l = 0; l < 4; l++)
-			v[l] = xxh_round(v[l], get64(s + 8 * l));
+static void xxh_stripes(struct xxh *x, const uint8_t *rec, uint64_t upto)
+{
+	/* four independent lanes in registers: the loop runs at memory speed */
+	uint64_t v0 = x->v0, v1 = x->v1, v2 = x->v2, v3 = x->v3, i = x->at;
+
+	for (; i + 32 <= upto; i += 32) {
+		v0 = xxh_round(v0, load64(rec + i));
+		v1 = xxh_round(v1, load64(rec + i + 8));
+		v2 = xxh_round(v2, load64(rec + i + 16));
+		v3 = xxh_round(v3, load64(rec + i + 24));
 	}
-	acc = rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18);
-	for (int l = 0; l < 4; l++)
-		acc = xxh_merge(acc, v[l]);
+	x->v0 = v0, x->v1 = v1, x->v2 = v2, x->v3 = v3;
+	x->at = i;
+}
+
+static uint64_t xxh_final(struct xxh *x, const uint8_t *p, uint64_t length)
+{
+	uint64_t acc, i;
+
+	xxh_stripes(x, p, length);
+	i = x->at;
+	acc = rotl(x->v0, 1) + rotl(x->v1, 7) + rotl(x->v2, 12) + rotl(x->v3, 18);
+	acc = xxh_merge(acc, x->v0);
+	acc = xxh_merge(acc, x->v1);
+	acc = xxh_merge(acc, x->v2);
+	acc = xxh_merge(acc, x->v3);
 	acc += length;
 	for (; i + 8 <= length; i += 8)
-		acc = rotl(acc ^ xxh_round(0, get64(p + i)), 27) * XXH_P1 + XXH_P4;
+		acc = rotl(acc ^ xxh_round(0, load64(p + i)), 27) * XXH_P1 + XXH_P4;
 	if (i + 4 <= length) {
 		acc = rotl(acc ^ (uint64_t)get32(p + i) * XXH_P1, 23) * XXH_P2 + XXH_P3;
 		i += 4;
@@ -176,12 +215,23 @@ static uint64_t checksum(const uint8_t *rec, uint64_t length)
 	return acc ^ acc >> 32;
 }
 
+/* XXH64 of a record of length bytes (more than 32) with its checksum field
+ * as zeros. */
+static uint64_t checksum(const uint8_t *rec, uint64_t length)
+{
+	struct xxh x;
+
+	xxh_begin(&x, rec);
+	return xxh_final(&x, rec, length);
+}
+
 int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_block_ref r,
 		      const uint8_t key[KVQ_BLOCKREC_KEY_LEN], const uint8_t *parent, const uint32_t *tokens,
 		      void *buf, size_t len, char *err, size_t errlen)
 {
 	uint8_t *p = buf;
 	uint64_t size, at;
+	struct xxh x;
 	uint32_t id;
 
 	if (!L || !base || !key || !buf) {
@@ -220,13 +270,15 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 	at = KVQ_BLOCKREC_HEADER;
 	for (uint32_t t = 0; t < L->block_tokens; t++, at += 4)
 		put32(p + at, tokens ? tokens[t] : 0);
+	xxh_begin(&x, p);
 	for (uint32_t l = 0; l < L->layers; l++) {
 		uint64_t n = kvq_layout_slice_bytes(L, r.cls, l);
 
 		memcpy(p + at, (const uint8_t *)base + kvq_layout_slice_off(L, r, l), n);
 		at += n;
+		xxh_stripes(&x, p, at);
 	}
-	put64(p + OFF_CHECKSUM, checksum(p, size));
+	put64(p + OFF_CHECKSUM, xxh_final(&x, p, size));
 	return 0;
 }
 
@@ -284,24 +336,14 @@ static void decode(const struct kvq_layout *L, const uint8_t *p, struct kvq_bloc
 		ret->tokens[t] = get32(p + KVQ_BLOCKREC_HEADER + 4u * t);
 }
 
-int kvq_blockrec_check(const struct kvq_layout *L, const void *buf, size_t len, struct kvq_blockrec_info *ret,
-		       char *err, size_t errlen)
+/* Every check but the checksum's (kvq_blockrec_check's order otherwise). */
+static int check_fields(const struct kvq_layout *L, const uint8_t *p, size_t len, char *err, size_t errlen)
 {
-	const uint8_t *p = buf;
 	uint32_t flags, cls;
-	int rc;
+	int rc = check_header(L, p, len, err, errlen);
 
-	if (!L || !buf) {
-		kvq_seterr(err, errlen, "block record: a NULL argument");
-		return -EINVAL;
-	}
-	rc = check_header(L, p, len, err, errlen);
 	if (rc != 0)
 		return rc;
-	if (checksum(p, len) != get64(p + OFF_CHECKSUM)) {
-		kvq_seterr(err, errlen, "block record: checksum mismatch (its bytes changed)");
-		return -EBADMSG;
-	}
 	cls = get32(p + OFF_CLASS);
 	if (kvq_blockrec_size(L, cls) != len) {
 		kvq_seterr(err, errlen, "block record of %zu bytes for class %" PRIu32 " (%s)", len, cls,
@@ -322,6 +364,30 @@ int kvq_blockrec_check(const struct kvq_layout *L, const void *buf, size_t len, 
 			return -EBADMSG;
 		}
 	}
+	return 0;
+}
+
+static int bad_checksum(char *err, size_t errlen)
+{
+	kvq_seterr(err, errlen, "block record: checksum mismatch (its bytes changed)");
+	return -EBADMSG;
+}
+
+int kvq_blockrec_check(const struct kvq_layout *L, const void *buf, size_t len, struct kvq_blockrec_info *ret,
+		       char *err, size_t errlen)
+{
+	const uint8_t *p = buf;
+	int rc;
+
+	if (!L || !buf) {
+		kvq_seterr(err, errlen, "block record: a NULL argument");
+		return -EINVAL;
+	}
+	rc = check_fields(L, p, len, err, errlen);
+	if (rc != 0)
+		return rc;
+	if (checksum(p, len) != get64(p + OFF_CHECKSUM))
+		return bad_checksum(err, errlen);
 	if (ret)
 		decode(L, p, ret);
 	return 0;
@@ -331,15 +397,16 @@ int kvq_blockrec_unpack(const struct kvq_layout *L, void *base, struct kvq_block
 			size_t len, struct kvq_blockrec_info *ret, char *err, size_t errlen)
 {
 	const uint8_t *p = buf;
+	struct xxh x;
 	uint64_t at;
 	uint32_t id, cls;
 	int rc;
 
-	if (!base) {
+	if (!L || !base || !buf) {
 		kvq_seterr(err, errlen, "block record: a NULL argument");
 		return -EINVAL;
 	}
-	rc = kvq_blockrec_check(L, buf, len, NULL, err, errlen);
+	rc = check_fields(L, p, len, err, errlen);
 	if (rc != 0)
 		return rc;
 	if (kvq_layout_block_id(L, r, &id) != 0) {
@@ -353,13 +420,19 @@ int kvq_blockrec_unpack(const struct kvq_layout *L, void *base, struct kvq_block
 			   kvq_block_class_name(r.cls));
 		return -EINVAL;
 	}
+	/* each slice hashed as it is copied, while it is in cache: one pass */
 	at = KVQ_BLOCKREC_HEADER + tokens_bytes(L);
+	xxh_begin(&x, p);
+	xxh_stripes(&x, p, at);
 	for (uint32_t l = 0; l < L->layers; l++) {
 		uint64_t n = kvq_layout_slice_bytes(L, cls, l);
 
+		xxh_stripes(&x, p, at + n);
 		memcpy((uint8_t *)base + kvq_layout_slice_off(L, r, l), p + at, n);
 		at += n;
 	}
+	if (xxh_final(&x, p, len) != get64(p + OFF_CHECKSUM))
+		return bad_checksum(err, errlen);
 	if (ret)
 		decode(L, p, ret);
 	return 0;

@@ -106,10 +106,12 @@ int kvq_blockrec_check(const struct kvq_layout *L, const void *buf, size_t len, 
 
 /*
  * Unpacks a record into block r of the pool at base (L's bytes,
- * host-addressable): checks it first (kvq_blockrec_check, whose codes it
- * returns), then -ERANGE (r names no slot of L) or -EINVAL (r of another
- * class than the record's); writes only r's slices, and nothing on failure.
- * Returns 0, with the decoded header in *ret where it is not NULL.
+ * host-addressable): checks it (kvq_blockrec_check's codes), then -ERANGE
+ * (r names no slot of L) or -EINVAL (r of another class than the
+ * record's), writing nothing; the checksum is verified in the same pass as
+ * the copy, so on its mismatch (-EBADMSG) r's slices hold the record's
+ * bytes and must not be used.  Writes only r's slices.  Returns 0, with
+ * the decoded header in *ret where it is not NULL (not on failure).
  */
 int kvq_blockrec_unpack(const struct kvq_layout *L, void *base, struct kvq_block_ref r, const void *buf,
 			size_t len, struct kvq_blockrec_info *ret, char *err, size_t errlen);
