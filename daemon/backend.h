@@ -67,6 +67,16 @@ struct kvq_backend_mem {
 	uint64_t handle;   /* backend-private (cuda: CUmemGenericAllocationHandle) */
 };
 
+struct kvq_backend_chan;
+
+/* One run of a block copy (struct kvq_backend chan_copy): len bytes at
+ * byte pool_off of the pool and at host. */
+struct kvq_backend_run {
+	uint64_t pool_off;
+	uint8_t *host;
+	uint64_t len;
+};
+
 struct kvq_backend {
 	const char *name;  /* "host" or "cuda" */
 	int compiled;      /* 0: this build lacks it (cuda without KVQ_WITH_CUDA) */
@@ -99,6 +109,21 @@ struct kvq_backend {
 	 * set. */
 	int (*write)(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
 		     size_t errlen);
+
+	/* The host tier's copies of a pool the daemon does not map (NULL: a
+	 * backend whose mem->map serves them).  chan_open, on the loop: what
+	 * copies between mem and the host memory host[host_len] need (cuda:
+	 * the device's primary context retained, the pool mapped in the
+	 * daemon, host pinned with cuMemHostRegister, a stream); 0 and *ret,
+	 * or a negative code with err set (the tier is then not started).
+	 * chan_copy, on the copy thread: the n runs, to the host (to_host) or
+	 * into the pool, complete on return.  chan_close, on the loop, after
+	 * the last copy. */
+	int (*chan_open)(struct kvq_backend_mem *mem, void *host, uint64_t host_len, struct kvq_backend_chan **ret,
+			 char *err, size_t errlen);
+	int (*chan_copy)(struct kvq_backend_chan *c, int to_host, const struct kvq_backend_run *runs, uint32_t n,
+			 char *err, size_t errlen);
+	void (*chan_close)(struct kvq_backend_chan *c);
 };
 
 extern const struct kvq_backend kvq_backend_host;

@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -241,6 +242,113 @@ static int cuda_write(struct kvq_backend_mem *mem, uint64_t off, const void *src
 	return rc;
 }
 
+/* ---------------------------------------------------------------- the host tier's channel */
+
+struct kvq_backend_chan {
+	CUdevice dev;
+	CUcontext ctx;                  /* the device's primary context, retained */
+	struct kvq_driver_map map;      /* the pool, mapped in the daemon */
+	void *host;                     /* registered (pinned) */
+	CUstream stream;
+};
+
+static void chan_close(struct kvq_backend_chan *c)
+{
+	CUcontext popped;
+
+	if (!c)
+		return;
+	if (c->ctx && drv->cuCtxPushCurrent(c->ctx) == CUDA_SUCCESS) {
+		if (c->stream)
+			drv->cuStreamDestroy(c->stream);
+		if (c->host)
+			drv->cuMemHostUnregister(c->host);
+		if (c->map.va)
+			kvq_driver_unmap(&c->map);
+		drv->cuCtxPopCurrent(&popped);
+	}
+	if (c->ctx)
+		drv->cuDevicePrimaryCtxRelease(c->dev);
+	free(c);
+}
+
+/* Steps of chan_open in the pushed context: map, pin, stream. */
+static int chan_setup(struct kvq_backend_chan *c, struct kvq_backend_mem *mem, void *host, uint64_t host_len,
+		      char *err, size_t errlen)
+{
+	uint64_t g;
+	CUresult r;
+	int rc = cuda_granularity_of(mem->device, &g, err, errlen);
+
+	if (rc < 0)
+		return rc;
+	rc = kvq_driver_map((CUmemGenericAllocationHandle)mem->handle, (size_t)mem->size, (size_t)g, mem->device,
+			    &c->map, err, errlen);
+	if (rc < 0)
+		return rc;
+	if ((r = drv->cuMemHostRegister(host, (size_t)host_len, CU_MEMHOSTREGISTER_PORTABLE)) != CUDA_SUCCESS)
+		return kvq_driver_fail("cuMemHostRegister (pinning the host tier)", r, err, errlen);
+	c->host = host;
+	if ((r = drv->cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+		return kvq_driver_fail("cuStreamCreate", r, err, errlen);
+	return 0;
+}
+
+static int chan_open(struct kvq_backend_mem *mem, void *host, uint64_t host_len, struct kvq_backend_chan **ret,
+		     char *err, size_t errlen)
+{
+	struct kvq_backend_chan *c = calloc(1, sizeof(*c));
+	CUcontext popped;
+	CUresult r;
+	int rc;
+
+	if (!c)
+		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
+	if ((rc = cuda_device(mem->device, &c->dev, err, errlen)) < 0) {
+		free(c);
+		return rc;
+	}
+	if ((r = drv->cuDevicePrimaryCtxRetain(&c->ctx, c->dev)) != CUDA_SUCCESS) {
+		free(c);
+		return kvq_driver_fail("cuDevicePrimaryCtxRetain", r, err, errlen);
+	}
+	if ((r = drv->cuCtxPushCurrent(c->ctx)) != CUDA_SUCCESS) {
+		rc = kvq_driver_fail("cuCtxPushCurrent", r, err, errlen);
+	} else {
+		rc = chan_setup(c, mem, host, host_len, err, errlen);
+		drv->cuCtxPopCurrent(&popped);
+	}
+	if (rc < 0) {
+		chan_close(c);
+		return rc;
+	}
+	*ret = c;
+	return 0;
+}
+
+/* The runs as async copies on the channel's stream, then one wait. */
+static int chan_copy(struct kvq_backend_chan *c, int to_host, const struct kvq_backend_run *runs, uint32_t n,
+		     char *err, size_t errlen)
+{
+	CUcontext popped;
+	CUresult r = drv->cuCtxPushCurrent(c->ctx);
+
+	if (r != CUDA_SUCCESS)
+		return kvq_driver_fail("cuCtxPushCurrent", r, err, errlen);
+	for (uint32_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+		r = to_host ? drv->cuMemcpyDtoHAsync(runs[i].host, c->map.va + runs[i].pool_off, (size_t)runs[i].len,
+						     c->stream)
+			    : drv->cuMemcpyHtoDAsync(c->map.va + runs[i].pool_off, runs[i].host, (size_t)runs[i].len,
+						     c->stream);
+	if (r != CUDA_SUCCESS)
+		kvq_driver_fail(to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync", r, err, errlen);
+	/* waited for either way: nothing may run on once the job ends */
+	if (drv->cuStreamSynchronize(c->stream) != CUDA_SUCCESS && r == CUDA_SUCCESS)
+		r = CUDA_ERROR_UNKNOWN, kvq_seterr(err, errlen, "cuStreamSynchronize failed");
+	drv->cuCtxPopCurrent(&popped);
+	return r == CUDA_SUCCESS ? 0 : -EIO;
+}
+
 #else /* !KVQ_WITH_CUDA */
 
 static int cuda_off(char *err, size_t len)
@@ -293,4 +401,9 @@ const struct kvq_backend kvq_backend_cuda = {
 	.create = cuda_create,
 	.destroy = cuda_destroy,
 	.write = cuda_write,
+#ifdef KVQ_WITH_CUDA
+	.chan_open = chan_open,
+	.chan_copy = chan_copy,
+	.chan_close = chan_close,
+#endif
 };

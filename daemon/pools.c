@@ -419,8 +419,8 @@ static int host_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, s
 		return kvq_seterr(err, errlen, "host_capacity %llu bytes beyond the host's memory budget "
 				  "(%llu of %llu used)", (unsigned long long)want, (unsigned long long)used,
 				  (unsigned long long)budget), -ENOSPC;
-	r = kvq_tiering_new(&(struct kvq_tiering_pool){ p->name, p->backend->name, p->L, p->mem.map, p->pool,
-						       p->prefix }, want, &ps->copier, &p->tiering, why, sizeof why);
+	r = kvq_tiering_new(&(struct kvq_tiering_pool){ p->name, &p->mem, p->L, p->pool, p->prefix }, want,
+			    &ps->copier, &p->tiering, why, sizeof why);
 	if (r == -EOPNOTSUPP) {
 		kvq_log(LOG_WARNING, "%s: the pool runs without its host tier", why);
 		return 0;

@@ -18,6 +18,7 @@ struct kvq_tiering {
 	struct kvq_tiering_pool p;     /* the pool's parts, borrowed */
 	kvq_tier *tier;
 	kvq_copier *const *cp;         /* the daemon's copier (struct kvq_pools), which may change */
+	struct kvq_backend_chan *chan; /* the backend's copies, where the daemon does not map the pool */
 	uint32_t *gen;                 /* per block id: bumped at each demotion and cancel */
 	int64_t *rec_of;               /* per block id: its record while DEMOTING */
 	uint32_t inflight;             /* blocks in demotion jobs */
@@ -47,23 +48,66 @@ static void count_copy(struct kvq_tiering *tg, const struct kvq_copy_job *j)
 
 /* ------------------------------------------------------------ demotion */
 
+/* The runs of block id's slices between the pool and record rec: one per
+ * layer, into runs[]. */
+static void block_runs(const struct kvq_layout *L, uint32_t id, uint8_t *rec, struct kvq_backend_run *runs)
+{
+	struct kvq_block_ref r = kvq_layout_block_ref(L, id);
+
+	for (uint32_t l = 0; l < L->layers; l++)
+		runs[l] = (struct kvq_backend_run){ .pool_off = kvq_layout_slice_off(L, r, l),
+			.host = rec + kvq_blockrec_slice_at(L, r.cls, l), .len = kvq_layout_slice_bytes(L, r.cls, l) };
+}
+
+/* Copies between blocks ids[n] and records recs[n] through the backend's
+ * channel, all in one wait. */
+static int chan_blocks(const struct kvq_tiering *tg, int to_host, const uint32_t *ids, uint8_t *const *recs,
+		       uint32_t n)
+{
+	const struct kvq_layout *L = tg->p.L;
+	struct kvq_backend_run *runs = malloc(((size_t)n * L->layers + 1) * sizeof(*runs));
+	char err[KVQ_BACKEND_MSG_MAX];
+	int r;
+
+	if (!runs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		block_runs(L, ids[i], recs[i], runs + (size_t)i * L->layers);
+	r = tg->p.mem->backend->chan_copy(tg->chan, to_host, runs, n * L->layers, err, sizeof err);
+	if (r < 0)
+		kvq_log(LOG_ERR, "pool %s: %s", tg->p.name, err);
+	free(runs);
+	return r;
+}
+
 static int demote_run(struct kvq_copy_job *job)
 {
 	struct demote_job *j = (struct demote_job *)job;
-	const struct kvq_tiering_pool *p = &j->tg->p;
+	const struct kvq_tiering *tg = j->tg;
+	const struct kvq_layout *L = tg->p.L;
+	uint32_t ids[DEMOTE_BATCH];
+	uint8_t *recs[DEMOTE_BATCH];
+	uint64_t len[DEMOTE_BATCH];
 	char err[128];
+	int r = 0;
 
 	for (uint32_t i = 0; i < j->n; i++) {
-		uint64_t len;
-		uint8_t *buf = kvq_tier_rec(j->tg->tier, j->b[i].rec, &len);
-		int r = kvq_blockrec_pack(p->L, p->base, kvq_layout_block_ref(p->L, j->b[i].id), j->b[i].key,
-					  j->b[i].has_parent ? j->b[i].parent : NULL, NULL, buf, len, err, sizeof err);
-
-		if (r < 0)
-			return r;
-		job->bytes += len;
+		ids[i] = j->b[i].id;
+		recs[i] = kvq_tier_rec(tg->tier, j->b[i].rec, &len[i]);
 	}
-	return 0;
+	if (tg->chan)
+		r = chan_blocks(tg, 1, ids, recs, j->n);
+	for (uint32_t i = 0; i < j->n && r == 0; i++) {
+		const uint8_t *parent = j->b[i].has_parent ? j->b[i].parent : NULL;
+
+		/* host: pack reads the mapping; cuda: the slices came by DMA */
+		r = tg->chan ? kvq_blockrec_seal(L, kvq_layout_block_ref(L, ids[i]).cls, j->b[i].key, parent, NULL,
+						 recs[i], len[i])
+			     : kvq_blockrec_pack(L, tg->p.mem->map, kvq_layout_block_ref(L, ids[i]), j->b[i].key, parent,
+						 NULL, recs[i], len[i], err, sizeof err);
+		job->bytes += len[i];
+	}
+	return r;
 }
 
 static void demote_done(struct kvq_copy_job *job, int result)
@@ -193,20 +237,26 @@ void kvq_tiering_demote(struct kvq_tiering *tg, uint32_t reserve_pct, uint32_t m
 static int promote_run(struct kvq_copy_job *job)
 {
 	struct kvq_promotion *pr = (struct kvq_promotion *)job;
-	const struct kvq_tiering_pool *p = &pr->tg->p;
+	const struct kvq_tiering *tg = pr->tg;
+	const struct kvq_layout *L = tg->p.L;
+	uint8_t **recs = malloc(((size_t)pr->n + 1) * sizeof(*recs));
 	char err[160];
+	int r = recs ? 0 : -ENOMEM;
 
-	for (uint32_t i = 0; i < pr->n; i++) {
+	for (uint32_t i = 0; i < pr->n && r == 0; i++) {
 		uint64_t len;
-		const uint8_t *buf = kvq_tier_rec(pr->tg->tier, pr->rec[i], &len);
-		int r = kvq_blockrec_unpack(p->L, p->base, kvq_layout_block_ref(p->L, pr->id[i]), buf, len, NULL,
-					    err, sizeof err);
 
-		if (r < 0)
-			return r;
+		recs[i] = kvq_tier_rec(tg->tier, pr->rec[i], &len);
+		/* cuda: checked whole first, then sent; host: checked as it is copied */
+		r = tg->chan ? kvq_blockrec_check(L, recs[i], len, NULL, err, sizeof err)
+			     : kvq_blockrec_unpack(L, tg->p.mem->map, kvq_layout_block_ref(L, pr->id[i]), recs[i], len,
+						   NULL, err, sizeof err);
 		job->bytes += len;
 	}
-	return 0;
+	if (r == 0 && tg->chan)
+		r = chan_blocks(tg, 0, pr->id, recs, pr->n);
+	free(recs);
+	return r;
 }
 
 static void promote_done(struct kvq_copy_job *job, int result)
@@ -336,9 +386,9 @@ int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_cop
 	char label[KVQ_PREFIX_MAX_NAME + 16];
 	int r;
 
-	if (!p->base)
-		return kvq_seterr(err, errlen, "pool %s: a host tier needs a pool the daemon maps (a host pool); "
-				  "%s pools have none yet", p->name, p->backend), -EOPNOTSUPP;
+	if (!p->mem->map && !p->mem->backend->chan_open)
+		return kvq_seterr(err, errlen, "pool %s: its %s memory cannot be copied by kvqd", p->name,
+				  p->mem->backend->name), -EOPNOTSUPP;
 	tg = calloc(1, sizeof *tg);
 	if (!tg)
 		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
@@ -357,6 +407,17 @@ int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_cop
 		kvq_tiering_free(tg);
 		return r;
 	}
+	if (!p->mem->map) {
+		const struct kvq_backend_mem *tm = kvq_tier_mem(tg->tier);
+		char why[KVQ_BACKEND_MSG_MAX];
+
+		r = p->mem->backend->chan_open(p->mem, tm->map, tm->size, &tg->chan, why, sizeof why);
+		if (r < 0) {
+			kvq_seterr(err, errlen, "pool %s: host tier not started: %s", p->name, why);
+			kvq_tiering_free(tg);
+			return -EOPNOTSUPP;
+		}
+	}
 	kvq_pool_set_transit(p->pool, &(struct kvq_pool_transit){ tg, on_cancel });
 	kvq_prefix_set_drop_hook(p->prefix, on_drop, tg);
 	*ret = tg;
@@ -374,6 +435,8 @@ void kvq_tiering_free(struct kvq_tiering *tg)
 		kvq_pool_set_transit(tg->p.pool, NULL);
 		kvq_prefix_set_drop_hook(tg->p.prefix, NULL, NULL);
 	}
+	if (tg->chan)
+		tg->p.mem->backend->chan_close(tg->chan);
 	kvq_tier_free(tg->tier);
 	free(tg->gen);
 	free(tg->rec_of);

@@ -42,17 +42,19 @@ struct kvq_tiering;
 /* What the tier works on: an allocated pool's parts (daemon/pools.h). */
 struct kvq_tiering_pool {
 	const char *name;              /* for the log */
-	const char *backend;           /* its backend's name */
+	struct kvq_backend_mem *mem;   /* its memory: mem->map, or its backend's channel (backend.h) */
 	const struct kvq_layout *L;
-	void *base;                    /* the daemon's mapping of its memory, or NULL (none) */
 	kvq_pool *pool;
 	kvq_prefix *prefix;
 };
 
-/* The tier of an allocated pool p (copied): capacity bytes of records (tier.h), its
- * copies on *cp (read at each copy: the daemon swaps its copier once).  Hooks itself into p's books and index.  Returns 0 and
- * *ret, or a negative code with err set (-EOPNOTSUPP: a pool whose memory
- * the daemon has not mapped, as a cuda pool's). */
+/* The tier of an allocated pool p (copied): capacity bytes of records
+ * (tier.h), its copies on *cp (read at each copy: the daemon swaps its
+ * copier once): through the daemon's mapping of the pool (host), else the
+ * backend's channel (cuda: the tier pinned, the pool mapped in the
+ * device's primary context).  Hooks itself into p's books and index.
+ * Returns 0 and *ret, or a negative code with err set (-EOPNOTSUPP: the
+ * pool's memory cannot be reached, or the tier not pinned). */
 int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_copier *const *cp, struct kvq_tiering **ret,
 		    char *err, size_t errlen);
 

@@ -225,6 +225,54 @@ static uint64_t checksum(const uint8_t *rec, uint64_t length)
 	return xxh_final(&x, rec, length);
 }
 
+/* The header and tokens of a record of class cls (checksum field zero). */
+static void put_header(const struct kvq_layout *L, uint32_t cls, const uint8_t *key, const uint8_t *parent,
+		       const uint32_t *tokens, uint8_t *p)
+{
+	uint64_t at = KVQ_BLOCKREC_HEADER;
+
+	memcpy(p + OFF_MAGIC, KVQ_BLOCKREC_MAGIC, OFF_VERSION);
+	put32(p + OFF_VERSION, KVQ_BLOCKREC_VERSION);
+	put32(p + OFF_FLAGS, (parent ? KVQ_BLOCKREC_PARENT : 0) | (tokens ? KVQ_BLOCKREC_TOKENS : 0));
+	put64(p + OFF_LENGTH, kvq_blockrec_size(L, cls));
+	put64(p + OFF_CHECKSUM, 0);
+	put32(p + OFF_CLASS, cls);
+	put32(p + OFF_LAYERS, L->layers);
+	put32(p + OFF_HEADS, L->kv_heads);
+	put32(p + OFF_DIM, L->head_dim);
+	put32(p + OFF_TOKENS_B, L->block_tokens);
+	put32(p + OFF_LAYOUT_VERSION, L->version);
+	put64(p + OFF_FINGERPRINT, kvq_blockrec_fingerprint(L));
+	memcpy(p + OFF_KEY, key, KVQ_BLOCKREC_KEY_LEN);
+	if (parent)
+		memcpy(p + OFF_PARENT, parent, KVQ_BLOCKREC_KEY_LEN);
+	else
+		memset(p + OFF_PARENT, 0, KVQ_BLOCKREC_KEY_LEN);
+	for (uint32_t t = 0; t < L->block_tokens; t++, at += 4)
+		put32(p + at, tokens ? tokens[t] : 0);
+}
+
+uint64_t kvq_blockrec_slice_at(const struct kvq_layout *L, uint32_t cls, uint32_t layer)
+{
+	uint64_t at = KVQ_BLOCKREC_HEADER + tokens_bytes(L);
+
+	for (uint32_t l = 0; l < layer; l++)
+		at += kvq_layout_slice_bytes(L, cls, l);
+	return at;
+}
+
+int kvq_blockrec_seal(const struct kvq_layout *L, uint32_t cls, const uint8_t key[KVQ_BLOCKREC_KEY_LEN],
+		      const uint8_t *parent, const uint32_t *tokens, void *buf, size_t len)
+{
+	uint64_t size = kvq_blockrec_size(L, cls);
+
+	if (!L || !key || !buf || size == 0 || len < size)
+		return -EINVAL;
+	put_header(L, cls, key, parent, tokens, buf);
+	put64((uint8_t *)buf + OFF_CHECKSUM, checksum(buf, size));
+	return 0;
+}
+
 int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_block_ref r,
 		      const uint8_t key[KVQ_BLOCKREC_KEY_LEN], const uint8_t *parent, const uint32_t *tokens,
 		      void *buf, size_t len, char *err, size_t errlen)
@@ -250,26 +298,8 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 		return -ENOSPC;
 	}
 
-	memcpy(p + OFF_MAGIC, KVQ_BLOCKREC_MAGIC, OFF_VERSION);
-	put32(p + OFF_VERSION, KVQ_BLOCKREC_VERSION);
-	put32(p + OFF_FLAGS, (parent ? KVQ_BLOCKREC_PARENT : 0) | (tokens ? KVQ_BLOCKREC_TOKENS : 0));
-	put64(p + OFF_LENGTH, size);
-	put64(p + OFF_CHECKSUM, 0);
-	put32(p + OFF_CLASS, r.cls);
-	put32(p + OFF_LAYERS, L->layers);
-	put32(p + OFF_HEADS, L->kv_heads);
-	put32(p + OFF_DIM, L->head_dim);
-	put32(p + OFF_TOKENS_B, L->block_tokens);
-	put32(p + OFF_LAYOUT_VERSION, L->version);
-	put64(p + OFF_FINGERPRINT, kvq_blockrec_fingerprint(L));
-	memcpy(p + OFF_KEY, key, KVQ_BLOCKREC_KEY_LEN);
-	if (parent)
-		memcpy(p + OFF_PARENT, parent, KVQ_BLOCKREC_KEY_LEN);
-	else
-		memset(p + OFF_PARENT, 0, KVQ_BLOCKREC_KEY_LEN);
-	at = KVQ_BLOCKREC_HEADER;
-	for (uint32_t t = 0; t < L->block_tokens; t++, at += 4)
-		put32(p + at, tokens ? tokens[t] : 0);
+	put_header(L, r.cls, key, parent, tokens, p);
+	at = KVQ_BLOCKREC_HEADER + tokens_bytes(L);
 	xxh_begin(&x, p);
 	for (uint32_t l = 0; l < L->layers; l++) {
 		uint64_t n = kvq_layout_slice_bytes(L, r.cls, l);

@@ -91,6 +91,20 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 		      const uint8_t key[KVQ_BLOCKREC_KEY_LEN], const uint8_t *parent, const uint32_t *tokens,
 		      void *buf, size_t len, char *err, size_t errlen);
 
+/* Where layer's slice starts in a record of class cls (its slices are in
+ * layer order after the tokens). */
+uint64_t kvq_blockrec_slice_at(const struct kvq_layout *L, uint32_t cls, uint32_t layer);
+
+/*
+ * Makes buf[len] a record of class cls whose slices are already in place
+ * (copied there at kvq_blockrec_slice_at, as by a device's DMA): writes the
+ * header and tokens (as kvq_blockrec_pack, key, parent and tokens alike)
+ * and the checksum over it all.  Returns 0 or -EINVAL (len short of the
+ * record, no such class, a NULL argument).
+ */
+int kvq_blockrec_seal(const struct kvq_layout *L, uint32_t cls, const uint8_t key[KVQ_BLOCKREC_KEY_LEN],
+		      const uint8_t *parent, const uint32_t *tokens, void *buf, size_t len);
+
 /*
  * Checks that buf[len] is exactly one record a pool of layout L takes, in
  * this order: -ENOMSG (shorter than a header or no magic: not a record),

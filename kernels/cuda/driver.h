@@ -60,7 +60,14 @@
 	X(cuMemMap, 10020)                                                                                 \
 	X(cuMemUnmap, 10020)                                                                               \
 	X(cuMemSetAccess, 10020)                                                                           \
-	X(cuMemcpyHtoD, 3020)
+	X(cuMemcpyHtoD, 3020)                                                                              \
+	X(cuMemHostRegister, 6050)                                                                         \
+	X(cuMemHostUnregister, 4000)                                                                       \
+	X(cuStreamCreate, 2000)                                                                            \
+	X(cuStreamDestroy, 4000)                                                                           \
+	X(cuStreamSynchronize, 2000)                                                                       \
+	X(cuMemcpyDtoHAsync, 3020)                                                                         \
+	X(cuMemcpyHtoDAsync, 3020)
 
 /* cuda.h renames some entry points (cuMemcpyHtoD is cuMemcpyHtoD_v2): a
  * member is declared and called through the same macro, so both agree. */

@@ -288,6 +288,22 @@ static void round_trip(const struct shape *s, uint32_t cls)
 		at += slice_len(a.L, cls, l);
 	}
 	ok(same && at == len, "slices in layer order, as the pool stores them, to the record's end");
+	{
+		/* the slices put in place first (as a device's DMA does), then sealed */
+		uint8_t *dma = calloc(1, len);
+		int rs;
+
+		if (!dma)
+			abort();
+		for (uint32_t l = 0; l < s->layers; l++)
+			memcpy(dma + kvq_blockrec_slice_at(a.L, cls, l), a.base + slice_off(a.L, cls, from, l),
+			       slice_len(a.L, cls, l));
+		rs = kvq_blockrec_seal(a.L, cls, blk.key, with_parent ? blk.parent : NULL, blk.tokens, dma, len);
+		ok(rs == 0 && memcmp(dma, rec, len) == 0 &&
+		   kvq_blockrec_seal(a.L, cls, blk.key, NULL, NULL, dma, len - 1) == -EINVAL,
+		   "slices placed at kvq_blockrec_slice_at and sealed: the packed record, byte for byte; short: -EINVAL");
+		free(dma);
+	}
 
 	memset(&info, 0xa5, sizeof info);
 	rc = kvq_blockrec_check(b.L, rec, len, &info, err, sizeof err);
