@@ -52,6 +52,7 @@ grep 'largest relative error' "$out/kernels.log" >> "$summary"
 step cudapool env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_pool"
 step cudaseq env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 step cudabatch env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_batch"
+step cudatier env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_tier"
 # again with the kernels that run on sm_80 and later forced (KVQ_CUDA_KERNELS):
 # on a Hopper GPU the runs above take its own kernels where a pair has them.
 # No pair has them yet, so today both runs run the same kernels.

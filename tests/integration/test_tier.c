@@ -16,6 +16,10 @@
  *  - an attach that creates a pool with a tier, and one whose tier is
  *    beyond the host's budget (-ENOSPC);
  *  - a host_capacity beyond the host's budget stops kvqd at start.
+ * Built again as tests/gpu/test_cuda_tier (KVQ_TEST_CUDA): the same with
+ * cuda pools, whose blocks kvqd copies through the device (D = 64, the
+ * CUDA kernels' smallest head dim; one KV split, so that attention over
+ * the same bytes is the same bits).
  */
 #include <config.h>
 
@@ -31,11 +35,20 @@
 #include "../synth.h"
 #include "kvq.h"
 #include "layout.h"
+#ifdef KVQ_TEST_CUDA
+#include <cuda_runtime_api.h>
+#define D_ 64
+#define DS "64"
+#define BACKEND "cuda"
+#else
+#define D_ 32
+#define DS "32"
+#define BACKEND "host"
+#endif
 
 #define L_ 2
 #define H_ 2
 #define QH_ 4
-#define D_ 32
 #define B_ 16
 #define NTOK 83                /* 5 sealed blocks (a lookup hits 80 tokens) and 3 more */
 #define NQ 2
@@ -199,7 +212,7 @@ static void test_attach_create(void)
 {
 	struct kvq_attach_params a = { .pool = "made", .model_id = MODEL, .layers = L_, .kv_heads = H_,
 		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .create = 1, .n_sealed = 48,
-		.n_open = 8, .device = -1, .host_capacity = 1 << 20 };
+		.n_open = 8, .backend = BACKEND, .device = -1, .host_capacity = 1 << 20 };
 	kvq_client *c = NULL;
 	uint64_t cap;
 	int r = kvq_client_connect(sock_path, "tier", &c);
@@ -222,12 +235,12 @@ static void test_attach_create(void)
 static void test_budget(void)
 {
 	char dir[64], sock[108], bin[512];
-	pid_t pid = test_daemon_start_conf("host", "tierbad",
+	pid_t pid = test_daemon_start_conf(BACKEND, "tierbad",
 					   "[pool over]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\n"
-					   "block_tokens = 16\npolicy = int8\ncapacity = 1M\nhost_memory_share = 100\n",
+					   "block_tokens = 16\npolicy = int8\ncapacity = 1M\nhost_capacity = 512M\n",
 					   dir, sizeof dir, sock, sizeof sock, bin, sizeof bin);
 
-	ok(pid < 0, "a host tier of the whole host budget beside its pool stops kvqd at start");
+	ok(pid < 0, "a host tier beyond the host budget (512M of 256M) stops kvqd at start");
 	if (pid > 0)
 		test_daemon_stop(pid, dir);
 	else {
@@ -244,14 +257,25 @@ int main(void)
 	char dir[64], bin[512];
 	const char *pools =
 		"host_tier_reserve = 20\n"
-		"[pool tiered]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
+		"[pool tiered]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
 		"policy = int8\ncapacity = 256K\nhost_capacity = 4M\n"
-		"[pool small]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
+		"[pool small]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
 		"policy = int8\ncapacity = 256K\nhost_capacity = 96K\n"
-		"[pool sinky]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
+		"[pool sinky]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
 		"policy = int8\nsink_blocks = 1\ncapacity = 256K\nhost_capacity = 4M\n";
-	pid_t pid = test_daemon_start_conf("host", "tier", pools, dir, sizeof dir, sock_path, sizeof sock_path, bin,
-					   sizeof bin);
+	pid_t pid;
+
+#ifdef KVQ_TEST_CUDA
+	int ndev = 0;
+
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+		printf("1..0 # SKIP no usable GPU\n");
+		return 0;
+	}
+	setenv("KVQ_CUDA_SPLITS", "1", 1);
+#endif
+	pid = test_daemon_start_conf(BACKEND, "tier", pools, dir, sizeof dir, sock_path, sizeof sock_path, bin,
+				     sizeof bin);
 
 	if (!ok(pid > 0, "kvqd starts with two pools with host tiers (%s)", bin))
 		return done_testing();
