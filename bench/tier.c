@@ -94,7 +94,7 @@ static int tier_cuda(const struct kvq_layout *L, uint32_t n, uint8_t *rec, uint6
 		r = kvq_backend_cuda.chan_copy(ch, 1, runs, n * L->layers, err, sizeof err);
 		t3 = now_s();
 		for (uint32_t i = 0; i < n && r == 0; i++)
-			r = kvq_blockrec_seal(L, KVQ_BLOCK_SEALED, key, NULL, NULL, rec + (uint64_t)i * rs, rs);
+			r = kvq_blockrec_seal(L, KVQ_BLOCK_SEALED, key, NULL, NULL, 0, rec + (uint64_t)i * rs, rs);
 		t4 = now_s();
 		for (uint32_t i = 0; i < n && r == 0; i++)
 			r = kvq_blockrec_check(L, rec + (uint64_t)i * rs, rs, NULL, err, sizeof err);
@@ -165,7 +165,7 @@ static int tier_one(const char *fmt, uint32_t n, struct tier_figures *f)
 		memcpy(dst, src, total);
 		t1 = now_s();
 		for (uint32_t i = 0; i < n && r == 0; i++)
-			r = kvq_blockrec_pack(L, base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, i }, key, NULL, NULL,
+			r = kvq_blockrec_pack(L, base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, i }, key, NULL, NULL, 0,
 					      rec + (uint64_t)i * rs, rs, err, sizeof err);
 		t2 = now_s();
 		for (uint32_t i = 0; i < n && r == 0; i++)

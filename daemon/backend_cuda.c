@@ -326,7 +326,45 @@ static int chan_open(struct kvq_backend_mem *mem, void *host, uint64_t host_len,
 	return 0;
 }
 
-/* The runs as async copies on the channel's stream, then one wait. */
+/* How many runs from runs[0] (at most n) make one 2D copy: of one length,
+ * back to back on the host, a constant pitch in the pool (a block's layer
+ * slices, when every layer has the same formats) within the driver's
+ * pitch limit. */
+static uint32_t chan_rows(const struct kvq_backend_run *runs, uint32_t n)
+{
+	uint64_t pitch;
+	uint32_t k = 1;
+
+	if (n < 2 || runs[1].pool_off <= runs[0].pool_off)
+		return 1;
+	pitch = runs[1].pool_off - runs[0].pool_off;
+	if (pitch < runs[0].len || pitch > INT32_MAX)
+		return 1;
+	while (k < n && runs[k].len == runs[0].len && runs[k].host == runs[k - 1].host + runs[0].len &&
+	       runs[k].pool_off == runs[k - 1].pool_off + pitch)
+		k++;
+	return k;
+}
+
+/* Rows runs[0..k) as one async 2D copy. */
+static CUresult chan_2d(struct kvq_backend_chan *c, int to_host, const struct kvq_backend_run *runs, uint32_t k)
+{
+	CUDA_MEMCPY2D m = { .WidthInBytes = (size_t)runs[0].len, .Height = k };
+	size_t pitch = k > 1 ? (size_t)(runs[1].pool_off - runs[0].pool_off) : (size_t)runs[0].len;
+
+	if (to_host) {
+		m.srcMemoryType = CU_MEMORYTYPE_DEVICE, m.srcDevice = c->map.va + runs[0].pool_off, m.srcPitch = pitch;
+		m.dstMemoryType = CU_MEMORYTYPE_HOST, m.dstHost = runs[0].host, m.dstPitch = (size_t)runs[0].len;
+	} else {
+		m.srcMemoryType = CU_MEMORYTYPE_HOST, m.srcHost = runs[0].host, m.srcPitch = (size_t)runs[0].len;
+		m.dstMemoryType = CU_MEMORYTYPE_DEVICE, m.dstDevice = c->map.va + runs[0].pool_off, m.dstPitch = pitch;
+	}
+	return drv->cuMemcpy2DAsync(&m, c->stream);
+}
+
+/* The runs as async copies on the channel's stream (a block's slices as
+ * one 2D copy where they allow: per copy the driver's overhead is a few
+ * microseconds, a slice's transfer about as much), then one wait. */
 static int chan_copy(struct kvq_backend_chan *c, int to_host, const struct kvq_backend_run *runs, uint32_t n,
 		     char *err, size_t errlen)
 {
@@ -335,13 +373,12 @@ static int chan_copy(struct kvq_backend_chan *c, int to_host, const struct kvq_b
 
 	if (r != CUDA_SUCCESS)
 		return kvq_driver_fail("cuCtxPushCurrent", r, err, errlen);
-	for (uint32_t i = 0; i < n && r == CUDA_SUCCESS; i++)
-		r = to_host ? drv->cuMemcpyDtoHAsync(runs[i].host, c->map.va + runs[i].pool_off, (size_t)runs[i].len,
-						     c->stream)
-			    : drv->cuMemcpyHtoDAsync(c->map.va + runs[i].pool_off, runs[i].host, (size_t)runs[i].len,
-						     c->stream);
+	for (uint32_t i = 0, k; i < n && r == CUDA_SUCCESS; i += k) {
+		k = chan_rows(runs + i, n - i);
+		r = chan_2d(c, to_host, runs + i, k);
+	}
 	if (r != CUDA_SUCCESS)
-		kvq_driver_fail(to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync", r, err, errlen);
+		kvq_driver_fail("cuMemcpy2DAsync", r, err, errlen);
 	/* waited for either way: nothing may run on once the job ends */
 	if (drv->cuStreamSynchronize(c->stream) != CUDA_SUCCESS && r == CUDA_SUCCESS)
 		r = CUDA_ERROR_UNKNOWN, kvq_seterr(err, errlen, "cuStreamSynchronize failed");

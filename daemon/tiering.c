@@ -101,10 +101,12 @@ static int demote_run(struct kvq_copy_job *job)
 		const uint8_t *parent = j->b[i].has_parent ? j->b[i].parent : NULL;
 
 		/* host: pack reads the mapping; cuda: the slices came by DMA */
+		/* unsummed: the records never leave kvqd's memory, and the
+		 * copies run at the bus's speed (kernels/blockrec.h) */
 		r = tg->chan ? kvq_blockrec_seal(L, kvq_layout_block_ref(L, ids[i]).cls, j->b[i].key, parent, NULL,
-						 recs[i], len[i])
+						 0, recs[i], len[i])
 			     : kvq_blockrec_pack(L, tg->p.mem->map, kvq_layout_block_ref(L, ids[i]), j->b[i].key, parent,
-						 NULL, recs[i], len[i], err, sizeof err);
+						 NULL, 0, recs[i], len[i], err, sizeof err);
 		job->bytes += len[i];
 	}
 	return r;

@@ -227,13 +227,14 @@ static uint64_t checksum(const uint8_t *rec, uint64_t length)
 
 /* The header and tokens of a record of class cls (checksum field zero). */
 static void put_header(const struct kvq_layout *L, uint32_t cls, const uint8_t *key, const uint8_t *parent,
-		       const uint32_t *tokens, uint8_t *p)
+		       const uint32_t *tokens, int sum, uint8_t *p)
 {
 	uint64_t at = KVQ_BLOCKREC_HEADER;
 
 	memcpy(p + OFF_MAGIC, KVQ_BLOCKREC_MAGIC, OFF_VERSION);
 	put32(p + OFF_VERSION, KVQ_BLOCKREC_VERSION);
-	put32(p + OFF_FLAGS, (parent ? KVQ_BLOCKREC_PARENT : 0) | (tokens ? KVQ_BLOCKREC_TOKENS : 0));
+	put32(p + OFF_FLAGS, (parent ? KVQ_BLOCKREC_PARENT : 0) | (tokens ? KVQ_BLOCKREC_TOKENS : 0) |
+			     (sum ? 0 : KVQ_BLOCKREC_UNSUMMED));
 	put64(p + OFF_LENGTH, kvq_blockrec_size(L, cls));
 	put64(p + OFF_CHECKSUM, 0);
 	put32(p + OFF_CLASS, cls);
@@ -262,19 +263,20 @@ uint64_t kvq_blockrec_slice_at(const struct kvq_layout *L, uint32_t cls, uint32_
 }
 
 int kvq_blockrec_seal(const struct kvq_layout *L, uint32_t cls, const uint8_t key[KVQ_BLOCKREC_KEY_LEN],
-		      const uint8_t *parent, const uint32_t *tokens, void *buf, size_t len)
+		      const uint8_t *parent, const uint32_t *tokens, int sum, void *buf, size_t len)
 {
 	uint64_t size = kvq_blockrec_size(L, cls);
 
 	if (!L || !key || !buf || size == 0 || len < size)
 		return -EINVAL;
-	put_header(L, cls, key, parent, tokens, buf);
-	put64((uint8_t *)buf + OFF_CHECKSUM, checksum(buf, size));
+	put_header(L, cls, key, parent, tokens, sum, buf);
+	if (sum)
+		put64((uint8_t *)buf + OFF_CHECKSUM, checksum(buf, size));
 	return 0;
 }
 
 int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_block_ref r,
-		      const uint8_t key[KVQ_BLOCKREC_KEY_LEN], const uint8_t *parent, const uint32_t *tokens,
+		      const uint8_t key[KVQ_BLOCKREC_KEY_LEN], const uint8_t *parent, const uint32_t *tokens, int sum,
 		      void *buf, size_t len, char *err, size_t errlen)
 {
 	uint8_t *p = buf;
@@ -298,7 +300,7 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 		return -ENOSPC;
 	}
 
-	put_header(L, r.cls, key, parent, tokens, p);
+	put_header(L, r.cls, key, parent, tokens, sum, p);
 	at = KVQ_BLOCKREC_HEADER + tokens_bytes(L);
 	xxh_begin(&x, p);
 	for (uint32_t l = 0; l < L->layers; l++) {
@@ -306,9 +308,11 @@ int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_b
 
 		memcpy(p + at, (const uint8_t *)base + kvq_layout_slice_off(L, r, l), n);
 		at += n;
-		xxh_stripes(&x, p, at);
+		if (sum)
+			xxh_stripes(&x, p, at);
 	}
-	put64(p + OFF_CHECKSUM, xxh_final(&x, p, size));
+	if (sum)
+		put64(p + OFF_CHECKSUM, xxh_final(&x, p, size));
 	return 0;
 }
 
@@ -359,6 +363,7 @@ static void decode(const struct kvq_layout *L, const uint8_t *p, struct kvq_bloc
 	ret->cls = get32(p + OFF_CLASS);
 	ret->has_parent = !!(get32(p + OFF_FLAGS) & KVQ_BLOCKREC_PARENT);
 	ret->has_tokens = !!(get32(p + OFF_FLAGS) & KVQ_BLOCKREC_TOKENS);
+	ret->summed = !(get32(p + OFF_FLAGS) & KVQ_BLOCKREC_UNSUMMED);
 	memcpy(ret->key, p + OFF_KEY, KVQ_BLOCKREC_KEY_LEN);
 	memcpy(ret->parent, p + OFF_PARENT, KVQ_BLOCKREC_KEY_LEN);
 	ret->n_tokens = L->block_tokens;
@@ -381,9 +386,13 @@ static int check_fields(const struct kvq_layout *L, const uint8_t *p, size_t len
 		return -EBADMSG;
 	}
 	flags = get32(p + OFF_FLAGS);
-	if (flags & ~(KVQ_BLOCKREC_PARENT | KVQ_BLOCKREC_TOKENS)) {
+	if (flags & ~(KVQ_BLOCKREC_PARENT | KVQ_BLOCKREC_TOKENS | KVQ_BLOCKREC_UNSUMMED)) {
 		kvq_seterr(err, errlen, "block record: unknown flags %#" PRIx32,
-			   flags & ~(KVQ_BLOCKREC_PARENT | KVQ_BLOCKREC_TOKENS));
+			   flags & ~(KVQ_BLOCKREC_PARENT | KVQ_BLOCKREC_TOKENS | KVQ_BLOCKREC_UNSUMMED));
+		return -EBADMSG;
+	}
+	if ((flags & KVQ_BLOCKREC_UNSUMMED) && get64(p + OFF_CHECKSUM) != 0) {
+		kvq_seterr(err, errlen, "block record: a checksum in an unsummed record");
 		return -EBADMSG;
 	}
 	if (!(flags & KVQ_BLOCKREC_PARENT)) {
@@ -395,6 +404,11 @@ static int check_fields(const struct kvq_layout *L, const uint8_t *p, size_t len
 		}
 	}
 	return 0;
+}
+
+static int summed(const uint8_t *p)
+{
+	return !(get32(p + OFF_FLAGS) & KVQ_BLOCKREC_UNSUMMED);
 }
 
 static int bad_checksum(char *err, size_t errlen)
@@ -416,7 +430,7 @@ int kvq_blockrec_check(const struct kvq_layout *L, const void *buf, size_t len, 
 	rc = check_fields(L, p, len, err, errlen);
 	if (rc != 0)
 		return rc;
-	if (checksum(p, len) != get64(p + OFF_CHECKSUM))
+	if (summed(p) && checksum(p, len) != get64(p + OFF_CHECKSUM))
 		return bad_checksum(err, errlen);
 	if (ret)
 		decode(L, p, ret);
@@ -457,11 +471,12 @@ int kvq_blockrec_unpack(const struct kvq_layout *L, void *base, struct kvq_block
 	for (uint32_t l = 0; l < L->layers; l++) {
 		uint64_t n = kvq_layout_slice_bytes(L, cls, l);
 
-		xxh_stripes(&x, p, at + n);
+		if (summed(p))
+			xxh_stripes(&x, p, at + n);
 		memcpy((uint8_t *)base + kvq_layout_slice_off(L, r, l), p + at, n);
 		at += n;
 	}
-	if (xxh_final(&x, p, len) != get64(p + OFF_CHECKSUM))
+	if (summed(p) && xxh_final(&x, p, len) != get64(p + OFF_CHECKSUM))
 		return bad_checksum(err, errlen);
 	if (ret)
 		decode(L, p, ret);

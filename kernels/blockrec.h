@@ -13,11 +13,18 @@
  *   12   4  flags          KVQ_BLOCKREC_PARENT: the block has a parent;
  *                          KVQ_BLOCKREC_TOKENS: the tokens field holds its
  *                          tokens (a packer that has only the key, as the
- *                          daemon's prefix index, writes zeros); no other
- *                          bit is set
+ *                          daemon's prefix index, writes zeros);
+ *                          KVQ_BLOCKREC_UNSUMMED: the checksum was not
+ *                          computed (its field is zero): a record that
+ *                          never leaves the memory of the process that
+ *                          wrote it (the host tier, whose copies must run
+ *                          at the bus's speed); one read from outside
+ *                          (a snapshot, a peer) must be summed, and its
+ *                          reader refuses one that is not
+ *                          (kvq_blockrec_info.summed); no other bit is set
  *   16   8  length         bytes of the whole record (kvq_blockrec_size)
  *   24   8  checksum       XXH64 (seed 0) of the whole record, this field
- *                          taken as 8 zero bytes
+ *                          taken as 8 zero bytes; zero when unsummed
  *   32   4  class          enum kvq_block_class (blockref.h)
  *   36   4  layers         } the pool's geometry, for the reason a
  *   40   4  kv_heads       } refusal gives; the fingerprint is what
@@ -52,17 +59,19 @@ extern "C" {
 #endif
 
 #define KVQ_BLOCKREC_MAGIC "KVQBLKRC"   /* 8 bytes, no terminator */
-#define KVQ_BLOCKREC_VERSION 2u        /* 2: the tokens flag */
+#define KVQ_BLOCKREC_VERSION 3u        /* 2: the tokens flag; 3: the unsummed flag */
 #define KVQ_BLOCKREC_HEADER 128u        /* bytes before the tokens */
 #define KVQ_BLOCKREC_KEY_LEN 32u        /* daemon/prefix.h's KVQ_PREFIX_KEY_LEN */
 #define KVQ_BLOCKREC_PARENT 1u          /* flags: the parent field is a key */
 #define KVQ_BLOCKREC_TOKENS 2u          /* flags: the tokens field holds the tokens */
+#define KVQ_BLOCKREC_UNSUMMED 4u        /* flags: no checksum (the field is zero) */
 
 /* The header of a checked record, decoded. */
 struct kvq_blockrec_info {
 	uint32_t cls;                           /* enum kvq_block_class */
 	int has_parent;
 	int has_tokens;                         /* tokens[] is the block's; else zeros */
+	int summed;                             /* the checksum was computed (and matched) */
 	uint8_t key[KVQ_BLOCKREC_KEY_LEN];
 	uint8_t parent[KVQ_BLOCKREC_KEY_LEN];   /* zeros without a parent */
 	uint32_t n_tokens;                      /* B */
@@ -82,13 +91,14 @@ uint64_t kvq_blockrec_size(const struct kvq_layout *L, uint32_t cls);
 /*
  * Packs block r of the pool at base (L's bytes, host-addressable), with its
  * key, its parent's key (NULL: none) and tokens[B] (NULL: not known, zeros
- * and no KVQ_BLOCKREC_TOKENS), into buf[len].  Returns
+ * and no KVQ_BLOCKREC_TOKENS), into buf[len], with the checksum computed
+ * as the slices are copied when sum is set (else KVQ_BLOCKREC_UNSUMMED).  Returns
  * 0 with kvq_blockrec_size(L, r.cls) bytes written, -ERANGE (r names no
  * slot of L), -ENOSPC (len too short; nothing written) or -EINVAL (a NULL
  * argument), with a one-line reason in err.
  */
 int kvq_blockrec_pack(const struct kvq_layout *L, const void *base, struct kvq_block_ref r,
-		      const uint8_t key[KVQ_BLOCKREC_KEY_LEN], const uint8_t *parent, const uint32_t *tokens,
+		      const uint8_t key[KVQ_BLOCKREC_KEY_LEN], const uint8_t *parent, const uint32_t *tokens, int sum,
 		      void *buf, size_t len, char *err, size_t errlen);
 
 /* Where layer's slice starts in a record of class cls (its slices are in
@@ -99,11 +109,12 @@ uint64_t kvq_blockrec_slice_at(const struct kvq_layout *L, uint32_t cls, uint32_
  * Makes buf[len] a record of class cls whose slices are already in place
  * (copied there at kvq_blockrec_slice_at, as by a device's DMA): writes the
  * header and tokens (as kvq_blockrec_pack, key, parent and tokens alike)
- * and the checksum over it all.  Returns 0 or -EINVAL (len short of the
+ * and, with sum, the checksum over it all (else KVQ_BLOCKREC_UNSUMMED).
+ * Returns 0 or -EINVAL (len short of the
  * record, no such class, a NULL argument).
  */
 int kvq_blockrec_seal(const struct kvq_layout *L, uint32_t cls, const uint8_t key[KVQ_BLOCKREC_KEY_LEN],
-		      const uint8_t *parent, const uint32_t *tokens, void *buf, size_t len);
+		      const uint8_t *parent, const uint32_t *tokens, int sum, void *buf, size_t len);
 
 /*
  * Checks that buf[len] is exactly one record a pool of layout L takes, in

@@ -67,7 +67,8 @@
 	X(cuStreamDestroy, 4000)                                                                           \
 	X(cuStreamSynchronize, 2000)                                                                       \
 	X(cuMemcpyDtoHAsync, 3020)                                                                         \
-	X(cuMemcpyHtoDAsync, 3020)
+	X(cuMemcpyHtoDAsync, 3020)                                                                         \
+	X(cuMemcpy2DAsync, 3020)
 
 /* cuda.h renames some entry points (cuMemcpyHtoD is cuMemcpyHtoD_v2): a
  * member is declared and called through the same macro, so both agree. */

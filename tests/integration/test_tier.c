@@ -39,10 +39,12 @@
 #include <cuda_runtime_api.h>
 #define D_ 64
 #define DS "64"
+#define CAP "512K"
 #define BACKEND "cuda"
 #else
 #define D_ 32
 #define DS "32"
+#define CAP "256K"
 #define BACKEND "host"
 #endif
 
@@ -255,14 +257,17 @@ static void test_budget(void)
 int main(void)
 {
 	char dir[64], bin[512];
+	/* the reserve (20 % of 48 sealed slots) covers one prompt's
+	 * allocation (6): below it an allocation evicts, and a block it drops
+	 * takes the records below it along */
 	const char *pools =
 		"host_tier_reserve = 20\n"
 		"[pool tiered]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
-		"policy = int8\ncapacity = 256K\nhost_capacity = 4M\n"
+		"policy = int8\ncapacity = " CAP "\nhost_capacity = 4M\n"
 		"[pool small]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
-		"policy = int8\ncapacity = 256K\nhost_capacity = 96K\n"
+		"policy = int8\ncapacity = " CAP "\nhost_capacity = 96K\n"
 		"[pool sinky]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
-		"policy = int8\nsink_blocks = 1\ncapacity = 256K\nhost_capacity = 4M\n";
+		"policy = int8\nsink_blocks = 1\ncapacity = " CAP "\nhost_capacity = 4M\n";
 	pid_t pid;
 
 #ifdef KVQ_TEST_CUDA

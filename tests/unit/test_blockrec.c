@@ -207,7 +207,7 @@ static uint8_t *pack(const struct pool *p, uint32_t cls, uint32_t index, const s
 
 	if (!buf)
 		abort();
-	rc = kvq_blockrec_pack(p->L, p->base, r, b->key, with_parent ? b->parent : NULL, b->tokens, buf, n, err,
+	rc = kvq_blockrec_pack(p->L, p->base, r, b->key, with_parent ? b->parent : NULL, b->tokens, 1, buf, n, err,
 			       sizeof err);
 	if (rc != 0) {
 		fprintf(stderr, "pack: %s\n", err);
@@ -298,9 +298,9 @@ static void round_trip(const struct shape *s, uint32_t cls)
 		for (uint32_t l = 0; l < s->layers; l++)
 			memcpy(dma + kvq_blockrec_slice_at(a.L, cls, l), a.base + slice_off(a.L, cls, from, l),
 			       slice_len(a.L, cls, l));
-		rs = kvq_blockrec_seal(a.L, cls, blk.key, with_parent ? blk.parent : NULL, blk.tokens, dma, len);
+		rs = kvq_blockrec_seal(a.L, cls, blk.key, with_parent ? blk.parent : NULL, blk.tokens, 1, dma, len);
 		ok(rs == 0 && memcmp(dma, rec, len) == 0 &&
-		   kvq_blockrec_seal(a.L, cls, blk.key, NULL, NULL, dma, len - 1) == -EINVAL,
+		   kvq_blockrec_seal(a.L, cls, blk.key, NULL, NULL, 1, dma, len - 1) == -EINVAL,
 		   "slices placed at kvq_blockrec_slice_at and sealed: the packed record, byte for byte; short: -EINVAL");
 		free(dma);
 	}
@@ -448,7 +448,7 @@ static void refusals(void)
 	c = changed(rec, len, 12, 0, 4, 0);
 	refused(a.L, c, len, -EBADMSG, "the parent flag cleared (unsealed)");
 	free(c);
-	c = changed(rec, len, 12, 7, 4, 1);
+	c = changed(rec, len, 12, 11, 4, 1);
 	refused(a.L, c, len, -EBADMSG, "an unknown flag (resealed)");
 	free(c);
 	c = changed(rec, len, 12, 0, 4, 1);
@@ -500,16 +500,16 @@ static void refusals(void)
 			abort();
 		memset(buf, 0xee, len);
 		rc = kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, 0 }, blk.key, NULL,
-				       blk.tokens, buf, n, err, sizeof err);
+				       blk.tokens, 1, buf, n, err, sizeof err);
 		ok(rc == -ENOSPC && buf[0] == 0xee && buf[n - 1] == 0xee, "pack into a byte too few: %d \"%s\"", rc, err);
 		rc = kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SINK, 1 }, blk.key, NULL,
-				       blk.tokens, buf, len, err, sizeof err);
+				       blk.tokens, 1, buf, len, err, sizeof err);
 		ok(rc == -ERANGE, "pack of sink 1 of 1: %d \"%s\"", rc, err);
 		rc = kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_NCLASS, 0 }, blk.key, NULL,
-				       blk.tokens, buf, len, err, sizeof err);
+				       blk.tokens, 1, buf, len, err, sizeof err);
 		ok(rc == -ERANGE, "pack of an unknown class: %d \"%s\"", rc, err);
 		rc = kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, 0 }, NULL, NULL,
-				       blk.tokens, buf, len, err, sizeof err);
+				       blk.tokens, 1, buf, len, err, sizeof err);
 		ok(rc == -EINVAL, "pack without a key: %d \"%s\"", rc, err);
 		ok(kvq_blockrec_size(a.L, KVQ_BLOCK_NCLASS) == 0, "no size for an unknown class");
 		{
@@ -517,16 +517,45 @@ static void refusals(void)
 			int zeros = 1;
 
 			rc = kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, 0 }, blk.key, NULL,
-					       NULL, buf, len, err, sizeof err);
+					       NULL, 1, buf, len, err, sizeof err);
 			for (uint32_t t = 0; t < a.L->block_tokens; t++)
 				zeros &= le32(buf + 128 + 4 * t) == 0;
 			ok(rc == 0 && le32(buf + 12) == 0 && zeros &&
 			   kvq_blockrec_check(a.L, buf, len, &info, err, sizeof err) == 0 && !info.has_tokens,
 			   "packed without tokens: no flag, zeros, and it checks: %d \"%s\"", rc, err);
-			put_le(buf + 12, 4, 4);
+			put_le(buf + 12, 8, 4);
 			put_le(buf + 24, 0, 8);
 			put_le(buf + 24, sum_record(buf, len), 8);
-			refused(a.L, buf, len, -EBADMSG, "flag 4 alone, resealed");
+			refused(a.L, buf, len, -EBADMSG, "flag 8 alone, resealed");
+		}
+		{
+			/* unsummed: the host tier's records, which never leave kvqd */
+			struct kvq_blockrec_info info;
+			uint8_t *want = malloc(len);
+			int rs, same = 1;
+
+			if (!want)
+				abort();
+			rc = kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, 0 }, blk.key, NULL,
+					       blk.tokens, 1, want, len, err, sizeof err);
+			rc |= kvq_blockrec_pack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, 0 }, blk.key, NULL,
+						blk.tokens, 0, buf, len, err, sizeof err);
+			put_le(want + 12, 2 | 4, 4);
+			put_le(want + 24, 0, 8);
+			ok(rc == 0 && memcmp(buf, want, len) == 0,
+			   "packed unsummed: the summed record with flag 4 and a zero checksum, else byte for byte");
+			rs = kvq_blockrec_check(a.L, buf, len, &info, err, sizeof err);
+			ok(rs == 0 && !info.summed, "it checks, and says it is unsummed: %d \"%s\"", rs, err);
+			rs = kvq_blockrec_unpack(a.L, a.base, (struct kvq_block_ref){ KVQ_BLOCK_SEALED, 1 }, buf, len, NULL,
+						 err, sizeof err);
+			for (uint32_t l = 0; l < a.L->layers; l++)
+				same &= memcmp(a.base + slice_off(a.L, KVQ_BLOCK_SEALED, 1, l),
+					       a.base + slice_off(a.L, KVQ_BLOCK_SEALED, 0, l),
+					       slice_len(a.L, KVQ_BLOCK_SEALED, l)) == 0;
+			ok(rs == 0 && same, "and unpacks into another slot, its slices as the first's: %d", rs);
+			put_le(buf + 24, 1, 8);
+			refused(a.L, buf, len, -EBADMSG, "an unsummed record with a checksum");
+			free(want);
 		}
 		free(buf);
 	}
