@@ -51,6 +51,50 @@ uint32_t fig32(const struct figs *fs, const char *name)
 	return v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
 }
 
+/* The host tier's figures (kvqd.conf host_capacity), as one object. */
+static void json_tier(const struct figs *fs)
+{
+	uint64_t us = fig(fs, "tier_copy_us");
+
+	j_open("host_tier", '{');
+	j_u64("capacity_bytes", fig(fs, "tier_capacity"));
+	j_u64("records", fig(fs, "tier_records"));
+	j_u64("bytes", fig(fs, "tier_bytes"));
+	j_u64("hit_tokens", fig(fs, "tier_hit_tokens"));
+	j_u64("demotions", fig(fs, "tier_demotions"));
+	j_u64("promotions", fig(fs, "tier_promotions"));
+	j_u64("evictions", fig(fs, "tier_evictions"));
+	j_u64("drops", fig(fs, "tier_drops"));
+	j_u64("cancelled", fig(fs, "tier_cancelled"));
+	j_u64("copy_bytes", fig(fs, "tier_copy_bytes"));
+	j_u64("copy_us", us);
+	j_u64("copies", fig(fs, "tier_copies"));
+	j_num("copy_gbs", us ? (double)fig(fs, "tier_copy_bytes") / (double)us / 1e3 : 0.0);
+	j_close('}');
+}
+
+/* The host tier in two lines, or "none". */
+static void print_tier(const struct figs *fs)
+{
+	uint64_t cap = fig(fs, "tier_capacity"), us = fig(fs, "tier_copy_us");
+	char a[32], b[32], c[32];
+
+	if (!cap) {
+		printf("  host tier       none\n");
+		return;
+	}
+	printf("  host tier       %s: %llu records (%s), %llu tokens of hits served\n",
+	       human_bytes((double)cap, a, sizeof(a)), (unsigned long long)fig(fs, "tier_records"),
+	       human_bytes((double)fig(fs, "tier_bytes"), b, sizeof(b)),
+	       (unsigned long long)fig(fs, "tier_hit_tokens"));
+	printf("                  demoted %llu, promoted %llu, evicted %llu, dropped %llu, cancelled %llu; "
+	       "%llu copies, %s at %.2f GB/s\n", (unsigned long long)fig(fs, "tier_demotions"),
+	       (unsigned long long)fig(fs, "tier_promotions"), (unsigned long long)fig(fs, "tier_evictions"),
+	       (unsigned long long)fig(fs, "tier_drops"), (unsigned long long)fig(fs, "tier_cancelled"),
+	       (unsigned long long)fig(fs, "tier_copies"), human_bytes((double)fig(fs, "tier_copy_bytes"), c, sizeof(c)),
+	       us ? (double)fig(fs, "tier_copy_bytes") / (double)us / 1e3 : 0.0);
+}
+
 /* The figures not shown yet, as JSON members or as text lines (none when
  * shown could not be had). */
 static void json_other_figures(const struct figs *fs)
@@ -191,6 +235,7 @@ void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_num("sharing_factor", ratio(fig(&fs, "sealed_tokens"), fig(&fs, "sealed_distinct_tokens")));
 	j_close('}');
 	j_u64("attention_report_ms", fig(&fs, "attention_report_ms"));
+	json_tier(&fs);
 	/* figures this layout has no place for, under their own names */
 	json_other_figures(&fs);
 	j_open("clients", '[');
@@ -369,6 +414,7 @@ void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 		printf("  attention       not timed (kvqd.conf attention_timing)\n");
 	printf("  evictions       %llu\n", (unsigned long long)fig(&fs, "evictions"));
 	printf("  alloc failures  %llu\n", (unsigned long long)fig(&fs, "alloc_failures"));
+	print_tier(&fs);
 	/* figures this layout has no place for, under their own names */
 	print_other_figures(&fs);
 	printf("  clients         %u\n", clients);
