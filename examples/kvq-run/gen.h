@@ -41,7 +41,8 @@ struct gen_figs {
 /* gen_batch.c: runs seq[0..n) (their sequences made, prefix hits taken)
  * to the end as one batch on k: at most budget rows a step, every
  * decoding sequence's token first, then prompt chunks (chunk_len) as they
- * fit; greedy, stopping at stop (>= 0), the end-of-sequence token or
+ * fit; greedy, stopping at stop (>= 0), the end-of-sequence token (unless
+ * --ignore-eos: a measurement wants every sequence's --max-tokens) or
  * --max-tokens.  With print, sequence 0's tokens are printed as they come.
  * die()s on a failed step. */
 void gen_run(struct kv *k, struct gen_seq *seq, uint32_t n, uint32_t budget, int stop, bool print,

@@ -3,10 +3,11 @@
  * kvq-run generate's steps: the run's sequences as one batch, as a serving
  * engine runs them.  Each step takes every decoding sequence's one token,
  * then prompt chunks while they fit the step's rows, so one sequence's
- * prefill and the others' decode share a step where they meet; model_step
- * runs the step (one matrix of all rows per product, one kvq_batch call
- * per layer).  A sequence's chunks end where feed() ends them alone
- * (chunk_len), so it computes what it computes alone.
+ * prefill and the others' decode share a step where they meet;
+ * model_step_greedy runs the step (one matrix of all rows per product, one
+ * kvq_batch call per layer) and returns each sequence's greedy token.  A
+ * sequence's chunks end where feed() ends them alone (chunk_len), so it
+ * computes what it computes alone.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -64,11 +65,11 @@ static void plan_step(struct gen_seq *seq, uint32_t n, uint32_t budget, struct p
 	p->kind = dec && pre ? GEN_MIXED : dec ? GEN_DECODE : GEN_PREFILL;
 }
 
-/* The step's results: prompts advanced, a greedy token for every row that
- * has logits.  Returns the prompts this step finished. */
-static uint32_t take_step(struct gen_seq *seq, const struct plan *p, const float *logits, int stop, bool print)
+/* The step's results: prompts advanced, the greedy token of every row
+ * that asked for one.  Returns the prompts this step finished. */
+static uint32_t take_step(struct gen_seq *seq, const struct plan *p, const uint32_t *ids, int stop, bool print)
 {
-	uint32_t V = model_cfg(md)->vocab, row = 0, prefilled = 0;
+	uint32_t row = 0, prefilled = 0;
 
 	for (uint32_t e = 0; e < p->n; e++) {
 		struct gen_seq *q = &seq[p->who[e]];
@@ -82,7 +83,8 @@ static uint32_t take_step(struct gen_seq *seq, const struct plan *p, const float
 			q->done = q->fed == q->n;   /* --max-tokens 0 */
 			continue;
 		}
-		if (!pick(logits + (size_t)row++ * V, stop, &t)) {
+		t = ids[row++];
+		if (!o.ignore_eos && stops(t, stop)) {
 			q->done = true;
 			continue;
 		}
@@ -164,12 +166,12 @@ void gen_run(struct kv *k, struct gen_seq *seq, uint32_t n, uint32_t budget, int
 	uint32_t left = n, prompts = 0;
 	size_t cap_ms = 64;
 	struct plan p = { malloc(n * sizeof(*p.ms)), malloc(n * sizeof(*p.who)), 0, 0, 0 };
-	float *logits = malloc((size_t)n * model_cfg(md)->vocab * sizeof(float));
+	uint32_t *ids = malloc(n * sizeof(uint32_t));
 	double t0 = now_s();
 
 	memset(f, 0, sizeof(*f));
 	f->decode_ms = malloc(cap_ms * sizeof(double));
-	if (!p.ms || !p.who || !logits || !f->decode_ms)
+	if (!p.ms || !p.who || !ids || !f->decode_ms)
 		die("%s", strerror(ENOMEM));
 	while (left) {
 		int r;
@@ -177,14 +179,14 @@ void gen_run(struct kv *k, struct gen_seq *seq, uint32_t n, uint32_t budget, int
 		plan_step(seq, n, budget, &p);
 		if (!p.n)
 			die("generate: no sequence fits a step of %u rows", budget);
-		r = model_step(md, k->b, p.ms, p.n, logits);
+		r = model_step_greedy(md, k->b, p.ms, p.n, ids);
 		if (r < 0)
 			die("step of %u sequences, %u rows (kv %s): %s", p.n, p.rows, k->policy,
 			    model_error(md) ? model_error(md) : kvq_client_error(k->c));
 		if (f->n_decode_ms == cap_ms && !(f->decode_ms = realloc(f->decode_ms, (cap_ms *= 2) * sizeof(double))))
 			die("%s", strerror(ENOMEM));
 		count_step(&p, f);
-		prompts += take_step(seq, &p, logits, stop, print);
+		prompts += take_step(seq, &p, ids, stop, print);
 		if (prompts == n && !f->t_prefilled)
 			f->t_prefilled = now_s() - t0;
 		kv_resident(k, seq, n, f);
@@ -199,5 +201,5 @@ void gen_run(struct kv *k, struct gen_seq *seq, uint32_t n, uint32_t budget, int
 	f->t_total = now_s() - t0;
 	free(p.ms);
 	free(p.who);
-	free(logits);
+	free(ids);
 }

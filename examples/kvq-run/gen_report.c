@@ -117,12 +117,14 @@ static void json(const struct kv *k, const struct gen_seq *seq, uint32_t n, uint
 	printf("{\"kv\":");
 	ab_put_json(stdout, k->canon, strlen(k->canon));
 	printf(",\"window\":%u,\"bits_per_value\":%.4f,\"path\":\"%s\",\"threads\":%u,\"seqs\":%u,\"prefill_chunk\":%u,"
-	       "\"step_rows\":%u,\"max_tokens\":%u,\"prompt_tokens\":%llu,\"hit_tokens\":%llu,\"generated\":%llu,"
+	       "\"step_rows\":%u,\"max_tokens\":%u,\"ignore_eos\":%s,\"prompt_tokens\":%llu,\"hit_tokens\":%llu,"
+	       "\"generated\":%llu,"
 	       "\"seconds\":%.4f,\"prefill_seconds\":%.4f,\"tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
 	       "\"steps\":{\"prefill\":%u,\"decode\":%u,\"mixed\":%u},\"decode_step_ms\":{\"mean\":%.4f,\"p50\":%.4f,"
 	       "\"p99\":%.4f},\"attention_share\":%.4f,\"attention_share_decode\":%.4f,\"write_share\":%.4f,"
 	       "\"kv_bytes_peak\":%llu,\"kv_tokens_peak\":%llu,\"sequences\":[",
 	       k->window, k->bits, o.gpu ? "gpu" : "cpu", o.threads, n, o.batch, budget, o.max_tokens,
+	       o.ignore_eos ? "true" : "false",
 	       (unsigned long long)s->prompt, (unsigned long long)s->hit, (unsigned long long)f->generated, f->t_total,
 	       f->t_prefilled, s->tok_s, s->decode_tok_s, f->steps[GEN_PREFILL], f->steps[GEN_DECODE],
 	       f->steps[GEN_MIXED], s->ms_mean, s->ms_p50, s->ms_p99, share(s->attention, s->secs) / 100,

@@ -268,11 +268,16 @@ uint32_t argmax(const float *x, uint32_t n)
 	return b;
 }
 
+bool stops(uint32_t t, int stop)
+{
+	return (int)t == stop || t == tok_eos(tk);
+}
+
 bool pick(const float *logits, int stop, uint32_t *ret)
 {
 	uint32_t t = argmax(logits, model_cfg(md)->vocab);
 
-	if ((int)t == stop || t == tok_eos(tk))
+	if (stops(t, stop))
 		return false;
 	*ret = t;
 	return true;

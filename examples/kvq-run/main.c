@@ -7,7 +7,7 @@
  *                    [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]
  *     (chat template; the prompt's cached sealed prefix is taken from kvqd's
  *     prefix cache unless --no-prefix-cache)
- *   kvq-run generate --prompts FILE | --ctx N FILE  [--seqs N] [--step-tokens N] [--json] ...
+ *   kvq-run generate --prompts FILE | --ctx N FILE  [--seqs N] [--step-tokens N] [--ignore-eos] [--json] ...
  *     (batched: --seqs sequences, each a prompt of FILE or N tokens of
  *     FILE from a point of its own, run as one batch: gen.h)
  *   kvq-run perplexity [--kv POLICY] [--ctx N] FILE [--json]
@@ -61,13 +61,14 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]\n"
 		   "                [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]\n"
-		   "       kvq-run generate --prompts FILE | --ctx N TEXTFILE  [--seqs N] [--step-tokens N] [--json]\n"
-		   "                [--kv POLICY] [--max-tokens N] ...   (greedy generation of --seqs sequences\n"
+		   "       kvq-run generate --prompts FILE | --ctx N TEXTFILE  [--seqs N] [--step-tokens N] [--ignore-eos]\n"
+		   "                [--json] [--kv POLICY] [--max-tokens N] ...   (greedy generation of --seqs sequences\n"
 		   "                (1-%d) as one batch: prompt i of FILE, one a line, for sequence i (round\n"
 		   "                again when fewer; default: one sequence each), or N tokens of TEXTFILE from\n"
 		   "                a point of each sequence's own (a continuation; default 1 sequence); prompt\n"
 		   "                chunks of some and decode tokens of others share a step; --step-tokens:\n"
-		   "                rows a step holds (default --seqs x --batch, at most 8192))\n"
+		   "                rows a step holds (default --seqs x --batch, at most 8192); --ignore-eos:\n"
+		   "                exactly --max-tokens each, for measurements)\n"
 		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
 		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--score-from N] [--json] FILE\n"
 		   "                (--score-from N: score only the predictions from position N of each window on)\n"
@@ -114,7 +115,8 @@ int main(int argc, char **argv)
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
 		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
 		{ "score-from", 1, NULL, 'F' }, { "codebooks", 1, NULL, 'C' }, { "seqs", 1, NULL, 'Q' },
-		{ "step-tokens", 1, NULL, 'X' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "step-tokens", 1, NULL, 'X' }, { "ignore-eos", 0, NULL, 'E' }, { "help", 0, NULL, 'h' },
+		{ NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -171,6 +173,7 @@ int main(int argc, char **argv)
 			if (o.step_tokens < 1 || o.step_tokens > RUN_MAX_STEP)
 				die("--step-tokens between 1 and %d", RUN_MAX_STEP);
 			break;
+		case 'E': o.ignore_eos = true; break;
 		case 'U': o.gpu = true; break;
 		case 'V': o.device = (int)num(optarg, "--device"); break;
 		case 'j': o.json = true; break;
@@ -190,8 +193,8 @@ int main(int argc, char **argv)
 	}
 	if (o.prompts && strcmp(cmd, "ab") && strcmp(cmd, "generate"))
 		die("--prompts is for ab and generate");
-	if ((o.seqs || o.step_tokens) && strcmp(cmd, "generate"))
-		die("--seqs and --step-tokens are for generate");
+	if ((o.seqs || o.step_tokens || o.ignore_eos) && strcmp(cmd, "generate"))
+		die("--seqs, --step-tokens and --ignore-eos are for generate");
 	if (o.score_from && (strcmp(cmd, "ab") || o.prompts))
 		die("--score-from is for ab over a FILE");
 	if (!strcmp(cmd, "generate"))

@@ -27,6 +27,8 @@ struct model {
 	float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
 	uint16_t *k16, *v16;
 	uint32_t *pos, *out_rows;
+	float *greedy;          /* model_step_greedy's logits on the CPU path */
+	uint32_t greedy_rows;
 };
 
 static int cfg_u32(const gguf_file *f, const char *key, uint32_t *ret, char *err, size_t errlen)
@@ -193,6 +195,7 @@ void model_free(model *m)
 	free(m->v16);
 	free(m->pos);
 	free(m->out_rows);
+	free(m->greedy);
 	free(m);
 }
 
@@ -396,16 +399,17 @@ static int layers(model *m, kvq_batch *b, uint32_t rows)
 	return cpu_layers(m, b, rows);
 }
 
-int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits)
+/* The step up to its commit: embeddings, begin, layers, commit.  *ret_out
+ * gets the count of rows whose logits are wanted (m->out_rows). */
+static int step_layers(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ret_out)
 {
-	double t0 = clock_s();
-	uint32_t rows, n_out;
+	uint32_t rows;
 	int r;
 
 	m->t = (struct model_times){ 0 };
 	if (nseq == 0)
 		return -EINVAL;
-	if ((r = step_rows(m, seq, nseq, &rows, &n_out)) < 0)
+	if ((r = step_rows(m, seq, nseq, &rows, ret_out)) < 0)
 		return r;
 	if ((r = step_begin(b, seq, nseq, rows)) < 0) {
 		kvq_batch_clear(b);
@@ -416,6 +420,15 @@ int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nse
 	else
 		r = kvq_batch_commit(b);
 	kvq_batch_clear(b);
+	return r;
+}
+
+int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits)
+{
+	double t0 = clock_s();
+	uint32_t n_out;
+	int r = step_layers(m, b, seq, nseq, &n_out);
+
 	if (r == 0 && n_out) {
 #ifdef KVQ_WITH_CUDA
 		if (m->gpu)
@@ -423,6 +436,55 @@ int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nse
 		else
 #endif
 			cpu_logits(m, n_out, logits);
+	}
+	m->t.step = clock_s() - t0;
+	return r;
+}
+
+/* The first of equal maxima, as kvq-run's argmax(). */
+static uint32_t row_argmax(const float *x, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[b])
+			b = i;
+	return b;
+}
+
+/* The greedy choices of the n_out rows, from logits in m->greedy (grown to
+ * the most rows a step asked for). */
+static int cpu_greedy(model *m, uint32_t n_out, uint32_t *ids)
+{
+	const uint32_t V = m->cfg.vocab;
+
+	if (n_out > m->greedy_rows) {
+		float *p = realloc(m->greedy, (size_t)n_out * V * sizeof(float));
+
+		if (!p)
+			return -ENOMEM;
+		m->greedy = p;
+		m->greedy_rows = n_out;
+	}
+	cpu_logits(m, n_out, m->greedy);
+	for (uint32_t j = 0; j < n_out; j++)
+		ids[j] = row_argmax(m->greedy + (size_t)j * V, V);
+	return 0;
+}
+
+int model_step_greedy(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ids)
+{
+	double t0 = clock_s();
+	uint32_t n_out;
+	int r = step_layers(m, b, seq, nseq, &n_out);
+
+	if (r == 0 && n_out) {
+#ifdef KVQ_WITH_CUDA
+		if (m->gpu)
+			r = gpu_fwd_greedy(m->gpu, m->out_rows, n_out, ids);
+		else
+#endif
+			r = cpu_greedy(m, n_out, ids);
 	}
 	m->t.step = clock_s() - t0;
 	return r;

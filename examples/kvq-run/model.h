@@ -76,7 +76,7 @@ struct model_seq {
 	uint32_t n_out;           /* next-token logits wanted of its last n_out tokens (<= n) */
 };
 
-/* Seconds of the last model_step: the whole step, and libkvq's K/V write
+/* Seconds of the last step: the whole step, and libkvq's K/V write
  * and attention within it (on the GPU path timed by events on the stream,
  * so queued work is counted where it runs). */
 struct model_times {
@@ -97,7 +97,13 @@ struct model_times {
  */
 int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits);
 
-/* The times of the last model_step. */
+/* model_step, returning only each wanted row's greedy choice into ids
+ * ([sum n_out]; the first of equal maxima, as argmax()): on the GPU path
+ * chosen on the device, so a decode step copies back a token a sequence,
+ * not its logits. */
+int model_step_greedy(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ids);
+
+/* The times of the last model_step or model_step_greedy. */
 const struct model_times *model_times(const model *m);
 
 #endif

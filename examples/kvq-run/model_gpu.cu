@@ -56,7 +56,7 @@ struct gpu_fwd {
 	 * whose logits are wanted */
 	float *x, *xn, *q, *k, *v, *att, *g, *u, *logits;
 	__half *q16, *k16, *v16;
-	uint32_t *pos, *rows;
+	uint32_t *pos, *rows, *ids;
 	/* per layer: before the K/V write, between it and attention, after */
 	cudaEvent_t *ev;
 	double t_write, t_attention;
@@ -154,6 +154,41 @@ __global__ void k_swiglu(float *gate, const float *up, size_t n)
 
 	if (i < n)
 		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* Whether (v, i) beats (bv, bi): the larger value, the first index of equal
+ * ones, as the CPU's argmax takes. */
+__device__ static bool beats(float v, uint32_t i, float bv, uint32_t bi)
+{
+	return v > bv || (v == bv && i < bi);
+}
+
+/* One CTA of 256 threads per row of x ([rows][n]): ids[row] = its argmax. */
+__global__ void k_argmax(const float *x, uint32_t n, uint32_t *ids)
+{
+	__shared__ float sv[256];
+	__shared__ uint32_t si[256];
+	const float *xr = x + (size_t)blockIdx.x * n;
+	float bv = xr[0];
+	uint32_t bi = 0;
+
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		if (beats(xr[i], i, bv, bi)) {
+			bv = xr[i];
+			bi = i;
+		}
+	sv[threadIdx.x] = bv;
+	si[threadIdx.x] = bi;
+	__syncthreads();
+	for (uint32_t s = blockDim.x / 2; s; s >>= 1) {
+		if (threadIdx.x < s && beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
+			sv[threadIdx.x] = sv[threadIdx.x + s];
+			si[threadIdx.x] = si[threadIdx.x + s];
+		}
+		__syncthreads();
+	}
+	if (threadIdx.x == 0)
+		ids[blockIdx.x] = si[0];
 }
 
 static unsigned blocks(size_t n, unsigned per)
@@ -255,7 +290,7 @@ int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const str
 			  { (void **)&g->g, n * cfg->ffn * 4 }, { (void **)&g->u, n * cfg->ffn * 4 },
 			  { (void **)&g->logits, n * (size_t)cfg->vocab * 4 }, { (void **)&g->q16, n * D * 2 },
 			  { (void **)&g->k16, n * kvd * 2 }, { (void **)&g->v16, n * kvd * 2 },
-			  { (void **)&g->pos, n * 4 }, { (void **)&g->rows, n * 4 } };
+			  { (void **)&g->pos, n * 4 }, { (void **)&g->rows, n * 4 }, { (void **)&g->ids, n * 4 } };
 
 		for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
 			if ((r = cuda_ok(g, cudaMalloc(s[i].p, s[i].bytes), "cudaMalloc (buffers)")) < 0)
@@ -289,7 +324,7 @@ void gpu_fwd_free(gpu_fwd *g)
 	}
 	free(g->lw);
 	void *b[] = { g->k_center, g->out_norm, g->out, g->x, g->xn, g->q, g->k, g->v, g->att, g->g, g->u, g->logits,
-		      g->q16, g->k16, g->v16, g->pos, g->rows };
+		      g->q16, g->k16, g->v16, g->pos, g->rows, g->ids };
 	for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
 		cudaFree(b[i]);
 	for (uint32_t i = 0; g->ev && i < 3 * g->n_lw; i++)
@@ -328,19 +363,20 @@ static int kv_attention(gpu_fwd *g, kvq_batch *b, uint32_t l)
 	cudaEvent_t *e = g->ev + 3 * (size_t)l;
 	int r;
 
-	cudaEventRecord(e[0], 0);
-	r = kvq_batch_write(b, l, g->k16, g->v16);
-	cudaEventRecord(e[1], 0);
-	if (r == 0)
-		r = kvq_batch_attention_device(b, l, g->c.heads, 0.0f, g->q16, g->att, 1);
-	cudaEventRecord(e[2], 0);
-	return r;
+	if ((r = cuda_ok(g, cudaEventRecord(e[0], 0), "cudaEventRecord")) < 0)
+		return r;
+	if ((r = kvq_batch_write(b, l, g->k16, g->v16)) < 0 ||
+	    (r = cuda_ok(g, cudaEventRecord(e[1], 0), "cudaEventRecord")) < 0)
+		return r;
+	if ((r = kvq_batch_attention_device(b, l, g->c.heads, 0.0f, g->q16, g->att, 1)) < 0)
+		return r;
+	return cuda_ok(g, cudaEventRecord(e[2], 0), "cudaEventRecord");
 }
 
 /* The event pairs of the last step's layers, summed (waits for the last). */
 static int sum_events(gpu_fwd *g)
 {
-	float ms;
+	float w, a;
 	int r;
 
 	g->t_write = g->t_attention = 0;
@@ -349,10 +385,11 @@ static int sum_events(gpu_fwd *g)
 	for (uint32_t l = 0; l < g->n_lw; l++) {
 		cudaEvent_t *e = g->ev + 3 * (size_t)l;
 
-		if (cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess)
-			g->t_write += ms / 1e3;
-		if (cudaEventElapsedTime(&ms, e[1], e[2]) == cudaSuccess)
-			g->t_attention += ms / 1e3;
+		if ((r = cuda_ok(g, cudaEventElapsedTime(&w, e[0], e[1]), "cudaEventElapsedTime")) < 0 ||
+		    (r = cuda_ok(g, cudaEventElapsedTime(&a, e[1], e[2]), "cudaEventElapsedTime")) < 0)
+			return r;
+		g->t_write += w / 1e3;
+		g->t_attention += a / 1e3;
 	}
 	return 0;
 }
@@ -388,7 +425,7 @@ int gpu_fwd_layers(gpu_fwd *g, kvq_batch *b, const float *x, uint32_t n, const u
 		if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
 			return r;
 		if ((r = kv_attention(g, b, l)) < 0)
-			return r;   /* libkvq's: kvq_client_error names it (g->err stays empty) */
+			return r;   /* libkvq's leave g->err empty: kvq_client_error names them */
 		if ((r = gemm(g, w->o, D, D, g->att, n, g->x, true)) < 0)
 			return r;
 		k_rmsnorm<<<n, 256>>>(g->x, NULL, w->ffn_norm, D, c->eps, g->xn);
@@ -410,7 +447,8 @@ void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention)
 	*ret_attention = g->t_attention;
 }
 
-int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits)
+/* The logits of rows[0..n_out) of the last layers into g->logits. */
+static int out_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out)
 {
 	const struct model_cfg *c = &g->c;
 	int r;
@@ -420,8 +458,27 @@ int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logi
 	if ((r = cuda_ok(g, cudaMemcpy(g->rows, rows, (size_t)n_out * 4, cudaMemcpyHostToDevice), "copying rows")) < 0)
 		return r;
 	k_rmsnorm<<<n_out, 256>>>(g->x, g->rows, g->out_norm, c->dim, c->eps, g->xn);
-	if ((r = gemm(g, g->out, g->out_rows, c->dim, g->xn, n_out, g->logits, false)) < 0)
+	return gemm(g, g->out, g->out_rows, c->dim, g->xn, n_out, g->logits, false);
+}
+
+int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits)
+{
+	int r = out_logits(g, rows, n_out);
+
+	if (r < 0)
 		return r;
 	return cuda_ok(g, cudaMemcpy(logits, g->logits, (size_t)n_out * g->out_rows * 4, cudaMemcpyDeviceToHost),
 		       "copying logits");
+}
+
+int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *ids)
+{
+	int r = out_logits(g, rows, n_out);
+
+	if (r < 0)
+		return r;
+	k_argmax<<<n_out, 256>>>(g->logits, g->out_rows, g->ids);
+	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
+		return r;
+	return cuda_ok(g, cudaMemcpy(ids, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost), "copying token ids");
 }

@@ -52,6 +52,10 @@ int gpu_fwd_layers(gpu_fwd *g, kvq_batch *b, const float *x, uint32_t n, const u
  * (host) of the last gpu_fwd_layers, as one product. */
 int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits);
 
+/* The greedy choice (the first of equal maxima) of each of those rows'
+ * logits, chosen on the device: ids [n_out] (host). */
+int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *ids);
+
 /* Seconds the last gpu_fwd_layers spent in libkvq's K/V writes and in its
  * attention, from event pairs on the stream around each call. */
 void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention);

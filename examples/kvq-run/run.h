@@ -32,7 +32,7 @@ struct opts {
 	uint32_t seqs, step_tokens;   /* generate: sequences in the batch, rows of a step */
 	unsigned threads;
 	int device;
-	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink;
+	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink, ignore_eos;
 };
 
 /* One policy's pool, a sequence and the client's batch (model_step's). */
@@ -103,8 +103,10 @@ void kv_close(struct kv *k);
 uint32_t chunk_len(uint32_t pos, uint32_t left);
 void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last);
 uint32_t argmax(const float *x, uint32_t n);
-/* The greedy choice of logits into *ret; false (*ret untouched) when it is
- * stop (>= 0) or the end-of-sequence token. */
+/* Whether token t ends a continuation: stop (>= 0) or end-of-sequence. */
+bool stops(uint32_t t, int stop);
+/* The greedy choice of logits into *ret; false (*ret untouched) when it
+ * stops. */
 bool pick(const float *logits, int stop, uint32_t *ret);
 void log_softmax(const float *x, uint32_t n, double *out);
 

@@ -212,10 +212,19 @@ check "generate --prompts of an empty file is refused with a reason" refused "no
 check "a step too small for a prompt chunk beside every decode is refused with a reason" refused "at least --seqs" \
 	generate --prompt hi --seqs 4 --batch 16 --step-tokens 8
 # continuations: --ctx tokens of FILE from a point of each sequence's own
-"$run" generate --kv int8 --ctx 48 --seqs 3 --max-tokens 4 --batch 16 --json "$text" >"$tmp/cont.json" 2>"$tmp/cont.err"
+"$run" generate --kv int8 --ctx 48 --seqs 3 --max-tokens 4 --batch 16 --ignore-eos --json "$text" >"$tmp/cont.json" \
+	2>"$tmp/cont.err"
 froms=$(sed 's/},{/}\n{/g' "$tmp/cont.json" | sed -n 's/.*"from_token":\([0-9]*\),.*"generated":4,.*/\1/p' | tr '\n' ' ')
 check "generate --ctx 48 --seqs 3 FILE continues FILE from 3 points of its own ($froms), 4 tokens each" \
 	sh -c '[ $# -eq 3 ] && [ "$(printf "%s\n" "$@" | sort -u | wc -l)" -eq 3 ]' sh $froms
+# --ignore-eos (for measurements): every sequence runs to --max-tokens,
+# the first prompt (which stops after 7 tokens) included
+"$run" generate --kv int8 $gen_args --prompts "$tmp/bprompts.txt" --ignore-eos --max-tokens 20 >"$tmp/noeos.json" \
+	2>"$tmp/noeos.err"
+noeos=$(sed -n 's/^{[^[]*"generated":\([0-9]*\),.*/\1/p' "$tmp/noeos.json")
+check "--ignore-eos: every sequence generates --max-tokens ($noeos of 4 x 20), the first its tokens alone and more" \
+	sh -c '[ "$1" = 80 ] && [ -n "$2" ] && case "$3" in "$2",*) true ;; *) false ;; esac' sh \
+	"$noeos" "$(gen_ids "$tmp/alone.int8.0.json" 0)" "$(gen_ids "$tmp/noeos.json" 0)"
 
 # --gpu: the GPU path where a GPU is usable (tests/gpu/model.sh compares
 # it with this path), else a refusal that names the reason
