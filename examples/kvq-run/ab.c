@@ -105,7 +105,7 @@ int cmd_ab(void)
 		for (uint32_t j = 0; j < nk; j++) {
 			kv_reset(&k[j]);
 			feed(&k[j], pr, plen, NULL, logits[j]);
-			g[j] = greedy(&k[j], logits[j], o.gen, -1, cont[j], false, NULL);
+			g[j] = greedy(&k[j], logits[j], o.gen, -1, cont[j], NULL);
 			ab_rep4(cont[j], g[j], &st[j].ngrams, &st[j].repeats);
 			st[j].gen += g[j];
 			for (uint32_t i = 0; i < g[j] && i < g[0] && cont[j][i] == cont[0][i]; i++)

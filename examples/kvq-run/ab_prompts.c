@@ -98,7 +98,7 @@ static void run_policy(struct kv *k, const uint32_t *ids, uint32_t n, const stru
 					if (e < 0)
 						die("fork (kv %s): %s (%s)", k->policy, kvq_strerror(e), kvq_client_error(k->c));
 					memcpy(b->fork_last, b->last, sizeof(float) * V);
-					c->n = i + greedy(&f, b->fork_last, gen - i, stop, c->ids + i, false, NULL);
+					c->n = i + greedy(&f, b->fork_last, gen - i, stop, c->ids + i, NULL);
 					kvq_seq_free(f.s);
 				}
 			}
@@ -211,7 +211,7 @@ int cmd_ab_prompts(void)
 		o.salt = salt;
 		kv_reset(&row[0].k);
 		feed(&row[0].k, ids, (uint32_t)n, NULL, b.last);
-		c[0].n = greedy(&row[0].k, b.last, r.gen, stop, c[0].ids, false, b.ref);
+		c[0].n = greedy(&row[0].k, b.last, r.gen, stop, c[0].ids, b.ref);
 		c[0].exact = true;
 		c[0].match = c[0].n;
 		steps = c[0].n + (c[0].n < r.gen);

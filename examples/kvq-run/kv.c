@@ -187,6 +187,8 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	if (strcmp(kvq_client_backend(k->c), o.gpu ? "cuda" : "host"))
 		die("attach: pool %s is a %s pool; %s needs a %s one", pool, kvq_client_backend(k->c),
 		    o.gpu ? "--gpu" : "the CPU path", o.gpu ? "cuda" : "host");
+	if ((r = kvq_batch_new(k->c, &k->b)) < 0)
+		die("batch: %s", kvq_strerror(r));
 	L = kvq_client_layout(k->c);
 	k->window = L->window;
 	k->bits = 8.0 * kvq_codebook_amortised(L->sealed_block_bytes, L->codebook_bytes, KVQ_CB_POOL_BYTES) /
@@ -203,46 +205,54 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	}
 }
 
-void kv_reset(struct kv *k)
+kvq_seq *kv_seq_new(struct kv *k)
 {
-	int r;
+	kvq_seq *s;
+	int r = kvq_seq_new(k->c, o.salt, o.salt ? strlen(o.salt) : 0, &s);
 
-	kvq_seq_free(k->s);
-	k->s = NULL;
-	r = kvq_seq_new(k->c, o.salt, o.salt ? strlen(o.salt) : 0, &k->s);
 	if (r < 0)
 		die("sequence: %s", kvq_strerror(r));
+	return s;
+}
+
+void kv_reset(struct kv *k)
+{
+	kvq_seq_free(k->s);
+	k->s = kv_seq_new(k);
 }
 
 void kv_close(struct kv *k)
 {
+	kvq_batch_free(k->b);
 	kvq_seq_free(k->s);
 	kvq_client_free(k->c);
 }
 
-/* Runs n tokens through k's sequence in chunks of o.batch; logits (if not
- * NULL) gets every token's next-token logits, else only the last one's go
- * to last (if not NULL). */
-void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last)
+uint32_t chunk_len(uint32_t pos, uint32_t left)
 {
-	uint32_t V = model_cfg(md)->vocab;
-
-	uint32_t pos = kvq_seq_tokens(k->s);
-
 	/* chunks end at multiples of o.batch in the sequence: the sealed/open
 	 * split a query sees depends on its chunk's end, so a run that starts
-	 * from a cached prefix computes what a cold run computed */
+	 * from a cached prefix, or runs in a batch, computes what a cold run
+	 * alone computed */
+	uint32_t m = o.batch - pos % o.batch;
+
+	return m < left ? m : left;
+}
+
+/* Runs n tokens through k's sequence in chunks (chunk_len), each a step of
+ * a batch of one; logits (if not NULL) gets every token's next-token
+ * logits, else only the last one's go to last (if not NULL). */
+void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last)
+{
+	uint32_t V = model_cfg(md)->vocab, pos = kvq_seq_tokens(k->s);
+
 	for (uint32_t a = 0, m; a < n; a += m) {
 		int r;
 
-		m = o.batch - (pos + a) % o.batch;
-		if (m > n - a)
-			m = n - a;
+		m = chunk_len(pos + a, n - a);
+		struct model_seq q = { k->s, ids + a, m, logits ? m : (a + m == n && last ? 1 : 0) };
 
-		if (logits)
-			r = model_forward(md, k->s, ids + a, m, m, logits + (size_t)a * V);
-		else
-			r = model_forward(md, k->s, ids + a, m, a + m == n && last ? 1 : 0, last);
+		r = model_step(md, k->b, &q, 1, logits ? logits + (size_t)a * V : last);
 		if (r < 0)
 			die("forward (kv %s): %s", k->policy, model_error(md) ? model_error(md) : kvq_client_error(k->c));
 	}
@@ -256,6 +266,21 @@ uint32_t argmax(const float *x, uint32_t n)
 		if (x[i] > x[b])
 			b = i;
 	return b;
+}
+
+bool stops(uint32_t t, int stop)
+{
+	return (int)t == stop || t == tok_eos(tk);
+}
+
+bool pick(const float *logits, int stop, uint32_t *ret)
+{
+	uint32_t t = argmax(logits, model_cfg(md)->vocab);
+
+	if (stops(t, stop))
+		return false;
+	*ret = t;
+	return true;
 }
 
 /* out = log softmax(x) (double sums). */

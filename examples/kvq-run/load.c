@@ -93,7 +93,9 @@ void load(void)
 		read_k_center();
 	if (want_k_sum && !(k_sum = calloc((size_t)cfg.layers * cfg.kv_heads * cfg.head_dim, sizeof(double))))
 		die("%s", strerror(ENOMEM));
-	struct model_opts mo = { .max_batch = o.batch, .k_center = k_center, .k_sum = k_sum,
+	/* generate's step rows (--step-tokens), else a prompt chunk */
+	struct model_opts mo = { .max_batch = o.step_tokens > o.batch ? o.step_tokens : o.batch,
+		.k_center = k_center, .k_sum = k_sum,
 		.kv_tap = kv_tap, .kv_tap_arg = kv_tap_arg, .gpu = o.gpu ? o.device : -1 };
 	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, &mo, &md, err, sizeof(err)) < 0)
 		die("%s: %s", path, err);

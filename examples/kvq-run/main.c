@@ -7,6 +7,9 @@
  *                    [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]
  *     (chat template; the prompt's cached sealed prefix is taken from kvqd's
  *     prefix cache unless --no-prefix-cache)
+ *   kvq-run generate --prompts FILE | --ctx N FILE  [--seqs N] [--step-tokens N] [--ignore-eos] [--json] ...
+ *     (batched: --seqs sequences, each a prompt of FILE or N tokens of
+ *     FILE from a point of its own, run as one batch: gen.h)
  *   kvq-run perplexity [--kv POLICY] [--ctx N] FILE [--json]
  *   kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] FILE [--json]
  *   kvq-run ab --prompts FILE [--kv POLICY...] [--gen N] [--raw] [--show N] [--json]
@@ -58,6 +61,14 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvq-run generate --prompt TEXT [--kv POLICY] [--max-tokens N] [--raw]\n"
 		   "                [--system TEXT | --system-file FILE] [--no-prefix-cache] [--stats]\n"
+		   "       kvq-run generate --prompts FILE | --ctx N TEXTFILE  [--seqs N] [--step-tokens N] [--ignore-eos]\n"
+		   "                [--json] [--kv POLICY] [--max-tokens N] ...   (greedy generation of --seqs sequences\n"
+		   "                (1-%d) as one batch: prompt i of FILE, one a line, for sequence i (round\n"
+		   "                again when fewer; default: one sequence each), or N tokens of TEXTFILE from\n"
+		   "                a point of each sequence's own (a continuation; default 1 sequence); prompt\n"
+		   "                chunks of some and decode tokens of others share a step; --step-tokens:\n"
+		   "                rows a step holds (default --seqs x --batch, at most 8192); --ignore-eos:\n"
+		   "                exactly --max-tokens each, for measurements)\n"
 		   "       kvq-run perplexity [--kv POLICY] [--ctx N] [--json] [--dump PATH] FILE\n"
 		   "       kvq-run ab --kv POLICY [--kv POLICY...] [--ctx N] [--gen N] [--score-from N] [--json] FILE\n"
 		   "                (--score-from N: score only the predictions from position N of each window on)\n"
@@ -77,7 +88,8 @@ static void usage(FILE *f)
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
 		   "         calibrate's means)  --show N (ab --prompts: the N prompts that differ most per\n"
 		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)  --codebooks PATH\n"
-		   "         (codebooks for policies with pq2/pq1; repeat it: each policy takes the file that fits)\n");
+		   "         (codebooks for policies with pq2/pq1; repeat it: each policy takes the file that fits)\n",
+		RUN_MAX_SEQS);
 }
 
 uint32_t num(const char *s, const char *opt)
@@ -102,7 +114,9 @@ int main(int argc, char **argv)
 		{ "gen-prompts", 1, NULL, 'G' }, { "block", 1, NULL, 'B' }, { "rotate", 0, NULL, 'R' }, { "sink", 0, NULL, 'I' },
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
 		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
-		{ "score-from", 1, NULL, 'F' }, { "codebooks", 1, NULL, 'C' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "score-from", 1, NULL, 'F' }, { "codebooks", 1, NULL, 'C' }, { "seqs", 1, NULL, 'Q' },
+		{ "step-tokens", 1, NULL, 'X' }, { "ignore-eos", 0, NULL, 'E' }, { "help", 0, NULL, 'h' },
+		{ NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
 
@@ -149,6 +163,17 @@ int main(int argc, char **argv)
 		case 'P': o.prompts = optarg; break;
 		case 'W': o.show = num(optarg, "--show"); break;
 		case 'F': o.score_from = num(optarg, "--score-from"); break;
+		case 'Q':
+			o.seqs = num(optarg, "--seqs");
+			if (o.seqs < 1 || o.seqs > RUN_MAX_SEQS)
+				die("--seqs between 1 and %d", RUN_MAX_SEQS);
+			break;
+		case 'X':
+			o.step_tokens = num(optarg, "--step-tokens");
+			if (o.step_tokens < 1 || o.step_tokens > RUN_MAX_STEP)
+				die("--step-tokens between 1 and %d", RUN_MAX_STEP);
+			break;
+		case 'E': o.ignore_eos = true; break;
 		case 'U': o.gpu = true; break;
 		case 'V': o.device = (int)num(optarg, "--device"); break;
 		case 'j': o.json = true; break;
@@ -166,8 +191,10 @@ int main(int argc, char **argv)
 		else
 			o.file = argv[optind];
 	}
-	if (o.prompts && strcmp(cmd, "ab"))
-		die("--prompts is for ab");
+	if (o.prompts && strcmp(cmd, "ab") && strcmp(cmd, "generate"))
+		die("--prompts is for ab and generate");
+	if ((o.seqs || o.step_tokens || o.ignore_eos) && strcmp(cmd, "generate"))
+		die("--seqs, --step-tokens and --ignore-eos are for generate");
 	if (o.score_from && (strcmp(cmd, "ab") || o.prompts))
 		die("--score-from is for ab over a FILE");
 	if (!strcmp(cmd, "generate"))

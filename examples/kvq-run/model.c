@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvq_format.h"
 #include "mm.h"
@@ -20,9 +21,14 @@ struct model {
 #ifdef KVQ_WITH_CUDA
 	gpu_fwd *gpu;
 #endif
-	/* scratch for max_batch tokens */
+	struct model_times t;
+	/* scratch for max_batch rows: activations, each row's position, the
+	 * rows whose logits a step returns */
 	float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
 	uint16_t *k16, *v16;
+	uint32_t *pos, *out_rows;
+	float *greedy;          /* model_step_greedy's logits on the CPU path */
+	uint32_t greedy_rows;
 };
 
 static int cfg_u32(const gguf_file *f, const char *key, uint32_t *ret, char *err, size_t errlen)
@@ -158,7 +164,8 @@ int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_mo
 	    !(m->v = malloc(n * c->kv_heads * c->head_dim * sizeof(float))) ||
 	    !(m->k16 = malloc(n * c->kv_heads * c->head_dim * sizeof(uint16_t))) ||
 	    !(m->v16 = malloc(n * c->kv_heads * c->head_dim * sizeof(uint16_t))) ||
-	    !(m->g = malloc(n * c->ffn * sizeof(float))) || !(m->u = malloc(n * c->ffn * sizeof(float))))
+	    !(m->g = malloc(n * c->ffn * sizeof(float))) || !(m->u = malloc(n * c->ffn * sizeof(float))) ||
+	    !(m->pos = malloc(n * sizeof(uint32_t))) || !(m->out_rows = malloc(n * sizeof(uint32_t))))
 		goto fail;
 	*ret_model = m;
 	return 0;
@@ -186,6 +193,9 @@ void model_free(model *m)
 	free(m->u);
 	free(m->k16);
 	free(m->v16);
+	free(m->pos);
+	free(m->out_rows);
+	free(m->greedy);
 	free(m);
 }
 
@@ -221,13 +231,13 @@ static void rmsnorm(const float *x, const float *w, uint32_t n, uint32_t dim, fl
 }
 
 /* RoPE on adjacent pairs (GGUF's llama files permute Q and K rows for it):
- * pair i of a head turns by pos * base^(-2i/head_dim). */
-static void rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, uint32_t pos0, float base)
+ * pair i of row t's head turns by pos[t] * base^(-2i/head_dim). */
+static void rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, const uint32_t *pos, float base)
 {
 	float step = powf(base, -2.0f / (float)hd);
 
 	for (uint32_t t = 0; t < n; t++) {
-		float theta = (float)(pos0 + t);
+		float theta = (float)pos[t];
 
 		for (uint32_t i = 0; i < hd / 2; i++, theta *= step) {
 			float cs = cosf(theta), sn = sinf(theta);
@@ -242,8 +252,32 @@ static void rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, uint32_t pos
 	}
 }
 
-/* The layers on the CPU for the n tokens whose embeddings are in m->x. */
-static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
+static double clock_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* One layer's K/V write and attention for the step's n rows (q in m->q,
+ * out to m->att), timed. */
+static int cpu_attention(model *m, kvq_batch *b, uint32_t l)
+{
+	double t0 = clock_s(), t1;
+	int r = kvq_batch_write(b, l, m->k16, m->v16);
+
+	t1 = clock_s();
+	m->t.write += t1 - t0;
+	if (r == 0)
+		r = kvq_batch_attention(b, l, m->cfg.heads, 0.0f, m->q, m->att);
+	m->t.attention += clock_s() - t1;
+	return r;
+}
+
+/* The layers on the CPU for the n rows whose embeddings are in m->x and
+ * positions in m->pos. */
+static int cpu_layers(model *m, kvq_batch *b, uint32_t n)
 {
 	const struct model_cfg *c = &m->cfg;
 	const uint32_t D = c->dim, kvd = c->kv_heads * c->head_dim;
@@ -256,8 +290,8 @@ static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 		mm_matmul(w->q, m->xn, n, m->q);
 		mm_matmul(w->k, m->xn, n, m->k);
 		mm_matmul(w->v, m->xn, n, m->v);
-		rope(m->q, n, c->heads, c->head_dim, pos0, c->rope_base);
-		rope(m->k, n, c->kv_heads, c->head_dim, pos0, c->rope_base);
+		rope(m->q, n, c->heads, c->head_dim, m->pos, c->rope_base);
+		rope(m->k, n, c->kv_heads, c->head_dim, m->pos, c->rope_base);
 		if (m->opt.k_center)
 			for (uint32_t t = 0; t < n; t++)
 				for (uint32_t j = 0; j < kvd; j++)
@@ -272,11 +306,7 @@ static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 		}
 		if (m->opt.kv_tap)
 			m->opt.kv_tap(m->opt.kv_tap_arg, l, n, m->k16, m->v16);
-		r = kvq_seq_write(s, l, m->k16, m->v16);
-		if (r < 0)
-			return r;
-		r = kvq_seq_attention(s, l, c->heads, n, 0.0f, m->q, m->att);
-		if (r < 0)
+		if ((r = cpu_attention(m, b, l)) < 0)
 			return r;
 		mm_matmul(w->o, m->att, n, m->tmp);
 		for (size_t i = 0; i < (size_t)n * D; i++)
@@ -293,45 +323,174 @@ static int cpu_layers(model *m, kvq_seq *s, uint32_t n, uint32_t pos0)
 	return 0;
 }
 
-/* Next-token logits of the last n_out of the n tokens in m->x. */
-static void cpu_logits(model *m, uint32_t n, uint32_t n_out, float *logits)
+/* Next-token logits of the n_out rows of m->x listed in m->out_rows, as
+ * one product. */
+static void cpu_logits(model *m, uint32_t n_out, float *logits)
 {
 	const struct model_cfg *c = &m->cfg;
-	const float *xl = m->x + (size_t)(n - n_out) * c->dim;
 
-	rmsnorm(xl, (const float *)m->out_norm->data, n_out, c->dim, c->eps, m->xn);
+	for (uint32_t j = 0; j < n_out; j++)
+		rmsnorm(m->x + (size_t)m->out_rows[j] * c->dim, (const float *)m->out_norm->data, 1, c->dim, c->eps,
+			m->xn + (size_t)j * c->dim);
 	mm_matmul(m->out, m->xn, n_out, logits);
 }
 
-int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t n_out, float *logits)
+/* The step's rows: each sequence's embeddings into m->x, positions into
+ * m->pos, the rows whose logits are wanted into m->out_rows.  Returns 0
+ * and the counts, or -EINVAL (bad counts, a token past the vocabulary). */
+static int step_rows(model *m, const struct model_seq *seq, uint32_t nseq, uint32_t *ret_rows,
+		     uint32_t *ret_out)
 {
 	const struct model_cfg *c = &m->cfg;
-	uint32_t D = c->dim, pos0 = kvq_seq_tokens(s);
+	uint32_t rows = 0, n_out = 0;
+
+	for (uint32_t i = 0; i < nseq; i++) {
+		const struct model_seq *q = &seq[i];
+		uint32_t pos0 = kvq_seq_tokens(q->s);
+
+		if (q->n == 0 || q->n > m->opt.max_batch - rows || q->n_out > q->n)
+			return -EINVAL;
+		for (uint32_t t = 0; t < q->n; t++, rows++) {
+			if (q->tokens[t] >= c->vocab)
+				return -EINVAL;
+			mm_dequant_row(m->embd->type, m->embd->data + (size_t)q->tokens[t] * m->embd->row_bytes, c->dim,
+				       m->x + (size_t)rows * c->dim);
+			m->pos[rows] = pos0 + t;
+			if (t >= q->n - q->n_out)
+				m->out_rows[n_out++] = rows;
+		}
+	}
+	*ret_rows = rows;
+	*ret_out = n_out;
+	return 0;
+}
+
+/* The step's sequences into b, and its begin; the rows must be those
+ * step_rows counted (no lookup on the way). */
+static int step_begin(kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t rows)
+{
+	const uint32_t *ip;
+	uint32_t got;
 	int r;
 
-	if (n == 0 || n > m->opt.max_batch || n_out > n)
-		return -EINVAL;
-	for (uint32_t t = 0; t < n; t++) {
-		if (tokens[t] >= c->vocab)
-			return -EINVAL;
-		mm_dequant_row(m->embd->type, m->embd->data + (size_t)tokens[t] * m->embd->row_bytes, D,
-			       m->x + (size_t)t * D);
+	for (uint32_t i = 0; i < nseq; i++)
+		if ((r = kvq_batch_add(b, seq[i].s, seq[i].tokens, seq[i].n, 0)) < 0)
+			return r;
+	if ((r = kvq_batch_begin(b, NULL)) < 0)
+		return r;
+	ip = kvq_batch_indptr(b, &got);
+	if (!ip || got != nseq || ip[nseq] != rows) {
+		kvq_batch_abort(b);
+		return -EPROTO;
 	}
-	r = kvq_seq_begin(s, tokens, n);
-	if (r < 0)
-		return r;
-#ifdef KVQ_WITH_CUDA
-	if (m->gpu)
-		r = gpu_fwd_layers(m->gpu, s, m->x, n, pos0);
-	else
-#endif
-		r = cpu_layers(m, s, n, pos0);
-	if (r < 0 || (r = kvq_seq_commit(s)) < 0 || !n_out)
-		return r;
-#ifdef KVQ_WITH_CUDA
-	if (m->gpu)
-		return gpu_fwd_logits(m->gpu, n, n_out, logits);
-#endif
-	cpu_logits(m, n, n_out, logits);
 	return 0;
+}
+
+static int layers(model *m, kvq_batch *b, uint32_t rows)
+{
+#ifdef KVQ_WITH_CUDA
+	if (m->gpu) {
+		int r = gpu_fwd_layers(m->gpu, b, m->x, rows, m->pos);
+
+		gpu_fwd_times(m->gpu, &m->t.write, &m->t.attention);
+		return r;
+	}
+#endif
+	return cpu_layers(m, b, rows);
+}
+
+/* The step up to its commit: embeddings, begin, layers, commit.  *ret_out
+ * gets the count of rows whose logits are wanted (m->out_rows). */
+static int step_layers(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ret_out)
+{
+	uint32_t rows;
+	int r;
+
+	m->t = (struct model_times){ 0 };
+	if (nseq == 0)
+		return -EINVAL;
+	if ((r = step_rows(m, seq, nseq, &rows, ret_out)) < 0)
+		return r;
+	if ((r = step_begin(b, seq, nseq, rows)) < 0) {
+		kvq_batch_clear(b);
+		return r;
+	}
+	if ((r = layers(m, b, rows)) < 0)
+		kvq_batch_abort(b);
+	else
+		r = kvq_batch_commit(b);
+	kvq_batch_clear(b);
+	return r;
+}
+
+int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits)
+{
+	double t0 = clock_s();
+	uint32_t n_out;
+	int r = step_layers(m, b, seq, nseq, &n_out);
+
+	if (r == 0 && n_out) {
+#ifdef KVQ_WITH_CUDA
+		if (m->gpu)
+			r = gpu_fwd_logits(m->gpu, m->out_rows, n_out, logits);
+		else
+#endif
+			cpu_logits(m, n_out, logits);
+	}
+	m->t.step = clock_s() - t0;
+	return r;
+}
+
+/* The first of equal maxima, as kvq-run's argmax(). */
+static uint32_t row_argmax(const float *x, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[b])
+			b = i;
+	return b;
+}
+
+/* The greedy choices of the n_out rows, from logits in m->greedy (grown to
+ * the most rows a step asked for). */
+static int cpu_greedy(model *m, uint32_t n_out, uint32_t *ids)
+{
+	const uint32_t V = m->cfg.vocab;
+
+	if (n_out > m->greedy_rows) {
+		float *p = realloc(m->greedy, (size_t)n_out * V * sizeof(float));
+
+		if (!p)
+			return -ENOMEM;
+		m->greedy = p;
+		m->greedy_rows = n_out;
+	}
+	cpu_logits(m, n_out, m->greedy);
+	for (uint32_t j = 0; j < n_out; j++)
+		ids[j] = row_argmax(m->greedy + (size_t)j * V, V);
+	return 0;
+}
+
+int model_step_greedy(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ids)
+{
+	double t0 = clock_s();
+	uint32_t n_out;
+	int r = step_layers(m, b, seq, nseq, &n_out);
+
+	if (r == 0 && n_out) {
+#ifdef KVQ_WITH_CUDA
+		if (m->gpu)
+			r = gpu_fwd_greedy(m->gpu, m->out_rows, n_out, ids);
+		else
+#endif
+			r = cpu_greedy(m, n_out, ids);
+	}
+	m->t.step = clock_s() - t0;
+	return r;
+}
+
+const struct model_times *model_times(const model *m)
+{
+	return &m->t;
 }

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention,
- * SwiGLU) over GGUF weights, with its KV cache in a kvqd pool: each layer's
- * K (after RoPE) and V go to kvq_seq_write() and attention is
- * kvq_seq_attention, which reads KV as stored (quantized sealed blocks,
+ * SwiGLU) over GGUF weights, with its KV cache in a kvqd pool, a step over
+ * a batch of sequences at a time (one sequence is a batch of one): each
+ * layer's K (after RoPE) and V go to kvq_batch_write() and attention is
+ * kvq_batch_attention, which reads KV as stored (quantized sealed blocks,
  * FP16 open window), in prefill as in decode.
  */
 #ifndef KVQ_RUN_MODEL_H
@@ -25,7 +26,7 @@ struct layer_w {
 };
 
 struct model_opts {
-	uint32_t max_batch;   /* tokens per model_forward */
+	uint32_t max_batch;   /* rows (tokens of all sequences) per model_step */
 	/* [layers][kv_heads * head_dim] or NULL: subtracted from every K
 	 * (after RoPE) before it is written (libkvq rotates it after, +rot).  Attention is
 	 * unchanged in exact arithmetic (q.(k - c) differs from q.k by q.c,
@@ -63,14 +64,46 @@ void model_free(model *m);
 
 const struct model_cfg *model_cfg(const model *m);
 
-/* The GPU path's message about the last failed model_forward, or NULL
+/* The GPU path's message about the last failed model_step, or NULL
  * (then libkvq's kvq_client_error names it). */
 const char *model_error(const model *m);
 
-/* Appends tokens[0..n) (1 <= n <= max_batch) to s at positions
- * kvq_seq_tokens(s)...: begin, per layer write + attention, commit.
- * logits gets the last n_out tokens' next-token logits, [n_out][vocab]
- * (n_out <= n; 0 and NULL allowed).  Returns 0 or a libkvq code. */
-int model_forward(model *m, kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t n_out, float *logits);
+/* One sequence's part of a step (model_step). */
+struct model_seq {
+	kvq_seq *s;
+	const uint32_t *tokens;   /* its new tokens, at positions kvq_seq_tokens(s)... */
+	uint32_t n;               /* how many, >= 1 */
+	uint32_t n_out;           /* next-token logits wanted of its last n_out tokens (<= n) */
+};
+
+/* Seconds of the last step: the whole step, and libkvq's K/V write
+ * and attention within it (on the GPU path timed by events on the stream,
+ * so queued work is counted where it runs). */
+struct model_times {
+	double step, write, attention;
+};
+
+/*
+ * One step over a batch: each of seq[0..nseq) (sequences of b's client,
+ * each once, their rows together at most max_batch) appends its tokens.
+ * The rows of all of them go through each projection and the MLP as one
+ * matrix; each layer's K/V and attention are one kvq_batch_write and one
+ * kvq_batch_attention on b, the step one kvq_batch_begin and one commit.
+ * A sequence's rows are computed as they would be alone (the products are
+ * row by row; libkvq's attention on a host pool is per sequence).
+ * logits gets every sequence's n_out rows in order, [sum n_out][vocab]
+ * (NULL when that is 0).  b is empty before and after.  Returns 0 or a
+ * libkvq code (the step then abandoned).
+ */
+int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits);
+
+/* model_step, returning only each wanted row's greedy choice into ids
+ * ([sum n_out]; the first of equal maxima, as argmax()): on the GPU path
+ * chosen on the device, so a decode step copies back a token a sequence,
+ * not its logits. */
+int model_step_greedy(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ids);
+
+/* The times of the last model_step or model_step_greedy. */
+const struct model_times *model_times(const model *m);
 
 #endif

@@ -52,9 +52,14 @@ struct gpu_fwd {
 	float *out_norm, *out;
 	uint32_t out_rows;
 	float *k_center;        /* [layers][kvd] or NULL */
-	/* scratch for max_batch tokens */
+	/* scratch for max_batch rows; pos: each row's position, rows: the rows
+	 * whose logits are wanted */
 	float *x, *xn, *q, *k, *v, *att, *g, *u, *logits;
 	__half *q16, *k16, *v16;
+	uint32_t *pos, *rows, *ids;
+	/* per layer: before the K/V write, between it and attention, after */
+	cudaEvent_t *ev;
+	double t_write, t_attention;
 	char err[256];
 };
 
@@ -75,11 +80,12 @@ static int cuda_ok(gpu_fwd *g, cudaError_t e, const char *what)
 
 /* ------------------------------------------------------------- kernels */
 
-/* One CTA per token; sum of squares in double as on the CPU path. */
-__global__ void k_rmsnorm(const float *x, const float *w, uint32_t dim, float eps, float *out)
+/* One CTA per row (row rows[i] of x for CTA i where rows is given); sum of
+ * squares in double as on the CPU path. */
+__global__ void k_rmsnorm(const float *x, const uint32_t *rows, const float *w, uint32_t dim, float eps, float *out)
 {
 	__shared__ double part[32];
-	const float *xt = x + (size_t)blockIdx.x * dim;
+	const float *xt = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * dim;
 	float *ot = out + (size_t)blockIdx.x * dim;
 	double ss = 0;
 	float sc;
@@ -104,16 +110,17 @@ __global__ void k_rmsnorm(const float *x, const float *w, uint32_t dim, float ep
 		ot[i] = xt[i] * sc * w[i];
 }
 
-/* RoPE on adjacent pairs, the angle built as the CPU path builds it
- * (pos * step^i by repeated products; step computed on the host). */
-__global__ void k_rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, uint32_t pos0, float step)
+/* RoPE on adjacent pairs, row t at position pos[t], the angle built as the
+ * CPU path builds it (pos * step^i by repeated products; step computed on
+ * the host). */
+__global__ void k_rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, const uint32_t *pos, float step)
 {
 	uint32_t half = hd / 2, id = blockIdx.x * blockDim.x + threadIdx.x;
 
 	if (id >= n * heads * half)
 		return;
 	uint32_t i = id % half, h = id / half % heads, t = id / half / heads;
-	float theta = (float)(pos0 + t);
+	float theta = (float)pos[t];
 
 	for (uint32_t j = 0; j < i; j++)
 		theta *= step;
@@ -147,6 +154,41 @@ __global__ void k_swiglu(float *gate, const float *up, size_t n)
 
 	if (i < n)
 		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* Whether (v, i) beats (bv, bi): the larger value, the first index of equal
+ * ones, as the CPU's argmax takes. */
+__device__ static bool beats(float v, uint32_t i, float bv, uint32_t bi)
+{
+	return v > bv || (v == bv && i < bi);
+}
+
+/* One CTA of 256 threads per row of x ([rows][n]): ids[row] = its argmax. */
+__global__ void k_argmax(const float *x, uint32_t n, uint32_t *ids)
+{
+	__shared__ float sv[256];
+	__shared__ uint32_t si[256];
+	const float *xr = x + (size_t)blockIdx.x * n;
+	float bv = xr[0];
+	uint32_t bi = 0;
+
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		if (beats(xr[i], i, bv, bi)) {
+			bv = xr[i];
+			bi = i;
+		}
+	sv[threadIdx.x] = bv;
+	si[threadIdx.x] = bi;
+	__syncthreads();
+	for (uint32_t s = blockDim.x / 2; s; s >>= 1) {
+		if (threadIdx.x < s && beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
+			sv[threadIdx.x] = sv[threadIdx.x + s];
+			si[threadIdx.x] = si[threadIdx.x + s];
+		}
+		__syncthreads();
+	}
+	if (threadIdx.x == 0)
+		ids[blockIdx.x] = si[0];
 }
 
 static unsigned blocks(size_t n, unsigned per)
@@ -247,12 +289,20 @@ int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const str
 			  { (void **)&g->att, n * D * 4 }, { (void **)&g->k, n * kvd * 4 }, { (void **)&g->v, n * kvd * 4 },
 			  { (void **)&g->g, n * cfg->ffn * 4 }, { (void **)&g->u, n * cfg->ffn * 4 },
 			  { (void **)&g->logits, n * (size_t)cfg->vocab * 4 }, { (void **)&g->q16, n * D * 2 },
-			  { (void **)&g->k16, n * kvd * 2 }, { (void **)&g->v16, n * kvd * 2 } };
+			  { (void **)&g->k16, n * kvd * 2 }, { (void **)&g->v16, n * kvd * 2 },
+			  { (void **)&g->pos, n * 4 }, { (void **)&g->rows, n * 4 }, { (void **)&g->ids, n * 4 } };
 
 		for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
 			if ((r = cuda_ok(g, cudaMalloc(s[i].p, s[i].bytes), "cudaMalloc (buffers)")) < 0)
 				goto fail;
 	}
+	if (!(g->ev = (cudaEvent_t *)calloc(3 * (size_t)cfg->layers, sizeof(*g->ev)))) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i < 3 * cfg->layers; i++)
+		if ((r = cuda_ok(g, cudaEventCreate(&g->ev[i]), "cudaEventCreate")) < 0)
+			goto fail;
 	*ret = g;
 	return 0;
 fail:
@@ -274,9 +324,13 @@ void gpu_fwd_free(gpu_fwd *g)
 	}
 	free(g->lw);
 	void *b[] = { g->k_center, g->out_norm, g->out, g->x, g->xn, g->q, g->k, g->v, g->att, g->g, g->u, g->logits,
-		      g->q16, g->k16, g->v16 };
+		      g->q16, g->k16, g->v16, g->pos, g->rows, g->ids };
 	for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
 		cudaFree(b[i]);
+	for (uint32_t i = 0; g->ev && i < 3 * g->n_lw; i++)
+		if (g->ev[i])
+			cudaEventDestroy(g->ev[i]);
+	free(g->ev);
 	if (g->h)
 		g->cb.destroy(g->h);
 	if (g->cb.lib)
@@ -302,27 +356,67 @@ static int gemm(gpu_fwd *g, const float *W, uint32_t rows, uint32_t cols, const 
 	return 0;
 }
 
-int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t pos0)
+/* One layer's K/V write and attention for the step's n rows of b (q16 in,
+ * att out), between event pairs. */
+static int kv_attention(gpu_fwd *g, kvq_batch *b, uint32_t l)
+{
+	cudaEvent_t *e = g->ev + 3 * (size_t)l;
+	int r;
+
+	if ((r = cuda_ok(g, cudaEventRecord(e[0], 0), "cudaEventRecord")) < 0)
+		return r;
+	if ((r = kvq_batch_write(b, l, g->k16, g->v16)) < 0 ||
+	    (r = cuda_ok(g, cudaEventRecord(e[1], 0), "cudaEventRecord")) < 0)
+		return r;
+	if ((r = kvq_batch_attention_device(b, l, g->c.heads, 0.0f, g->q16, g->att, 1)) < 0)
+		return r;
+	return cuda_ok(g, cudaEventRecord(e[2], 0), "cudaEventRecord");
+}
+
+/* The event pairs of the last step's layers, summed (waits for the last). */
+static int sum_events(gpu_fwd *g)
+{
+	float w, a;
+	int r;
+
+	g->t_write = g->t_attention = 0;
+	if ((r = cuda_ok(g, cudaEventSynchronize(g->ev[3 * (size_t)g->n_lw - 1]), "waiting for the step")) < 0)
+		return r;
+	for (uint32_t l = 0; l < g->n_lw; l++) {
+		cudaEvent_t *e = g->ev + 3 * (size_t)l;
+
+		if ((r = cuda_ok(g, cudaEventElapsedTime(&w, e[0], e[1]), "cudaEventElapsedTime")) < 0 ||
+		    (r = cuda_ok(g, cudaEventElapsedTime(&a, e[1], e[2]), "cudaEventElapsedTime")) < 0)
+			return r;
+		g->t_write += w / 1e3;
+		g->t_attention += a / 1e3;
+	}
+	return 0;
+}
+
+int gpu_fwd_layers(gpu_fwd *g, kvq_batch *b, const float *x, uint32_t n, const uint32_t *pos)
 {
 	const struct model_cfg *c = &g->c;
 	const uint32_t D = c->dim, hd = c->head_dim, kvd = c->kv_heads * hd;
 	const float step = powf(c->rope_base, -2.0f / (float)hd);
 	int r;
 
+	g->err[0] = 0;
 	if (n == 0 || n > g->max_batch)
-		return gfail(g, -EINVAL, "bad token count");
-	if ((r = cuda_ok(g, cudaMemcpy(g->x, x, (size_t)n * D * 4, cudaMemcpyHostToDevice), "copying embeddings")) < 0)
+		return gfail(g, -EINVAL, "bad row count");
+	if ((r = cuda_ok(g, cudaMemcpy(g->x, x, (size_t)n * D * 4, cudaMemcpyHostToDevice), "copying embeddings")) < 0 ||
+	    (r = cuda_ok(g, cudaMemcpy(g->pos, pos, (size_t)n * 4, cudaMemcpyHostToDevice), "copying positions")) < 0)
 		return r;
 	for (uint32_t l = 0; l < c->layers; l++) {
 		const dev_layer *w = &g->lw[l];
 
-		k_rmsnorm<<<n, 256>>>(g->x, w->attn_norm, D, c->eps, g->xn);
+		k_rmsnorm<<<n, 256>>>(g->x, NULL, w->attn_norm, D, c->eps, g->xn);
 		if ((r = gemm(g, w->q, D, D, g->xn, n, g->q, false)) < 0 ||
 		    (r = gemm(g, w->k, kvd, D, g->xn, n, g->k, false)) < 0 ||
 		    (r = gemm(g, w->v, kvd, D, g->xn, n, g->v, false)) < 0)
 			return r;
-		k_rope<<<blocks((size_t)n * c->heads * hd / 2, 256), 256>>>(g->q, n, c->heads, hd, pos0, step);
-		k_rope<<<blocks((size_t)n * c->kv_heads * hd / 2, 256), 256>>>(g->k, n, c->kv_heads, hd, pos0, step);
+		k_rope<<<blocks((size_t)n * c->heads * hd / 2, 256), 256>>>(g->q, n, c->heads, hd, g->pos, step);
+		k_rope<<<blocks((size_t)n * c->kv_heads * hd / 2, 256), 256>>>(g->k, n, c->kv_heads, hd, g->pos, step);
 		if (g->k_center)
 			k_sub_rows<<<blocks((size_t)n * kvd, 256), 256>>>(g->k, g->k_center + (size_t)l * kvd, n, kvd);
 		k_to_half<<<blocks((size_t)n * D, 256), 256>>>(g->q, (size_t)n * D, g->q16);
@@ -330,12 +424,11 @@ int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t 
 		k_to_half<<<blocks((size_t)n * kvd, 256), 256>>>(g->v, (size_t)n * kvd, g->v16);
 		if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
 			return r;
-		if ((r = kvq_seq_write(s, l, g->k16, g->v16)) < 0 ||
-		    (r = kvq_seq_attention_device(s, l, c->heads, n, 0.0f, g->q16, g->att, 1)) < 0)
-			return gfail(g, r, "layer %u: %s", l, kvq_client_error(kvq_seq_client(s)));
+		if ((r = kv_attention(g, b, l)) < 0)
+			return r;   /* libkvq's leave g->err empty: kvq_client_error names them */
 		if ((r = gemm(g, w->o, D, D, g->att, n, g->x, true)) < 0)
 			return r;
-		k_rmsnorm<<<n, 256>>>(g->x, w->ffn_norm, D, c->eps, g->xn);
+		k_rmsnorm<<<n, 256>>>(g->x, NULL, w->ffn_norm, D, c->eps, g->xn);
 		if ((r = gemm(g, w->gate, c->ffn, D, g->xn, n, g->g, false)) < 0 ||
 		    (r = gemm(g, w->up, c->ffn, D, g->xn, n, g->u, false)) < 0)
 			return r;
@@ -343,19 +436,49 @@ int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t 
 		if ((r = gemm(g, w->down, D, c->ffn, g->g, n, g->x, true)) < 0)
 			return r;
 	}
-	return cuda_ok(g, cudaGetLastError(), "a kernel launch");
+	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
+		return r;
+	return sum_events(g);
 }
 
-int gpu_fwd_logits(gpu_fwd *g, uint32_t n, uint32_t n_out, float *logits)
+void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention)
+{
+	*ret_write = g->t_write;
+	*ret_attention = g->t_attention;
+}
+
+/* The logits of rows[0..n_out) of the last layers into g->logits. */
+static int out_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out)
 {
 	const struct model_cfg *c = &g->c;
 	int r;
 
-	if (n_out == 0 || n_out > n || n > g->max_batch)
-		return gfail(g, -EINVAL, "bad token count");
-	k_rmsnorm<<<n_out, 256>>>(g->x + (size_t)(n - n_out) * c->dim, g->out_norm, c->dim, c->eps, g->xn);
-	if ((r = gemm(g, g->out, g->out_rows, c->dim, g->xn, n_out, g->logits, false)) < 0)
+	if (n_out == 0 || n_out > g->max_batch)
+		return gfail(g, -EINVAL, "bad row count");
+	if ((r = cuda_ok(g, cudaMemcpy(g->rows, rows, (size_t)n_out * 4, cudaMemcpyHostToDevice), "copying rows")) < 0)
+		return r;
+	k_rmsnorm<<<n_out, 256>>>(g->x, g->rows, g->out_norm, c->dim, c->eps, g->xn);
+	return gemm(g, g->out, g->out_rows, c->dim, g->xn, n_out, g->logits, false);
+}
+
+int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits)
+{
+	int r = out_logits(g, rows, n_out);
+
+	if (r < 0)
 		return r;
 	return cuda_ok(g, cudaMemcpy(logits, g->logits, (size_t)n_out * g->out_rows * 4, cudaMemcpyDeviceToHost),
 		       "copying logits");
+}
+
+int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *ids)
+{
+	int r = out_logits(g, rows, n_out);
+
+	if (r < 0)
+		return r;
+	k_argmax<<<n_out, 256>>>(g->logits, g->out_rows, g->ids);
+	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
+		return r;
+	return cuda_ok(g, cudaMemcpy(ids, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost), "copying token ids");
 }

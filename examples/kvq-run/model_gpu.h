@@ -4,8 +4,9 @@
  * memory (f32), matrix products by cuBLAS (loaded at run time, so kvq-run
  * runs without it on the CPU path), RMSNorm, RoPE, SwiGLU and conversions by
  * the small kernels of model_gpu.cu, K/V written and attention computed by
- * libkvq on a cuda pool (kvq_seq_write() with device pointers,
- * kvq_seq_attention_device: the project's CUDA kernels, KV read as stored).
+ * libkvq on a cuda pool for a step's whole batch (kvq_batch_write() with
+ * device pointers, kvq_batch_attention_device: the project's CUDA kernels,
+ * KV read as stored).
  * All work is on the legacy default stream, the one libkvq uses unless told
  * otherwise, so it runs in order with libkvq's.
  */
@@ -28,7 +29,7 @@ typedef struct gpu_fwd gpu_fwd;
 
 /* Uploads the weights (lw: cfg->layers entries) and k_center (NULL or
  * [layers][kv_heads * head_dim], model.h) on device dev; buffers for
- * max_batch tokens.  Returns 0 and *ret, -ENODEV/-EIO (no GPU, no cuBLAS, a
+ * max_batch rows.  Returns 0 and *ret, -ENODEV/-EIO (no GPU, no cuBLAS, a
  * CUDA error; err says which) or -ENOMEM. */
 int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const struct gguf_tensor *out_norm,
 		const struct gguf_tensor *out, const float *k_center, uint32_t max_batch, int dev, gpu_fwd **ret,
@@ -36,15 +37,28 @@ int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const str
 
 void gpu_fwd_free(gpu_fwd *g);
 
-/* The layers for n tokens at positions pos0.. whose embeddings x (host,
- * [n][dim]) are given, between kvq_seq_begin and kvq_seq_commit of s (a
- * sequence on a cuda pool); k_center, if given, is subtracted from K.  Returns 0 or a negative code (err
- * filled). */
-int gpu_fwd_layers(gpu_fwd *g, kvq_seq *s, const float *x, uint32_t n, uint32_t pos0);
+/* The layers for the n rows of a step of b (a batch on a cuda pool,
+ * between kvq_batch_begin and kvq_batch_commit; the sequences' rows packed
+ * as kvq_batch_indptr says) whose embeddings x ([n][dim]) and positions
+ * pos ([n]) are given in host memory: each product one cuBLAS call over
+ * all n rows, each layer's K/V write and attention one kvq_batch_write and
+ * one kvq_batch_attention_device; k_center, if given, is subtracted from
+ * K.  Returns 0 or a negative code: a CUDA or cuBLAS failure's with
+ * gpu_fwd_error filled, libkvq's with it empty (kvq_client_error names
+ * that). */
+int gpu_fwd_layers(gpu_fwd *g, kvq_batch *b, const float *x, uint32_t n, const uint32_t *pos);
 
-/* Next-token logits [n_out][vocab] (host) of the last n_out of the n tokens
- * of the last gpu_fwd_layers. */
-int gpu_fwd_logits(gpu_fwd *g, uint32_t n, uint32_t n_out, float *logits);
+/* Next-token logits [n_out][vocab] (host) of the rows rows[0..n_out)
+ * (host) of the last gpu_fwd_layers, as one product. */
+int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits);
+
+/* The greedy choice (the first of equal maxima) of each of those rows'
+ * logits, chosen on the device: ids [n_out] (host). */
+int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *ids);
+
+/* Seconds the last gpu_fwd_layers spent in libkvq's K/V writes and in its
+ * attention, from event pairs on the stream around each call. */
+void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention);
 
 /* The message of the last failure. */
 const char *gpu_fwd_error(const gpu_fwd *g);

@@ -2,8 +2,8 @@
 /*
  * kvq-run: what its files share: the options (main.c), the loaded model and
  * its K centers (load.c), a policy's pool and sequence (kv.c), text and
- * tokens (text.c), greedy generation (generate.c), ab --prompts' file
- * (prompts.c), and each command.
+ * tokens (text.c), greedy generation (generate.c; a batch of sequences:
+ * gen.h), the prompts file (prompts.c), and each command.
  */
 #ifndef KVQ_RUN_H
 #define KVQ_RUN_H
@@ -19,6 +19,8 @@
 #include "tokenizer.h"
 
 #define RUN_MAX_KV 24
+#define RUN_MAX_SEQS 1024      /* generate --seqs */
+#define RUN_MAX_STEP 65536     /* generate --step-tokens: rows of one step */
 
 struct opts {
 	const char *model, *socket, *prompt, *prompts, *file, *dump, *system, *system_file, *salt, *out, *k_center;
@@ -27,17 +29,19 @@ struct opts {
 	const char *codebooks[RUN_MAX_KV];   /* --codebooks, for the policies with pq2/pq1 */
 	unsigned n_codebooks;
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block, show, score_from;
+	uint32_t seqs, step_tokens;   /* generate: sequences in the batch, rows of a step */
 	unsigned threads;
 	int device;
-	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink;
+	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink, ignore_eos;
 };
 
-/* One policy's pool and sequence. */
+/* One policy's pool, a sequence and the client's batch (model_step's). */
 struct kv {
 	const char *policy;
 	char canon[KVQ_POLICY_MAX_LEN + 1];
 	kvq_client *c;
 	kvq_seq *s;
+	kvq_batch *b;
 	double bits;         /* stored bits per value of a sealed block, scales included, and codebooks
 	                      * amortised over a 1 GiB pool (kvq_codebook_amortised) */
 	double seq_bits;     /* bits per value of everything a sequence of 2048 tokens holds: its
@@ -91,9 +95,19 @@ void load(void);
 void kv_policy(const char *s, struct kvq_policy *pol);
 void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs);
 void kv_reset(struct kv *k);
+/* A new empty sequence on k's client (the run's salt). */
+kvq_seq *kv_seq_new(struct kv *k);
 void kv_close(struct kv *k);
+/* The next prefill chunk of a sequence at pos with left tokens to go
+ * (--batch's multiples, kv.c). */
+uint32_t chunk_len(uint32_t pos, uint32_t left);
 void feed(struct kv *k, const uint32_t *ids, uint32_t n, float *logits, float *last);
 uint32_t argmax(const float *x, uint32_t n);
+/* Whether token t ends a continuation: stop (>= 0) or end-of-sequence. */
+bool stops(uint32_t t, int stop);
+/* The greedy choice of logits into *ret; false (*ret untouched) when it
+ * stops. */
+bool pick(const float *logits, int stop, uint32_t *ret);
 void log_softmax(const float *x, uint32_t n, double *out);
 
 /* text.c */
@@ -107,7 +121,7 @@ uint32_t *chat_tokens(const char *prompt, const char *system, size_t *ret_n);
 int chat_stop(void);
 uint32_t *file_tokens(size_t *ret_n);
 
-/* prompts.c: kvq-run ab --prompts FILE */
+/* prompts.c: kvq-run ab --prompts FILE and generate --prompts FILE */
 struct prompt {
 	char *text;
 	char *system;    /* NULL: --system, --system-file or the default */
@@ -118,7 +132,7 @@ struct prompt *prompts_read(const char *path, size_t *ret_n);
 void prompts_free(struct prompt *p, size_t n);
 
 /* generate.c */
-uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, bool print, float *trace);
+uint32_t greedy(struct kv *k, float *last, uint32_t g, int stop, uint32_t *out, float *trace);
 
 /* The commands; each returns the exit status. */
 int cmd_generate(void);     /* generate.c */

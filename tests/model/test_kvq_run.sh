@@ -139,6 +139,93 @@ rc=0
 check "codebooks calibrated unrotated are refused with --rotate (another basis)" \
 	sh -c "test $rc -ne 0 && grep -q 'give --codebooks FILE' '$tmp/pqr.err'"
 
+# batched generation (generate --prompts: the prompts as one batch):
+# prompts of different lengths after a shared system text of about 150
+# tokens (so KIVI's 128-token window seals blocks too), in prefill chunks
+# of 16, so that short prompts decode while long ones still prefill; each
+# sequence's greedy tokens must be exactly those of its prompt alone
+gen_ids() {   # gen_ids JSON SEQ: the ids sequence SEQ generated (generate --json)
+	sed 's/},{/}\n{/g' "$1" | grep "\"seq\":$2," | sed -n 's/.*"ids":\[\([^]]*\)\].*/\1/p'
+}
+gen_args="--system-file $tmp/bsys.txt --batch 16 --max-tokens 12 --json"
+same_as_alone() {   # same_as_alone KV JSON: each prompt's ids in the batch's JSON equal its own run's
+	i=0
+	while IFS= read -r line; do
+		if [ ! -f "$tmp/alone.$1.$i.json" ]; then
+			"$run" generate --kv "$1" $gen_args --prompt "$line" --no-prefix-cache >"$tmp/alone.$1.$i.json" \
+				2>"$tmp/alone.err" || return 1
+		fi
+		a=$(gen_ids "$tmp/alone.$1.$i.json" 0)
+		b=$(gen_ids "$2" $i)
+		if [ -z "$a" ] || [ "$a" != "$b" ]; then
+			echo "# $1, prompt $i: alone [$a], in the batch [$b]"
+			return 1
+		fi
+		i=$((i + 1))
+	done <"$tmp/bprompts.txt"
+	[ $i -eq 4 ]
+}
+head -c 600 /usr/share/common-licenses/Artistic >"$tmp/bsys.txt"
+printf '%s\n' "What is the capital of France?" \
+	"Write a short poem about the sea, the wind and the long grey evenings of a northern winter, when the boats stay in." \
+	"Name three prime numbers." \
+	"Explain in two sentences why the sky is blue, then say why a sunset is red and how that differs from noon." \
+	>"$tmp/bprompts.txt"
+for kv in f16 int8 kivi4; do
+	"$run" generate --kv $kv $gen_args --prompts "$tmp/bprompts.txt" --no-prefix-cache >"$tmp/batch.$kv.json" \
+		2>"$tmp/batch.$kv.err" || echo "# $kv: $(tail -n 1 "$tmp/batch.$kv.err")"
+	check "batched generation of 4 prompts of different lengths ($kv KV): each gives the tokens it gives alone" \
+		same_as_alone $kv "$tmp/batch.$kv.json"
+done
+bj=$tmp/batch.int8.json
+mixed=$(json_num mixed "$bj")
+check "the batch mixed prompt chunks and decode in $mixed step(s); it reports $(json_num decode_tokens_per_s "$bj") tok/s, \
+step latency, attention share $(json_num attention_share "$bj"), KV bytes $(json_num kv_bytes_peak "$bj")" \
+	awk -v m="$mixed" -v t="$(json_num decode_tokens_per_s "$bj")" -v ms="$(json_num mean "$bj")" \
+	-v a="$(json_num attention_share "$bj")" -v b="$(json_num kv_bytes_peak "$bj")" \
+	'BEGIN { exit !(m > 0 && t > 0 && ms > 0 && a > 0 && a < 1 && b > 0) }'
+# with the prefix cache: the second run finds each prompt's sealed prefix,
+# keeps it as a run alone does (its first chunk), and gives the same tokens
+for w in cold warm; do
+	"$run" generate --kv int8 $gen_args --prompts "$tmp/bprompts.txt" >"$tmp/bcache.$w.json" 2>"$tmp/bcache.$w.err" ||
+		echo "# $w: $(tail -n 1 "$tmp/bcache.$w.err")"
+done
+bhit=$(json_num hit_tokens "$tmp/bcache.warm.json")
+hit_and_same() {   # hit_and_same HIT JSON
+	[ "${1:-0}" -gt 0 ] && same_as_alone int8 "$2"
+}
+check "a batch whose prompts the prefix cache holds takes them ($bhit tokens) and gives the tokens each gives alone" \
+	hit_and_same "$bhit" "$tmp/bcache.warm.json"
+refused() {   # refused PATTERN ARGS...: kvq-run ARGS fails, its message matching PATTERN
+	pat=$1
+	shift
+	rc=0
+	"$run" "$@" >/dev/null 2>"$tmp/refused.err" || rc=$?
+	[ $rc -ne 0 ] && grep -q "$pat" "$tmp/refused.err"
+}
+check "generate --seqs 0 is refused with a reason" refused "seqs between" generate --prompt hi --seqs 0
+check "generate --seqs above the limit (1024) is refused with a reason" refused "seqs between" \
+	generate --prompt hi --seqs 1025
+: >"$tmp/empty.txt"
+check "generate --prompts of an empty file is refused with a reason" refused "no prompts" \
+	generate --prompts "$tmp/empty.txt"
+check "a step too small for a prompt chunk beside every decode is refused with a reason" refused "at least --seqs" \
+	generate --prompt hi --seqs 4 --batch 16 --step-tokens 8
+# continuations: --ctx tokens of FILE from a point of each sequence's own
+"$run" generate --kv int8 --ctx 48 --seqs 3 --max-tokens 4 --batch 16 --ignore-eos --json "$text" >"$tmp/cont.json" \
+	2>"$tmp/cont.err"
+froms=$(sed 's/},{/}\n{/g' "$tmp/cont.json" | sed -n 's/.*"from_token":\([0-9]*\),.*"generated":4,.*/\1/p' | tr '\n' ' ')
+check "generate --ctx 48 --seqs 3 FILE continues FILE from 3 points of its own ($froms), 4 tokens each" \
+	sh -c '[ $# -eq 3 ] && [ "$(printf "%s\n" "$@" | sort -u | wc -l)" -eq 3 ]' sh $froms
+# --ignore-eos (for measurements): every sequence runs to --max-tokens,
+# the first prompt (which stops after 7 tokens) included
+"$run" generate --kv int8 $gen_args --prompts "$tmp/bprompts.txt" --ignore-eos --max-tokens 20 >"$tmp/noeos.json" \
+	2>"$tmp/noeos.err"
+noeos=$(sed -n 's/^{[^[]*"generated":\([0-9]*\),.*/\1/p' "$tmp/noeos.json")
+check "--ignore-eos: every sequence generates --max-tokens ($noeos of 4 x 20), the first its tokens alone and more" \
+	sh -c '[ "$1" = 80 ] && [ -n "$2" ] && case "$3" in "$2",*) true ;; *) false ;; esac' sh \
+	"$noeos" "$(gen_ids "$tmp/alone.int8.0.json" 0)" "$(gen_ids "$tmp/noeos.json" 0)"
+
 # --gpu: the GPU path where a GPU is usable (tests/gpu/model.sh compares
 # it with this path), else a refusal that names the reason
 rc=0
