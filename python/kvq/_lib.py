@@ -43,7 +43,8 @@ class AttachParams(ctypes.Structure):
     _fields_ = [("pool", c_char_p), ("model_id", c_char_p), ("layers", c_u32), ("kv_heads", c_u32),
                 ("head_dim", c_u32), ("block_tokens", c_u32), ("policy", c_char_p), ("window", c_u32),
                 ("act", c_int), ("create", c_int), ("n_sealed", c_u32), ("n_open", c_u32),
-                ("backend", c_char_p), ("device", c_int), ("codebooks", c_char_p)]
+                ("backend", c_char_p), ("device", c_int), ("codebooks", c_char_p),
+                ("host_capacity", ctypes.c_uint64)]   # interface 9
 
 
 class Stats(ctypes.Structure):

@@ -192,7 +192,7 @@ class Client:
 
     def attach(self, pool, model_id, layers, kv_heads, head_dim, block_tokens=32, policy="f16", window=0,
                act="f16", create=True, n_sealed=0, n_open=0, backend=None, device=-1, codebooks=None,
-               group=None, rank=0, world_size=0, sink_blocks=0, n_sink=0):
+               group=None, rank=0, world_size=0, sink_blocks=0, n_sink=0, host_capacity=0):
         """Joins pool (created with this geometry and policy when create and
         kvqd allows it; n_sealed and n_open 0: sized by kvqd's
         configuration; backend 'host', 'cuda' or None for kvqd's default;
@@ -208,14 +208,19 @@ class Client:
         sink_blocks 1: a pool that keeps each sequence's first block exact
         (kvqd.conf(5) sink_blocks; it must be the pool's), n_sink its sink
         slots when the attach creates it with n_sealed and n_open (0: as
-        many as open slots) (kvq_client_set_sinks)."""
+        many as open slots) (kvq_client_set_sinks).  host_capacity: bytes
+        of the host tier of a pool the attach creates (0: none; kvqd.conf(5)
+        host_capacity): blocks evicted from the pool kept there, quantized,
+        and copied back by kvqd for lookups; its figures are the stats'
+        tier_* names."""
         if act not in ACTS:
             raise ValueError(f"act: 'f16' or 'bf16', not {act!r}")
         p = _lib.AttachParams(pool=pool.encode(), model_id=model_id.encode(), layers=layers, kv_heads=kv_heads,
                               head_dim=head_dim, block_tokens=block_tokens, policy=policy.encode(), window=window,
                               act=ACTS[act], create=1 if create else 0, n_sealed=n_sealed, n_open=n_open,
                               backend=backend.encode() if backend else None, device=device,
-                              codebooks=os.fsencode(codebooks) if codebooks is not None else None)
+                              codebooks=os.fsencode(codebooks) if codebooks is not None else None,
+                              host_capacity=host_capacity)
         if group is not None:
             self._call(f"group {group}", L.kvq_client_set_group, group.encode(), rank, world_size)
         if sink_blocks or n_sink:

@@ -30,6 +30,7 @@ static int layout(void)
 	F(kvq_attach_params, policy); F(kvq_attach_params, window); F(kvq_attach_params, act);
 	F(kvq_attach_params, create); F(kvq_attach_params, n_sealed); F(kvq_attach_params, n_open);
 	F(kvq_attach_params, backend); F(kvq_attach_params, device); F(kvq_attach_params, codebooks);
+	F(kvq_attach_params, host_capacity);
 	printf("kvq_attach_params sizeof %zu\n", sizeof(struct kvq_attach_params));
 	F(kvq_stats, name); F(kvq_stats, model_id); F(kvq_stats, backend); F(kvq_stats, device);
 	F(kvq_stats, layers); F(kvq_stats, kv_heads); F(kvq_stats, head_dim); F(kvq_stats, block_tokens);

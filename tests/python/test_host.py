@@ -38,7 +38,9 @@ def start_kvqd(tmp, budget="256M", capacity="8M", kvqd=KVQD):
     conf = os.path.join(tmp, "kvqd.conf")
     with open(conf, "w") as f:
         f.write(f"[kvqd]\nbackend = host\nmemory_budget = {budget}\ncreate_on_attach = yes\n"
-                f"create_capacity = {capacity}\nlog_level = warning\n")
+                f"create_capacity = {capacity}\nlog_level = warning\n"
+                # test_host_tier's pool of 16 slots: demotion keeps 6 free, above a prompt's 5
+                "host_tier_reserve = 40\n")
     sock = os.path.join(tmp, "kvqd.sock")
     p = subprocess.Popen([kvqd, "--config", conf, "--socket", sock, "--backend", "host", "--foreground"])
     for _ in range(500):
@@ -129,7 +131,7 @@ def reference(steps, data):
 
 def test_import_checks_libkvq(ctx):
     """import: the libkvq found, its version and protocol; a missing one is a clear ImportError."""
-    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 8, (kvq.libkvq_version, kvq.protocol)
+    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 9, (kvq.libkvq_version, kvq.protocol)
     assert os.path.samefile(kvq.libkvq_path, os.environ["KVQ_LIBRARY"])
     if os.environ.get("KVQ_TEST_INSTALLED"):   # the venv's copy, not the source tree's
         assert "site-packages" in kvq.__file__, kvq.__file__
@@ -474,6 +476,45 @@ def test_sink_blocks_exact(ctx):
         raise AssertionError("attached a sink pool without sink_blocks")
     except kvq.PoolRefused as e:
         assert "sink_blocks 1" in e.message, e.message
+
+
+def test_host_tier(ctx):
+    """a pool created with host_capacity: its tier in the stats (tier_* figures), and a prompt evicted from
+    the pool's few slots comes back whole from the tier, attention equal to before"""
+    rng = np.random.default_rng(5)
+    n = 4 * B + 3
+    k, v = rand_kv(rng, n), rand_kv(rng, n)
+    q = rng.standard_normal((1, QH, G["head_dim"])).astype(np.float32)
+    with kvq.attach("tiered", "python-test", socket=ctx["sock"], policy="int8", n_sealed=16, n_open=2,
+                    host_capacity=1 << 20, **G) as c:
+        st = c.stats()
+        assert st["tier_capacity"] > 0 and st["tier_records"] == 0, st
+        with c.sequence() as s:
+            s.begin(np.arange(n))
+            for layer in range(G["layers"]):
+                s.write(layer, k, v)
+            s.commit()
+            first = s.attention(G["layers"] - 1, q)
+        # other prompts through the pool until the first one's blocks left it
+        for p in range(1, 8):
+            with c.sequence() as s:
+                s.begin(np.arange(n) + 1000 * p)
+                for layer in range(G["layers"]):
+                    s.write(layer, k, v)
+                s.commit()
+            time.sleep(0.01)
+        st = c.stats()
+        assert st["tier_demotions"] >= 4, st
+        with c.sequence() as s:
+            hit = s.lookup(np.arange(n))
+            s.begin(np.arange(hit, n))
+            for layer in range(G["layers"]):
+                s.write(layer, k[hit:], v[hit:])
+            s.commit()
+            again = s.attention(G["layers"] - 1, q)
+        st = c.stats()
+        assert hit == 4 * B and st["tier_promotions"] >= 4 and st["tier_hit_tokens"] >= hit, (hit, st)
+        assert np.array_equal(first, again), np.abs(first - again).max()
 
 
 def test_stats_cli_matches_kvqctl(ctx):
