@@ -68,6 +68,9 @@
 	  i->st.sink_cached)                                                                                       \
 	X(sink_referenced, "sink_referenced", GAUGE, "kvq_blocks", "sink_referenced",                              \
 	  "Cached sink blocks with at least one reference.", i->st.sink_referenced)                                \
+	X(demoting, "demoting", GAUGE, "kvq_blocks", "demoting",                                                    \
+	  "Sealed and sink slots whose block is being copied to the host tier (0 without one).",                  \
+	  (uint64_t)i->st.sealed_demoting + i->st.sink_demoting)                                                   \
 	/* bytes of the slots by state */                                                                          \
 	X(held_bytes, NULL, GAUGE, "kvq_pool_bytes", "held", "Bytes of the held sealed slots.",                    \
 	  (uint64_t)i->st.sealed_private * i->sealed_block_bytes)                                                  \
@@ -163,7 +166,8 @@
  * whose value is a row's LABEL. */
 #define KVQ_POOL_FAMILIES(F)                                                                                       \
 	F("kvq_blocks", "state", "Slots of each pool by state (sealed: free, reserved, held, cached; cached and "   \
-	  "referenced; open: used, free; sink slots, 0 without sink blocks: free, held, cached, referenced).")       \
+	  "referenced; open: used, free; sink slots, 0 without sink blocks: free, held, cached, referenced; "       \
+	  "demoting: in copy to the host tier).")                                                                   \
 	F("kvq_pool_bytes", "state", "Bytes of each pool's slots by state (sealed: held, cached, reserved; open: "    \
 	  "used; sink: held, cached).")                                                                             \
 	F("kvq_tier_blocks_total", "event", "Blocks through each pool's host tier: demoted, promoted, evicted "      \

@@ -13,6 +13,15 @@
  * for every block (free + held + reserved + cached = capacity, nothing held,
  * nothing referenced, no client left) and kvqd's RSS must not grow between
  * rounds beyond a bound.  The figures are printed as TAP comments.
+ *
+ * Then the host tier's phase: one more round on a pool of the same size
+ * with a host tier (PoolCreate.host_capacity), where evicted chains are
+ * demoted and lookups promote them while others allocate and evict, kills
+ * included (a client killed while its lookup waits for a promotion among
+ * them); after it every slot is accounted for (demoting ones included,
+ * none left once the copies ended), the tier holds records within its
+ * slots, demotions and promotions both happened, and kvqd's RSS is within
+ * 16 MiB of its start.
  */
 #include <config.h>
 
@@ -64,6 +73,8 @@ struct slot {
 
 static struct slot *slots;
 static char sock_path[108], tmpdir[64], daemon_bin[512];
+static const char *pool_name = POOL;   /* the pool of the round */
+static uint64_t host_capacity;         /* its host tier, when it creates it */
 static uint64_t ops_per_slot;
 
 static uint64_t now_ns(void)
@@ -155,7 +166,8 @@ static void attach(struct client *c)
 	pc.n_open = N_OPEN;
 	pc.backend = "host";
 	pc.device = -1;
-	a.pool = POOL;
+	pc.host_capacity = host_capacity;
+	a.pool = (char *)pool_name;
 	a.model_id = MODEL;
 	a.policy = "int8";
 	a.layers = L_;
@@ -428,6 +440,8 @@ static pid_t spawn(int i, uint64_t target, uint64_t seed)
 struct pool_view {
 	uint32_t n_sealed, n_open, sealed_free, sealed_reserved, sealed_held, cached, referenced, open_used, clients;
 	uint64_t evictions;
+	uint32_t demoting;
+	uint64_t tier_records, tier_demotions, tier_promotions, tier_capacity;
 	size_t n_client_list;           /* connections Stats lists besides the caller */
 	bool pid_listed;
 };
@@ -442,7 +456,7 @@ static int pool_view(struct kvq_conn *chk, pid_t pid, struct pool_view *v)
 	const Kvq__PoolStats *p;
 	int r;
 
-	s.pool = POOL;
+	s.pool = (char *)pool_name;
 	e.body_case = KVQ__ENVELOPE__BODY_STATS;
 	e.stats = &s;
 	r = kvq_conn_call(chk, &e, KVQ__ENVELOPE__BODY_STATS_REPLY, &rep);
@@ -458,7 +472,9 @@ static int pool_view(struct kvq_conn *chk, pid_t pid, struct pool_view *v)
 #define FIG(name) (uint32_t)kvq_figure_or_0(p, #name)
 	*v = (struct pool_view){ FIG(n_sealed), FIG(n_open), FIG(sealed_free), FIG(sealed_reserved), FIG(sealed_held),
 				 FIG(cached), FIG(referenced), FIG(open_used), FIG(clients),
-				 kvq_figure_or_0(p, "evictions"), 0, false };
+				 kvq_figure_or_0(p, "evictions"), FIG(demoting), kvq_figure_or_0(p, "tier_records"),
+				 kvq_figure_or_0(p, "tier_demotions"), kvq_figure_or_0(p, "tier_promotions"),
+				 kvq_figure_or_0(p, "tier_capacity"), 0, false };
 #undef FIG
 	for (size_t i = 0; i < sr->n_clients; i++) {
 		if (sr->clients[i]->id == chk->client_id)
@@ -497,12 +513,92 @@ static long lease_gone_ms(struct kvq_conn *chk, pid_t pid)
 	}
 }
 
+struct totals {
+	unsigned kills, kills_late, errors;
+	long worst_gone;
+};
+
+/* One round: every slot's clients until each did target operations in
+ * all, KILLS_PER_ROUND of them killed and started again on the way. */
+static void run_round(struct kvq_conn *chk, uint64_t target, uint64_t *seed, struct totals *t)
+{
+	unsigned round_kills = 0;
+	int live = 0, st;
+
+	for (int i = 0; i < N_CLIENTS; i++, live++)
+		spawn(i, target, ++*seed * 0x9e3779b97f4a7c15ull);
+	while (live > 0) {
+		pid_t pid;
+
+		/* reap what finished (or failed) */
+		while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+			for (int i = 0; i < N_CLIENTS; i++)
+				if (slots[i].pid == pid) {
+					slots[i].pid = 0;
+					if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+						t->errors++;
+					else if (slots[i].ops < target)
+						t->errors++;
+					live--;
+				}
+		}
+		if (live == 0)
+			break;
+		sleep_ms(5 + rnd(20));
+		if (round_kills < KILLS_PER_ROUND) {
+			int i = (int)rnd(N_CLIENTS);
+			long ms;
+
+			pid = slots[i].pid;
+			if (pid <= 0 || kill(pid, SIGKILL) < 0)
+				continue;
+			waitpid(pid, &st, 0);
+			slots[i].pid = 0;
+			t->kills++;
+			round_kills++;
+			ms = lease_gone_ms(chk, pid);
+			if (ms < 0)
+				t->kills_late++;
+			else if (ms > t->worst_gone)
+				t->worst_gone = ms;
+			if (slots[i].ops < target)
+				spawn(i, target, ++*seed * 0x9e3779b97f4a7c15ull);
+			else
+				live--;
+		}
+	}
+}
+
+/* After a round, every client gone: nothing may be held, every slot
+ * accounted for; waits for the clients' connections and the copies to
+ * the host tier to end first.  Returns the pool's view. */
+static struct pool_view round_end(struct kvq_conn *chk, const char *label)
+{
+	struct pool_view v = { 0 };
+
+	for (int tries = 0; tries < 200; tries++) {
+		if (pool_view(chk, 0, &v) < 0 || (v.clients == 0 && v.demoting == 0))
+			break;
+		sleep_ms(10);
+	}
+	ok(pool_view(chk, 0, &v) == 0 && v.n_sealed == N_SEALED &&
+	   v.sealed_free + v.sealed_reserved + v.sealed_held + v.cached + v.demoting == v.n_sealed,
+	   "%s: free %u + reserved %u + held %u + cached %u + demoting %u = capacity %u", label, v.sealed_free,
+	   v.sealed_reserved, v.sealed_held, v.cached, v.demoting, v.n_sealed);
+	ok(v.clients == 0 && v.n_client_list == 0 && v.sealed_held == 0 && v.sealed_reserved == 0 &&
+	   v.open_used == 0 && v.referenced == 0 && v.demoting == 0,
+	   "%s: no lease outlives its process (clients %u, listed %zu, held %u, reserved %u, open %u, "
+	   "referenced %u), no copy left (demoting %u)", label, v.clients, v.n_client_list, v.sealed_held,
+	   v.sealed_reserved, v.open_used, v.referenced, v.demoting);
+	return v;
+}
+
 int main(void)
 {
 	const char *env_ops = getenv("KVQ_LOAD_OPS");
-	uint64_t ops_total = 0, nospc = 0, reconnects = 0, worst_ns = 0, total_ns = 0, target;
-	long rss[ROUNDS], worst_gone = 0;
-	unsigned kills = 0, kills_late = 0, errors = 0;
+	uint64_t ops_total = 0, nospc = 0, reconnects = 0, worst_ns = 0, total_ns = 0;
+	long rss[ROUNDS], rss_start, rss_tier;
+	struct totals t = { 0 };
 	struct kvq_conn chk;
 	struct pool_view v;
 	uint64_t seed = 0x5eed;
@@ -531,75 +627,20 @@ int main(void)
 				 sizeof(daemon_bin));
 	if (!ok(dpid > 0, "kvqd started (%s)", daemon_bin))
 		return done_testing();
+	rss_start = test_rss_kib(dpid);
 	kvq_conn_init(&chk, TIMEOUT_MS);
 	if (!ok(kvq_conn_open(&chk, sock_path, "load-check") == 0, "the checker's connection"))
 		goto out;
 
 	for (int round = 0; round < ROUNDS; round++) {
-		int live = 0;
-		unsigned round_kills = 0;
+		char label[32];
 
 		/* each slot's share of its ops in this round: all of it by the last */
-		target = ops_per_slot * (uint64_t)(round + 1) / ROUNDS;
-		for (int i = 0; i < N_CLIENTS; i++, live++)
-			spawn(i, target, ++seed * 0x9e3779b97f4a7c15ull);
-		while (live > 0) {
-			pid_t pid;
-
-			/* reap what finished (or failed) */
-			while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-				for (int i = 0; i < N_CLIENTS; i++)
-					if (slots[i].pid == pid) {
-						slots[i].pid = 0;
-						if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-							errors++;
-						else if (slots[i].ops < target)
-							errors++;
-						live--;
-					}
-			}
-			if (live == 0)
-				break;
-			sleep_ms(5 + rnd(20));
-			if (round_kills < KILLS_PER_ROUND) {
-				int i = (int)rnd(N_CLIENTS);
-				long ms;
-
-				pid = slots[i].pid;
-				if (pid <= 0 || kill(pid, SIGKILL) < 0)
-					continue;
-				waitpid(pid, &st, 0);
-				slots[i].pid = 0;
-				kills++;
-				round_kills++;
-				ms = lease_gone_ms(&chk, pid);
-				if (ms < 0)
-					kills_late++;
-				else if (ms > worst_gone)
-					worst_gone = ms;
-				if (slots[i].ops < target)
-					spawn(i, target, ++seed * 0x9e3779b97f4a7c15ull);
-				else
-					live--;
-			}
-		}
-		/* every client gone: nothing may be held, every block accounted for */
-		for (int tries = 0; tries < 200; tries++) {
-			if (pool_view(&chk, 0, &v) < 0 || v.clients == 0)
-				break;
-			sleep_ms(10);
-		}
+		run_round(&chk, ops_per_slot * (uint64_t)(round + 1) / ROUNDS, &seed, &t);
+		snprintf(label, sizeof(label), "round %d", round + 1);
+		v = round_end(&chk, label);
 		rss[round] = test_rss_kib(dpid);
-		ok(pool_view(&chk, 0, &v) == 0 && v.n_sealed == N_SEALED &&
-		   v.sealed_free + v.sealed_reserved + v.sealed_held + v.cached == v.n_sealed,
-		   "round %d: free %u + reserved %u + held %u + cached %u = capacity %u", round + 1, v.sealed_free,
-		   v.sealed_reserved, v.sealed_held, v.cached, v.n_sealed);
-		ok(v.clients == 0 && v.n_client_list == 0 && v.sealed_held == 0 && v.sealed_reserved == 0 &&
-		   v.open_used == 0 && v.referenced == 0,
-		   "round %d: no lease outlives its process (clients %u, listed %zu, held %u, reserved %u, open %u, "
-		   "referenced %u)", round + 1, v.clients, v.n_client_list, v.sealed_held, v.sealed_reserved,
-		   v.open_used, v.referenced);
-		diag("round %d: %u kills so far, kvqd RSS %ld KiB, %u cached, %llu evictions", round + 1, kills,
+		diag("round %d: %u kills so far, kvqd RSS %ld KiB, %u cached, %llu evictions", round + 1, t.kills,
 		     rss[round], v.cached, (unsigned long long)v.evictions);
 	}
 	for (int i = 0; i < N_CLIENTS; i++) {
@@ -612,21 +653,42 @@ int main(void)
 		if (slots[i].error)
 			diag("client slot %d: %s", i, (const char *)slots[i].what);
 	}
-	ok(errors == 0, "every client process did its share with no refusal its books did not expect (%u failed)",
-	   errors);
+	ok(t.errors == 0, "every client process did its share with no refusal its books did not expect (%u failed)",
+	   t.errors);
 	ok(ops_total >= (uint64_t)N_CLIENTS * ops_per_slot, "%llu operations by %d clients (at least %llu each)",
 	   (unsigned long long)ops_total, N_CLIENTS, (unsigned long long)ops_per_slot);
-	ok(kills > 0 && kills_late == 0, "%u kill -9, each killed client's connection gone from Stats within %d ms "
-	   "(worst %ld ms)", kills, LEASE_GONE_MS, worst_gone);
+	ok(t.kills > 0 && t.kills_late == 0, "%u kill -9, each killed client's connection gone from Stats within %d "
+	   "ms (worst %ld ms)", t.kills, LEASE_GONE_MS, t.worst_gone);
 	/* the first round grows the daemon's heap to its working size */
 	ok(rss[ROUNDS - 1] >= 0 && rss[ROUNDS - 1] <= rss[1] + 4096,
 	   "kvqd's RSS stable between rounds: %ld, %ld, %ld KiB (at most 4 MiB over round 2)", rss[0], rss[1],
 	   rss[2]);
 	diag("figures: %llu operations, %u kills, %llu reconnects, %llu -ENOSPC, blocks leaked %u, "
 	     "RSS per round %ld/%ld/%ld KiB, worst round trip %.2f ms, mean %.3f ms, %.1f s",
-	     (unsigned long long)ops_total, kills, (unsigned long long)reconnects, (unsigned long long)nospc,
+	     (unsigned long long)ops_total, t.kills, (unsigned long long)reconnects, (unsigned long long)nospc,
 	     v.sealed_held + v.sealed_reserved + v.open_used, rss[0], rss[1], rss[2], (double)worst_ns / 1e6,
 	     ops_total ? (double)total_ns / (double)ops_total / 1e6 : 0.0, (double)(now_ns() - t_start) / 1e9);
+
+	/* the host tier's round, on a pool of its own (created by the first
+	 * attach, with its tier); the tier's memfd is the daemon's, not its RSS
+	 * until touched: the bound covers what the tier's books cost */
+	pool_name = "loadtier";
+	host_capacity = 2u << 20;
+	t.errors = 0;
+	t.kills_late = 0;
+	run_round(&chk, ops_per_slot + ops_per_slot / ROUNDS, &seed, &t);
+	v = round_end(&chk, "host tier round");
+	rss_tier = test_rss_kib(dpid);
+	ok(t.errors == 0 && t.kills_late == 0, "host tier round: no unexpected refusal (%u failed), killed clients "
+	   "gone in time (%u late)", t.errors, t.kills_late);
+	ok(v.tier_capacity > 0 && v.tier_demotions > 0 && v.tier_promotions > 0 &&
+	   v.tier_records <= v.tier_capacity / 1024,
+	   "host tier round: %llu blocks demoted, %llu promoted by lookups, %llu records held in %llu bytes",
+	   (unsigned long long)v.tier_demotions, (unsigned long long)v.tier_promotions,
+	   (unsigned long long)v.tier_records, (unsigned long long)v.tier_capacity);
+	ok(rss_start > 0 && rss_tier >= 0 && rss_tier - rss_start <= 16384,
+	   "kvqd's RSS within 16 MiB of its start after the tier's round: %ld -> %ld KiB (tier %llu KiB)",
+	   rss_start, rss_tier, (unsigned long long)(host_capacity >> 10));
 	kvq_conn_close(&chk);
 out:
 	kill(dpid, SIGTERM);
