@@ -502,8 +502,12 @@ static long lease_gone_ms(struct kvq_conn *chk, pid_t pid)
 
 	for (;;) {
 		long ms = (long)((now_ns() - t0) / 1000000u);
+		int r = pool_view(chk, pid, &v);
 
-		if (pool_view(chk, pid, &v) < 0)
+		/* killed before any client created the round's pool: nothing listed */
+		if (r == -ENOENT)
+			return ms;
+		if (r < 0)
 			return -1;
 		if (!v.pid_listed)
 			return ms;
