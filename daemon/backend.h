@@ -42,7 +42,9 @@
  * process.  Figures: bench/RESULTS.md, "CUDA backend in the daemon".  The
  * one exception is a pool with codebooks: write retains the device's primary
  * context for the copy (a temporary mapping of the pool, cuMemcpyHtoD) and
- * releases it at once.
+ * releases it at once; and a cuda pool with a host tier, whose channel
+ * (chan_open) holds that context, the pool mapped and the tier pinned for
+ * the tier's life.
  *
  * Functions return 0 or a negative errno-style code; messages go into a
  * caller's buffer (library code never prints).

@@ -9,9 +9,12 @@
  * cuMemExportToShareableHandle and cuMemRelease need none (checked on an
  * H200 with driver 580: no context current after create, nvidia-smi lists no
  * compute process for the daemon).  cudart 13 needs a 580 driver or later,
- * so no older driver that might want one can run this code.  Only writing a
+ * so no older driver that might want one can run this code.  Writing a
  * pool's codebooks at its creation (cuda_write) needs one, for as long as
- * the copy takes: the device's primary context, retained and released.
+ * the copy takes: the device's primary context, retained and released.  A
+ * pool with a host tier holds that context for the tier's life (its
+ * channel, chan_open: the pool mapped, the tier pinned, a stream), which
+ * costs the device what a context costs (a few hundred MiB).
  */
 #include <errno.h>
 #include <stdio.h>
