@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Batched generation on the real model, every KV format, in one run.
+
+kvq-run generate (batched through libkvq's kvq_batch) on SmolLM2-135M against
+a kvqd this script starts on a temporary socket:
+
+  (a) every format at the same batch and context (default 64 x 4096 and
+      256 x 2048 prompt tokens, 128 new tokens each): decode tokens/s and
+      per-token (per-step) latency, against f16;
+  (b) the largest batch each format fits in one KV budget (default 8 GiB)
+      at 4096 tokens (its bytes per token measured in (a)), and its
+      tokens/s: the effective batch against f16.
+
+Prints one table, and with --json the figures as one JSON document.
+Beside each format its two monitoring figures: KV bytes per token and the
+effective batch gain over f16 at equal memory.
+
+  bench/generate.py --kvq-run BUILD/examples/kvq-run/kvq-run --kvqd BUILD/daemon/kvqd \\
+      --model SmolLM2-135M-Instruct.Q4_1.gguf --text /usr/share/common-licenses/GPL-3 [--gpu]
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def start_kvqd(kvqd, tmp):
+    sock = os.path.join(tmp, "kvqd.sock")
+    p = subprocess.Popen([kvqd, "--backend", "host", "--socket", sock, "--foreground", "--log-level", "warning"])
+    for _ in range(500):
+        if os.path.exists(sock):
+            return p, sock
+        if p.poll() is not None:
+            break
+        time.sleep(0.01)
+    raise SystemExit("kvqd did not start")
+
+
+def generate(a, sock, kv, seqs, ctx):
+    """One kvq-run generate; its JSON report, or None with the reason on stderr."""
+    cmd = [a.kvq_run, "generate", "--kv", kv, "--seqs", str(seqs), "--ctx", str(ctx), "--max-tokens", str(a.new),
+           "--ignore-eos", "--no-prefix-cache", "--json", "--model", a.model, "--socket", sock, a.text]
+    if a.gpu:
+        cmd.insert(2, "--gpu")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    if r.returncode != 0:
+        sys.stderr.write(f"{kv} {seqs}x{ctx}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}\n")
+        return None
+    j = json.loads(r.stdout)
+    j.pop("sequences", None)     # the texts: not figures
+    return j
+
+
+def figures(j):
+    return {"decode_tokens_per_s": j["decode_tokens_per_s"], "tokens_per_s": j["tokens_per_s"],
+            "decode_step_ms": j["decode_step_ms"]["mean"], "decode_step_ms_p99": j["decode_step_ms"]["p99"],
+            "attention_share_decode": j["attention_share_decode"], "kv_bytes_peak": j["kv_bytes_peak"],
+            "kv_tokens_peak": j["kv_tokens_peak"], "prefill_seconds": j["prefill_seconds"],
+            "bytes_per_token": j["kv_bytes_peak"] / max(1, j["kv_tokens_peak"])}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvq-run", required=True)
+    ap.add_argument("--kvqd", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--text", required=True)
+    ap.add_argument("--gpu", action="store_true", help="kvq-run's GPU path (cuda pools)")
+    ap.add_argument("--formats", default="f16,int8,fp8,int4g32,kivi4,kivi2")
+    ap.add_argument("--shapes", default="64x4096,256x2048", help="sequences x prompt tokens, comma-separated")
+    ap.add_argument("--new", type=int, default=128, help="new tokens per sequence")
+    ap.add_argument("--budget-gib", type=float, default=8.0, help="KV budget of (b)")
+    ap.add_argument("--budget-ctx", type=int, default=4096, help="prompt tokens of (b)")
+    ap.add_argument("--max-seqs", type=int, default=1024, help="kvq-run's limit")
+    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--json", help="write the figures here")
+    a = ap.parse_args()
+    formats = a.formats.split(",")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    out = {"model": os.path.basename(a.model), "path": "gpu" if a.gpu else "cpu", "new_tokens": a.new,
+           "same_shape": [], "budget": []}
+    with tempfile.TemporaryDirectory(prefix="kvq-generate.") as tmp:
+        d, sock = start_kvqd(a.kvqd, tmp)
+        try:
+            bpt = {}
+            for seqs, ctx in shapes:
+                base = None
+                for kv in formats:
+                    j = generate(a, sock, kv, seqs, ctx)
+                    if j is None:
+                        continue
+                    f = figures(j)
+                    bpt.setdefault(kv, f["bytes_per_token"])
+                    if kv == "f16":
+                        base = f
+                    f.update(kv=kv, seqs=seqs, ctx=ctx,
+                             vs_f16=f["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None)
+                    out["same_shape"].append(f)
+            budget = int(a.budget_gib * 2**30)
+            base = None
+            for kv in formats:
+                if kv not in bpt:
+                    continue
+                seqs = min(a.max_seqs, int(budget // (bpt[kv] * (a.budget_ctx + a.new))))
+                j = generate(a, sock, kv, seqs, a.budget_ctx) if seqs > 0 else None
+                if j is None:
+                    continue
+                f = figures(j)
+                if kv == "f16":
+                    base = f | {"seqs": seqs}
+                f.update(kv=kv, seqs=seqs, ctx=a.budget_ctx, budget_bytes=budget,
+                         batch_vs_f16=seqs / base["seqs"] if base else None,
+                         tokens_per_s_vs_f16=f["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None)
+                out["budget"].append(f)
+        finally:
+            d.send_signal(signal.SIGTERM)
+            d.wait(10)
+    print(f"{out['model']}, {out['path']} path, {a.new} new tokens per sequence")
+    print("(a) same batch and context")
+    print(f"{'format':8} {'shape':>10} {'decode tok/s':>13} {'vs f16':>7} {'step ms':>8} {'p99':>7} {'attn':>6} "
+          f"{'KV GiB':>7} {'B/token':>8}")
+    for f in out["same_shape"]:
+        vs = f"{f['vs_f16']:.2f}" if f["vs_f16"] else "-"
+        print(f"{f['kv']:8} {f['seqs']:>4}x{f['ctx']:<5} {f['decode_tokens_per_s']:13.0f} {vs:>7} "
+              f"{f['decode_step_ms']:8.2f} {f['decode_step_ms_p99']:7.2f} {100 * f['attention_share_decode']:5.1f}% "
+              f"{f['kv_bytes_peak'] / 2**30:7.2f} {f['bytes_per_token']:8.0f}")
+    print(f"(b) the largest batch in {a.budget_gib:g} GiB of KV at {a.budget_ctx} prompt tokens")
+    print(f"{'format':8} {'batch':>6} {'vs f16':>7} {'decode tok/s':>13} {'vs f16':>7} {'step ms':>8} {'KV GiB':>7}")
+    for f in out["budget"]:
+        b = f"{f['batch_vs_f16']:.2f}" if f["batch_vs_f16"] else "-"
+        t = f"{f['tokens_per_s_vs_f16']:.2f}" if f["tokens_per_s_vs_f16"] else "-"
+        print(f"{f['kv']:8} {f['seqs']:6} {b:>7} {f['decode_tokens_per_s']:13.0f} {t:>7} {f['decode_step_ms']:8.2f} "
+              f"{f['kv_bytes_peak'] / 2**30:7.2f}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0 if out["same_shape"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
