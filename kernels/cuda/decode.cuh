@@ -133,6 +133,8 @@ struct dec_reg {
 	{
 		dec_ldp<N>(dst, p);
 	}
+	/* one 16-bit value (an open row's element) */
+	__device__ __forceinline__ uint32_t h(const uint8_t *p) const { return *reinterpret_cast<const uint16_t *>(p); }
 };
 
 struct dec_stg {
@@ -152,15 +154,14 @@ struct dec_stg {
 	}
 };
 
-/* Issues every load of a chunk (t0: its first token, tb: its offset in the
- * block, n: the sequence's tokens). */
-template <int KF, int VF, int D, bool OPEN, class LY, class LD = dec_reg>
-__device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *vc,
-					 const uint8_t *kpar, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0,
-					 uint32_t n, const LD &ld = LD())
+/* Issues the loads of a chunk's K codes and parameters (tb: its offset in
+ * the block). */
+template <int KF, int VF, int D, bool OPEN, class LY, class LD>
+__device__ __forceinline__ void dec_load_k(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *kpar,
+					   uint32_t tb, const LD &ld)
 {
 	typedef dec_raw<KF, VF, D, OPEN, LY> R;
-	constexpr int KBITS = R::KBITS, VBITS = R::VBITS, KPB = R::KPB, VN = R::VN, MT = D / 16;
+	constexpr int KBITS = R::KBITS, KPB = R::KPB;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, qc = lane & 3, tg = lane >> 3, te = qn & 1;
 
 #pragma unroll
@@ -173,6 +174,22 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 				ld.template ld<KPB>(&r.kw[s][hi][j * (KPB / 4)],
 						    kr + (j * LY::KSPAN + qc * (LY::KSPAN / 4)) * KBITS / 8);
 		}
+	if constexpr (R::KTOK)
+		ld.template ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
+	if constexpr (R::KGRP)   /* {s, z}[t][part] of the tokens 4·te + 0..3 of the thread's eight */
+		ld.template ld<16 * LY::KPARTS>(r.kpw, kpar + (size_t)(tb + tg * 8 + 4 * te) * LY::KPARTS * 4);
+}
+
+/* Issues the loads of a chunk's V codes and parameters (t0: its first
+ * token, tb: its offset in the block, n: the sequence's tokens). */
+template <int KF, int VF, int D, bool OPEN, class LY, class LD>
+__device__ __forceinline__ void dec_load_v(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *vc, const uint8_t *vpar,
+					   uint32_t B, uint32_t tb, uint32_t t0, uint32_t n, const LD &ld)
+{
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int VBITS = R::VBITS, VN = R::VN, MT = D / 16;
+	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, qc = lane & 3, tg = lane >> 3, te = qn & 1;
+
 	if constexpr (!OPEN) {
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
@@ -184,7 +201,6 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 	} else {
 		/* open rows are [token][dim]: 16-bit loads, tokens past n zeroed
 		 * (the open block's unwritten rows are junk) */
-		const uint16_t *vr = reinterpret_cast<const uint16_t *>(vc);
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -193,16 +209,12 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
 					const uint32_t ta = qc * 8 + LY::vt(j, 0), tb1 = qc * 8 + LY::vt(j, 1);
-					const uint32_t x0 = t0 + ta < n ? vr[(size_t)(tb + ta) * D + d] : 0u;
-					const uint32_t x1 = t0 + tb1 < n ? vr[(size_t)(tb + tb1) * D + d] : 0u;
+					const uint32_t x0 = t0 + ta < n ? ld.h(vc + ((size_t)(tb + ta) * D + d) * 2) : 0u;
+					const uint32_t x1 = t0 + tb1 < n ? ld.h(vc + ((size_t)(tb + tb1) * D + d) * 2) : 0u;
 					r.vw[mt][hi][j] = x0 | x1 << 16;
 				}
 			}
 	}
-	if constexpr (R::KTOK)
-		ld.template ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
-	if constexpr (R::KGRP)   /* {s, z}[t][part] of the tokens 4·te + 0..3 of the thread's eight */
-		ld.template ld<16 * LY::KPARTS>(r.kpw, kpar + (size_t)(tb + tg * 8 + 4 * te) * LY::KPARTS * 4);
 	if constexpr (R::VTOK)
 		ld.template ld<16>(r.vpw, vpar + (tb + tg * 8) * 2);
 	if constexpr (R::VGRP) {   /* {s, z}[group][t], the same four tokens */
@@ -210,6 +222,16 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 		for (int gv = 0; gv < LY::NGV; gv++)
 			ld.template ld<16>(&r.vpw[4 * gv], vpar + ((size_t)gv * B + tb + tg * 8 + 4 * te) * 4);
 	}
+}
+
+/* Issues every load of a chunk. */
+template <int KF, int VF, int D, bool OPEN, class LY, class LD = dec_reg>
+__device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *vc,
+					 const uint8_t *kpar, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0,
+					 uint32_t n, const LD &ld = LD())
+{
+	dec_load_k(r, kc, kpar, tb, ld);
+	dec_load_v(r, vc, vpar, B, tb, t0, n, ld);
 }
 
 /* KIVI K: q·s (high and low parts) and q·z of the block whose channel
@@ -250,19 +272,20 @@ __device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)
 	kq.kb[1] = __shfl_sync(0xffffffffu, bias, 8 * qc + 4);
 }
 
-/* Scores, online softmax and PV of a loaded chunk. */
+/* Scores Sᵀ = K·Qᵀ of a chunk whose K words and parameters are loaded:
+ * x[s][i], the C fragment of m-tile s, in log2 units, -inf where a query
+ * column must not see the token. */
 template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
-__device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
-					    uint32_t t0, const uint32_t (&qf)[D / 8], const dec_kch<D> &kq,
-					    const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
+__device__ __forceinline__ void dec_score(float (&x)[2][4], const dec_raw<KF, VF, D, OPEN, LY> &r, uint32_t t0,
+					  const uint32_t (&qf)[D / 8], const dec_kch<D> &kq,
+					  const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
 {
 	typedef dec_raw<KF, VF, D, OPEN, LY> R;
-	constexpr int MT = D / 16, NGV = LY::NGV, KPS = LY::KSPAN / 16;
-	constexpr bool KTOK = R::KTOK, VTOK = R::VTOK, KGRP = R::KGRP, KCH = R::KCH, VGRP = R::VGRP;
+	constexpr int KPS = LY::KSPAN / 16;
+	constexpr bool KTOK = R::KTOK, KGRP = R::KGRP, KCH = R::KCH;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, tg = lane >> 3, te = qn & 1;
 
 	/* ---- scores Sᵀ = K·Qᵀ: x[s][i], C fragment of m-tile s */
-	float x[2][4];
 #pragma unroll
 	for (int s = 0; s < 2; s++) {
 		float c[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
@@ -308,6 +331,19 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 			x[s][i] = t < lim[i & 1] ? y : -INFINITY;
 		}
 	}
+}
+
+/* The online softmax of a chunk's scores x per query column, with its V
+ * parameters loaded: e, the chunk's probabilities under the new maximum;
+ * rs, one over the warp's V unit per group; the accumulator rescaled where
+ * a maximum or a unit moved. */
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
+__device__ __forceinline__ void dec_softmax(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
+					    const float (&x)[2][4], float (&e)[2][4], float (&rs)[LY::NGV])
+{
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int MT = D / 16, NGV = LY::NGV;
+	constexpr bool VTOK = R::VTOK, VGRP = R::VGRP;
 
 	/* ---- online softmax per query column; the chunk's V unit per group */
 	float alpha[2], mu[2];
@@ -320,7 +356,6 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 		alpha[j] = st.sm[j].raise(mx);
 		mu[j] = st.sm[j].base();
 	}
-	float e[2][4];
 #pragma unroll
 	for (int s = 0; s < 2; s++)
 #pragma unroll
@@ -328,7 +363,7 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 			e[s][i] = fast_exp2(x[s][i] - mu[i & 1]);
 			st.sm[i & 1].l += e[s][i];
 		}
-	float rs[NGV], ratio[NGV];
+	float ratio[NGV];
 	bool moved = alpha[0] != 1.0f || alpha[1] != 1.0f;
 #pragma unroll
 	for (int gv = 0; gv < NGV; gv++) {
@@ -366,6 +401,18 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 				st.acc[mt][i] *= alpha[i & 1] * ratio[mt * 16 / LY::VGS];
+}
+
+/* The value accumulation of a chunk whose V words are loaded: Oᵀ += Vᵀ·Pᵀ
+ * with P = e, one P per V group (plus Σ p·z of the group). */
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
+__device__ __forceinline__ void dec_pv(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
+				       const float (&e)[2][4], const float (&rs)[LY::NGV])
+{
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int NGV = LY::NGV;
+	constexpr bool VTOK = R::VTOK, VGRP = R::VGRP;
+	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, te = qn & 1;
 
 	/* ---- Oᵀ += Vᵀ·Pᵀ, one P per V group (plus Σ p·z of the group) */
 #pragma unroll
@@ -417,6 +464,19 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 			}
 		}
 	}
+}
+
+/* Scores, online softmax and PV of a loaded chunk. */
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
+__device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
+					    uint32_t t0, const uint32_t (&qf)[D / 8], const dec_kch<D> &kq,
+					    const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
+{
+	float x[2][4], e[2][4], rs[LY::NGV];
+
+	dec_score<KF, VF, D, ACT, OPEN, LY>(x, r, t0, qf, kq, qg, lim, sl2);
+	dec_softmax<KF, VF, D, ACT, OPEN, LY>(st, r, x, e, rs);
+	dec_pv<KF, VF, D, ACT, OPEN, LY>(st, r, e, rs);
 }
 
 #define DEC_NOSLOT 0xffffffffu
@@ -490,13 +550,11 @@ template <class R> __device__ __forceinline__ void dec_unstage(R &r, uint32_t la
 	}
 }
 
-/* A loaded sealed chunk (slot: its block); KIVI K first folds the block's
- * channel parameters into q when the block changes. */
+/* KIVI K: the block's channel parameters folded into q when the block
+ * (slot) changes; nothing for other formats. */
 template <int KF, int VF, int D, int ACT, class LY>
-__device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::NGV> &st,
-					   const dec_raw<KF, VF, D, false, LY> &r, uint32_t slot, uint32_t u, uint32_t h,
-					   const uint32_t (&qf)[D / 8], dec_kch<D> &kq,
-					   const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
+__device__ __forceinline__ void dec_kch_update(const attn_args &a, dec_kch<D> &kq, uint32_t slot, uint32_t h,
+					       const uint32_t (&qf)[D / 8])
 {
 	if constexpr (dec_raw<KF, VF, D, false, LY>::KCH) {
 		if (slot != kq.slot) {
@@ -505,6 +563,16 @@ __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::
 			kq.slot = slot;
 		}
 	}
+}
+
+/* A loaded sealed chunk (slot: its block). */
+template <int KF, int VF, int D, int ACT, class LY>
+__device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::NGV> &st,
+					   const dec_raw<KF, VF, D, false, LY> &r, uint32_t slot, uint32_t u, uint32_t h,
+					   const uint32_t (&qf)[D / 8], dec_kch<D> &kq,
+					   const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
+{
+	dec_kch_update<KF, VF, D, ACT, LY>(a, kq, slot, h, qf);
 	dec_compute<KF, VF, D, ACT, false, LY>(st, r, u * DEC_CHUNK, qf, kq, qg, lim, sl2);
 }
 

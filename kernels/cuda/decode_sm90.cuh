@@ -12,24 +12,28 @@
  * One CTA per (KV split, KV head, sequence), as decode_kernel, with the
  * same splits (dispatch.cu: decode_splits) rounded up to whole blocks, and
  * the same partials and merge_kernel.  D90_CW consumer warps and one
- * producer warp:
- *  - the producer (one lane) copies each sealed block of the CTA's range,
- *    its whole head slice (K codes, K parameters, V codes, V parameters:
- *    one contiguous, 16-byte aligned run of sealed_head bytes, layout.h)
- *    with one cp.async.bulk into the next stage of the ring, completing
- *    on the stage's full mbarrier (expect_tx of exactly those bytes);
- *  - each consumer warp waits for every stage (full barrier), computes
- *    the 32-token chunks of it that are its own (chunk c of the k-th
- *    block of the range: warp (k·B/32 + c) mod D90_CW), reading its
- *    words from the stage with shared loads in decode_kernel's order
- *    (dec_load through dec_shm), and releases the stage (one arrival per
- *    warp on the empty barrier, which counts D90_CW);
- *  - the chunks of a sink block and of the open window (at most a block or
- *    two per sequence) the consumers read straight from global memory as
- *    decode_kernel does (dec_open).
- * A stage is one sealed head slice; the ring has as many as fit in
- * D90_RING_BYTES (2 .. D90_MAX_STAGES, d90_stages), so tens of KB are in
- * flight per CTA without a register spent on them.
+ * producer warp, around a ring of nst stages in shared memory, each with a
+ * full and an empty mbarrier:
+ *  - the producer (one lane) fills the stages item by item (d90_fill):
+ *    first the CTA's sealed blocks, as many whole head slices to an item
+ *    as a stage holds (a head slice, layout.h, is one contiguous, 16-byte
+ *    aligned run: K codes, K parameters, V codes, V parameters, so one
+ *    cp.async.bulk each); then its chunks of a sink block and of the open
+ *    window, one to an item (the chunk's 32 K rows and its 32 V rows: two
+ *    copies).  It declares exactly the bytes it copies (expect_tx) on the
+ *    stage's full barrier, and reuses a stage only once the consumers have
+ *    released it (its empty barrier's previous phase);
+ *  - each consumer warp waits for every item (full barrier), computes its
+ *    share of the item's 32-token chunks (chunk j of the CTA's stream:
+ *    warp j mod D90_CW) with decode_kernel's stages reading the stage
+ *    through shared loads (dec_load_k, dec_score, dec_load_v,
+ *    dec_softmax, dec_pv), and releases the stage: one arrival per warp on
+ *    the empty barrier, which counts D90_CW.
+ * A stage is the larger of a sealed head slice and an open chunk
+ * (d90_stage_bytes); the ring has as many as fit D90_RING_BYTES (2 ..
+ * D90_MAX_STAGES, d90_stages), so tens of KB per CTA are in flight without
+ * a register spent on them.  q set-up, the stage functions and the
+ * epilogue are decode_kernel's (decode.cuh).
  */
 #ifndef KVQ_CUDA_DECODE_SM90_CUH
 #define KVQ_CUDA_DECODE_SM90_CUH
@@ -136,9 +140,26 @@ struct dec_shm {
 			dst[0] = __byte_perm(x, 0u, 0x4140);   /* bytes 0 and 2, as dec_ldp */
 		}
 	}
+	/* an open row's element: an ordinary load, which the compiler may
+	 * schedule (the stage's wait is a compiler barrier too) */
+	__device__ __forceinline__ uint32_t h(const uint8_t *p) const { return *reinterpret_cast<const uint16_t *>(p); }
 };
 
 /* ------------------------------------------------------------- the ring */
+
+/* Bytes of an open chunk in a stage: its 32 K rows, then its 32 V rows, in
+ * the activation dtype ([token][dim], as the open slice holds them). */
+__host__ __device__ inline uint32_t d90_open_bytes(uint32_t D)
+{
+	return 2u * DEC_CHUNK * D * 2u;
+}
+
+/* Bytes of a stage: a whole number of sealed head slices of `slice` bytes,
+ * or one open chunk, whichever is larger. */
+__host__ __device__ inline uint32_t d90_stage_bytes(uint32_t slice, uint32_t D)
+{
+	return slice > d90_open_bytes(D) ? slice : d90_open_bytes(D);
+}
 
 /* Bytes before the ring: a full and an empty barrier per stage. */
 __host__ __device__ inline uint32_t d90_ring_off(uint32_t nst)
@@ -146,32 +167,39 @@ __host__ __device__ inline uint32_t d90_ring_off(uint32_t nst)
 	return (16u * nst + 127u) & ~127u;
 }
 
-/* Dynamic shared memory of nst stages of `slice` bytes; the ring also
- * holds the epilogue's sm_o (dec_finish) once the stages are drained. */
-__host__ __device__ inline uint32_t d90_smem_bytes(uint32_t nst, uint32_t slice, uint32_t D)
+/* Dynamic shared memory of nst stages of sb bytes; the ring also holds the
+ * epilogue's sm_o (dec_finish) once the stages are drained. */
+__host__ __device__ inline uint32_t d90_smem_bytes(uint32_t nst, uint32_t sb, uint32_t D)
 {
-	const uint32_t ring = nst * slice, smo = D90_CW * 8u * (D + 4u) * 4u;
+	const uint32_t ring = nst * sb, smo = D90_CW * 8u * (D + 4u) * 4u;
 	return d90_ring_off(nst) + (ring > smo ? ring : smo);
 }
 
 /* Stages for sealed head slices of `slice` bytes: as many as D90_RING_BYTES
  * holds, at least 2 and at most D90_MAX_STAGES; 0 where two do not fit
- * D90_SMEM_MAX or the slice is no whole number of 16-byte units. */
+ * D90_SMEM_MAX or the slice is no whole number of 16-byte units (the bulk
+ * copies' unit). */
 __host__ __device__ inline uint32_t d90_stages(uint32_t slice, uint32_t D)
 {
-	if (!slice || slice % 16 || slice > D90_SMEM_MAX)
+	const uint32_t sb = d90_stage_bytes(slice, D);
+
+	if (!slice || slice % 16 || sb > D90_SMEM_MAX)
 		return 0;
-	uint32_t n = D90_RING_BYTES / slice;
+	uint32_t n = D90_RING_BYTES / sb;
 	n = n < 2 ? 2 : n > D90_MAX_STAGES ? D90_MAX_STAGES : n;
-	return d90_smem_bytes(n, slice, D) <= D90_SMEM_MAX ? n : 0;
+	return d90_smem_bytes(n, sb, D) <= D90_SMEM_MAX ? n : 0;
 }
 
-/* The chunks of a CTA and the sealed blocks of them that go through the
- * ring. */
+/* What a CTA streams through the ring, item by item (an item fills one
+ * stage): first its sealed blocks [kb0, kb1), grp to an item; then its
+ * open chunks, one to an item: those of a sink block, [u0, lo1), and those
+ * of the open window, [hi0, u1). */
 struct d90_range {
-	uint32_t u0, u1;     /* chunks [u0, u1) */
-	uint32_t kb0, kb1;   /* ring blocks [kb0, kb1) */
-	uint32_t cpb, nsb;   /* chunks per block; sealed blocks of the sequence */
+	uint32_t u0, u1;         /* the CTA's chunks [u0, u1) */
+	uint32_t kb0, kb1;       /* its sealed blocks */
+	uint32_t lo1, hi0;       /* its open chunks: [u0, lo1) and [hi0, u1) */
+	uint32_t cpb, nsb, grp;  /* chunks per block; sealed blocks of the sequence; sealed blocks per item */
+	uint32_t nsi, items;     /* items of sealed blocks; all items */
 };
 
 __device__ __forceinline__ d90_range d90_range_of(const attn_args &a, const kvq_seq_table &s)
@@ -190,10 +218,28 @@ __device__ __forceinline__ d90_range d90_range_of(const attn_args &a, const kvq_
 	r.kb1 = end < r.nsb ? end : r.nsb;
 	if (r.kb1 < r.kb0)
 		r.kb1 = r.kb0;
+	/* sealed blocks are whole, so [kb0·cpb, kb1·cpb) lies in [u0, u1):
+	 * the chunks before it and after it are the open ones */
+	const uint32_t lo = r.kb0 * r.cpb < r.u1 ? r.kb0 * r.cpb : r.u1;
+	r.lo1 = lo > r.u0 ? lo : r.u0;
+	r.hi0 = r.kb1 * r.cpb > r.u0 ? r.kb1 * r.cpb : r.u0;
+	if (r.hi0 > r.u1)
+		r.hi0 = r.u1;
+	r.grp = d90_stage_bytes(a.l.sealed_head, a.l.D) / a.l.sealed_head;
+	r.nsi = (r.kb1 - r.kb0 + r.grp - 1) / r.grp;
+	r.items = r.nsi + (r.lo1 - r.u0) + (r.u1 - r.hi0);
 	return r;
 }
 
-/* Sealed id of ring block kb, or DEC_NOSLOT (an id outside the pool). */
+/* The chunk of open item i (i ≥ nsi). */
+__device__ __forceinline__ uint32_t d90_open_chunk(const d90_range &rg, uint32_t i)
+{
+	const uint32_t j = i - rg.nsi;
+
+	return j < rg.lo1 - rg.u0 ? rg.u0 + j : rg.hi0 + (j - (rg.lo1 - rg.u0));
+}
+
+/* Sealed id of sealed block kb, or DEC_NOSLOT (an id outside the pool). */
 __device__ __forceinline__ uint32_t d90_slot(const attn_args &a, const kvq_seq_table &s, const d90_range &rg,
 					     uint32_t kb)
 {
@@ -202,27 +248,55 @@ __device__ __forceinline__ uint32_t d90_slot(const attn_args &a, const kvq_seq_t
 
 /* ---------------------------------------------------------------- stages */
 
-/* The producer (one lane): block k of the ring range into stage k mod nst,
- * once the consumers released that stage's previous use.  bars: the full
- * barriers, then the empty ones; ring: the stages, sealed_head bytes each. */
+/* Copies item i into the stage at shared address dst, completing on
+ * barrier full: the expected bytes are exactly those copied (a block with
+ * no slot is not copied; its chunks are skipped by the consumers too). */
+__device__ __forceinline__ void d90_fill(const attn_args &a, const kvq_seq_table &s, uint32_t h,
+					 const d90_range &rg, uint32_t i, uint32_t dst, uint32_t full)
+{
+	const layer_dev &l = a.l;
+
+	if (i < rg.nsi) {
+		const uint32_t kb = rg.kb0 + i * rg.grp, ke = kb + rg.grp < rg.kb1 ? kb + rg.grp : rg.kb1;
+		uint32_t bytes = 0;
+		for (uint32_t b = kb; b < ke; b++)
+			bytes += d90_slot(a, s, rg, b) != DEC_NOSLOT ? l.sealed_head : 0u;
+		mbar_arrive_tx(full, bytes);
+		for (uint32_t b = kb; b < ke; b++) {
+			const uint32_t slot = d90_slot(a, s, rg, b);
+			if (slot != DEC_NOSLOT)
+				bulk_copy(dst + (b - kb) * l.sealed_head, sealed_head(l, a.base, slot, h), l.sealed_head,
+					  full);
+		}
+		return;
+	}
+	const uint32_t u = d90_open_chunk(rg, i), sl = dec_slot(a, s, u, rg.u1, rg.nsb);
+	if (sl == DEC_NOSLOT) {
+		mbar_arrive(full);
+		return;
+	}
+	/* K rows, then V rows, of the chunk (an open slice: B rows of K, B of V) */
+	const uint32_t half = DEC_CHUNK * l.D * 2u;
+	const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h) + (size_t)(u * DEC_CHUNK % l.B) * l.D * 2u;
+	mbar_arrive_tx(full, 2u * half);
+	bulk_copy(dst, oh, half, full);
+	bulk_copy(dst + half, oh + (size_t)l.B * l.D * 2u, half, full);
+}
+
+/* The producer (one lane): item i into stage i mod nst, once the consumers
+ * released that stage's previous use.  bars: the full barriers, then the
+ * empty ones; ring: the stages, sb bytes each. */
 __device__ __forceinline__ void d90_produce(const attn_args &a, const kvq_seq_table &s, uint32_t h,
 					    const d90_range &rg, uint32_t bars, uint32_t ring, uint32_t nst)
 {
-	const uint32_t bytes = a.l.sealed_head;
+	const uint32_t sb = d90_stage_bytes(a.l.sealed_head, a.l.D);
 	uint32_t st = 0, ph = 0;   /* the stage, and the parity of its current use */
 
-	for (uint32_t kb = rg.kb0; kb < rg.kb1; kb++) {
-		const uint32_t full = bars + 8 * st, empty = bars + 8 * (nst + st);
+	for (uint32_t i = 0; i < rg.items; i++) {
 		/* use r ≥ 1 of a stage waits for the consumers' phase r - 1 */
-		if (kb - rg.kb0 >= nst)
-			mbar_wait(empty, ph ^ 1);
-		const uint32_t slot = d90_slot(a, s, rg, kb);
-		if (slot == DEC_NOSLOT) {
-			mbar_arrive(full);   /* nothing to copy: the consumers skip it */
-		} else {
-			mbar_arrive_tx(full, bytes);
-			bulk_copy(ring + st * bytes, sealed_head(a.l, a.base, slot, h), bytes, full);
-		}
+		if (i >= nst)
+			mbar_wait(bars + 8 * (nst + st), ph ^ 1);
+		d90_fill(a, s, h, rg, i, ring + st * sb, bars + 8 * st);
 		if (++st == nst) {
 			st = 0;
 			ph ^= 1;
@@ -230,63 +304,91 @@ __device__ __forceinline__ void d90_produce(const attn_args &a, const kvq_seq_ta
 	}
 }
 
-/* A sealed chunk u of block `slot` from its stage (a generic address). */
-template <int KF, int VF, int D, int ACT>
+/* Chunk u from a stage (generic addresses of its K codes and parameters,
+ * V codes and parameters; tb: the chunk's first row there; B: rows per V
+ * row of codes, sealed): K's words read and scored before V's are read,
+ * so that only one half is in registers at a time.  OPEN: an open chunk
+ * (KF = VF = the activation's format), whose rows past the sequence's end
+ * are junk that dec_load_v and the scores' limits keep out. */
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
 __device__ __forceinline__ void d90_chunk(const attn_args &a, const kvq_seq_table &s, uint32_t h,
-					  dec_state<D, dec_lay<KF, VF, D>::NGV> &st, const uint8_t *stage,
-					  uint32_t slot, uint32_t u,
-					  const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q, dec_kch<D> &kq)
+					  dec_state<D, LY::NGV> &st, const uint8_t *kc, const uint8_t *kpar,
+					  const uint8_t *vc, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t slot,
+					  uint32_t u, const dec_qset<D, LY::KPARTS> &q, dec_kch<D> &kq)
 {
-	typedef dec_lay<KF, VF, D> LY;
-	const layer_dev &l = a.l;
 	const uint32_t t0 = u * DEC_CHUNK;
-	dec_raw<KF, VF, D, false, LY> r;
+	dec_raw<KF, VF, D, OPEN, LY> r;
+	float x[2][4], e[2][4], rs[LY::NGV];
 
-	dec_load(r, stage + l.off[KVQ_K_CODES], stage + l.off[KVQ_V_CODES], stage + l.off[KVQ_K_PARAMS],
-		 stage + l.off[KVQ_V_PARAMS], l.B, t0 % l.B, t0, s.n, dec_shm());
-	/* KIVI K's channel parameters are read from global memory, once per
-	 * block and warp (dec_sealed) */
-	dec_sealed<KF, VF, D, ACT, LY>(a, st, r, slot, u, h, q.qf, kq, q.qg, q.lim, q.sl2);
+	dec_load_k(r, kc, kpar, tb, dec_shm());
+	/* KIVI K's channel parameters: from global memory, once per block and
+	 * warp */
+	if constexpr (!OPEN)
+		dec_kch_update<KF, VF, D, ACT, LY>(a, kq, slot, h, q.qf);
+	dec_score<KF, VF, D, ACT, OPEN, LY>(x, r, t0, q.qf, kq, q.qg, q.lim, q.sl2);
+	dec_load_v(r, vc, vpar, B, tb, t0, s.n, dec_shm());
+	dec_softmax<KF, VF, D, ACT, OPEN, LY>(st, r, x, e, rs);
+	dec_pv<KF, VF, D, ACT, OPEN, LY>(st, r, e, rs);
 }
 
-/* A consumer warp: every stage of the ring range waited for, its own
- * chunks of it computed, the stage released; then its chunks of a sink
- * block and of the open window, from global memory. */
+/* A consumer warp's share of item i in stage `stage`: the chunks whose
+ * running index (cnt, the same in every consumer warp) is its own modulo
+ * D90_CW. */
+template <int KF, int VF, int D, int ACT>
+__device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table &s, uint32_t h,
+					 const d90_range &rg, uint32_t i, const uint8_t *stage, uint32_t &cnt,
+					 dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
+					 const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q, dec_kch<D> &kq)
+{
+	typedef dec_lay<KF, VF, D> LY;
+	constexpr int OF = kvq_act_fmt(ACT);   /* open rows */
+	const layer_dev &l = a.l;
+	const uint32_t warp = threadIdx.x >> 5;
+
+	if (i >= rg.nsi) {   /* an open chunk: K rows, then V rows */
+		const uint32_t u = d90_open_chunk(rg, i);
+		if (cnt++ % D90_CW == warp && dec_slot(a, s, u, rg.u1, rg.nsb) != DEC_NOSLOT)
+			d90_chunk<OF, OF, D, ACT, true, LY>(a, s, h, st, stage, NULL, stage + DEC_CHUNK * D * 2, NULL,
+							    DEC_CHUNK, 0, DEC_NOSLOT, u, q, kq);
+		return;
+	}
+	const uint32_t kb = rg.kb0 + i * rg.grp, ke = kb + rg.grp < rg.kb1 ? kb + rg.grp : rg.kb1;
+	for (uint32_t b = kb; b < ke; b++) {
+		const uint32_t slot = d90_slot(a, s, rg, b);
+		const uint8_t *hs = stage + (b - kb) * l.sealed_head;
+		for (uint32_t c = 0; c < rg.cpb; c++)
+			if (cnt++ % D90_CW == warp && slot != DEC_NOSLOT)
+				d90_chunk<KF, VF, D, ACT, false, LY>(a, s, h, st, hs + l.off[KVQ_K_CODES],
+								     hs + l.off[KVQ_K_PARAMS], hs + l.off[KVQ_V_CODES],
+								     hs + l.off[KVQ_V_PARAMS], l.B, c * DEC_CHUNK, slot,
+								     b * rg.cpb + c, q, kq);
+	}
+}
+
+/* A consumer warp: every item waited for in its stage, its share of it
+ * computed, the stage released (one arrival per warp). */
 template <int KF, int VF, int D, int ACT>
 __device__ __forceinline__ void d90_consume(const attn_args &a, const kvq_seq_table &s, uint32_t h,
 					    const d90_range &rg, uint32_t bars, const uint8_t *ring, uint32_t nst,
 					    dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
 					    const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q)
 {
-	typedef dec_lay<KF, VF, D> LY;
-	const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, bytes = a.l.sealed_head;
+	const uint32_t lane = threadIdx.x & 31, sb = d90_stage_bytes(a.l.sealed_head, D);
 	dec_kch<D> kq;
-	uint32_t stg = 0, ph = 0, base = 0;   /* base: (k · chunks per block) mod D90_CW */
+	uint32_t stg = 0, ph = 0, cnt = 0;
 
 	kq.slot = DEC_NOSLOT;
-	for (uint32_t kb = rg.kb0; kb < rg.kb1; kb++) {
+	for (uint32_t i = 0; i < rg.items; i++) {
 		mbar_wait(bars + 8 * stg, ph);
-		const uint32_t slot = d90_slot(a, s, rg, kb);
-		if (slot != DEC_NOSLOT)
-			for (uint32_t c = (warp + D90_CW - base) % D90_CW; c < rg.cpb; c += D90_CW)
-				d90_chunk<KF, VF, D, ACT>(a, s, h, st, ring + stg * bytes, slot, kb * rg.cpb + c, q, kq);
+		d90_item<KF, VF, D, ACT>(a, s, h, rg, i, ring + stg * sb, cnt, st, q, kq);
 		/* every lane's reads of the stage done before it is released */
 		__syncwarp();
 		if (lane == 0)
 			mbar_arrive(bars + 8 * (nst + stg));
-		base = (base + rg.cpb) % D90_CW;
 		if (++stg == nst) {
 			stg = 0;
 			ph ^= 1;
 		}
-	}
-	for (uint32_t u = rg.u0 + warp; u < rg.u1; u += D90_CW) {
-		const uint32_t kb = u / rg.cpb;
-		if (kb >= rg.kb0 && kb < rg.kb1)
-			continue;
-		const uint32_t sl = dec_slot(a, s, u, rg.u1, rg.nsb);
-		if (sl != DEC_NOSLOT)
-			dec_open<D, ACT, LY>(a, s, h, st, sl, u, q, kq);
 	}
 }
 
@@ -359,7 +461,7 @@ template <int KF, int VF, int D, int ACT> int decode90_occupancy(uint32_t slice)
 		return last_n;
 	if (!decode90_raise<KF, VF, D, ACT>() ||
 	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode90_kernel<KF, VF, D, ACT>, D90_THREADS,
-							  d90_smem_bytes(nst, slice, D)) != cudaSuccess)
+							  d90_smem_bytes(nst, d90_stage_bytes(slice, D), D)) != cudaSuccess)
 		return 0;
 	last_slice = slice;
 	last_n = n;
@@ -370,12 +472,13 @@ template <int KF, int VF, int D, int ACT> int decode90_launch(const attn_args &a
 {
 	const uint32_t nst = d90_stages(a.l.sealed_head, D);
 
-	if (!nst)
+	if (!nst || ((uintptr_t)a.base & 15))   /* dispatch.cu checks both first */
 		return -ENOTSUP;
 	if (!decode90_raise<KF, VF, D, ACT>())
 		return fail_launch();
 	decode90_kernel<KF, VF, D, ACT><<<dim3(a.splits, a.l.H, nseq), D90_THREADS,
-					  d90_smem_bytes(nst, a.l.sealed_head, D), (cudaStream_t)stream>>>(a, nst);
+					  d90_smem_bytes(nst, d90_stage_bytes(a.l.sealed_head, D), D),
+					  (cudaStream_t)stream>>>(a, nst);
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return fail_launch();
 	return merge_launch<D>(a, nseq, stream);

@@ -42,23 +42,23 @@
 	X(BF16,      BF16,      1,   1,   0, 1,   a, __VA_ARGS__) \
 	X(INT8,      INT8,      1,   1,   0, 1,   a, __VA_ARGS__) \
 	X(FP8,       FP8,       1,   1,   0, 1,   a, __VA_ARGS__) \
-	X(FP8E5M2,   FP8E5M2,   1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      FP8,       1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      INT4G32,   1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      INT4G64,   1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      INT4G128,  1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT4G64,   KIVI2,     1,   1,   0, 0,   a, __VA_ARGS__) \
+	X(FP8E5M2,   FP8E5M2,   1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      FP8,       1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      INT4G32,   1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      INT4G64,   1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      INT4G128,  1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT4G64,   KIVI2,     1,   1,   0, 1,   a, __VA_ARGS__) \
 	X(PQ2,       PQ2,       1,   0,   1, 0,   a, __VA_ARGS__) \
 	X(INT8,      PQ2,       1,   0,   1, 0,   a, __VA_ARGS__) \
 	X(INT4G32,   INT4G32,   1,   1,   0, 1,   b, __VA_ARGS__) \
-	X(INT4G64,   INT4G64,   1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(INT4G128,  INT4G128,  1,   1,   0, 0,   b, __VA_ARGS__) \
+	X(INT4G64,   INT4G64,   1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(INT4G128,  INT4G128,  1,   1,   0, 1,   b, __VA_ARGS__) \
 	X(KIVI4,     KIVI4,     1,   1,   0, 1,   b, __VA_ARGS__) \
 	X(KIVI2,     KIVI2,     1,   1,   0, 1,   b, __VA_ARGS__) \
-	X(INT8,      KIVI4,     1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(INT8,      KIVI2,     1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(FP8,       INT4G32,   1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(F16,       INT8,      1,   1,   0, 0,   b, __VA_ARGS__) \
+	X(INT8,      KIVI4,     1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(INT8,      KIVI2,     1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(FP8,       INT4G32,   1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(F16,       INT8,      1,   1,   0, 1,   b, __VA_ARGS__) \
 	X(PQ1,       PQ1,       1,   0,   1, 0,   b, __VA_ARGS__) \
 	X(KIVI4,     PQ2,       1,   0,   0, 0,   b, __VA_ARGS__) \
 	KVQ_CUDA_PAIRS_EXTRA(X, __VA_ARGS__)
