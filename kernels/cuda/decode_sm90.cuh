@@ -81,17 +81,39 @@ __device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes)
 		     : "memory");
 }
 
-/* Waits until the phase of parity `parity` of the barrier has completed. */
+#define D90_WAIT_NS 10000000000ull   /* a wait this long is a bug: the launch fails (mbar_wait) */
+
+__device__ __forceinline__ uint64_t global_ns(void)
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
+/* Waits until the phase of parity `parity` of the barrier has completed.
+ * A phase that never completes (bytes expected that no copy delivers)
+ * would hang the GPU: after D90_WAIT_NS the kernel traps instead, so the
+ * launch fails with an error. */
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 {
-	uint32_t done;
-	do {
+	uint64_t t0 = 0;
+	for (uint32_t spins = 1;; spins++) {
+		uint32_t done;
 		asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
 			     "selp.u32 %0, 1, 0, p;\n\t}"
 			     : "=r"(done)
 			     : "r"(bar), "r"(parity)
 			     : "memory");
-	} while (!done);
+		if (done)
+			return;
+		if (spins % 1024 == 0) {   /* the clock now and then only */
+			const uint64_t t = global_ns();
+			if (!t0)
+				t0 = t;
+			else if (t - t0 > D90_WAIT_NS)
+				__trap();
+		}
+	}
 }
 
 /* bytes (a multiple of 16, both addresses 16-byte aligned) from global
