@@ -235,15 +235,17 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 }
 
 /* KIVI K: q·s (high and low parts) and q·z of the block whose channel
- * parameters start at kpar; q as B fragments (qf: k-step k, slot e holds dim
- * dec_kdim(k, e) of the thread's span). */
-template <int D, int ACT, int P>
-__device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)[D / 8], const uint8_t *kpar)
+ * parameters start at kpar (read through ld, dec_load's policy); q as B
+ * fragments (qf: k-step k, slot e holds dim dec_kdim(k, e) of the thread's
+ * span). */
+template <int D, int ACT, int P, class LD>
+__device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)[D / 8], const uint8_t *kpar,
+					    const LD &ld)
 {
 	typedef act<ACT> AT;
 	const uint32_t lane = threadIdx.x & 31, qc = lane & 3;
 	uint32_t cp[D / 4];
-	dec_ld<D>(cp, kpar + qc * D);
+	ld.template ld<D>(cp, kpar + qc * D);
 	float bias = 0.0f;
 #pragma unroll
 	for (int k = 0; k < D / 16; k++)
@@ -550,16 +552,15 @@ template <class R> __device__ __forceinline__ void dec_unstage(R &r, uint32_t la
 	}
 }
 
-/* KIVI K: the block's channel parameters folded into q when the block
- * (slot) changes; nothing for other formats. */
-template <int KF, int VF, int D, int ACT, class LY>
-__device__ __forceinline__ void dec_kch_update(const attn_args &a, dec_kch<D> &kq, uint32_t slot, uint32_t h,
-					       const uint32_t (&qf)[D / 8])
+/* KIVI K: the channel parameters of block `slot` (at kpar, read through
+ * ld) folded into q when the block changes; nothing for other formats. */
+template <int KF, int VF, int D, int ACT, class LY, class LD>
+__device__ __forceinline__ void dec_kch_update(dec_kch<D> &kq, uint32_t slot, const uint32_t (&qf)[D / 8],
+					       const uint8_t *kpar, const LD &ld)
 {
 	if constexpr (dec_raw<KF, VF, D, false, LY>::KCH) {
 		if (slot != kq.slot) {
-			const uint8_t *hs = sealed_head(a.l, a.base, slot, h);
-			dec_kch_set<D, ACT, LY::KP>(kq, qf, hs + a.l.off[KVQ_K_PARAMS]);
+			dec_kch_set<D, ACT, LY::KP>(kq, qf, kpar, ld);
 			kq.slot = slot;
 		}
 	}
@@ -572,7 +573,8 @@ __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::
 					   const uint32_t (&qf)[D / 8], dec_kch<D> &kq,
 					   const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
 {
-	dec_kch_update<KF, VF, D, ACT, LY>(a, kq, slot, h, qf);
+	dec_kch_update<KF, VF, D, ACT, LY>(kq, slot, qf, sealed_head(a.l, a.base, slot, h) + a.l.off[KVQ_K_PARAMS],
+					   dec_reg());
 	dec_compute<KF, VF, D, ACT, false, LY>(st, r, u * DEC_CHUNK, qf, kq, qg, lim, sl2);
 }
 

@@ -47,9 +47,15 @@
 
 namespace kvq {
 
-#define D90_CW 4                       /* consumer warps */
+/* Five consumer warps and the producer: six warps take the registers of
+ * the six that a CTA of five would be given anyway (168 each at two CTAs
+ * per multiprocessor, __launch_bounds__), so ten warps per multiprocessor
+ * compute.  A ring of 112 KiB: seven stages of 16 KiB (f16 at D = 128, B =
+ * 32: a chunk each) keep two in flight while five are being computed, and
+ * two CTAs still fit the 228 KiB of a multiprocessor. */
+#define D90_CW 5                       /* consumer warps */
 #define D90_THREADS ((D90_CW + 1) * 32)
-#define D90_RING_BYTES (96u << 10)     /* a ring per CTA: two CTAs per multiprocessor */
+#define D90_RING_BYTES (112u << 10)
 #define D90_MAX_STAGES 16u
 #define D90_SMEM_MAX (200u << 10)      /* dynamic shared memory of one CTA at most */
 
@@ -333,20 +339,19 @@ __device__ __forceinline__ void d90_produce(const attn_args &a, const kvq_seq_ta
  * (KF = VF = the activation's format), whose rows past the sequence's end
  * are junk that dec_load_v and the scores' limits keep out. */
 template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
-__device__ __forceinline__ void d90_chunk(const attn_args &a, const kvq_seq_table &s, uint32_t h,
-					  dec_state<D, LY::NGV> &st, const uint8_t *kc, const uint8_t *kpar,
-					  const uint8_t *vc, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t slot,
-					  uint32_t u, const dec_qset<D, LY::KPARTS> &q, dec_kch<D> &kq)
+__device__ __forceinline__ void d90_chunk(const kvq_seq_table &s, dec_state<D, LY::NGV> &st, const uint8_t *kc,
+					  const uint8_t *kpar, const uint8_t *vc, const uint8_t *vpar, uint32_t B,
+					  uint32_t tb, uint32_t slot, uint32_t u, const dec_qset<D, LY::KPARTS> &q,
+					  dec_kch<D> &kq)
 {
 	const uint32_t t0 = u * DEC_CHUNK;
 	dec_raw<KF, VF, D, OPEN, LY> r;
 	float x[2][4], e[2][4], rs[LY::NGV];
 
 	dec_load_k(r, kc, kpar, tb, dec_shm());
-	/* KIVI K's channel parameters: from global memory, once per block and
-	 * warp */
+	/* KIVI K's channel parameters, from the stage, once per block and warp */
 	if constexpr (!OPEN)
-		dec_kch_update<KF, VF, D, ACT, LY>(a, kq, slot, h, q.qf);
+		dec_kch_update<KF, VF, D, ACT, LY>(kq, slot, q.qf, kpar, dec_shm());
 	dec_score<KF, VF, D, ACT, OPEN, LY>(x, r, t0, q.qf, kq, q.qg, q.lim, q.sl2);
 	dec_load_v(r, vc, vpar, B, tb, t0, s.n, dec_shm());
 	dec_softmax<KF, VF, D, ACT, OPEN, LY>(st, r, x, e, rs);
@@ -357,9 +362,8 @@ __device__ __forceinline__ void d90_chunk(const attn_args &a, const kvq_seq_tabl
  * running index (cnt, the same in every consumer warp) is its own modulo
  * D90_CW. */
 template <int KF, int VF, int D, int ACT>
-__device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table &s, uint32_t h,
-					 const d90_range &rg, uint32_t i, const uint8_t *stage, uint32_t &cnt,
-					 dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
+__device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table &s, const d90_range &rg, uint32_t i,
+					 const uint8_t *stage, uint32_t &cnt, dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
 					 const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q, dec_kch<D> &kq)
 {
 	typedef dec_lay<KF, VF, D> LY;
@@ -370,7 +374,7 @@ __device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table
 	if (i >= rg.nsi) {   /* an open chunk: K rows, then V rows */
 		const uint32_t u = d90_open_chunk(rg, i);
 		if (cnt++ % D90_CW == warp && dec_slot(a, s, u, rg.u1, rg.nsb) != DEC_NOSLOT)
-			d90_chunk<OF, OF, D, ACT, true, LY>(a, s, h, st, stage, NULL, stage + DEC_CHUNK * D * 2, NULL,
+			d90_chunk<OF, OF, D, ACT, true, LY>(s, st, stage, NULL, stage + DEC_CHUNK * D * 2, NULL,
 							    DEC_CHUNK, 0, DEC_NOSLOT, u, q, kq);
 		return;
 	}
@@ -380,7 +384,7 @@ __device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table
 		const uint8_t *hs = stage + (b - kb) * l.sealed_head;
 		for (uint32_t c = 0; c < rg.cpb; c++)
 			if (cnt++ % D90_CW == warp && slot != DEC_NOSLOT)
-				d90_chunk<KF, VF, D, ACT, false, LY>(a, s, h, st, hs + l.off[KVQ_K_CODES],
+				d90_chunk<KF, VF, D, ACT, false, LY>(s, st, hs + l.off[KVQ_K_CODES],
 								     hs + l.off[KVQ_K_PARAMS], hs + l.off[KVQ_V_CODES],
 								     hs + l.off[KVQ_V_PARAMS], l.B, c * DEC_CHUNK, slot,
 								     b * rg.cpb + c, q, kq);
@@ -390,8 +394,8 @@ __device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table
 /* A consumer warp: every item waited for in its stage, its share of it
  * computed, the stage released (one arrival per warp). */
 template <int KF, int VF, int D, int ACT>
-__device__ __forceinline__ void d90_consume(const attn_args &a, const kvq_seq_table &s, uint32_t h,
-					    const d90_range &rg, uint32_t bars, const uint8_t *ring, uint32_t nst,
+__device__ __forceinline__ void d90_consume(const attn_args &a, const kvq_seq_table &s, const d90_range &rg,
+					    uint32_t bars, const uint8_t *ring, uint32_t nst,
 					    dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
 					    const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q)
 {
@@ -402,7 +406,7 @@ __device__ __forceinline__ void d90_consume(const attn_args &a, const kvq_seq_ta
 	kq.slot = DEC_NOSLOT;
 	for (uint32_t i = 0; i < rg.items; i++) {
 		mbar_wait(bars + 8 * stg, ph);
-		d90_item<KF, VF, D, ACT>(a, s, h, rg, i, ring + stg * sb, cnt, st, q, kq);
+		d90_item<KF, VF, D, ACT>(a, s, rg, i, ring + stg * sb, cnt, st, q, kq);
 		/* every lane's reads of the stage done before it is released */
 		__syncwarp();
 		if (lane == 0)
@@ -451,7 +455,7 @@ __global__ void __launch_bounds__(D90_THREADS, 2) decode90_kernel(attn_args a, u
 			d90_produce(a, s, h, rg, bars, bars + d90_ring_off(nst), nst);
 		__syncwarp();
 	} else {
-		d90_consume<KF, VF, D, ACT>(a, s, h, rg, bars, ring, nst, st, q);
+		d90_consume<KF, VF, D, ACT>(a, s, rg, bars, ring, nst, st, q);
 	}
 	/* every copy was waited for by the consumers: the ring is free for sm_o */
 	__syncthreads();
@@ -465,8 +469,14 @@ __global__ void __launch_bounds__(D90_THREADS, 2) decode90_kernel(attn_args a, u
 template <int KF, int VF, int D, int ACT> bool decode90_raise(void)
 {
 	static bool raised;
+	const void *f = (const void *)decode90_kernel<KF, VF, D, ACT>;
 
-	return smem_opt_in((const void *)decode90_kernel<KF, VF, D, ACT>, (int)D90_SMEM_MAX, raised);
+	/* and all of the unified L1/shared memory as shared memory: the two
+	 * rings of two CTAs need nearly all of it */
+	if (!raised && cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout,
+					    cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+		return false;
+	return smem_opt_in(f, (int)D90_SMEM_MAX, raised);
 }
 
 template <int KF, int VF, int D, int ACT> int decode90_occupancy(uint32_t slice)

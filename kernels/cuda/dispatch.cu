@@ -12,10 +12,11 @@
  * KVQ_CUDA_KERNELS=portable or the layer's sealed head slices do not fit
  * its ring.
  * A layer that rotates K or V: decode_kernel (and decode90_kernel, whose
- * stages are its own) and pq_decode_kernel rotate q as they load it and their output in the epilogue (merge_kernel after a
- * split's merge); around prefill_kernel and attn_kernel, q is rotated into
- * the workspace first and the output taken in fp32 into the workspace and
- * rotated back into out after (rot_rows_kernel, rot_in_kernel). */
+ * stages are its own) and pq_decode_kernel rotate q as they load it and
+ * their output in the epilogue (merge_kernel after a split's merge);
+ * around prefill_kernel and attn_kernel, q is rotated into the workspace
+ * first and the output taken in fp32 into the workspace and rotated back
+ * into out after (rot_rows_kernel, rot_in_kernel). */
 #include <stdlib.h>
 #include <string.h>
 
