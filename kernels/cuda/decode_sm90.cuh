@@ -358,27 +358,46 @@ __device__ __forceinline__ void d90_chunk(const kvq_seq_table &s, dec_state<D, L
 	dec_pv<KF, VF, D, ACT, OPEN, LY>(st, r, e, rs);
 }
 
-/* A consumer warp's share of item i in stage `stage`: the chunks whose
- * running index (cnt, the same in every consumer warp) is its own modulo
- * D90_CW. */
+/* A consumer warp's place in the ring: the stage of its next item and the
+ * parity of that stage's current use. */
+struct d90_cursor {
+	uint32_t stg, ph;
+};
+
+/* Waits for the next item; returns its stage. */
+__device__ __forceinline__ const uint8_t *d90_take(const d90_cursor &c, uint32_t bars, const uint8_t *ring, uint32_t sb)
+{
+	mbar_wait(bars + 8 * c.stg, c.ph);
+	return ring + c.stg * sb;
+}
+
+/* Releases the stage of the item taken (one arrival per warp, once every
+ * lane's reads of it are done) and moves on. */
+__device__ __forceinline__ void d90_release(d90_cursor &c, uint32_t bars, uint32_t nst)
+{
+	__syncwarp();
+	if ((threadIdx.x & 31) == 0)
+		mbar_arrive(bars + 8 * (nst + c.stg));
+	if (++c.stg == nst) {
+		c.stg = 0;
+		c.ph ^= 1;
+	}
+}
+
+/* A consumer warp's share of sealed item i in stage `stage`: the chunks
+ * whose running index (cnt, the same in every consumer warp) is its own
+ * modulo D90_CW. */
 template <int KF, int VF, int D, int ACT>
-__device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table &s, const d90_range &rg, uint32_t i,
-					 const uint8_t *stage, uint32_t &cnt, dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
-					 const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q, dec_kch<D> &kq)
+__device__ __forceinline__ void d90_sealed_item(const attn_args &a, const kvq_seq_table &s, const d90_range &rg,
+						uint32_t i, const uint8_t *stage, uint32_t &cnt,
+						dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
+						const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q, dec_kch<D> &kq)
 {
 	typedef dec_lay<KF, VF, D> LY;
-	constexpr int OF = kvq_act_fmt(ACT);   /* open rows */
 	const layer_dev &l = a.l;
 	const uint32_t warp = threadIdx.x >> 5;
-
-	if (i >= rg.nsi) {   /* an open chunk: K rows, then V rows */
-		const uint32_t u = d90_open_chunk(rg, i);
-		if (cnt++ % D90_CW == warp && dec_slot(a, s, u, rg.u1, rg.nsb) != DEC_NOSLOT)
-			d90_chunk<OF, OF, D, ACT, true, LY>(s, st, stage, NULL, stage + DEC_CHUNK * D * 2, NULL,
-							    DEC_CHUNK, 0, DEC_NOSLOT, u, q, kq);
-		return;
-	}
 	const uint32_t kb = rg.kb0 + i * rg.grp, ke = kb + rg.grp < rg.kb1 ? kb + rg.grp : rg.kb1;
+
 	for (uint32_t b = kb; b < ke; b++) {
 		const uint32_t slot = d90_slot(a, s, rg, b);
 		const uint8_t *hs = stage + (b - kb) * l.sealed_head;
@@ -392,29 +411,35 @@ __device__ __forceinline__ void d90_item(const attn_args &a, const kvq_seq_table
 }
 
 /* A consumer warp: every item waited for in its stage, its share of it
- * computed, the stage released (one arrival per warp). */
+ * computed, the stage released.  The sealed items first, then the open
+ * ones (each an open chunk's K rows, then its V rows), in two loops: KIVI
+ * K's folded q (kq) is dead in the second, which needs the registers. */
 template <int KF, int VF, int D, int ACT>
 __device__ __forceinline__ void d90_consume(const attn_args &a, const kvq_seq_table &s, const d90_range &rg,
 					    uint32_t bars, const uint8_t *ring, uint32_t nst,
 					    dec_state<D, dec_lay<KF, VF, D>::NGV> &st,
 					    const dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q)
 {
-	const uint32_t lane = threadIdx.x & 31, sb = d90_stage_bytes(a.l.sealed_head, D);
+	typedef dec_lay<KF, VF, D> LY;
+	constexpr int OF = kvq_act_fmt(ACT);   /* open rows */
+	const uint32_t warp = threadIdx.x >> 5, sb = d90_stage_bytes(a.l.sealed_head, D);
+	d90_cursor c = { 0, 0 };
+	uint32_t cnt = 0, i = 0;
 	dec_kch<D> kq;
-	uint32_t stg = 0, ph = 0, cnt = 0;
 
 	kq.slot = DEC_NOSLOT;
-	for (uint32_t i = 0; i < rg.items; i++) {
-		mbar_wait(bars + 8 * stg, ph);
-		d90_item<KF, VF, D, ACT>(a, s, rg, i, ring + stg * sb, cnt, st, q, kq);
-		/* every lane's reads of the stage done before it is released */
-		__syncwarp();
-		if (lane == 0)
-			mbar_arrive(bars + 8 * (nst + stg));
-		if (++stg == nst) {
-			stg = 0;
-			ph ^= 1;
-		}
+	for (; i < rg.nsi; i++) {
+		const uint8_t *stage = d90_take(c, bars, ring, sb);
+		d90_sealed_item<KF, VF, D, ACT>(a, s, rg, i, stage, cnt, st, q, kq);
+		d90_release(c, bars, nst);
+	}
+	for (; i < rg.items; i++) {
+		const uint8_t *stage = d90_take(c, bars, ring, sb);
+		const uint32_t u = d90_open_chunk(rg, i);
+		if (cnt++ % D90_CW == warp && dec_slot(a, s, u, rg.u1, rg.nsb) != DEC_NOSLOT)
+			d90_chunk<OF, OF, D, ACT, true, LY>(s, st, stage, NULL, stage + DEC_CHUNK * D * 2, NULL,
+							    DEC_CHUNK, 0, DEC_NOSLOT, u, q, kq);
+		d90_release(c, bars, nst);
 	}
 }
 
