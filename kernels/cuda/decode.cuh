@@ -133,6 +133,8 @@ struct dec_reg {
 	{
 		dec_ldp<N>(dst, p);
 	}
+	/* one 16-bit value (an open row's element) */
+	__device__ __forceinline__ uint32_t h(const uint8_t *p) const { return *reinterpret_cast<const uint16_t *>(p); }
 };
 
 struct dec_stg {
@@ -152,15 +154,14 @@ struct dec_stg {
 	}
 };
 
-/* Issues every load of a chunk (t0: its first token, tb: its offset in the
- * block, n: the sequence's tokens). */
-template <int KF, int VF, int D, bool OPEN, class LY, class LD = dec_reg>
-__device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *vc,
-					 const uint8_t *kpar, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0,
-					 uint32_t n, const LD &ld = LD())
+/* Issues the loads of a chunk's K codes and parameters (tb: its offset in
+ * the block). */
+template <int KF, int VF, int D, bool OPEN, class LY, class LD>
+__device__ __forceinline__ void dec_load_k(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *kpar,
+					   uint32_t tb, const LD &ld)
 {
 	typedef dec_raw<KF, VF, D, OPEN, LY> R;
-	constexpr int KBITS = R::KBITS, VBITS = R::VBITS, KPB = R::KPB, VN = R::VN, MT = D / 16;
+	constexpr int KBITS = R::KBITS, KPB = R::KPB;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, qc = lane & 3, tg = lane >> 3, te = qn & 1;
 
 #pragma unroll
@@ -173,6 +174,22 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 				ld.template ld<KPB>(&r.kw[s][hi][j * (KPB / 4)],
 						    kr + (j * LY::KSPAN + qc * (LY::KSPAN / 4)) * KBITS / 8);
 		}
+	if constexpr (R::KTOK)
+		ld.template ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
+	if constexpr (R::KGRP)   /* {s, z}[t][part] of the tokens 4·te + 0..3 of the thread's eight */
+		ld.template ld<16 * LY::KPARTS>(r.kpw, kpar + (size_t)(tb + tg * 8 + 4 * te) * LY::KPARTS * 4);
+}
+
+/* Issues the loads of a chunk's V codes and parameters (t0: its first
+ * token, tb: its offset in the block, n: the sequence's tokens). */
+template <int KF, int VF, int D, bool OPEN, class LY, class LD>
+__device__ __forceinline__ void dec_load_v(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *vc, const uint8_t *vpar,
+					   uint32_t B, uint32_t tb, uint32_t t0, uint32_t n, const LD &ld)
+{
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int VBITS = R::VBITS, VN = R::VN, MT = D / 16;
+	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, qc = lane & 3, tg = lane >> 3, te = qn & 1;
+
 	if constexpr (!OPEN) {
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
@@ -184,7 +201,6 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 	} else {
 		/* open rows are [token][dim]: 16-bit loads, tokens past n zeroed
 		 * (the open block's unwritten rows are junk) */
-		const uint16_t *vr = reinterpret_cast<const uint16_t *>(vc);
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -193,16 +209,12 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 #pragma unroll
 				for (int j = 0; j < 4; j++) {
 					const uint32_t ta = qc * 8 + LY::vt(j, 0), tb1 = qc * 8 + LY::vt(j, 1);
-					const uint32_t x0 = t0 + ta < n ? vr[(size_t)(tb + ta) * D + d] : 0u;
-					const uint32_t x1 = t0 + tb1 < n ? vr[(size_t)(tb + tb1) * D + d] : 0u;
+					const uint32_t x0 = t0 + ta < n ? ld.h(vc + ((size_t)(tb + ta) * D + d) * 2) : 0u;
+					const uint32_t x1 = t0 + tb1 < n ? ld.h(vc + ((size_t)(tb + tb1) * D + d) * 2) : 0u;
 					r.vw[mt][hi][j] = x0 | x1 << 16;
 				}
 			}
 	}
-	if constexpr (R::KTOK)
-		ld.template ld<16>(r.kpw, kpar + (tb + tg * 8) * 2);
-	if constexpr (R::KGRP)   /* {s, z}[t][part] of the tokens 4·te + 0..3 of the thread's eight */
-		ld.template ld<16 * LY::KPARTS>(r.kpw, kpar + (size_t)(tb + tg * 8 + 4 * te) * LY::KPARTS * 4);
 	if constexpr (R::VTOK)
 		ld.template ld<16>(r.vpw, vpar + (tb + tg * 8) * 2);
 	if constexpr (R::VGRP) {   /* {s, z}[group][t], the same four tokens */
@@ -212,16 +224,28 @@ __device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const 
 	}
 }
 
+/* Issues every load of a chunk. */
+template <int KF, int VF, int D, bool OPEN, class LY, class LD = dec_reg>
+__device__ __forceinline__ void dec_load(dec_raw<KF, VF, D, OPEN, LY> &r, const uint8_t *kc, const uint8_t *vc,
+					 const uint8_t *kpar, const uint8_t *vpar, uint32_t B, uint32_t tb, uint32_t t0,
+					 uint32_t n, const LD &ld = LD())
+{
+	dec_load_k(r, kc, kpar, tb, ld);
+	dec_load_v(r, vc, vpar, B, tb, t0, n, ld);
+}
+
 /* KIVI K: q·s (high and low parts) and q·z of the block whose channel
- * parameters start at kpar; q as B fragments (qf: k-step k, slot e holds dim
- * dec_kdim(k, e) of the thread's span). */
-template <int D, int ACT, int P>
-__device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)[D / 8], const uint8_t *kpar)
+ * parameters start at kpar (read through ld, dec_load's policy); q as B
+ * fragments (qf: k-step k, slot e holds dim dec_kdim(k, e) of the thread's
+ * span). */
+template <int D, int ACT, int P, class LD>
+__device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)[D / 8], const uint8_t *kpar,
+					    const LD &ld)
 {
 	typedef act<ACT> AT;
 	const uint32_t lane = threadIdx.x & 31, qc = lane & 3;
 	uint32_t cp[D / 4];
-	dec_ld<D>(cp, kpar + qc * D);
+	ld.template ld<D>(cp, kpar + qc * D);
 	float bias = 0.0f;
 #pragma unroll
 	for (int k = 0; k < D / 16; k++)
@@ -250,19 +274,20 @@ __device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)
 	kq.kb[1] = __shfl_sync(0xffffffffu, bias, 8 * qc + 4);
 }
 
-/* Scores, online softmax and PV of a loaded chunk. */
+/* Scores Sᵀ = K·Qᵀ of a chunk whose K words and parameters are loaded:
+ * x[s][i], the C fragment of m-tile s, in log2 units, -inf where a query
+ * column must not see the token. */
 template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
-__device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
-					    uint32_t t0, const uint32_t (&qf)[D / 8], const dec_kch<D> &kq,
-					    const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
+__device__ __forceinline__ void dec_score(float (&x)[2][4], const dec_raw<KF, VF, D, OPEN, LY> &r, uint32_t t0,
+					  const uint32_t (&qf)[D / 8], const dec_kch<D> &kq,
+					  const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
 {
 	typedef dec_raw<KF, VF, D, OPEN, LY> R;
-	constexpr int MT = D / 16, NGV = LY::NGV, KPS = LY::KSPAN / 16;
-	constexpr bool KTOK = R::KTOK, VTOK = R::VTOK, KGRP = R::KGRP, KCH = R::KCH, VGRP = R::VGRP;
+	constexpr int KPS = LY::KSPAN / 16;
+	constexpr bool KTOK = R::KTOK, KGRP = R::KGRP, KCH = R::KCH;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, tg = lane >> 3, te = qn & 1;
 
 	/* ---- scores Sᵀ = K·Qᵀ: x[s][i], C fragment of m-tile s */
-	float x[2][4];
 #pragma unroll
 	for (int s = 0; s < 2; s++) {
 		float c[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
@@ -308,6 +333,19 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 			x[s][i] = t < lim[i & 1] ? y : -INFINITY;
 		}
 	}
+}
+
+/* The online softmax of a chunk's scores x per query column, with its V
+ * parameters loaded: e, the chunk's probabilities under the new maximum;
+ * rs, one over the warp's V unit per group; the accumulator rescaled where
+ * a maximum or a unit moved. */
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
+__device__ __forceinline__ void dec_softmax(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
+					    const float (&x)[2][4], float (&e)[2][4], float (&rs)[LY::NGV])
+{
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int MT = D / 16, NGV = LY::NGV;
+	constexpr bool VTOK = R::VTOK, VGRP = R::VGRP;
 
 	/* ---- online softmax per query column; the chunk's V unit per group */
 	float alpha[2], mu[2];
@@ -320,7 +358,6 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 		alpha[j] = st.sm[j].raise(mx);
 		mu[j] = st.sm[j].base();
 	}
-	float e[2][4];
 #pragma unroll
 	for (int s = 0; s < 2; s++)
 #pragma unroll
@@ -328,7 +365,7 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 			e[s][i] = fast_exp2(x[s][i] - mu[i & 1]);
 			st.sm[i & 1].l += e[s][i];
 		}
-	float rs[NGV], ratio[NGV];
+	float ratio[NGV];
 	bool moved = alpha[0] != 1.0f || alpha[1] != 1.0f;
 #pragma unroll
 	for (int gv = 0; gv < NGV; gv++) {
@@ -366,6 +403,18 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 				st.acc[mt][i] *= alpha[i & 1] * ratio[mt * 16 / LY::VGS];
+}
+
+/* The value accumulation of a chunk whose V words are loaded: Oᵀ += Vᵀ·Pᵀ
+ * with P = e, one P per V group (plus Σ p·z of the group). */
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
+__device__ __forceinline__ void dec_pv(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
+				       const float (&e)[2][4], const float (&rs)[LY::NGV])
+{
+	typedef dec_raw<KF, VF, D, OPEN, LY> R;
+	constexpr int NGV = LY::NGV;
+	constexpr bool VTOK = R::VTOK, VGRP = R::VGRP;
+	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, te = qn & 1;
 
 	/* ---- Oᵀ += Vᵀ·Pᵀ, one P per V group (plus Σ p·z of the group) */
 #pragma unroll
@@ -417,6 +466,19 @@ __device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec
 			}
 		}
 	}
+}
+
+/* Scores, online softmax and PV of a loaded chunk. */
+template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
+__device__ __forceinline__ void dec_compute(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
+					    uint32_t t0, const uint32_t (&qf)[D / 8], const dec_kch<D> &kq,
+					    const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
+{
+	float x[2][4], e[2][4], rs[LY::NGV];
+
+	dec_score<KF, VF, D, ACT, OPEN, LY>(x, r, t0, qf, kq, qg, lim, sl2);
+	dec_softmax<KF, VF, D, ACT, OPEN, LY>(st, r, x, e, rs);
+	dec_pv<KF, VF, D, ACT, OPEN, LY>(st, r, e, rs);
 }
 
 #define DEC_NOSLOT 0xffffffffu
@@ -490,22 +552,217 @@ template <class R> __device__ __forceinline__ void dec_unstage(R &r, uint32_t la
 	}
 }
 
-/* A loaded sealed chunk (slot: its block); KIVI K first folds the block's
- * channel parameters into q when the block changes. */
+/* KIVI K: the channel parameters of block `slot` (at kpar, read through
+ * ld) folded into q when the block changes; nothing for other formats. */
+template <int KF, int VF, int D, int ACT, class LY, class LD>
+__device__ __forceinline__ void dec_kch_update(dec_kch<D> &kq, uint32_t slot, const uint32_t (&qf)[D / 8],
+					       const uint8_t *kpar, const LD &ld)
+{
+	if constexpr (dec_raw<KF, VF, D, false, LY>::KCH) {
+		if (slot != kq.slot) {
+			dec_kch_set<D, ACT, LY::KP>(kq, qf, kpar, ld);
+			kq.slot = slot;
+		}
+	}
+}
+
+/* A loaded sealed chunk (slot: its block). */
 template <int KF, int VF, int D, int ACT, class LY>
 __device__ __forceinline__ void dec_sealed(const attn_args &a, dec_state<D, LY::NGV> &st,
 					   const dec_raw<KF, VF, D, false, LY> &r, uint32_t slot, uint32_t u, uint32_t h,
 					   const uint32_t (&qf)[D / 8], dec_kch<D> &kq,
 					   const float (&qg)[LY::KPARTS][2], const uint32_t (&lim)[2], float sl2)
 {
-	if constexpr (dec_raw<KF, VF, D, false, LY>::KCH) {
-		if (slot != kq.slot) {
-			const uint8_t *hs = sealed_head(a.l, a.base, slot, h);
-			dec_kch_set<D, ACT, LY::KP>(kq, qf, hs + a.l.off[KVQ_K_PARAMS]);
-			kq.slot = slot;
+	dec_kch_update<KF, VF, D, ACT, LY>(kq, slot, qf, sealed_head(a.l, a.base, slot, h) + a.l.off[KVQ_K_PARAMS],
+					   dec_reg());
+	dec_compute<KF, VF, D, ACT, false, LY>(st, r, u * DEC_CHUNK, qf, kq, qg, lim, sl2);
+}
+
+/* The query side of a decode CTA, set up once: q as B fragments of every
+ * k-step (qf), Σ q of each K span for int4 K (qg), the tokens the thread's
+ * score columns see (lim: query rows 2c, 2c + 1) and the score factor in
+ * log2 units (sl2). */
+template <int D, int KPARTS> struct dec_qset {
+	uint32_t qf[D / 8];
+	float qg[KPARTS][2];
+	uint32_t lim[2];
+	float sl2;
+};
+
+/* Sets q up for query rows of sequence s at KV head h; every thread of the
+ * CTA calls it (a rotated K: q goes through buf, which holds 8 rows of
+ * D + 4 floats, with CTA barriers). */
+template <int KF, int VF, int D, int ACT>
+__device__ __forceinline__ void dec_q_setup(const attn_args &a, const kvq_seq_table &s, uint32_t h, float *buf,
+					    dec_qset<D, dec_lay<KF, VF, D>::KPARTS> &q)
+{
+	typedef dec_lay<KF, VF, D> LY;
+	constexpr int SQ = LY::KSPAN / 4;
+	constexpr uint32_t OSTRIDE = D + 4;
+	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, qc = lane & 3;
+	const uint32_t g = a.g, nr = s.m * g, qpos0 = s.n - s.m;
+
+	/* query row qn, head dims [qc·S/4, (qc+1)·S/4) of each span of S dims, in
+	 * dim order (qd), then as B fragments of every k-step (qf) */
+	uint32_t qd[D / 8];
+	if (a.rot & KVQ_ROT_K) {
+		/* q into K's basis here (a.rot), through buf: the caller's stages
+		 * are not in use yet */
+		for (uint32_t i = threadIdx.x; i < nr * D; i += blockDim.x)
+			buf[(i / D) * OSTRIDE + i % D] =
+				act<ACT>::to_f(reinterpret_cast<const typename act<ACT>::T *>(a.q)[out_row(a, s, h, i / D) * D + i % D]);
+		__syncthreads();
+		rotate_q_rows<D, ACT>(buf, OSTRIDE, nr, 1.0f);
+		__syncthreads();
+#pragma unroll
+		for (int j = 0; j < LY::KPARTS; j++)
+#pragma unroll
+			for (int i = 0; i < SQ / 2; i++) {
+				const float *p = buf + qn * OSTRIDE + j * LY::KSPAN + qc * SQ + 2 * i;
+				qd[j * (SQ / 2) + i] = qn < nr ? act<ACT>::pack(p[0], p[1]) : 0u;
+			}
+		__syncthreads();   /* read before the stages are copied into */
+	} else if (qn < nr) {
+		const size_t qix = ((size_t)(s.row0 + qn / g) * a.q_heads + h * g + qn % g) * D + qc * SQ;
+#pragma unroll
+		for (int j = 0; j < LY::KPARTS; j++)
+			dec_ldp<SQ * 2>(&qd[j * (SQ / 2)], reinterpret_cast<const uint8_t *>(a.q) + (qix + j * LY::KSPAN) * 2);
+	} else {
+#pragma unroll
+		for (int i = 0; i < D / 8; i++)
+			qd[i] = 0;
+	}
+#pragma unroll
+	for (int k = 0; k < D / 16; k++)
+		dec_perm16<LY::KP>(qd, k, q.qf[2 * k], q.qf[2 * k + 1]);
+	/* int4 K: Σ q of each span for the thread's score columns */
+#pragma unroll
+	for (int j = 0; j < LY::KPARTS; j++) {
+		float sum = 0.0f;
+		q.qg[j][0] = q.qg[j][1] = 0.0f;
+		if constexpr (dec_raw<KF, VF, D, false, LY>::KGRP) {
+#pragma unroll
+			for (int i = 0; i < SQ / 2; i++) {
+				const uint32_t w = qd[j * (SQ / 2) + i];
+				const unsigned short lo = (unsigned short)(w & 0xffffu), hi = (unsigned short)(w >> 16);
+				sum += act<ACT>::to_f(*reinterpret_cast<const typename act<ACT>::T *>(&lo)) +
+				       act<ACT>::to_f(*reinterpret_cast<const typename act<ACT>::T *>(&hi));
+			}
+			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+			sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+			q.qg[j][0] = __shfl_sync(0xffffffffu, sum, 8 * qc);
+			q.qg[j][1] = __shfl_sync(0xffffffffu, sum, 8 * qc + 4);
 		}
 	}
-	dec_compute<KF, VF, D, ACT, false, LY>(st, r, u * DEC_CHUNK, qf, kq, qg, lim, sl2);
+#pragma unroll
+	for (int j = 0; j < 2; j++) {
+		const uint32_t r = 2 * qc + j;
+		q.lim[j] = r < nr ? qpos0 + r / g + 1 : 0;
+	}
+	q.sl2 = a.scale * KVQ_LOG2E;
+}
+
+template <int D, int NGV> __device__ __forceinline__ void dec_state_init(dec_state<D, NGV> &st)
+{
+	st.sm[0].init();
+	st.sm[1].init();
+#pragma unroll
+	for (int gv = 0; gv < NGV; gv++)
+		st.unit[gv] = 0.0f;
+#pragma unroll
+	for (int mt = 0; mt < D / 16; mt++)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			st.acc[mt][i] = 0.0f;
+}
+
+/* A chunk of the open window (or of a sink block: slot sl, bit 31 set),
+ * read as stored from global memory. */
+template <int D, int ACT, class LY>
+__device__ __forceinline__ void dec_open(const attn_args &a, const kvq_seq_table &s, uint32_t h,
+					 dec_state<D, LY::NGV> &st, uint32_t sl, uint32_t uc,
+					 const dec_qset<D, LY::KPARTS> &q, const dec_kch<D> &kq)
+{
+	constexpr int OF = kvq_act_fmt(ACT);
+	const layer_dev &l = a.l;
+	const uint32_t t0 = uc * DEC_CHUNK, tb = t0 % l.B;
+	const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h);
+	dec_raw<OF, OF, D, true, LY> r;
+	dec_load(r, oh, oh + (size_t)l.B * D * 2, NULL, NULL, l.B, tb, t0, s.n);
+	dec_compute<OF, OF, D, ACT, true, LY>(st, r, t0, q.qf, kq, q.qg, q.lim, q.sl2);
+}
+
+/* The epilogue of a decode CTA of NT threads, every one of them calling
+ * it: the (m, l, o) of its first NW warps (the rest hold no state) merged
+ * through shared memory (sm_o: NW·8 rows of D + 4 floats), then the
+ * result, rotated out of V's basis here (a.rot, the range whole), or the
+ * split's partial for merge_kernel. */
+template <int D, class LY, int NW, int NT>
+__device__ __forceinline__ void dec_finish(const attn_args &a, const kvq_seq_table &s, uint32_t h,
+					   const dec_state<D, LY::NGV> &st, float (*sm_m)[8], float (*sm_l)[8],
+					   float *sm_o)
+{
+	constexpr int MT = D / 16;
+	constexpr uint32_t OSTRIDE = D + 4;
+	const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, qn = lane >> 2, qc = lane & 3;
+	const uint32_t nr = s.m * a.g;
+
+	if (warp < NW) {
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			float x = st.sm[j].l;
+			x += __shfl_xor_sync(0xffffffffu, x, 4);
+			x += __shfl_xor_sync(0xffffffffu, x, 8);
+			x += __shfl_xor_sync(0xffffffffu, x, 16);
+			if (qn == 0) {
+				sm_m[warp][2 * qc + j] = st.sm[j].m;
+				sm_l[warp][2 * qc + j] = x;
+			}
+		}
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				sm_o[(warp * 8 + 2 * qc + (i & 1)) * OSTRIDE + mt * 16 + qn + 8 * (i >> 1)] =
+					st.acc[mt][i] * st.unit[mt * 16 / LY::VGS];
+	}
+	__syncthreads();
+
+	/* V rotated back here (a.rot, the range whole): the rows' results
+	 * through warp 0's rows of sm_o first */
+	const bool rot_out = (a.rot & KVQ_ROT_V) && a.splits == 1;
+	constexpr uint32_t PER = (8 * D + NT - 1) / NT;
+	float y[PER];
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++) {
+		const uint32_t idx = threadIdx.x + k * NT, r = idx / D, d = idx % D;
+		if (idx >= nr * D)
+			break;
+		sm_state m;
+		float o = 0.0f;
+		m.init();
+#pragma unroll
+		for (int w = 0; w < NW; w++) {
+			float wa, wb;
+			m.merge(sm_state{ sm_m[w][r], sm_l[w][r] }, &wa, &wb);
+			o = o * wa + sm_o[(w * 8 + r) * OSTRIDE + d] * wb;
+		}
+		if (rot_out)
+			y[k] = m.normalize(o);
+		else
+			emit<D>(a, blockIdx.x, out_row(a, s, h, r), d, o, m);
+	}
+	if (!rot_out)
+		return;
+	__syncthreads();
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++) {
+		const uint32_t idx = threadIdx.x + k * NT;
+		if (idx < nr * D)
+			sm_o[(idx / D) * OSTRIDE + idx % D] = y[k];
+	}
+	__syncthreads();
+	emit_rotated<D>(a, s, h, sm_o, OSTRIDE, 0, nr);
 }
 
 /* Per instance: how sealed chunks reach the registers, and the CTAs per
@@ -537,10 +794,9 @@ template <int KF, int VF, int D> __host__ __device__ constexpr uint32_t dec_smem
 template <int KF, int VF, int D, int ACT>
 __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) decode_kernel(attn_args a)
 {
-	constexpr int OF = kvq_act_fmt(ACT);   /* open rows */
 	typedef dec_lay<KF, VF, D> LY;
 	typedef dec_raw<KF, VF, D, false, LY> RS;
-	constexpr int MT = D / 16, SQ = LY::KSPAN / 4, NGV = LY::NGV;
+	constexpr int NGV = LY::NGV;
 	constexpr int NS = dec_tune<KF, VF, D>::stages;
 	constexpr uint32_t OSTRIDE = D + 4, UNITS = dec_units<RS>();
 	static_assert(!NS || dec_smem_bytes<KF, VF, D>() >= DEC_WARPS * 8 * OSTRIDE * 4, "the stages hold sm_o");
@@ -550,91 +806,22 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 	float *const sm_o = NS ? reinterpret_cast<float *>(dec_smem) : sm_os;   /* [warp][row][OSTRIDE] */
 
 	const layer_dev &l = a.l;
-	const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, qn = lane >> 2, qc = lane & 3;
+	const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const kvq_seq_table s = a.seqs[blockIdx.z];
-	const uint32_t h = blockIdx.y, g = a.g, nr = s.m * g;
+	const uint32_t h = blockIdx.y, nr = s.m * a.g;
 	if (nr == 0 || s.m > s.n)
 		return;
-	const uint32_t qpos0 = s.n - s.m;
 	const uint32_t nch = (s.n + DEC_CHUNK - 1) / DEC_CHUNK, per = (nch + a.splits - 1) / a.splits;
 	const uint32_t u0 = blockIdx.x * per, u1 = u0 + per < nch ? u0 + per : nch;
 	const uint32_t n_sealed_blk = split_of(l, s.n) / l.B;
 
-	/* query row qn, head dims [qc·S/4, (qc+1)·S/4) of each span of S dims, in
-	 * dim order (qd), then as B fragments of every k-step (qf) */
-	uint32_t qd[D / 8], qf[D / 8];
-	if (a.rot & KVQ_ROT_K) {
-		/* q into K's basis here (a.rot), through sm_o: the stages are not
-		 * in use yet */
-		for (uint32_t i = threadIdx.x; i < nr * D; i += DEC_WARPS * 32)
-			sm_o[(i / D) * OSTRIDE + i % D] =
-				act<ACT>::to_f(reinterpret_cast<const typename act<ACT>::T *>(a.q)[out_row(a, s, h, i / D) * D + i % D]);
-		__syncthreads();
-		rotate_q_rows<D, ACT>(sm_o, OSTRIDE, nr, 1.0f);
-		__syncthreads();
-#pragma unroll
-		for (int j = 0; j < LY::KPARTS; j++)
-#pragma unroll
-			for (int i = 0; i < SQ / 2; i++) {
-				const float *p = sm_o + qn * OSTRIDE + j * LY::KSPAN + qc * SQ + 2 * i;
-				qd[j * (SQ / 2) + i] = qn < nr ? act<ACT>::pack(p[0], p[1]) : 0u;
-			}
-		__syncthreads();   /* read before the stages are copied into */
-	} else if (qn < nr) {
-		const size_t qix = ((size_t)(s.row0 + qn / g) * a.q_heads + h * g + qn % g) * D + qc * SQ;
-#pragma unroll
-		for (int j = 0; j < LY::KPARTS; j++)
-			dec_ldp<SQ * 2>(&qd[j * (SQ / 2)], reinterpret_cast<const uint8_t *>(a.q) + (qix + j * LY::KSPAN) * 2);
-	} else {
-#pragma unroll
-		for (int i = 0; i < D / 8; i++)
-			qd[i] = 0;
-	}
-#pragma unroll
-	for (int k = 0; k < D / 16; k++)
-		dec_perm16<LY::KP>(qd, k, qf[2 * k], qf[2 * k + 1]);
-	/* int4 K: Σ q of each span for the thread's score columns */
-	float qg[LY::KPARTS][2];
-#pragma unroll
-	for (int j = 0; j < LY::KPARTS; j++) {
-		float sum = 0.0f;
-		qg[j][0] = qg[j][1] = 0.0f;
-		if constexpr (RS::KGRP) {
-#pragma unroll
-			for (int i = 0; i < SQ / 2; i++) {
-				const uint32_t w = qd[j * (SQ / 2) + i];
-				const unsigned short lo = (unsigned short)(w & 0xffffu), hi = (unsigned short)(w >> 16);
-				sum += act<ACT>::to_f(*reinterpret_cast<const typename act<ACT>::T *>(&lo)) +
-				       act<ACT>::to_f(*reinterpret_cast<const typename act<ACT>::T *>(&hi));
-			}
-			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-			sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-			qg[j][0] = __shfl_sync(0xffffffffu, sum, 8 * qc);
-			qg[j][1] = __shfl_sync(0xffffffffu, sum, 8 * qc + 4);
-		}
-	}
+	dec_qset<D, LY::KPARTS> q;
+	dec_q_setup<KF, VF, D, ACT>(a, s, h, sm_o, q);
 	dec_kch<D> kq;
 	kq.slot = DEC_NOSLOT;
-	/* tokens visible to this thread's score columns (query rows 2c, 2c + 1) */
-	uint32_t lim[2];
-#pragma unroll
-	for (int j = 0; j < 2; j++) {
-		const uint32_t r = 2 * qc + j;
-		lim[j] = r < nr ? qpos0 + r / g + 1 : 0;
-	}
-	const float sl2 = a.scale * KVQ_LOG2E;
 
 	dec_state<D, NGV> st;
-	st.sm[0].init();
-	st.sm[1].init();
-#pragma unroll
-	for (int gv = 0; gv < NGV; gv++)
-		st.unit[gv] = 0.0f;
-#pragma unroll
-	for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			st.acc[mt][i] = 0.0f;
+	dec_state_init(st);
 
 	/* Slots are read two chunks ahead (a dependent load off the critical
 	 * path); 8-bit formats also load a sealed chunk while the previous one
@@ -642,13 +829,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 	 * dec_tune). */
 	const uint32_t us = n_sealed_blk * l.B / DEC_CHUNK < u1 ? n_sealed_blk * l.B / DEC_CHUNK : u1;
 	/* a chunk of the open window (or of a sink block), read as stored */
-	auto open_chunk = [&](uint32_t sl, uint32_t uc) {
-		const uint32_t t0 = uc * DEC_CHUNK, tb = t0 % l.B;
-		const uint8_t *oh = open_head(l, a.base, sl & 0x7fffffffu, h);
-		dec_raw<OF, OF, D, true, LY> r;
-		dec_load(r, oh, oh + (size_t)l.B * D * 2, NULL, NULL, l.B, tb, t0, s.n);
-		dec_compute<OF, OF, D, ACT, true, LY>(st, r, t0, qf, kq, qg, lim, sl2);
-	};
+	auto open_chunk = [&](uint32_t sl, uint32_t uc) { dec_open<D, ACT, LY>(a, s, h, st, sl, uc, q, kq); };
 	uint32_t u = u0 + warp;
 	/* a sink block's chunks (kernels/layout.h) first, as open ones: the
 	 * sealed pipelines below start past them */
@@ -680,7 +861,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 				RS r;
 				dec_unstage(r, ring + cur * UNITS * 512);
 				__syncwarp();   /* read before the stage is copied into again */
-				dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl[0], u, h, qf, kq, qg, lim, sl2);
+				dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl[0], u, h, q.qf, kq, q.qg, q.lim, q.sl2);
 			}
 #pragma unroll
 			for (int j = 0; j < NS - 2; j++)
@@ -700,14 +881,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 				const uint32_t sc = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
 				dec_load_sealed(a, B, sb, u + DEC_WARPS, h, s.n);
 				if (sa != DEC_NOSLOT)
-					dec_sealed<KF, VF, D, ACT, LY>(a, st, A, sa, u, h, qf, kq, qg, lim, sl2);
+					dec_sealed<KF, VF, D, ACT, LY>(a, st, A, sa, u, h, q.qf, kq, q.qg, q.lim, q.sl2);
 				u += DEC_WARPS;
 				if (u >= us)
 					break;
 				const uint32_t sd = dec_slot(a, s, u + 2 * DEC_WARPS, us, n_sealed_blk);
 				dec_load_sealed(a, A, sc, u + DEC_WARPS, h, s.n);
 				if (sb != DEC_NOSLOT)
-					dec_sealed<KF, VF, D, ACT, LY>(a, st, B, sb, u, h, qf, kq, qg, lim, sl2);
+					dec_sealed<KF, VF, D, ACT, LY>(a, st, B, sb, u, h, q.qf, kq, q.qg, q.lim, q.sl2);
 				u += DEC_WARPS;
 				if (u >= us)
 					break;
@@ -724,67 +905,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, (dec_tune<KF, VF, D>::minb)) d
 		if (!(sl >> 31)) {
 			RS r;
 			dec_load_sealed(a, r, sl, u, h, s.n);
-			dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl, u, h, qf, kq, qg, lim, sl2);
+			dec_sealed<KF, VF, D, ACT, LY>(a, st, r, sl, u, h, q.qf, kq, q.qg, q.lim, q.sl2);
 		} else {
 			open_chunk(sl, u);
 		}
 	}
 
-	/* ---- the warps' (m, l, o) through shared memory */
-#pragma unroll
-	for (int j = 0; j < 2; j++) {
-		float x = st.sm[j].l;
-		x += __shfl_xor_sync(0xffffffffu, x, 4);
-		x += __shfl_xor_sync(0xffffffffu, x, 8);
-		x += __shfl_xor_sync(0xffffffffu, x, 16);
-		if (qn == 0) {
-			sm_m[warp][2 * qc + j] = st.sm[j].m;
-			sm_l[warp][2 * qc + j] = x;
-		}
-	}
-#pragma unroll
-	for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			sm_o[(warp * 8 + 2 * qc + (i & 1)) * OSTRIDE + mt * 16 + qn + 8 * (i >> 1)] =
-				st.acc[mt][i] * st.unit[mt * 16 / LY::VGS];
-	__syncthreads();
-
-	/* V rotated back here (a.rot, the range whole): the rows' results
-	 * through warp 0's rows of sm_o first */
-	const bool rot_out = (a.rot & KVQ_ROT_V) && a.splits == 1;
-	constexpr uint32_t PER = (8 * D + DEC_WARPS * 32 - 1) / (DEC_WARPS * 32);
-	float y[PER];
-#pragma unroll
-	for (uint32_t k = 0; k < PER; k++) {
-		const uint32_t idx = threadIdx.x + k * DEC_WARPS * 32, r = idx / D, d = idx % D;
-		if (idx >= nr * D)
-			break;
-		sm_state m;
-		float o = 0.0f;
-		m.init();
-#pragma unroll
-		for (int w = 0; w < DEC_WARPS; w++) {
-			float wa, wb;
-			m.merge(sm_state{ sm_m[w][r], sm_l[w][r] }, &wa, &wb);
-			o = o * wa + sm_o[(w * 8 + r) * OSTRIDE + d] * wb;
-		}
-		if (rot_out)
-			y[k] = m.normalize(o);
-		else
-			emit<D>(a, blockIdx.x, out_row(a, s, h, r), d, o, m);
-	}
-	if (!rot_out)
-		return;
-	__syncthreads();
-#pragma unroll
-	for (uint32_t k = 0; k < PER; k++) {
-		const uint32_t idx = threadIdx.x + k * DEC_WARPS * 32;
-		if (idx < nr * D)
-			sm_o[(idx / D) * OSTRIDE + idx % D] = y[k];
-	}
-	__syncthreads();
-	emit_rotated<D>(a, s, h, sm_o, OSTRIDE, 0, nr);
+	dec_finish<D, LY, DEC_WARPS, DEC_WARPS * 32>(a, s, h, st, sm_m, sm_l, sm_o);
 }
 
 /* CTAs of one instance that fit on a multiprocessor (0 on error). */

@@ -7,17 +7,23 @@
  * dim go to decode_kernel for a step of at most 8 query rows per KV head
  * and to prefill_kernel for more, pairs with pq kernels to
  * pq_decode_kernel for such a step; the rest to attn_kernel (choose()).
- * A layer that rotates K or V: decode_kernel and pq_decode_kernel rotate q
- * as they load it and their output in the epilogue (merge_kernel after a
- * split's merge); around prefill_kernel and attn_kernel, q is rotated into
- * the workspace first and the output taken in fp32 into the workspace and
- * rotated back into out after (rot_rows_kernel, rot_in_kernel). */
+ * On a device of compute capability 9.0, a row with sm90 takes
+ * decode90_kernel (decode_sm90.cuh) for decode_kernel's steps, unless
+ * KVQ_CUDA_KERNELS=portable or the layer's sealed head slices do not fit
+ * its ring.
+ * A layer that rotates K or V: decode_kernel (and decode90_kernel, whose
+ * stages are its own) and pq_decode_kernel rotate q as they load it and
+ * their output in the epilogue (merge_kernel after a split's merge);
+ * around prefill_kernel and attn_kernel, q is rotated into the workspace
+ * first and the output taken in fp32 into the workspace and rotated back
+ * into out after (rot_rows_kernel, rot_in_kernel). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention.cuh"
 #include "decode.cuh"
 #include "decode_pq.cuh"
+#include "decode_sm90.h"
 #include "instances.h"
 #include "prefill.cuh"
 
@@ -38,7 +44,8 @@ int fail_launch(void)
 	KVQ_CUDA_IF(attn, KVQ_CUDA_DECL_attn(KF, VF, D, ACT, extern template)) \
 	KVQ_CUDA_IF(fast, KVQ_CUDA_DECL_decode(KF, VF, D, ACT, extern template) \
 			  KVQ_CUDA_DECL_prefill(KF, VF, D, ACT, extern template)) \
-	KVQ_CUDA_IF(pq, KVQ_CUDA_DECL_pq(KF, VF, D, ACT, extern template))
+	KVQ_CUDA_IF(pq, KVQ_CUDA_DECL_pq(KF, VF, D, ACT, extern template)) \
+	KVQ_CUDA_IF(KVQ_CUDA_SM90_COL(fast, sm90), KVQ_CUDA_DECL_decode90(KF, VF, D, ACT, extern template))
 KVQ_CUDA_ALL(KVQ_EXTERN)
 #undef KVQ_EXTERN
 
@@ -53,6 +60,9 @@ struct kernels {
 	attn_fn prefill;         /* prefill_kernel */
 	int (*prefill_rows)(void);   /* query rows per CTA */
 	attn_fn pq;              /* pq_decode_kernel */
+	attn_fn decode90;        /* decode90_kernel (Hopper) */
+	int (*decode90_occupancy)(uint32_t slice);
+	bool hopper;             /* decode is decode90 (choose()) */
 };
 
 static kernels find(int kf, int vf, uint32_t D, int act)
@@ -64,10 +74,13 @@ static kernels find(int kf, int vf, uint32_t D, int act)
 				KVQ_CUDA_OR_NULL(fast, decode_occupancy<KF, VF, DD, ACT>), \
 				KVQ_CUDA_OR_NULL(fast, prefill_launch<KF, VF, DD, ACT>), \
 				KVQ_CUDA_OR_NULL(fast, prefill_rows<KF, VF, DD, ACT>), \
-				KVQ_CUDA_OR_NULL(pq, pq_decode_launch<KF, VF, DD, ACT>) };
+				KVQ_CUDA_OR_NULL(pq, pq_decode_launch<KF, VF, DD, ACT>), \
+				KVQ_CUDA_OR_NULL(KVQ_CUDA_SM90_COL(fast, sm90), decode90_launch<KF, VF, DD, ACT>), \
+				KVQ_CUDA_OR_NULL(KVQ_CUDA_SM90_COL(fast, sm90), decode90_occupancy<KF, VF, DD, ACT>), \
+				false };
 	KVQ_CUDA_ALL(KVQ_FIND)
 #undef KVQ_FIND
-	return kernels{ NULL, NULL, NULL, NULL, NULL, NULL };
+	return kernels{ NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false };
 }
 
 /* Tokens per tile: the largest of 64, 48, 32, 16 that divides B. */
@@ -79,9 +92,8 @@ static uint32_t tile_tokens(uint32_t B)
 /* KVQ_CUDA_KERNELS, read once: "portable" keeps every call on the kernels
  * above, which run on sm_80 and later; anything else is "auto", which is
  * to take the Hopper (sm_90a) kernels of a row with sm90 on a device of
- * compute capability 9.0.  No row has them yet: both run the same kernels
- * today, and the switch exists so that tests and kvq-bench can run the
- * portable path on the Hopper GPUs they have once the others exist. */
+ * compute capability 9.0.  The switch lets tests and kvq-bench run the
+ * portable path on the Hopper GPUs they have. */
 static const char *kernels_mode(void)
 {
 	static const char *const mode = [] {
@@ -91,13 +103,27 @@ static const char *kernels_mode(void)
 	return mode;
 }
 
+/* Whether the current device is a Hopper GPU (compute capability exactly
+ * 9.0, what sm_90a code runs on); false on a CUDA error. */
+static bool hopper_device(void)
+{
+	int dev = 0, major = 0, minor = 0;
+
+	return cudaGetDevice(&dev) == cudaSuccess &&
+	       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+	       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+	       minor == 0;
+}
+
 /* The one place that chooses the kernels of a call, the rest cleared from
  * its instance's: in blocks of a multiple of 32 tokens whose groups fit
  * the head dim, decode_kernel or pq_decode_kernel for at most 8 query rows
  * per KV head and prefill_kernel for more; attn_kernel always.  The family
- * (portable or Hopper, kernels_mode()) is chosen here too once a row has
- * Hopper kernels; none has, so every mode takes the portable family. */
-static kernels choose(int kf, int vf, const struct kvq_layout *L, uint32_t rows)
+ * too (kernels_mode()): on a Hopper device, decode90_kernel in place of
+ * decode_kernel where the row has it, the pool (base) is 16-byte aligned
+ * for the bulk copies and the layer's sealed head slices fit its ring. */
+static kernels choose(int kf, int vf, const struct kvq_layout *L, const struct kvq_layer_layout *ll,
+		      const void *base, uint32_t rows)
 {
 	const bool fast = L->block_tokens % DEC_CHUNK == 0 && kvq_fmt_group(kf, 0) <= L->head_dim &&
 			  kvq_fmt_group(vf, 1) <= L->head_dim;
@@ -110,6 +136,11 @@ static kernels choose(int kf, int vf, const struct kvq_layout *L, uint32_t rows)
 	if (!fast || rows <= 8) {
 		k.prefill = NULL;
 		k.prefill_rows = NULL;
+	}
+	if (k.decode && k.decode90 && strcmp(kernels_mode(), "portable") && !((uintptr_t)base & 15) &&
+	    hopper_device() && k.decode90_occupancy(ll->sealed_head) > 0) {
+		k.decode = k.decode90;
+		k.hopper = true;
 	}
 	return k;
 }
@@ -154,7 +185,7 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 		return -EINVAL;
 	const int kf = L->layer[a->layer].kfmt, vf = L->layer[a->layer].vfmt;
 	uint32_t rows = a->max_q * s.g;
-	s.k = choose(kf, vf, L, rows);
+	s.k = choose(kf, vf, L, &L->layer[a->layer], a->base, rows);
 	if (s.k.prefill) {
 		s.nrp = (uint32_t)s.k.prefill_rows();
 		s.tt = PF_TILE;
@@ -175,7 +206,10 @@ static int shape_of(const struct kvq_cuda_attn *a, uint32_t nseq, struct shape *
 			s.splits = a->splits < nch ? a->splits : nch;
 		} else {
 			/* pq_decode_kernel: one CTA per SM (its tables) */
-			int dev = 0, sms = 132, occ = s.k.decode ? s.k.decode_occupancy() : 1;
+			int dev = 0, sms = 132;
+			const int occ = s.k.hopper   ? s.k.decode90_occupancy(L->layer[a->layer].sealed_head)
+					: s.k.decode ? s.k.decode_occupancy()
+						     : 1;
 			if (cudaGetDevice(&dev) != cudaSuccess ||
 			    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
 				return fail_launch();
@@ -337,7 +371,7 @@ extern "C" const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, ui
 		return NULL;
 	if (splits)
 		*splits = s.splits;
-	return s.k.decode ? "decode" : s.k.prefill ? "prefill" : s.k.pq ? "pq-decode" : "generic";
+	return s.k.hopper ? "decode-sm90" : s.k.decode ? "decode" : s.k.prefill ? "prefill" : s.k.pq ? "pq-decode" : "generic";
 }
 
 extern "C" int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table *seqs, uint32_t nseq,

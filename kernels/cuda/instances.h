@@ -16,11 +16,14 @@
  *   pq    pq_decode_kernel (decode_pq.cuh), for the decode steps of a pair
  *         with codebook V (K: a codebook format, or 8 bits by token) in
  *         blocks of a multiple of 32 tokens
- *   sm90  the Hopper (sm_90a) decode kernels; none exist yet, so it is 0
- *         in every row and nothing is generated from it
+ *   sm90  decode90_kernel (decode_sm90.cuh), the Hopper decode kernel that
+ *         takes decode_kernel's steps on a device of compute capability
+ *         9.0; only in a row with fast, built for sm_90a alone and only
+ *         where the build has architecture 90 (KVQ_CUDA_SM90)
  * and the file: the letter of the compile files (attn_inst_a.cu,
- * decode_inst_a.cu, prefill_inst_a.cu, decode_pq_inst_a.cu; or _b) that
- * build the row's instances, so a parallel build splits the work.
+ * decode_inst_a.cu, prefill_inst_a.cu, decode_pq_inst_a.cu,
+ * decode_sm90_inst_a.cu; or _b) that build the row's instances, so a
+ * parallel build splits the work.
  * KVQ_CUDA_PAIRS_EXTRA, when a build defines it, appends rows (the test of
  * a throwaway row, tests/gpu/cuda_row.h).
  */
@@ -35,27 +38,27 @@
  * table's first are passed on to every row. */
 #define KVQ_CUDA_PAIR_TABLE(X, ...) \
 	/* K         V          attn fast pq sm90 file */ \
-	X(F16,       F16,       1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(BF16,      BF16,      1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      INT8,      1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(FP8,       FP8,       1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(FP8E5M2,   FP8E5M2,   1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      FP8,       1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      INT4G32,   1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      INT4G64,   1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT8,      INT4G128,  1,   1,   0, 0,   a, __VA_ARGS__) \
-	X(INT4G64,   KIVI2,     1,   1,   0, 0,   a, __VA_ARGS__) \
+	X(F16,       F16,       1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(BF16,      BF16,      1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      INT8,      1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(FP8,       FP8,       1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(FP8E5M2,   FP8E5M2,   1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      FP8,       1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      INT4G32,   1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      INT4G64,   1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT8,      INT4G128,  1,   1,   0, 1,   a, __VA_ARGS__) \
+	X(INT4G64,   KIVI2,     1,   1,   0, 1,   a, __VA_ARGS__) \
 	X(PQ2,       PQ2,       1,   0,   1, 0,   a, __VA_ARGS__) \
 	X(INT8,      PQ2,       1,   0,   1, 0,   a, __VA_ARGS__) \
-	X(INT4G32,   INT4G32,   1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(INT4G64,   INT4G64,   1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(INT4G128,  INT4G128,  1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(KIVI4,     KIVI4,     1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(KIVI2,     KIVI2,     1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(INT8,      KIVI4,     1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(INT8,      KIVI2,     1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(FP8,       INT4G32,   1,   1,   0, 0,   b, __VA_ARGS__) \
-	X(F16,       INT8,      1,   1,   0, 0,   b, __VA_ARGS__) \
+	X(INT4G32,   INT4G32,   1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(INT4G64,   INT4G64,   1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(INT4G128,  INT4G128,  1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(KIVI4,     KIVI4,     1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(KIVI2,     KIVI2,     1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(INT8,      KIVI4,     1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(INT8,      KIVI2,     1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(FP8,       INT4G32,   1,   1,   0, 1,   b, __VA_ARGS__) \
+	X(F16,       INT8,      1,   1,   0, 1,   b, __VA_ARGS__) \
 	X(PQ1,       PQ1,       1,   0,   1, 0,   b, __VA_ARGS__) \
 	X(KIVI4,     PQ2,       1,   0,   0, 0,   b, __VA_ARGS__) \
 	KVQ_CUDA_PAIRS_EXTRA(X, __VA_ARGS__)
@@ -78,16 +81,25 @@
 #define KVQ_CUDA_ALL_ROW(K, V, attn, fast, pq, sm90, file, Y) KVQ_CUDA_EACH(Y, K, V, attn, fast, pq, sm90)
 
 /* The explicit instances (`template` declarations) of kernel family FAM
- * (attn, decode, prefill, pq) for every row whose column for FAM is 1 and
- * whose file is the one being compiled. */
+ * (attn, decode, prefill, pq, decode90) for every row whose column for FAM
+ * is 1 and whose file is the one being compiled. */
 #define KVQ_CUDA_INSTANCES(FAM) KVQ_CUDA_PAIR_TABLE(KVQ_CUDA_INST_ROW, FAM)
 #define KVQ_CUDA_INST_ROW(K, V, attn, fast, pq, sm90, file, FAM) \
-	KVQ_CUDA_IF(KVQ_CUDA_AND(KVQ_CUDA_COL_##FAM(attn, fast, pq), KVQ_CUDA_HERE(file)), \
+	KVQ_CUDA_IF(KVQ_CUDA_AND(KVQ_CUDA_COL_##FAM(attn, fast, pq, sm90), KVQ_CUDA_HERE(file)), \
 		    KVQ_CUDA_EACH(KVQ_CUDA_DECL_##FAM, K, V, template))
-#define KVQ_CUDA_COL_attn(attn, fast, pq) attn
-#define KVQ_CUDA_COL_decode(attn, fast, pq) fast
-#define KVQ_CUDA_COL_prefill(attn, fast, pq) fast
-#define KVQ_CUDA_COL_pq(attn, fast, pq) pq
+#define KVQ_CUDA_COL_attn(attn, fast, pq, sm90) attn
+#define KVQ_CUDA_COL_decode(attn, fast, pq, sm90) fast
+#define KVQ_CUDA_COL_prefill(attn, fast, pq, sm90) fast
+#define KVQ_CUDA_COL_pq(attn, fast, pq, sm90) pq
+#define KVQ_CUDA_COL_decode90(attn, fast, pq, sm90) KVQ_CUDA_AND(fast, sm90)
+
+/* A row's sm90 column as the dispatcher sees it: 0 in a build without
+ * architecture 90, whose kernels have no Hopper instances. */
+#ifdef KVQ_CUDA_SM90
+#define KVQ_CUDA_SM90_COL(fast, sm90) KVQ_CUDA_AND(fast, sm90)
+#else
+#define KVQ_CUDA_SM90_COL(fast, sm90) 0
+#endif
 
 /* The declaration of one instance of each family, written once for the
  * compile files (P: template) and dispatch.cu (P: extern template). */
@@ -99,6 +111,9 @@
 	P int prefill_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
 	P int prefill_rows<KF, VF, D, ACT>(void);
 #define KVQ_CUDA_DECL_pq(KF, VF, D, ACT, P) P int pq_decode_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *);
+#define KVQ_CUDA_DECL_decode90(KF, VF, D, ACT, P) \
+	P int decode90_launch<KF, VF, D, ACT>(const attn_args &, uint32_t, void *); \
+	P int decode90_occupancy<KF, VF, D, ACT>(uint32_t);
 
 /* Conditionals on a row's 0/1 columns. */
 #define KVQ_CUDA_CAT(a, b) KVQ_CUDA_CAT_(a, b)

@@ -76,8 +76,9 @@ int kvq_cuda_attention(const struct kvq_cuda_attn *a, const struct kvq_seq_table
 		       const void *q, void *out);
 
 /* Which kernel kvq_cuda_attention launches for these arguments: "decode"
- * (decode_kernel), "prefill" (prefill_kernel), "pq-decode"
- * (pq_decode_kernel) or "generic" (attn_kernel),
+ * (decode_kernel), "decode-sm90" (decode90_kernel, on a Hopper GPU),
+ * "prefill" (prefill_kernel), "pq-decode" (pq_decode_kernel) or "generic"
+ * (attn_kernel),
  * and in *splits (may be NULL) its KV splits; NULL for arguments it refuses
  * or a pair without a kernel. */
 const char *kvq_cuda_attention_plan(const struct kvq_cuda_attn *a, uint32_t nseq, uint32_t *splits);
@@ -91,9 +92,9 @@ const char *kvq_cuda_error(void);
 
 /* The kernel family attention may take, from the environment variable
  * KVQ_CUDA_KERNELS, read once per process: "portable" (the sm_80 kernels
- * on every device) or "auto" (the default: Hopper kernels where a pair has
- * them on a device of compute capability 9.0; no pair has them yet, so
- * both run the same kernels). */
+ * on every device) or "auto" (the default: the Hopper decode kernel where
+ * a pair has it, instances.h's sm90, on a device of compute capability
+ * 9.0, in a build with architecture 90). */
 const char *kvq_cuda_kernels(void);
 
 #ifdef __cplusplus

@@ -54,8 +54,8 @@ step cudaseq env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 step cudabatch env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_batch"
 step cudatier env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_tier"
 # again with the kernels that run on sm_80 and later forced (KVQ_CUDA_KERNELS):
-# on a Hopper GPU the runs above take its own kernels where a pair has them.
-# No pair has them yet, so today both runs run the same kernels.
+# on a Hopper GPU the runs above take its own decode kernel where a pair has
+# it (decode_sm90.cuh: the rows of kernels/cuda/instances.h with sm90).
 step kernelsp env KVQ_CUDA_KERNELS=portable "$b/tests/gpu/test_kernels"
 step cudaseqp env KVQ_CUDA_KERNELS=portable KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 # a tensor-parallel group on two GPUs (skipped on a machine of one)

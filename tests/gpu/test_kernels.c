@@ -64,6 +64,7 @@ struct seq {
 static int small;
 static int case_sink;   /* the case's pools keep sink blocks (kernels/layout.h) */
 static double worst[2], worst_row[2];   /* largest relative errors seen, FP16 and BF16 outputs */
+static int n_decode[2];                  /* attention calls planned as "decode" and "decode-sm90" */
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
 	diag("%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); abort(); } } while (0)
@@ -365,6 +366,10 @@ static void attend_layer(const struct tcase *tc, const struct kvq_layout *L, con
 			.max_n = max_n, .max_q = max_q, .total_q = total_q, .splits = splits[k] };
 		ca.workspace_bytes = kvq_cuda_attention_workspace(&ca, ns);
 		ca.workspace = ca.workspace_bytes ? dmalloc(ca.workspace_bytes) : NULL;
+		const char *plan = kvq_cuda_attention_plan(&ca, ns, NULL);
+		plan = plan ? plan : "?";
+		n_decode[0] += !strcmp(plan, "decode");
+		n_decode[1] += !strcmp(plan, "decode-sm90");
 		CK(cudaMemset(dout, 0xff, nel * 2));   /* NaN in FP16 and BF16 */
 		rc = kvq_cuda_attention(&ca, dcs, ns, dq, dout);
 		CK(cudaDeviceSynchronize());
@@ -407,8 +412,9 @@ static void attend_layer(const struct tcase *tc, const struct kvq_layout *L, con
 		worst[bf] = fmax(worst[bf], rel);
 		worst_row[bf] = fmax(worst_row[bf], row_rel);
 		ok(!nan && rel <= tol && row_rel <= 10 * tol,
-		   "%s: layer %u attention, %u split(s) asked: max|gpu-cpu|/max|cpu| = %.2e (tol %.0e), worst row %.2e%s",
-		   name, layer, splits[k], rel, tol, row_rel, nan ? ", NaN left in the output" : "");
+		   "%s: layer %u attention (%s), %u split(s) asked: max|gpu-cpu|/max|cpu| = %.2e (tol %.0e), worst row "
+		   "%.2e%s",
+		   name, layer, plan, splits[k], rel, tol, row_rel, nan ? ", NaN left in the output" : "");
 	}
 	CK(cudaFree(dq));
 	CK(cudaFree(dout));
@@ -703,5 +709,17 @@ int main(void)
 	}
 	diag("largest relative error: %.2e with FP16 output, %.2e with BF16 output; per row %.2e and %.2e",
 	     worst[0], worst[1], worst_row[0], worst_row[1]);
+	{
+		/* a build that runs on a Hopper GPU has architecture 90, so its
+		 * Hopper decode kernel (kernels/cuda/decode_sm90.cuh) must have
+		 * taken decode steps (of the full list of cases) unless the
+		 * portable kernels are forced, and elsewhere none */
+		struct cudaDeviceProp p;
+		CK(cudaGetDeviceProperties(&p, 0));
+		const int hopper = p.major == 9 && p.minor == 0 && !strcmp(kvq_cuda_kernels(), "auto");
+		ok(hopper ? small || n_decode[1] > 0 : n_decode[1] == 0,
+		   "decode steps: %d by decode_kernel, %d by decode90_kernel (kernels %s, sm_%d%d)", n_decode[0],
+		   n_decode[1], kvq_cuda_kernels(), p.major, p.minor);
+	}
 	return done_testing();
 }
