@@ -25,8 +25,9 @@
  * target and whether a scalar format was slower than one of more bytes per
  * token (a cell whose f16 step reads under 256 MiB is printed, not
  * judged); `--format all` takes every pair with kernels.
- * `--kernels portable` times the kernels that run on sm_80 and later even
- * where a Hopper family exists (KVQ_CUDA_KERNELS, kvq_cuda.h).
+ * `--kernels sm90` times the Hopper decode kernel where a pair has it; the
+ * default (auto) times the kernels that run on sm_80 and later
+ * (KVQ_CUDA_KERNELS, kvq_cuda.h).
  * `--sdpa FILE` takes bench/sdpa.py's PyTorch times for the speed-up column,
  * `--fi FILE` the output of FlashInfer's timing programs (fi_attn, fi_decode)
  * for theirs.
@@ -510,7 +511,7 @@ static void usage(const char *mode)
 {
 	fprintf(stderr, "usage: kvq-bench %s [--json] [--quick] [--format LIST|all] [--runs N (1-200)] [--block B (16-256, "
 			"a multiple of 16)] [--splits N (1-64 KV splits, not chosen)] [--sdpa FILE (bench/sdpa.py's output)] "
-			"[--kernels portable|auto (KVQ_CUDA_KERNELS)]%s%s\n", mode,
+			"[--kernels auto|sm90 (KVQ_CUDA_KERNELS)]%s%s\n", mode,
 		strcmp(mode, "prefill") ? " [--shape BATCHxCONTEXTxHQ/HKVxD]..." : "",
 		strcmp(mode, "decode") ? "" : " [--fi FILE (fi_attn or fi_decode output)]... [--grid (the serving grid: "
 		"batch x context x heads, targets checked)]");
@@ -588,7 +589,7 @@ extern "C" int bench_decode(int argc, char **argv)
 		else if (!strcmp(mode, "decode") && !strcmp(argv[i], "--grid"))
 			use_grid = 1;
 		else if (!strcmp(argv[i], "--kernels") && i + 1 < argc &&
-			 (!strcmp(argv[i + 1], "portable") || !strcmp(argv[i + 1], "auto")))
+			 (!strcmp(argv[i + 1], "sm90") || !strcmp(argv[i + 1], "auto")))
 			setenv("KVQ_CUDA_KERNELS", argv[++i], 1);   /* read once, before the kernels are used */
 		else {
 			usage(mode);

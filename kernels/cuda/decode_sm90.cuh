@@ -5,7 +5,7 @@
  * from a ring of shared-memory stages that the bulk-copy engine fills,
  * instead of from loads into registers.  dispatch.cu takes it in place of
  * decode_kernel on a device of compute capability 9.0 for a row of
- * instances.h with sm90 (unless KVQ_CUDA_KERNELS=portable), where the
+ * instances.h with sm90 when KVQ_CUDA_KERNELS=sm90, where the
  * layer's sealed head slice fits two stages and the pool is 16-byte
  * aligned.
  *

@@ -7,9 +7,9 @@
  * dim go to decode_kernel for a step of at most 8 query rows per KV head
  * and to prefill_kernel for more, pairs with pq kernels to
  * pq_decode_kernel for such a step; the rest to attn_kernel (choose()).
- * On a device of compute capability 9.0, a row with sm90 takes
- * decode90_kernel (decode_sm90.cuh) for decode_kernel's steps, unless
- * KVQ_CUDA_KERNELS=portable or the layer's sealed head slices do not fit
+ * With KVQ_CUDA_KERNELS=sm90, on a device of compute capability 9.0, a
+ * row with sm90 takes decode90_kernel (decode_sm90.cuh) for
+ * decode_kernel's steps, unless the layer's sealed head slices do not fit
  * its ring.
  * A layer that rotates K or V: decode_kernel (and decode90_kernel, whose
  * stages are its own) and pq_decode_kernel rotate q as they load it and
@@ -89,16 +89,17 @@ static uint32_t tile_tokens(uint32_t B)
 	return B % 64 == 0 ? 64 : B % 48 == 0 ? 48 : B % 32 == 0 ? 32 : 16;
 }
 
-/* KVQ_CUDA_KERNELS, read once: "portable" keeps every call on the kernels
- * above, which run on sm_80 and later; anything else is "auto", which is
- * to take the Hopper (sm_90a) kernels of a row with sm90 on a device of
- * compute capability 9.0.  The switch lets tests and kvq-bench run the
- * portable path on the Hopper GPUs they have. */
+/* KVQ_CUDA_KERNELS, read once: "sm90" takes the Hopper (sm_90a) decode
+ * kernel of a row with sm90 on a device of compute capability 9.0;
+ * anything else is "auto", which keeps every call on the kernels above,
+ * which run on sm_80 and later: on an H200 the Hopper kernel is correct
+ * but slower than them for every quantized format (bench/RESULTS.md,
+ * 2026-12-06, issue 41), so it is opt-in until it wins. */
 static const char *kernels_mode(void)
 {
 	static const char *const mode = [] {
 		const char *e = getenv("KVQ_CUDA_KERNELS");
-		return e && !strcmp(e, "portable") ? "portable" : "auto";
+		return e && !strcmp(e, "sm90") ? "sm90" : "auto";
 	}();
 	return mode;
 }
@@ -119,7 +120,7 @@ static bool hopper_device(void)
  * its instance's: in blocks of a multiple of 32 tokens whose groups fit
  * the head dim, decode_kernel or pq_decode_kernel for at most 8 query rows
  * per KV head and prefill_kernel for more; attn_kernel always.  The family
- * too (kernels_mode()): on a Hopper device, decode90_kernel in place of
+ * too (kernels_mode()): with "sm90" on a Hopper device, decode90_kernel in place of
  * decode_kernel where the row has it, the pool (base) is 16-byte aligned
  * for the bulk copies and the layer's sealed head slices fit its ring. */
 static kernels choose(int kf, int vf, const struct kvq_layout *L, const struct kvq_layer_layout *ll,
@@ -137,7 +138,7 @@ static kernels choose(int kf, int vf, const struct kvq_layout *L, const struct k
 		k.prefill = NULL;
 		k.prefill_rows = NULL;
 	}
-	if (k.decode && k.decode90 && strcmp(kernels_mode(), "portable") && !((uintptr_t)base & 15) &&
+	if (k.decode && k.decode90 && !strcmp(kernels_mode(), "sm90") && !((uintptr_t)base & 15) &&
 	    hopper_device() && k.decode90_occupancy(ll->sealed_head) > 0) {
 		k.decode = k.decode90;
 		k.hopper = true;

@@ -91,10 +91,10 @@ int kvq_cuda_attention_supported(int kfmt, int vfmt, uint32_t head_dim, int act)
 const char *kvq_cuda_error(void);
 
 /* The kernel family attention may take, from the environment variable
- * KVQ_CUDA_KERNELS, read once per process: "portable" (the sm_80 kernels
- * on every device) or "auto" (the default: the Hopper decode kernel where
- * a pair has it, instances.h's sm90, on a device of compute capability
- * 9.0, in a build with architecture 90). */
+ * KVQ_CUDA_KERNELS, read once per process: "auto" (the default: the sm_80
+ * kernels on every device, the fastest measured) or "sm90" (the Hopper
+ * decode kernel where a pair has it, instances.h's sm90, on a device of
+ * compute capability 9.0, in a build with architecture 90). */
 const char *kvq_cuda_kernels(void);
 
 #ifdef __cplusplus

@@ -6,7 +6,7 @@
 # runs the GPU tests of BUILD_DIR (format arithmetic on the device, the CUDA
 # kernels against the CPU kernels, a cuda pool shared by two processes,
 # libkvq's sequences on a cuda pool against a host pool; the kernel and
-# sequence tests twice, the second time with KVQ_CUDA_KERNELS=portable),
+# sequence tests twice, the second time with the Hopper decode kernel, KVQ_CUDA_KERNELS=sm90),
 # compute-sanitizer memcheck and racecheck on the kernels' small cases,
 # kvq-bench decode/prefill/append (beside PyTorch SDPA where PyTorch is
 # installed), and kvq-bench control against a host-backend kvqd;
@@ -53,11 +53,12 @@ step cudapool env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_pool"
 step cudaseq env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 step cudabatch env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_batch"
 step cudatier env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_tier"
-# again with the kernels that run on sm_80 and later forced (KVQ_CUDA_KERNELS):
-# on a Hopper GPU the runs above take its own decode kernel where a pair has
-# it (decode_sm90.cuh: the rows of kernels/cuda/instances.h with sm90).
-step kernelsp env KVQ_CUDA_KERNELS=portable "$b/tests/gpu/test_kernels"
-step cudaseqp env KVQ_CUDA_KERNELS=portable KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
+# again with the Hopper decode kernel (KVQ_CUDA_KERNELS=sm90): on a Hopper GPU
+# it takes the decode steps of a pair that has it (decode_sm90.cuh: the rows
+# of kernels/cuda/instances.h with sm90); the runs above keep the kernels
+# that run on sm_80 and later, the default.
+step kernels90 env KVQ_CUDA_KERNELS=sm90 "$b/tests/gpu/test_kernels"
+step cudaseq90 env KVQ_CUDA_KERNELS=sm90 KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 # a tensor-parallel group on two GPUs (skipped on a machine of one)
 step groups2 env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_groups_gpu"
 if command -v compute-sanitizer > /dev/null; then
