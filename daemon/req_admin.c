@@ -11,6 +11,7 @@
 #include "log.h"
 #include "request.h"
 #include "seterr.h"
+#include "tiering.h"
 
 /* A pool the caller may name in an admin request: hidden pools read as
  * absent, so the reply does not tell which names exist. */
@@ -35,11 +36,17 @@ int kvq_req_evict(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_reply
 	ret = admin_pool(c, q->pool, &p, err, errlen);
 	if (ret < 0)
 		return ret;
+	if (q->demote && !p->tiering)
+		return kvq_seterr(err, errlen, "pool %s has no host tier (host_capacity)", p->name), -EOPNOTSUPP;
 	want = kvq_prefix_evictable(p->prefix, -1);
 	if (q->blocks && q->blocks < want)
 		want = q->blocks;
-	kvq_prefix_evict(p->prefix, want, NULL, &n);
-	kvq_log(LOG_NOTICE, "pool %s: uid %u evicted %u cached blocks", p->name, (unsigned)c->uid, n);
+	if (q->demote)
+		n = kvq_tiering_demote_count(p->tiering, want);
+	else
+		kvq_prefix_evict(p->prefix, want, NULL, &n);
+	kvq_log(LOG_NOTICE, "pool %s: uid %u %s %u cached blocks", p->name, (unsigned)c->uid,
+		q->demote ? "demoted" : "evicted", n);
 	rep->evicted = n;
 	return 0;
 }

@@ -163,8 +163,8 @@ static void on_drop(void *arg, const uint8_t *key)
 	kvq_tier_drop_under(tg->tier, key);
 }
 
-/* Up to want blocks of class cls into one job. */
-static void demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
+/* Up to want blocks of class cls into one job; how many left the index. */
+static uint32_t demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 {
 	struct kvq_prefix_victim v[DEMOTE_BATCH];
 	struct demote_job *j;
@@ -174,7 +174,7 @@ static void demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 		want = DEMOTE_BATCH;
 	j = calloc(1, sizeof *j);
 	if (!j)
-		return;
+		return 0;
 	n = kvq_prefix_demote(tg->p.prefix, cls, want, DEMOTE_BATCH, v);
 	for (uint32_t i = 0; i < n; i++) {
 		int64_t rec = kvq_tier_reserve(tg->tier, (uint32_t)v[i].cls, v[i].key,
@@ -199,7 +199,7 @@ static void demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 	}
 	if (j->n == 0) {
 		free(j);
-		return;
+		return n;
 	}
 	j->tg = tg;
 	j->job.run = demote_run;
@@ -207,6 +207,21 @@ static void demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 	tg->inflight += j->n;
 	tg->jobs++;
 	kvq_copier_submit(*tg->cp, &j->job);
+	return n;
+}
+
+uint32_t kvq_tiering_demote_count(struct kvq_tiering *tg, uint32_t count)
+{
+	uint32_t n = 0, k = 1;
+
+	/* in the eviction order, whatever the class; each batch one job */
+	while (n < count && k > 0 && !tg->closing) {
+		k = demote_some(tg, 0, count - n < DEMOTE_BATCH ? count - n : DEMOTE_BATCH);
+		if (k == 0)
+			k = demote_some(tg, 1, count - n < DEMOTE_BATCH ? count - n : DEMOTE_BATCH);
+		n += k;
+	}
+	return n;
 }
 
 void kvq_tiering_demote(struct kvq_tiering *tg, uint32_t reserve_pct, uint32_t max_inflight)

@@ -66,6 +66,11 @@ void kvq_tiering_free(struct kvq_tiering *tg);
  * class's slots, at most max_inflight blocks in flight. */
 void kvq_tiering_demote(struct kvq_tiering *tg, uint32_t reserve_pct, uint32_t max_inflight);
 
+/* Demotes up to count evictable blocks now, in the eviction order, beyond
+ * the reserve and the in-flight bound (an admin's Evict with demote):
+ * how many left the index for the tier (their copies run on). */
+uint32_t kvq_tiering_demote_count(struct kvq_tiering *tg, uint32_t count);
+
 /* The READY record under key, or -1. */
 int64_t kvq_tiering_find(const struct kvq_tiering *tg, const uint8_t *key);
 

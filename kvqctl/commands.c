@@ -204,7 +204,8 @@ int cmd_clients(struct cmdline *cl)
 	return 0;
 }
 
-/* evict POOL [N], and flush POOL (all that can go: no N). */
+/* evict POOL [N], flush POOL (all that can go: no N), demote POOL [N] (to
+ * the pool's host tier). */
 int cmd_evict(struct cmdline *cl)
 {
 	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
@@ -215,8 +216,9 @@ int cmd_evict(struct cmdline *cl)
 	if (r >= 0)
 		return r;
 	ev.pool = cl->argv[0];
+	ev.demote = !strcmp(cl->cmd->name, "demote");
 	if (cl->argc == 2 && parse_u32(cl->argv[1], 1, UINT32_MAX, &ev.blocks) < 0)
-		return die("evict: '%s' is not a block count (1 or more)", cl->argv[1]), 2;
+		return die("%s: '%s' is not a block count (1 or more)", cl->cmd->name, cl->argv[1]), 2;
 	e.body_case = KVQ__ENVELOPE__BODY_EVICT;
 	e.evict = &ev;
 	r = request(cl, &e, KVQ__ENVELOPE__BODY_EVICT_REPLY, &rep);
@@ -225,10 +227,11 @@ int cmd_evict(struct cmdline *cl)
 	if (cl->json) {
 		j_open(NULL, '{');
 		j_str("pool", ev.pool);
-		j_u64("evicted", rep->evict_reply->evicted);
+		j_u64(ev.demote ? "demoted" : "evicted", rep->evict_reply->evicted);
 		j_close('}');
 	} else {
-		printf("pool %s: %u cached blocks evicted\n", ev.pool, rep->evict_reply->evicted);
+		printf("pool %s: %u cached blocks %s\n", ev.pool, rep->evict_reply->evicted,
+		       ev.demote ? "sent to the host tier" : "evicted");
 	}
 	kvq_frame_envelope_free(rep);
 	return 0;

@@ -174,6 +174,8 @@ static const struct command commands[] = {
 	{ "clients", NULL, "[POOL]", "connections and the blocks they hold", NULL, NULL, cmd_clients },
 	{ "evict", NULL, "POOL [N]", "evict up to N unreferenced cached blocks (admin)", NULL, NULL, cmd_evict },
 	{ "flush", NULL, "POOL", "evict every unreferenced cached block (admin)", NULL, NULL, cmd_evict },
+	{ "demote", NULL, "POOL [N]", "copy up to N (default all) unreferenced cached blocks to the pool's host tier "
+	  "and free their slots (admin)", NULL, NULL, cmd_evict },
 	{ "pool", "create", "NAME --model ID --layers L --kv-heads H --head-dim D --policy P\n"
 	  "       [--block-tokens B] [--window R] [--window-dtype f16|bf16] [--capacity SIZE]\n"
 	  "       [--sealed N --open N] [--sink-blocks 0|1] [--sinks N] [--backend host|cuda]\n"

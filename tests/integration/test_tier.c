@@ -15,6 +15,8 @@
  *    records) move too;
  *  - an attach that creates a pool with a tier, and one whose tier is
  *    beyond the host's budget (-ENOSPC);
+ *  - kvqctl demote: a prompt sent to the tier on an admin's word, then
+ *    promoted whole, attention equal; refused for a pool with no tier;
  *  - a host_capacity beyond the host's budget stops kvqd at start.
  * Built again as tests/gpu/test_cuda_tier (KVQ_TEST_CUDA): the same with
  * cuda pools, whose blocks kvqd copies through the device (D = 64, the
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../tap.h"
@@ -209,6 +212,68 @@ static void test_tier(const char *pool, bool small, uint32_t sinks)
 	kvq_client_free(c);
 }
 
+/* kvqctl ARGS... against the test's kvqd: its exit status, its output in
+ * out[len]. */
+static int ctl(char *out, size_t len, const char *args)
+{
+	const char *top = getenv("top_builddir"), *env = getenv("KVQ_TEST_KVQCTL");
+	char cmd[1024];
+	size_t n = 0;
+	FILE *f;
+	int st;
+
+	snprintf(cmd, sizeof cmd, "%s%s --socket %s %s 2>&1", env ? env : top ? top : ".", env ? "" : "/kvqctl/kvqctl",
+		 sock_path, args);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	n = fread(out, 1, len - 1, f);
+	while (n > 0 && out[n - 1] == '\n')
+		n--;
+	out[n] = 0;
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* kvqctl demote: a prompt's blocks sent to the tier on an admin's word (no
+ * reserve needed), then found whole and equal; refused for a pool with no
+ * tier. */
+static void test_demote(void)
+{
+	static float first[L_][NQ * QH_ * D_], again[L_][NQ * QH_ * D_];
+	struct kvq_attach_params plain = { .pool = "plain", .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .create = 1, .n_sealed = 48,
+		.n_open = 8, .backend = BACKEND, .device = -1 };
+	kvq_client *c = open_pool("tiered", 0), *p = NULL;
+	char out[4096];
+	uint64_t dem, prom;
+	uint32_t hit = 1;
+	int r;
+
+	if (!ok(c != NULL, "demote: attach"))
+		return;
+	r = run_prompt(c, 900, &hit, first);
+	dem = figure(c, "tier_demotions");
+	prom = figure(c, "tier_promotions");
+	r |= ctl(out, sizeof out, "demote tiered");
+	for (int i = 0; i < 200 && figure(c, "demoting") != 0; i++)
+		usleep(5000);
+	ok(r == 0 && hit == 0 && strstr(out, "sent to the host tier") && figure(c, "tier_demotions") > dem &&
+	   figure(c, "cached") == 0,
+	   "kvqctl demote sends every cached block to the tier (%llu -> %llu demotions), none left cached: %s",
+	   (unsigned long long)dem, (unsigned long long)figure(c, "tier_demotions"), out);
+	r = run_prompt(c, 900, &hit, again);
+	ok(r == 0 && hit == (NTOK / B_) * B_ && figure(c, "tier_promotions") >= prom + NTOK / B_ &&
+	   memcmp(again, first, sizeof again) == 0,
+	   "then a lookup promotes the prompt whole (hit %u), attention equal bit for bit", hit);
+	kvq_client_free(c);
+	r = kvq_client_connect(sock_path, "tier", &p);
+	r = r < 0 ? r : kvq_client_attach(p, &plain);
+	ok(r == 0 && ctl(out, sizeof out, "demote plain") != 0 && strstr(out, "no host tier"),
+	   "kvqctl demote of a pool without a tier is refused with a reason: %s", out);
+	kvq_client_free(p);
+}
+
 /* A pool an attach creates, with a host tier asked for in the attach. */
 static void test_attach_create(void)
 {
@@ -288,6 +353,7 @@ int main(void)
 	test_tier("small", true, 0);
 	test_tier("sinky", false, 1);
 	test_attach_create();
+	test_demote();
 	test_daemon_stop(pid, dir);
 	test_budget();
 	return done_testing();
