@@ -169,12 +169,15 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 		h = (h ^ (0x100u + (unsigned)o.device)) * 0x100000001b3ull;
 	if (o.sink)   /* sink_blocks is compared at attach */
 		h = (h ^ 0x51c0000u) * 0x100000001b3ull;
+	if (o.host_tier_mib)   /* a pool with a host tier is another pool */
+		h = (h ^ ((uint64_t)o.host_tier_mib << 32)) * 0x100000001b3ull;
 	snprintf(pool, sizeof(pool), "kvq-run-%016llx", (unsigned long long)h);
 	struct kvq_attach_params p = { .pool = pool, .model_id = model_id, .layers = c->layers,
 		.kv_heads = c->kv_heads, .head_dim = c->head_dim, .block_tokens = o.block, .policy = k->canon,
 		.window = window, .act = KVQ_ACT_F16, .create = 1,
 		.n_sealed = n_sealed, .n_open = n_open,
-		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1, .codebooks = cb };
+		.backend = o.gpu ? "cuda" : "host", .device = o.gpu ? o.device : -1, .codebooks = cb,
+		.host_capacity = (uint64_t)o.host_tier_mib << 20 };
 	r = kvq_client_connect(o.socket, "kvq-run", &k->c);
 	if (r < 0)
 		die("connect to kvqd: %s (is kvqd running? --socket or KVQ_SOCKET)", kvq_strerror(r));

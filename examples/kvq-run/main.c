@@ -88,7 +88,9 @@ static void usage(FILE *f)
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools)  --k-center PATH (K minus\n"
 		   "         calibrate's means)  --show N (ab --prompts: the N prompts that differ most per\n"
 		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)  --codebooks PATH\n"
-		   "         (codebooks for policies with pq2/pq1; repeat it: each policy takes the file that fits)\n",
+		   "         (codebooks for policies with pq2/pq1; repeat it: each policy takes the file that fits)\n"
+		   "         --host-tier MIB (the pool kvqd creates gets a host tier of MIB MiB: evicted blocks\n"
+		   "         kept there quantized, promoted back by lookups; kvqctl demote sends them there)\n",
 		RUN_MAX_SEQS);
 }
 
@@ -115,7 +117,8 @@ int main(int argc, char **argv)
 		{ "gpu", 0, NULL, 'U' }, { "device", 1, NULL, 'V' }, { "out", 1, NULL, 'o' },
 		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
 		{ "score-from", 1, NULL, 'F' }, { "codebooks", 1, NULL, 'C' }, { "seqs", 1, NULL, 'Q' },
-		{ "step-tokens", 1, NULL, 'X' }, { "ignore-eos", 0, NULL, 'E' }, { "help", 0, NULL, 'h' },
+		{ "step-tokens", 1, NULL, 'X' }, { "ignore-eos", 0, NULL, 'E' }, { "host-tier", 1, NULL, 'H' },
+		{ "help", 0, NULL, 'h' },
 		{ NULL, 0, NULL, 0 } };
 	const char *cmd;
 	int ch;
@@ -148,6 +151,7 @@ int main(int argc, char **argv)
 		case 'y': o.system = optarg; break;
 		case 'Y': o.system_file = optarg; break;
 		case 'N': o.no_cache = true; break;
+		case 'H': o.host_tier_mib = num(optarg, "--host-tier"); break;
 		case 'T': o.stats = true; break;
 		case 'B': o.block = num(optarg, "--block"); break;
 		case 'G': o.gen_prompts = num(optarg, "--gen-prompts"); break;

@@ -30,6 +30,7 @@ struct opts {
 	unsigned n_codebooks;
 	uint32_t window, batch, ctx, max_tokens, limit, gen, gen_prompts, block, show, score_from;
 	uint32_t seqs, step_tokens;   /* generate: sequences in the batch, rows of a step */
+	uint32_t host_tier_mib;       /* --host-tier: the pool's host tier, MiB (0: none) */
 	unsigned threads;
 	int device;
 	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink, ignore_eos;
