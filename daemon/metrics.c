@@ -264,6 +264,35 @@ static void write_pool_work(kvq_server *s, struct evbuffer *b)
 	evbuffer_free(lb);
 }
 
+/* The time of each pool's host-tier copy jobs (pools with a tier). */
+static void write_pool_tiers(kvq_server *s, struct evbuffer *b)
+{
+	struct kvq_pools_info i;
+	struct evbuffer *lb = evbuffer_new();
+	char labels[256];
+
+	family(b, "kvq_tier_copy_seconds", "histogram", "Copy jobs of each pool's host tier (a demotion batch or a "
+	       "lookup's promotion) by their time on kvqd's copy thread.");
+	for (uint32_t k = 0; lb && kvq_server_pool_info(s, k, &i) == 0; k++) {
+		size_t len;
+
+		if (!i.tier.tier.capacity)
+			continue;
+		evbuffer_drain(lb, evbuffer_get_length(lb));
+		evbuffer_add_printf(lb, "pool=\"");
+		label(lb, i.name);
+		evbuffer_add_printf(lb, "\"");
+		len = evbuffer_get_length(lb);
+		len = len < sizeof(labels) - 1 ? len : sizeof(labels) - 1;
+		evbuffer_copyout(lb, labels, len);
+		labels[len] = 0;
+		histogram(b, "kvq_tier_copy_seconds", labels, kvq_hist_bucket_le, KVQ_HIST_BUCKETS,
+			  i.tier.copy_time.bucket, i.tier.copy_time.count, i.tier.copy_time.sum);
+	}
+	if (lb)
+		evbuffer_free(lb);
+}
+
 /* The counters of what the limits did (KVQ_SERVER_COUNTERS). */
 static void write_counters(kvq_server *s, struct evbuffer *b)
 {
@@ -300,6 +329,7 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 
 	write_figures(s, b);
 	write_pool_work(s, b);
+	write_pool_tiers(s, b);
 	write_devices(s, b);
 
 	family(b, "kvq_request_duration_seconds", "histogram",

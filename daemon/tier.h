@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "hist.h"
 #include "layout.h"
 
 typedef struct kvq_tier kvq_tier;
@@ -64,6 +65,7 @@ struct kvq_tiering_stats {
 	uint64_t cancelled;            /* demotions whose slot an allocation took first */
 	uint64_t copy_bytes;           /* both ways */
 	uint64_t copy_us, copies;      /* time of the copy jobs, in microseconds, and their number */
+	struct kvq_hist copy_time;     /* each copy job's time (the metrics' kvq_tier_copy_seconds) */
 	uint64_t hit_tokens;           /* tokens of lookups' hits the tier served */
 };
 

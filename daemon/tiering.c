@@ -44,6 +44,7 @@ static void count_copy(struct kvq_tiering *tg, const struct kvq_copy_job *j)
 	tg->st.copy_bytes += j->bytes;
 	tg->st.copy_us += (uint64_t)(j->seconds * 1e6);
 	tg->st.copies++;
+	kvq_hist_observe(&tg->st.copy_time, j->seconds);
 }
 
 /* ------------------------------------------------------------ demotion */
