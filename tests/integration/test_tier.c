@@ -35,6 +35,7 @@
 
 #include "../tap.h"
 #include "../daemon.h"
+#include "../metrics.h"
 #include "../synth.h"
 #include "kvq.h"
 #include "layout.h"
@@ -61,6 +62,7 @@
 #define MODEL "test/tier@1"
 
 static char sock_path[108];
+static int metrics_port;
 
 static void make_kv(const uint32_t *tok, uint32_t pos0, uint32_t m, uint32_t layer, uint16_t *k, uint16_t *v)
 {
@@ -166,6 +168,23 @@ static int fill(kvq_client *c, uint32_t n, float (*first)[L_][NQ * QH_ * D_], ui
 	return 0;
 }
 
+/* The metrics' copy-time histogram of pool against its copies figure. */
+static void test_copy_histogram(kvq_client *c, const char *pool)
+{
+	static char body[1 << 20];
+	char prefix[128];
+	uint64_t before = figure(c, "tier_copies"), after;
+	double n;
+
+	/* copies may still run: the count lies between the figure before and after */
+	snprintf(prefix, sizeof prefix, "kvq_tier_copy_seconds_count{pool=\"%s\"} ", pool);
+	n = http_get(metrics_port, "/metrics", body, sizeof body) > 0 ? metric(body, prefix) : -1;
+	after = figure(c, "tier_copies");
+	ok(n > 0 && (uint64_t)n >= before && (uint64_t)n <= after,
+	   "%s: the metrics' kvq_tier_copy_seconds counts the copy jobs (%g; tier_copies %llu, then %llu)", pool, n,
+	   (unsigned long long)before, (unsigned long long)after);
+}
+
 static void test_tier(const char *pool, bool small, uint32_t sinks)
 {
 	static float first[2][L_][NQ * QH_ * D_], again[L_][NQ * QH_ * D_];
@@ -198,6 +217,7 @@ static void test_tier(const char *pool, bool small, uint32_t sinks)
 		r = run_prompt(c, 1, &hit, again);
 		ok(r == 0 && hit == (NTOK / B_) * B_ && memcmp(again, first[1], sizeof again) == 0,
 		   "%s: so does the second prompt's (hit %u)", pool, hit);
+		test_copy_histogram(c, pool);
 	} else {
 		evict = figure(c, "tier_evictions");
 		ok(evict > 0 && figure(c, "tier_records") <= figure(c, "tier_capacity") / 1,
@@ -325,7 +345,8 @@ int main(void)
 	/* the reserve (20 % of 48 sealed slots) covers one prompt's
 	 * allocation (6): below it an allocation evicts, and a block it drops
 	 * takes the records below it along */
-	const char *pools =
+	char pools[2048];
+	const char *sections =
 		"host_tier_reserve = 20\n"
 		"[pool tiered]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
 		"policy = int8\ncapacity = " CAP "\nhost_capacity = 4M\n"
@@ -344,6 +365,8 @@ int main(void)
 	}
 	setenv("KVQ_CUDA_SPLITS", "1", 1);
 #endif
+	metrics_port = free_port();
+	snprintf(pools, sizeof pools, "metrics_listen = 127.0.0.1:%d\n%s", metrics_port, sections);
 	pid = test_daemon_start_conf(BACKEND, "tier", pools, dir, sizeof dir, sock_path, sizeof sock_path, bin,
 				     sizeof bin);
 
