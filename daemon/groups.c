@@ -13,6 +13,7 @@
 #include "kvq_wire.h"
 #include "log.h"
 #include "seterr.h"
+#include "tiering.h"
 
 /* A lookup whose references wait for the ranks that have not asked yet. */
 struct pending {
@@ -113,8 +114,10 @@ static void drop_pending(struct kvq_group *g, struct pending *q)
 	free(q);
 }
 
-/* A member evicted the block of key: the others drop theirs where they can. */
-static void evict_hook(void *arg, const uint8_t *key)
+/* A member evicted the block of key, or demoted it to its host tier: the
+ * others do the same with theirs where they can (an unreferenced leaf; a
+ * member with no tier drops it). */
+static void evict_hook(void *arg, const uint8_t *key, int demote)
 {
 	const struct kvq_group_link *l = arg;
 	struct kvq_group *g = l->g;
@@ -122,9 +125,14 @@ static void evict_hook(void *arg, const uint8_t *key)
 	if (g->evicting)
 		return;
 	g->evicting = true;
-	for (uint32_t r = 0; r < g->world; r++)
-		if (r != l->rank && g->member[r])
-			kvq_prefix_evict_key(g->member[r]->prefix, key);
+	for (uint32_t r = 0; r < g->world; r++) {
+		struct kvq_pools_rec *m = g->member[r];
+
+		if (r == l->rank || !m)
+			continue;
+		if (!demote || !m->tiering || kvq_tiering_demote_key(m->tiering, key) == -ENOENT)
+			kvq_prefix_evict_key(m->prefix, key);
+	}
 	g->evicting = false;
 }
 
@@ -212,6 +220,56 @@ void kvq_group_leave(struct kvq_pools_rec *p)
 	}
 }
 
+/* The chain past the n blocks every member caches, as long as every
+ * member has each next block cached or in its host tier: each member
+ * promotes the part it has in its tier, with nobody waiting (its blocks
+ * published unreferenced), so that the group's next lookup counts them on
+ * every member at once.  keys[] room for max blocks. */
+static void group_promote(struct kvq_group *g, uint32_t n, const uint32_t *tokens, uint32_t max,
+			  const void *salt, size_t salt_len)
+{
+	const uint32_t B = g->block_tokens;
+	uint8_t (*key)[KVQ_PREFIX_KEY_LEN] = calloc((size_t)max + 1, KVQ_PREFIX_KEY_LEN);
+	uint32_t *rec = calloc((size_t)g->world * (max + 1), sizeof(*rec)), first[KVQ_GROUP_MAX_RANKS];
+	uint32_t end = 0;
+
+	if (!key || !rec)
+		goto out;
+	for (uint32_t m = 0; m < g->world; m++)
+		first[m] = UINT32_MAX;
+	for (uint32_t j = 0; j < max; j++, end++) {
+		bool whole = true;
+
+		if (kvq_prefix_chain_key(g->member[0]->prefix, j ? key[j - 1] : NULL, tokens + (size_t)j * B, salt,
+					 salt_len, key[j]) < 0)
+			break;
+		if (j < n)
+			continue;
+		for (uint32_t m = 0; m < g->world && whole; m++) {
+			struct kvq_pools_rec *p = g->member[m];
+			int64_t r = p->tiering ? kvq_tiering_find(p->tiering, key[j]) : -1;
+
+			/* a member's cached blocks come first, its tier's after */
+			if (r >= 0 && first[m] == UINT32_MAX)
+				first[m] = j;
+			if (r >= 0)
+				rec[(size_t)m * (max + 1) + j] = (uint32_t)r;
+			else if (first[m] != UINT32_MAX || kvq_prefix_find(p->prefix, key[j]) < 0)
+				whole = false;
+		}
+		if (!whole)
+			break;
+	}
+	for (uint32_t m = 0; m < g->world; m++)
+		if (first[m] < end && g->member[m]->tiering)
+			kvq_tiering_promote_chain(g->member[m]->tiering, rec + (size_t)m * (max + 1) + first[m],
+						  end - first[m], first[m] ? key[first[m] - 1] : NULL,
+						  tokens + (size_t)first[m] * B, salt, salt_len);
+out:
+	free(key);
+	free(rec);
+}
+
 int kvq_group_lookup(struct kvq_pools_rec *p, const uint8_t *rid, size_t rid_len, const uint32_t *tokens,
 		     uint32_t n_tokens, uint32_t max_tokens, const void *salt, size_t salt_len, uint32_t *ret_ids,
 		     uint32_t max_ids, uint32_t *ret_n, int64_t now_ms, uint64_t timeout_ms, uint64_t max_pending)
@@ -294,5 +352,18 @@ int kvq_group_lookup(struct kvq_pools_rec *p, const uint8_t *rid, size_t rid_len
 	q->next = g->pending;
 	g->pending = q;
 	g->n_pending++;
+	/* after the references: the promotions' allocations may evict, never these */
+	{
+		uint32_t most = (max_tokens < n_tokens ? max_tokens : n_tokens) / g->block_tokens;
+		bool tiers = false, all = true;
+
+		for (uint32_t m = 0; m < g->world; m++) {
+			all = all && g->member[m];
+			tiers |= g->member[m] && g->member[m]->tiering;
+		}
+		most = most < max_ids ? most : max_ids;
+		if (all && tiers && most > n)
+			group_promote(g, n, tokens, most, salt, salt_len);
+	}
 	return 0;
 }

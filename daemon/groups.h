@@ -15,7 +15,13 @@
  *  - eviction is by group: a member that evicts a block has the others
  *    drop their copy where it is an unreferenced leaf (kvq_prefix's evict
  *    hook); a copy that is referenced stays, invisible, until its own pool
- *    evicts it;
+ *    evicts it; demotion to the members' host tiers likewise (a member
+ *    without a tier drops its copy);
+ *  - a first rank's lookup whose chain goes on in the members' host tiers
+ *    (every member holding each next block cached or there) starts each
+ *    member's promotion of its part, with nobody waiting: the group's next
+ *    lookup counts those blocks (daemon/tiering.h,
+ *    kvq_tiering_promote_chain);
  *  - a rank that dies in a write has the others release what it does not
  *    hold (kvq_group_rank_lost, from the daemon's lease drop).
  * A member pool leaves its group when its memory is released (PoolDrop,

@@ -399,14 +399,6 @@ static int host_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, s
 
 	if (p->host_capacity.kind == KVQ_AMOUNT_BYTES && p->host_capacity.bytes == 0)
 		return 0;
-	if (p->group[0]) {
-		/* a group block must move on every member or on none, and a
-		 * group lookup promote on all before any rank counts it: not
-		 * built, so a member evicts as before */
-		kvq_log(LOG_WARNING, "pool %s: a member of tensor-parallel group %s keeps no host tier (not "
-			"supported yet)", p->name, p->group);
-		return 0;
-	}
 	r = kvq_backend_host.total_memory(0, &total, err, errlen);
 	if (r < 0)
 		return r;

@@ -56,7 +56,7 @@ struct kvq_prefix {
 	uint32_t n_cached[2], n_pinned[2]; /* by class: sealed, sink */
 
 	/* told each evicted block's key before it goes (kvq_prefix_set_evict_hook) */
-	void (*evict_hook)(void *arg, const uint8_t *key);
+	void (*evict_hook)(void *arg, const uint8_t *key, int demote);
 	void *evict_arg;
 	/* told each block's key that goes without a copy (kvq_prefix_set_drop_hook) */
 	void (*drop_hook)(void *arg, const uint8_t *key);
@@ -297,7 +297,7 @@ static uint32_t evict_block_to(struct kvq_prefix *x, uint32_t b, int demote)
 	int32_t p = x->parent[b];
 
 	if (x->evict_hook)
-		x->evict_hook(x->evict_arg, x->key[b]);
+		x->evict_hook(x->evict_arg, x->key[b], demote);
 	if (!demote && x->drop_hook)
 		x->drop_hook(x->drop_arg, x->key[b]);
 	heap_remove(x, b);
@@ -366,7 +366,7 @@ int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t 
 	return n;
 }
 
-void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg)
+void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key, int demote), void *arg)
 {
 	x->evict_hook = hook;
 	x->evict_arg = arg;
@@ -378,6 +378,22 @@ void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8
 	x->drop_arg = arg;
 }
 
+/* Evictable leaf b out of the index for the host tier, described in *v. */
+static void demote_block(struct kvq_prefix *x, uint32_t b, struct kvq_prefix_victim *v)
+{
+	int32_t p = x->parent[b];
+
+	v->id = b;
+	v->cls = cls_of(x, b);
+	memcpy(v->key, x->key[b], KVQ_PREFIX_KEY_LEN);
+	v->has_parent = p >= 0;
+	if (p >= 0)
+		memcpy(v->parent, x->key[p], KVQ_PREFIX_KEY_LEN);
+	else
+		memset(v->parent, 0, KVQ_PREFIX_KEY_LEN);
+	evict_block_to(x, b, 1);
+}
+
 uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, uint32_t max, struct kvq_prefix_victim *ret)
 {
 	uint32_t n = 0, of_cls = 0;
@@ -385,22 +401,23 @@ uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, uint32_t max,
 	/* the eviction order, as cache_evict takes it: blocks of the other
 	 * class on the way go too (a sink comes after its chain) */
 	while (of_cls < count && n < max && x->heap_len > 0) {
-		uint32_t b = x->heap[0];
-		int32_t p = x->parent[b];
-
-		ret[n].id = b;
-		ret[n].cls = cls_of(x, b);
-		memcpy(ret[n].key, x->key[b], KVQ_PREFIX_KEY_LEN);
-		ret[n].has_parent = p >= 0;
-		if (p >= 0)
-			memcpy(ret[n].parent, x->key[p], KVQ_PREFIX_KEY_LEN);
-		else
-			memset(ret[n].parent, 0, KVQ_PREFIX_KEY_LEN);
+		demote_block(x, x->heap[0], &ret[n]);
 		of_cls += ret[n].cls == cls;
-		evict_block_to(x, b, 1);
 		n++;
 	}
 	return n;
+}
+
+int kvq_prefix_demote_key(kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN], struct kvq_prefix_victim *ret)
+{
+	int32_t b = hash_find(x, key);
+
+	if (b < 0)
+		return -ENOENT;
+	if (x->heap_pos[b] < 0)
+		return -EBUSY;
+	demote_block(x, (uint32_t)b, ret);
+	return 0;
 }
 
 int kvq_prefix_chain_key(kvq_prefix *x, const uint8_t *parent_key, const uint32_t *tokens, const void *salt,

@@ -141,9 +141,12 @@ int kvq_prefix_has(const kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN]);
 int kvq_prefix_evict_unless(kvq_prefix *x, int (*keep)(void *arg, const uint8_t *key), void *arg);
 
 /* hook (NULL: none) is told the key of every block the index evicts, before
- * the block goes (a tensor-parallel group's members evict together,
- * daemon/groups.h); it may evict blocks of other indexes, not this one's. */
-void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg);
+ * the block goes, and whether it goes to the host tier (demote) or is
+ * dropped (a tensor-parallel group's members evict and demote together,
+ * daemon/groups.h); it may evict or demote blocks of other indexes, not
+ * this one's. */
+void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key, int demote),
+			       void *arg);
 
 /* hook (NULL: none) is told the key of every block the index evicts
  * without a copy to the host tier (not those kvq_prefix_demote takes),
@@ -166,6 +169,11 @@ struct kvq_prefix_victim {
  * host tier; the evict hook is told as for an eviction, the drop hook is
  * not.  Returns how many, ret[0..n). */
 uint32_t kvq_prefix_demote(kvq_prefix *x, int cls, uint32_t count, uint32_t max, struct kvq_prefix_victim *ret);
+
+/* Takes the block under key out of the index for its copy to the host
+ * tier as kvq_prefix_demote does, when it is an evictable leaf: 0 and *ret,
+ * -ENOENT (not cached) or -EBUSY (referenced, or a parent). */
+int kvq_prefix_demote_key(kvq_prefix *x, const uint8_t key[KVQ_PREFIX_KEY_LEN], struct kvq_prefix_victim *ret);
 
 /* The key of the block after parent_key (NULL: a first block) holding
  * tokens[B], in this index's namespace.  0, -EINVAL (salt too long) or -EIO. */

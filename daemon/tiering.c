@@ -164,22 +164,15 @@ static void on_drop(void *arg, const uint8_t *key)
 	kvq_tier_drop_under(tg->tier, key);
 }
 
-/* Up to want blocks of class cls into one job; how many left the index. */
-static uint32_t demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
+/* Blocks v[n] (DEMOTING in the pool, out of the index) into one job: a
+ * record reserved for each; a block that gets none just goes. */
+static void demote_victims(struct kvq_tiering *tg, const struct kvq_prefix_victim *v, uint32_t n)
 {
-	struct kvq_prefix_victim v[DEMOTE_BATCH];
-	struct demote_job *j;
-	uint32_t n;
+	struct demote_job *j = calloc(1, sizeof *j);
 
-	if (want > DEMOTE_BATCH)
-		want = DEMOTE_BATCH;
-	j = calloc(1, sizeof *j);
-	if (!j)
-		return 0;
-	n = kvq_prefix_demote(tg->p.prefix, cls, want, DEMOTE_BATCH, v);
 	for (uint32_t i = 0; i < n; i++) {
-		int64_t rec = kvq_tier_reserve(tg->tier, (uint32_t)v[i].cls, v[i].key,
-					       v[i].has_parent ? v[i].parent : NULL);
+		int64_t rec = j ? kvq_tier_reserve(tg->tier, (uint32_t)v[i].cls, v[i].key,
+						   v[i].has_parent ? v[i].parent : NULL) : -ENOMEM;
 
 		tg->gen[v[i].id]++;
 		if (rec < 0) {
@@ -198,9 +191,9 @@ static uint32_t demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 		memcpy(j->b[j->n].parent, v[i].parent, sizeof v[i].parent);
 		j->n++;
 	}
-	if (j->n == 0) {
+	if (!j || j->n == 0) {
 		free(j);
-		return n;
+		return;
 	}
 	j->tg = tg;
 	j->job.run = demote_run;
@@ -208,7 +201,29 @@ static uint32_t demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
 	tg->inflight += j->n;
 	tg->jobs++;
 	kvq_copier_submit(*tg->cp, &j->job);
+}
+
+/* Up to want blocks of class cls into one job; how many left the index. */
+static uint32_t demote_some(struct kvq_tiering *tg, int cls, uint32_t want)
+{
+	struct kvq_prefix_victim v[DEMOTE_BATCH];
+	uint32_t n = kvq_prefix_demote(tg->p.prefix, cls, want < DEMOTE_BATCH ? want : DEMOTE_BATCH, DEMOTE_BATCH, v);
+
+	demote_victims(tg, v, n);
 	return n;
+}
+
+int kvq_tiering_demote_key(struct kvq_tiering *tg, const uint8_t *key)
+{
+	struct kvq_prefix_victim v;
+	int r;
+
+	if (tg->closing)
+		return -ESHUTDOWN;
+	r = kvq_prefix_demote_key(tg->p.prefix, key, &v);
+	if (r == 0)
+		demote_victims(tg, &v, 1);
+	return r;
 }
 
 uint32_t kvq_tiering_demote_count(struct kvq_tiering *tg, uint32_t count)
@@ -357,6 +372,74 @@ fail:
 	free(pr->rec);
 	free(pr->id);
 	free(pr);
+	return r;
+}
+
+/* A chain promoted with nobody waiting (kvq_tiering_promote_chain). */
+struct chain {
+	int has_parent;
+	uint8_t parent[KVQ_PREFIX_KEY_LEN];
+	uint32_t *tokens;                 /* n x B */
+	uint8_t salt[KVQ_PREFIX_MAX_SALT];
+	size_t salt_len;
+};
+
+/* The chain's blocks published in order after its parent, unreferenced. */
+static void chain_ready(struct kvq_promotion *pr, void *arg)
+{
+	struct chain *ch = arg;
+	struct kvq_tiering *tg = pr->tg;
+	bool *consumed = calloc((size_t)pr->n + 1, sizeof(*consumed));
+	int64_t parent = ch->has_parent ? kvq_prefix_find(tg->p.prefix, ch->parent) : -1;
+	bool ok = pr->result == 0 && consumed && (!ch->has_parent || parent >= 0);
+
+	for (uint32_t i = 0; i < pr->n; i++) {
+		uint32_t got = UINT32_MAX;
+
+		if (ok && kvq_prefix_publish(tg->p.prefix, pr->id[i], (int32_t)parent,
+					     ch->tokens + (size_t)i * tg->p.L->block_tokens, ch->salt, ch->salt_len,
+					     &got) == 0) {
+			consumed[i] = true;
+			parent = got;
+		} else {
+			ok = false;
+		}
+		/* published: cached with no reference once ours goes; a
+		 * duplicate or a failure: the slot is freed */
+		kvq_pool_unref(tg->p.pool, pr->id[i]);
+	}
+	kvq_promotion_end(pr, consumed);
+	free(consumed);
+	free(ch->tokens);
+	free(ch);
+}
+
+int kvq_tiering_promote_chain(struct kvq_tiering *tg, const uint32_t *rec, uint32_t n, const uint8_t *parent_key,
+			      const uint32_t *tokens, const void *salt, size_t salt_len)
+{
+	struct kvq_promotion *pr;
+	struct chain *ch = calloc(1, sizeof(*ch));
+	int r = -ENOMEM;
+
+	if (!ch || salt_len > sizeof(ch->salt))
+		goto fail;
+	ch->tokens = malloc(((size_t)n * tg->p.L->block_tokens + 1) * sizeof(*ch->tokens));
+	if (!ch->tokens)
+		goto fail;
+	memcpy(ch->tokens, tokens, (size_t)n * tg->p.L->block_tokens * sizeof(*tokens));
+	ch->has_parent = parent_key != NULL;
+	if (parent_key)
+		memcpy(ch->parent, parent_key, KVQ_PREFIX_KEY_LEN);
+	if (salt_len)
+		memcpy(ch->salt, salt, salt_len);
+	ch->salt_len = salt_len;
+	r = kvq_tiering_promote(tg, rec, n, chain_ready, ch, &pr);
+	if (r == 0)
+		return 0;
+fail:
+	if (ch)
+		free(ch->tokens);
+	free(ch);
 	return r;
 }
 

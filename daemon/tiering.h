@@ -71,6 +71,11 @@ void kvq_tiering_demote(struct kvq_tiering *tg, uint32_t reserve_pct, uint32_t m
  * how many left the index for the tier (their copies run on). */
 uint32_t kvq_tiering_demote_count(struct kvq_tiering *tg, uint32_t count);
 
+/* Demotes the block under key when it is an evictable leaf (a
+ * tensor-parallel group's member, told that another member demoted it):
+ * 0, -ENOENT, -EBUSY (kvq_prefix_demote_key) or -ESHUTDOWN. */
+int kvq_tiering_demote_key(struct kvq_tiering *tg, const uint8_t *key);
+
 /* The READY record under key, or -1. */
 int64_t kvq_tiering_find(const struct kvq_tiering *tg, const uint8_t *key);
 
@@ -96,6 +101,15 @@ struct kvq_promotion {
  */
 int kvq_tiering_promote(struct kvq_tiering *tg, const uint32_t *rec, uint32_t n,
 			void (*ready)(struct kvq_promotion *pr, void *arg), void *arg, struct kvq_promotion **ret);
+
+/* Promotes records rec[n], a chain's next blocks after the block cached
+ * under parent_key (NULL: the chain's first), holding tokens[n x B], with
+ * nobody waiting: once in place they are published in order with salt and
+ * stay cached with no reference (a tensor-parallel group's lookup, which
+ * answers with what every member holds now).  0, -ENOSPC (no room; nothing
+ * changed) or -ENOMEM. */
+int kvq_tiering_promote_chain(struct kvq_tiering *tg, const uint32_t *rec, uint32_t n, const uint8_t *parent_key,
+			      const uint32_t *tokens, const void *salt, size_t salt_len);
 
 /* Ends pr: the records whose consumed[] is true are in the pool now (their
  * tier records freed), the others go back to READY (consumed NULL: all

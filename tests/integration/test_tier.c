@@ -17,6 +17,8 @@
  *    beyond the host's budget (-ENOSPC);
  *  - kvqctl demote: a prompt sent to the tier on an admin's word, then
  *    promoted whole, attention equal; refused for a pool with no tier;
+ *  - a tensor-parallel group of two ranks: demoted together, promoted on
+ *    both by the group's lookup, found whole by the next;
  *  - a host_capacity beyond the host's budget stops kvqd at start.
  * Built again as tests/gpu/test_cuda_tier (KVQ_TEST_CUDA): the same with
  * cuda pools, whose blocks kvqd copies through the device (D = 64, the
@@ -294,6 +296,91 @@ static void test_demote(void)
 	kvq_client_free(p);
 }
 
+/* Rank rank of group "tg" (2 ranks, H_ heads each), its member pool
+ * created with a host tier. */
+static kvq_client *open_rank(uint32_t rank)
+{
+	char pool[8];
+	struct kvq_attach_params a = { .pool = pool, .model_id = MODEL, .layers = L_, .kv_heads = 2 * H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .create = 1, .n_sealed = 48,
+		.n_open = 8, .backend = BACKEND, .device = -1, .host_capacity = 1 << 20 };
+	kvq_client *c = NULL;
+
+	snprintf(pool, sizeof pool, "tg%u", rank);
+	if (kvq_client_connect(sock_path, "tier-rank", &c) < 0 || kvq_client_set_group(c, "tg", rank, 2) < 0 ||
+	    kvq_client_attach(c, &a) < 0) {
+		diag("rank %u: %s", rank, c ? kvq_client_error(c) : "no connection");
+		kvq_client_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* Request rid of prompt 700 on rank c: the lookup, then (write) the rest
+ * written and attended; its hit in *ret_hit. */
+static int rank_request(kvq_client *c, const char *rid, bool write, uint32_t *ret_hit, float (*out)[NQ * QH_ * D_])
+{
+	uint32_t tok[NTOK];
+	kvq_seq *s = NULL;
+	int r;
+
+	prompt_tokens(700, tok);
+	*ret_hit = UINT32_MAX;
+	r = kvq_seq_new(c, NULL, 0, &s);
+	r = r < 0 ? r : kvq_seq_set_request(s, rid, strlen(rid));
+	r = r < 0 ? r : kvq_seq_from_prompt(s, tok, NTOK, ret_hit);
+	if (write) {
+		r = r < 0 ? r : append(s, tok, *ret_hit, NTOK);
+		r = r < 0 ? r : attend(s, out);
+	}
+	kvq_seq_free(s);
+	return r;
+}
+
+/* A tensor-parallel group of two ranks whose member pools have tiers: a
+ * block demoted on one member is demoted on the other (kvqctl demote of
+ * one member), the group's lookup counts only what every member caches and
+ * starts the promotions on both, and the group's next lookup finds the
+ * chain whole on both ranks, attention equal to before on each. */
+static void test_group(void)
+{
+	static float first[2][L_][NQ * QH_ * D_], again[2][L_][NQ * QH_ * D_];
+	kvq_client *c[2] = { open_rank(0), open_rank(1) };
+	uint32_t hit[2] = { 1, 1 };
+	char out[4096];
+	int r = 0;
+
+	if (!ok(c[0] && c[1], "group: two ranks attach, each member pool with a tier"))
+		goto out;
+	for (int k = 0; k < 2; k++)
+		r |= rank_request(c[k], "g1", true, &hit[k], first[k]);
+	r |= ctl(out, sizeof out, "demote tg0");
+	for (int i = 0; i < 200 && (figure(c[0], "demoting") || figure(c[1], "demoting")); i++)
+		usleep(5000);
+	ok(r == 0 && hit[0] == 0 && hit[1] == 0 && figure(c[0], "cached") == 0 && figure(c[1], "cached") == 0 &&
+	   figure(c[0], "tier_demotions") == NTOK / B_ && figure(c[1], "tier_demotions") == NTOK / B_,
+	   "kvqctl demote of rank 0's pool demotes rank 1's copies too (%llu, %llu demoted; %llu, %llu cached)",
+	   (unsigned long long)figure(c[0], "tier_demotions"), (unsigned long long)figure(c[1], "tier_demotions"),
+	   (unsigned long long)figure(c[0], "cached"), (unsigned long long)figure(c[1], "cached"));
+	for (int k = 0; k < 2; k++)
+		r |= rank_request(c[k], "g2", false, &hit[k], NULL);
+	for (int i = 0; i < 200 && (figure(c[0], "tier_records") || figure(c[1], "tier_records")); i++)
+		usleep(5000);
+	ok(r == 0 && hit[0] == 0 && hit[1] == 0 && figure(c[0], "tier_promotions") == NTOK / B_ &&
+	   figure(c[1], "tier_promotions") == NTOK / B_,
+	   "the group's lookup counts none of it (hits %u, %u) and promotes it on both members (%llu, %llu)",
+	   hit[0], hit[1], (unsigned long long)figure(c[0], "tier_promotions"),
+	   (unsigned long long)figure(c[1], "tier_promotions"));
+	for (int k = 0; k < 2; k++)
+		r |= rank_request(c[k], "g3", true, &hit[k], again[k]);
+	ok(r == 0 && hit[0] == (NTOK / B_) * B_ && hit[1] == hit[0] && memcmp(again, first, sizeof again) == 0,
+	   "the group's next lookup finds the chain whole on both ranks (%u, %u), attention equal on each", hit[0],
+	   hit[1]);
+out:
+	kvq_client_free(c[0]);
+	kvq_client_free(c[1]);
+}
+
 /* A pool an attach creates, with a host tier asked for in the attach. */
 static void test_attach_create(void)
 {
@@ -377,6 +464,7 @@ int main(void)
 	test_tier("sinky", false, 1);
 	test_attach_create();
 	test_demote();
+	test_group();
 	test_daemon_stop(pid, dir);
 	test_budget();
 	return done_testing();

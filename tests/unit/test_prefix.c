@@ -340,8 +340,9 @@ struct hook_log {
 	uint8_t key[KVQ_PREFIX_KEY_LEN];
 };
 
-static void log_hook(void *arg, const uint8_t *key)
+static void log_hook(void *arg, const uint8_t *key, int demote)
 {
+	(void)demote;
 	struct hook_log *h = arg;
 
 	h->calls++;
