@@ -288,6 +288,17 @@ static void test_demote(void)
 	ok(r == 0 && hit == (NTOK / B_) * B_ && figure(c, "tier_promotions") >= prom + NTOK / B_ &&
 	   memcmp(again, first, sizeof again) == 0,
 	   "then a lookup promotes the prompt whole (hit %u), attention equal bit for bit", hit);
+	/* a chain split between the tiers: its last two blocks (the leaves
+	 * go first) in the tier, the rest in the pool */
+	prom = figure(c, "tier_promotions");
+	r = ctl(out, sizeof out, "demote tiered 2");
+	for (int i = 0; i < 200 && figure(c, "demoting") != 0; i++)
+		usleep(5000);
+	r |= run_prompt(c, 900, &hit, again);
+	ok(r == 0 && hit == (NTOK / B_) * B_ && figure(c, "tier_promotions") == prom + 2 &&
+	   memcmp(again, first, sizeof again) == 0,
+	   "a chain split between pool and tier (2 blocks demoted) is a whole hit, 2 promoted (%llu), attention "
+	   "equal", (unsigned long long)(figure(c, "tier_promotions") - prom));
 	kvq_client_free(c);
 	r = kvq_client_connect(sock_path, "tier", &p);
 	r = r < 0 ? r : kvq_client_attach(p, &plain);
