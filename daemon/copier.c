@@ -18,7 +18,7 @@ struct kvq_copier {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;                   /* work queued, or stop */
 	pthread_cond_t idle;                 /* the thread finished a job */
-	struct kvq_copy_job *todo, **todo_tail;
+	struct kvq_copy_job *queue, **queue_tail;   /* submitted, not taken yet */
 	struct kvq_copy_job *ran, **ran_tail;
 	unsigned busy;                       /* jobs taken, not yet on ran */
 	int efd;
@@ -50,14 +50,14 @@ static void *worker(void *arg)
 	for (;;) {
 		struct kvq_copy_job *j;
 
-		while (!c->todo && !c->stop)
+		while (!c->queue && !c->stop)
 			pthread_cond_wait(&c->cv, &c->mu);
-		if (!c->todo)
+		if (!c->queue)
 			break;
-		j = c->todo;
-		c->todo = j->next;
-		if (!c->todo)
-			c->todo_tail = &c->todo;
+		j = c->queue;
+		c->queue = j->next;
+		if (!c->queue)
+			c->queue_tail = &c->queue;
 		c->busy++;
 		pthread_mutex_unlock(&c->mu);
 		run_one(j);
@@ -110,7 +110,7 @@ int kvq_copier_new(struct event_base *base, kvq_copier **ret)
 	if (!c)
 		return -ENOMEM;
 	c->efd = -1;
-	c->todo_tail = &c->todo;
+	c->queue_tail = &c->queue;
 	c->ran_tail = &c->ran;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
@@ -137,8 +137,8 @@ void kvq_copier_submit(kvq_copier *c, struct kvq_copy_job *j)
 		return;
 	}
 	pthread_mutex_lock(&c->mu);
-	*c->todo_tail = j;
-	c->todo_tail = &j->next;
+	*c->queue_tail = j;
+	c->queue_tail = &j->next;
 	pthread_cond_signal(&c->cv);
 	pthread_mutex_unlock(&c->mu);
 }
@@ -152,7 +152,7 @@ void kvq_copier_drain(kvq_copier *c)
 		bool any;
 
 		pthread_mutex_lock(&c->mu);
-		while (c->todo || c->busy)
+		while (c->queue || c->busy)
 			pthread_cond_wait(&c->idle, &c->mu);
 		any = c->ran != NULL;
 		pthread_mutex_unlock(&c->mu);

@@ -212,6 +212,22 @@ static void write_devices(kvq_server *s, struct evbuffer *b)
 	}
 }
 
+/* Pool name's label (escaped) and extra labels after it into labels[len],
+ * built in lb. */
+static void pool_labels(struct evbuffer *lb, const char *name, const char *extra, char *labels, size_t len)
+{
+	size_t n;
+
+	evbuffer_drain(lb, evbuffer_get_length(lb));
+	evbuffer_add_printf(lb, "pool=\"");
+	label(lb, name);
+	evbuffer_add_printf(lb, "\"%s", extra);
+	n = evbuffer_get_length(lb);
+	n = n < len - 1 ? n : len - 1;
+	evbuffer_copyout(lb, labels, n);
+	labels[n] = 0;
+}
+
 /* The attention timings of the pools that time. */
 static void write_pool_work(kvq_server *s, struct evbuffer *b)
 {
@@ -240,18 +256,11 @@ static void write_pool_work(kvq_server *s, struct evbuffer *b)
 				continue;
 			for (uint32_t h = 0; h < i.attn->n; h++) {
 				const struct kvq_attn_hist *x = &i.attn->h[h];
-				size_t len;
+				char extra[128];
 
-				evbuffer_drain(lb, evbuffer_get_length(lb));
-				evbuffer_add_printf(lb, "pool=\"");
-				label(lb, i.name);
-				evbuffer_add_printf(lb, "\",phase=\"%s\",k=\"%s\",v=\"%s\"",
-						    kvq_attn_phase_name(x->phase), kvq_fmt_name(x->kfmt),
-						    kvq_fmt_name(x->vfmt));
-				len = evbuffer_get_length(lb);
-				len = len < sizeof(labels) - 1 ? len : sizeof(labels) - 1;
-				evbuffer_copyout(lb, labels, len);
-				labels[len] = 0;
+				snprintf(extra, sizeof(extra), ",phase=\"%s\",k=\"%s\",v=\"%s\"",
+					 kvq_attn_phase_name(x->phase), kvq_fmt_name(x->kfmt), kvq_fmt_name(x->vfmt));
+				pool_labels(lb, i.name, extra, labels, sizeof(labels));
 				if (fam == 0)
 					histogram(b, "kvq_attention_seconds", labels, kvq_timing_le, KVQ_TIMING_BUCKETS,
 						  x->bucket, x->count, x->seconds);
@@ -274,18 +283,9 @@ static void write_pool_tiers(kvq_server *s, struct evbuffer *b)
 	family(b, "kvq_tier_copy_seconds", "histogram", "Copy jobs of each pool's host tier (a demotion batch or a "
 	       "lookup's promotion) by their time on kvqd's copy thread.");
 	for (uint32_t k = 0; lb && kvq_server_pool_info(s, k, &i) == 0; k++) {
-		size_t len;
-
 		if (!i.tier.tier.capacity)
 			continue;
-		evbuffer_drain(lb, evbuffer_get_length(lb));
-		evbuffer_add_printf(lb, "pool=\"");
-		label(lb, i.name);
-		evbuffer_add_printf(lb, "\"");
-		len = evbuffer_get_length(lb);
-		len = len < sizeof(labels) - 1 ? len : sizeof(labels) - 1;
-		evbuffer_copyout(lb, labels, len);
-		labels[len] = 0;
+		pool_labels(lb, i.name, "", labels, sizeof(labels));
 		histogram(b, "kvq_tier_copy_seconds", labels, kvq_hist_bucket_le, KVQ_HIST_BUCKETS,
 			  i.tier.copy_time.bucket, i.tier.copy_time.count, i.tier.copy_time.sum);
 	}

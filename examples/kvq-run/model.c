@@ -423,24 +423,6 @@ static int step_layers(model *m, kvq_batch *b, const struct model_seq *seq, uint
 	return r;
 }
 
-int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits)
-{
-	double t0 = clock_s();
-	uint32_t n_out;
-	int r = step_layers(m, b, seq, nseq, &n_out);
-
-	if (r == 0 && n_out) {
-#ifdef KVQ_WITH_CUDA
-		if (m->gpu)
-			r = gpu_fwd_logits(m->gpu, m->out_rows, n_out, logits);
-		else
-#endif
-			cpu_logits(m, n_out, logits);
-	}
-	m->t.step = clock_s() - t0;
-	return r;
-}
-
 /* The first of equal maxima, as kvq-run's argmax(). */
 static uint32_t row_argmax(const float *x, uint32_t n)
 {
@@ -472,7 +454,10 @@ static int cpu_greedy(model *m, uint32_t n_out, uint32_t *ids)
 	return 0;
 }
 
-int model_step_greedy(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ids)
+/* A step and its output rows: their logits (logits) or their greedy
+ * tokens (ids), whichever is not NULL. */
+static int step_out(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits,
+		    uint32_t *ids)
 {
 	double t0 = clock_s();
 	uint32_t n_out;
@@ -481,13 +466,27 @@ int model_step_greedy(model *m, kvq_batch *b, const struct model_seq *seq, uint3
 	if (r == 0 && n_out) {
 #ifdef KVQ_WITH_CUDA
 		if (m->gpu)
-			r = gpu_fwd_greedy(m->gpu, m->out_rows, n_out, ids);
+			r = logits ? gpu_fwd_logits(m->gpu, m->out_rows, n_out, logits)
+				   : gpu_fwd_greedy(m->gpu, m->out_rows, n_out, ids);
 		else
 #endif
+		if (logits)
+			cpu_logits(m, n_out, logits);
+		else
 			r = cpu_greedy(m, n_out, ids);
 	}
 	m->t.step = clock_s() - t0;
 	return r;
+}
+
+int model_step(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits)
+{
+	return step_out(m, b, seq, nseq, logits, NULL);
+}
+
+int model_step_greedy(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ids)
+{
+	return step_out(m, b, seq, nseq, NULL, ids);
 }
 
 const struct model_times *model_times(const model *m)
