@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "seterr.h"
@@ -87,6 +88,16 @@ int kvq_backend_mem_create(const struct kvq_backend *b, uint64_t size, int devic
 		return -EINVAL;
 	}
 	return b->create(size, device, label ? label : "", ret_mem, err, len);
+}
+
+int kvq_backend_mem_adopt(const struct kvq_backend *b, int fd, uint64_t size, int device,
+			  struct kvq_backend_mem *ret_mem, char *err, size_t len)
+{
+	if (!b->adopt) {
+		close(fd);
+		return kvq_seterr(err, len, "%s: memory cannot be taken back", b->name), -EOPNOTSUPP;
+	}
+	return b->adopt(fd, size, device, ret_mem, err, len);
 }
 
 int kvq_backend_mem_write(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,

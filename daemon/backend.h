@@ -102,6 +102,14 @@ struct kvq_backend {
 	int (*create)(uint64_t size, int device, const char *label, struct kvq_backend_mem *ret_mem,
 		      char *err, size_t len);
 
+	/* Takes back memory create made in an earlier kvqd, whose exportable
+	 * descriptor fd came back from the service manager (docs/DESIGN.md,
+	 * "Restart"): fd is taken (closed on failure too), and must be size
+	 * bytes on device (host: a sealed memfd of that size, mapped again;
+	 * cuda: imported, cuMemImportFromShareableHandle).  Fills *ret_mem as
+	 * create does, or returns a negative code with err set. */
+	int (*adopt)(int fd, uint64_t size, int device, struct kvq_backend_mem *ret_mem, char *err, size_t len);
+
 	/* Releases everything create made; the memory itself lives on while a
 	 * worker still has it mapped or holds a descriptor. */
 	void (*destroy)(struct kvq_backend_mem *mem);
@@ -149,6 +157,10 @@ int kvq_backend_pick(const char *name, int device, const struct kvq_backend **re
 /* b->create with the common checks (size > 0, rounding without overflow). */
 int kvq_backend_mem_create(const struct kvq_backend *b, uint64_t size, int device, const char *label,
 			   struct kvq_backend_mem *ret_mem, char *err, size_t len);
+
+/* b->adopt, fd closed when b has none (-EOPNOTSUPP). */
+int kvq_backend_mem_adopt(const struct kvq_backend *b, int fd, uint64_t size, int device,
+			  struct kvq_backend_mem *ret_mem, char *err, size_t len);
 
 /* mem->backend->write with the bounds checked (-EINVAL outside mem). */
 int kvq_backend_mem_write(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "seterr.h"
@@ -28,7 +29,6 @@
 
 #include <fcntl.h>
 #include <stdint.h>
-#include <unistd.h>
 
 #include "cuda/driver.h"
 
@@ -184,6 +184,46 @@ static int cuda_create(uint64_t size, int device, const char *label, struct kvq_
 	ret_mem->device = device;
 	ret_mem->handle = (uint64_t)h;
 	return 0;
+}
+
+static int cuda_adopt(int fd, uint64_t size, int device, struct kvq_backend_mem *ret_mem, char *err, size_t len)
+{
+	CUmemGenericAllocationHandle h;
+	uint64_t g;
+	CUdevice dev;
+	CUresult r;
+	int rc;
+
+	if ((rc = cuda_device(device, &dev, err, len)) < 0 || (rc = cuda_granularity_of(device, &g, err, len)) < 0)
+		goto fail;
+	rc = -EINVAL;
+	if (size == 0 || size % g) {
+		kvq_seterr(err, len, "cuda: %llu bytes recorded, not a multiple of the granularity",
+			   (unsigned long long)size);
+		goto fail;
+	}
+	r = drv->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS) {
+		rc = kvq_driver_fail("cuMemImportFromShareableHandle", r, err, len);
+		goto fail;
+	}
+	if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		rc = -errno;
+		kvq_seterr(err, len, "cuda: close-on-exec on the stored descriptor: %s", strerror(-rc));
+		drv->cuMemRelease(h);
+		goto fail;
+	}
+	memset(ret_mem, 0, sizeof *ret_mem);
+	ret_mem->backend = &kvq_backend_cuda;
+	ret_mem->fd = fd;
+	ret_mem->size = size;
+	ret_mem->map = NULL;
+	ret_mem->device = device;
+	ret_mem->handle = (uint64_t)h;
+	return 0;
+fail:
+	close(fd);
+	return rc;
 }
 
 static void cuda_destroy(struct kvq_backend_mem *mem)
@@ -418,6 +458,12 @@ static int cuda_create(uint64_t size, int device, const char *label, struct kvq_
 	return cuda_off(err, len);
 }
 
+static int cuda_adopt(int fd, uint64_t size, int device, struct kvq_backend_mem *ret_mem, char *err, size_t len)
+{
+	close(fd);
+	return cuda_off(err, len);
+}
+
 static void cuda_destroy(struct kvq_backend_mem *mem)
 {
 }
@@ -439,6 +485,7 @@ const struct kvq_backend kvq_backend_cuda = {
 	.granularity = cuda_granularity,
 	.total_memory = cuda_total,
 	.create = cuda_create,
+	.adopt = cuda_adopt,
 	.destroy = cuda_destroy,
 	.write = cuda_write,
 #ifdef KVQ_WITH_CUDA

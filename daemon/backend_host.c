@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -142,6 +143,46 @@ fail:
 	return -e;
 }
 
+static int host_adopt(int fd, uint64_t size, int device, struct kvq_backend_mem *ret_mem, char *err, size_t len)
+{
+	struct stat st;
+	void *map;
+	int seals, e;
+
+	if (fstat(fd, &st) < 0) {
+		e = errno;
+		kvq_seterr(err, len, "host: %s", strerror(e));
+		goto fail;
+	}
+	seals = fcntl(fd, F_GET_SEALS);
+	e = EINVAL;
+	if (seals < 0 || (seals & HOST_SEALS) != HOST_SEALS) {
+		kvq_seterr(err, len, "host: the memory is not a sealed memfd");
+		goto fail;
+	}
+	if ((uint64_t)st.st_size != size) {
+		kvq_seterr(err, len, "host: memory of %llu bytes, %llu recorded", (unsigned long long)st.st_size,
+			   (unsigned long long)size);
+		goto fail;
+	}
+	map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		e = errno;
+		kvq_seterr(err, len, "host: mmap of %llu bytes: %s", (unsigned long long)size, strerror(e));
+		goto fail;
+	}
+	memset(ret_mem, 0, sizeof *ret_mem);
+	ret_mem->backend = &kvq_backend_host;
+	ret_mem->fd = fd;
+	ret_mem->size = size;
+	ret_mem->map = map;
+	ret_mem->device = device;
+	return 0;
+fail:
+	close(fd);
+	return -e;
+}
+
 static void host_destroy(struct kvq_backend_mem *mem)
 {
 	if (mem->map)
@@ -166,6 +207,7 @@ const struct kvq_backend kvq_backend_host = {
 	.granularity = host_granularity,
 	.total_memory = host_total,
 	.create = host_create,
+	.adopt = host_adopt,
 	.destroy = host_destroy,
 	.write = host_write,
 };

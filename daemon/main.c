@@ -253,7 +253,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	r = kvq_server_new(d.base, d.cfg, o.backend ? o.backend : d.cfg->backend,
-			   o.device >= 0 ? o.device : d.cfg->device, &d.srv, err, sizeof(err));
+			   o.device >= 0 ? o.device : d.cfg->device, NULL, &d.srv, err, sizeof(err));
 	if (r < 0) {
 		kvq_log(LOG_ERR, "%s", err);
 		goto out;

@@ -33,6 +33,8 @@ struct kvq_pool {
 
 	struct kvq_pool_cache cache;   /* all NULL when none is attached */
 	struct kvq_pool_transit transit;
+	uint8_t *mirror;               /* kvq_pool_set_mirror's, or NULL */
+	uint32_t *mirror_open;
 };
 
 /* Class of block id: 0 sealed, 1 sink. */
@@ -102,11 +104,33 @@ void kvq_pool_free(kvq_pool *p)
 	free(p);
 }
 
+/* Block id's state and whether a client holds it, into the mirror. */
+static void mirror(struct kvq_pool *p, uint32_t id)
+{
+	uint8_t s = p->state[id];
+
+	if (!p->mirror)
+		return;
+	if (s == KVQ_POOL_RESERVED || s == KVQ_POOL_PRIVATE || p->refs[id] > 0)
+		s |= KVQ_POOL_MIRROR_HELD;
+	__atomic_store_n(&p->mirror[id], s, __ATOMIC_RELEASE);
+}
+
+static void mirror_open(struct kvq_pool *p, uint32_t o)
+{
+	if (p->mirror_open)
+		__atomic_store_n(&p->mirror_open[o], p->reserved[o] == OPEN_FREE ? UINT32_MAX : p->reserved[o],
+				 __ATOMIC_RELEASE);
+}
+
+/* Callers set refs before the id leaves the pool; the mirror says held
+ * from here on (reserved and private are held at any count). */
 static uint32_t pop_block(struct kvq_pool *p, int cls, uint8_t state)
 {
 	uint32_t id = p->free[cls][--p->n_free[cls]];
 
 	p->state[id] = state;
+	mirror(p, id);
 	return id;
 }
 
@@ -116,6 +140,7 @@ static void push_block(struct kvq_pool *p, uint32_t id)
 
 	p->state[id] = KVQ_POOL_FREE;
 	p->refs[id] = 0;
+	mirror(p, id);
 	p->free[c][p->n_free[c]++] = id;
 }
 
@@ -176,6 +201,7 @@ int kvq_pool_alloc_open(kvq_pool *p, uint32_t count, uint32_t *ret_open, uint32_
 		uint32_t s = pop_block(p, 0, KVQ_POOL_RESERVED);
 
 		p->reserved[o] = s;
+		mirror_open(p, o);
 		ret_open[i] = o;
 		if (ret_sealed)
 			ret_sealed[i] = s;
@@ -233,6 +259,7 @@ int kvq_pool_open_reserved(const kvq_pool *p, uint32_t open_id, uint32_t *ret_id
 static void free_open(struct kvq_pool *p, uint32_t open_id)
 {
 	p->reserved[open_id] = OPEN_FREE;
+	mirror_open(p, open_id);
 	p->ofree[p->n_ofree++] = open_id;
 	p->n_reserved--;
 }
@@ -248,6 +275,7 @@ int kvq_pool_seal(kvq_pool *p, uint32_t open_id, uint32_t *ret_id)
 	free_open(p, open_id);
 	p->state[s] = KVQ_POOL_PRIVATE;
 	p->refs[s] = 1;
+	mirror(p, s);
 	p->n_private[0]++;
 	p->total_refs[0]++;
 	*ret_id = s;
@@ -295,6 +323,7 @@ int kvq_pool_ref(kvq_pool *p, uint32_t id)
 	p->total_refs[cls_of(p, id)]++;
 	if (p->refs[id]++ == 0) {
 		/* only a cached block can be at zero (a private one would be free) */
+		mirror(p, id);
 		p->n_cached_ref[cls_of(p, id)]++;
 		if (p->cache.held)
 			p->cache.held(p->cache.ctx, id, 1);
@@ -317,6 +346,7 @@ int kvq_pool_unref(kvq_pool *p, uint32_t id)
 		p->n_private[cls_of(p, id)]--;
 		push_block(p, id);
 	} else {
+		mirror(p, id);
 		p->n_cached_ref[cls_of(p, id)]--;
 		if (p->cache.held)
 			p->cache.held(p->cache.ctx, id, 0);
@@ -369,6 +399,7 @@ int kvq_pool_cache_insert(kvq_pool *p, uint32_t id)
 	if (r < 0)
 		return r;
 	p->state[id] = KVQ_POOL_CACHED;
+	mirror(p, id);
 	p->n_private[cls_of(p, id)]--;
 	p->n_cached[cls_of(p, id)]++;
 	p->n_cached_ref[cls_of(p, id)]++;   /* a private block always has refs >= 1 */
@@ -401,6 +432,7 @@ int kvq_pool_cache_demoting(kvq_pool *p, uint32_t id)
 	c = cls_of(p, id);
 	p->n_cached[c]--;
 	p->state[id] = KVQ_POOL_DEMOTING;
+	mirror(p, id);
 	p->demoting_at[id] = p->n_demoting[c];
 	p->demoting[c][p->n_demoting[c]++] = id;
 	return 0;
@@ -423,4 +455,86 @@ void kvq_pool_set_transit(kvq_pool *p, const struct kvq_pool_transit *t)
 		p->transit = *t;
 	else
 		memset(&p->transit, 0, sizeof p->transit);
+}
+
+void kvq_pool_set_mirror(kvq_pool *p, uint8_t *states, uint32_t *open)
+{
+	p->mirror = states;
+	p->mirror_open = open;
+	if (!states || !open)
+		return;
+	for (uint32_t id = 0; id < p->n_sealed + p->n_sink; id++)
+		mirror(p, id);
+	for (uint32_t o = 0; o < p->n_open; o++)
+		mirror_open(p, o);
+}
+
+int kvq_pool_adopt(kvq_pool *p, const uint8_t *blocks, const uint32_t *open)
+{
+	const uint32_t nb = p->n_sealed + p->n_sink;
+	uint32_t named = 0, reserved = 0;
+
+	if (p->n_free[0] != p->n_sealed || p->n_free[1] != p->n_sink || p->n_ofree != p->n_open)
+		return -EINVAL;
+	/* checked whole first: each used open slot names a distinct reserved
+	 * sealed block and each reserved block is named */
+	for (uint32_t id = 0; id < nb; id++) {
+		if (blocks[id] > KVQ_POOL_ADOPT_RESERVED)
+			return -EINVAL;
+		if (blocks[id] == KVQ_POOL_ADOPT_RESERVED) {
+			if (cls_of(p, id))
+				return -EINVAL;
+			reserved++;
+		}
+	}
+	for (uint32_t o = 0; o < p->n_open; o++) {
+		if (open[o] == UINT32_MAX)
+			continue;
+		if (open[o] >= p->n_sealed || blocks[open[o]] != KVQ_POOL_ADOPT_RESERVED)
+			return -EINVAL;
+		named++;
+	}
+	if (named != reserved)
+		return -EINVAL;   /* one named twice, or one named by none */
+
+	p->n_free[0] = p->n_free[1] = 0;
+	for (uint32_t id = nb; id-- > 0;) {
+		const int c = cls_of(p, id);
+
+		p->refs[id] = 0;
+		switch (blocks[id]) {
+		case KVQ_POOL_ADOPT_FREE:
+			p->state[id] = KVQ_POOL_FREE;
+			p->free[c][p->n_free[c]++] = id;
+			break;
+		case KVQ_POOL_ADOPT_CACHED_HELD:
+			p->refs[id] = 1;
+			p->n_cached_ref[c]++;
+			p->total_refs[c]++;
+			/* fall through */
+		case KVQ_POOL_ADOPT_CACHED:
+			p->state[id] = KVQ_POOL_CACHED;
+			p->n_cached[c]++;
+			break;
+		case KVQ_POOL_ADOPT_PRIVATE:
+			p->state[id] = KVQ_POOL_PRIVATE;
+			p->refs[id] = 1;
+			p->n_private[c]++;
+			p->total_refs[c]++;
+			break;
+		default:
+			p->state[id] = KVQ_POOL_RESERVED;
+			break;
+		}
+	}
+	p->n_ofree = 0;
+	for (uint32_t o = p->n_open; o-- > 0;) {
+		p->reserved[o] = open[o] == UINT32_MAX ? OPEN_FREE : open[o];
+		if (open[o] == UINT32_MAX)
+			p->ofree[p->n_ofree++] = o;
+	}
+	p->n_reserved = reserved;
+	if (p->mirror)
+		kvq_pool_set_mirror(p, p->mirror, p->mirror_open);
+	return 0;
 }

@@ -215,4 +215,33 @@ int kvq_pool_demoted(kvq_pool *p, uint32_t id);
 /* Attaches the host tier's transit hooks (t copied), or detaches them. */
 void kvq_pool_set_transit(kvq_pool *p, const struct kvq_pool_transit *t);
 
+/* The held bit of a mirrored state byte (kvq_pool_set_mirror). */
+#define KVQ_POOL_MIRROR_HELD 0x80u
+
+/* Keeps states[n_sealed + n_sink] (each block's state, with
+ * KVQ_POOL_MIRROR_HELD while a client holds it: reserved, private, or
+ * cached with references) and open[n_open] (the sealed id reserved for
+ * each used open slot, UINT32_MAX for a free one) up to date from now on,
+ * each written at its change, before the slot can change hands again
+ * (daemon/books.h); both are filled now.  NULL, NULL stops. */
+void kvq_pool_set_mirror(kvq_pool *p, uint8_t *states, uint32_t *open);
+
+/* What a restarted pool takes back for each block (kvq_pool_adopt). */
+enum kvq_pool_adopt {
+	KVQ_POOL_ADOPT_FREE = 0,
+	KVQ_POOL_ADOPT_CACHED,        /* cached, no reference */
+	KVQ_POOL_ADOPT_CACHED_HELD,   /* cached, one reference: a restored client's hold */
+	KVQ_POOL_ADOPT_PRIVATE,       /* private, one reference: a restored client's hold */
+	KVQ_POOL_ADOPT_RESERVED,      /* reserved for the used open slot that names it */
+};
+
+/* A pool with nothing allocated yet (a cache may be attached: it is not
+ * told) takes its slots as blocks[n_sealed + n_sink] (enum
+ * kvq_pool_adopt) and open[n_open] (each used open slot's reserved sealed
+ * id, UINT32_MAX when free) say; the cache's blocks enter the index next
+ * (kvq_prefix_restore).  Returns 0, or -EINVAL (a used open slot naming
+ * no reserved sealed block, a reserved block no open slot or two name, a
+ * sink block reserved, a value out of range) with nothing changed. */
+int kvq_pool_adopt(kvq_pool *p, const uint8_t *blocks, const uint32_t *open);
+
 #endif

@@ -5,18 +5,23 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blockrec.h"
 #include "kvq_wire.h"
 #include "log.h"
 #include "pools.h"
 #include "seterr.h"
 #include "tiering.h"
 
-int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, char *err, size_t errlen)
+int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, const struct kvq_keep *keep, char *err,
+		   size_t errlen)
 {
 	int r;
 
 	memset(ps, 0, sizeof(*ps));
 	ps->device = device;
+	ps->restart = calloc(1, sizeof *ps->restart);
+	if (!ps->restart || kvq_restart_init(ps->restart, keep) < 0)
+		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
 	r = kvq_backend_pick(backend, device, &ps->backend, ps->backend_reason, sizeof(ps->backend_reason));
 	if (r < 0) {
 		kvq_seterr(err, errlen, "backend %s: %s", backend, ps->backend_reason);
@@ -38,6 +43,10 @@ void kvq_pools_fini(struct kvq_pools *ps)
 	}
 	kvq_copier_free(ps->copier);
 	ps->copier = NULL;
+	if (ps->restart)
+		kvq_restart_fini(ps->restart);
+	free(ps->restart);
+	ps->restart = NULL;
 }
 
 struct kvq_pools_rec *kvq_pools_find(const struct kvq_pools *ps, const char *name)
@@ -175,6 +184,7 @@ int kvq_pools_from_attach(const struct kvq_pools *ps, const struct kvq_config *c
 	p->capacity = cfg->create_capacity;
 	p->host_capacity = (struct kvq_config_amount){ .kind = KVQ_AMOUNT_BYTES, .bytes = pc->host_capacity };
 	p->attention_report_ms = kvq_pools_report_ms(cfg, p->name);
+	p->origin = KVQ_BOOKS_ATTACH;
 	*ret = p;
 	return 0;
 }
@@ -318,8 +328,55 @@ int kvq_pools_codebooks(const struct kvq_pools_rec *p, bool created, const Kvq__
 	return 0;
 }
 
+/* What daemon/restart.c sees of p. */
+static struct kvq_restart_parts parts_of(const struct kvq_pools_rec *p)
+{
+	kvq_tier *t = p->tiering ? kvq_tiering_tier(p->tiering) : NULL;
+
+	return (struct kvq_restart_parts){ p->name, p->L, p->pool, p->prefix, t, p->mem.fd,
+					   t ? kvq_tier_mem(t)->fd : -1 };
+}
+
+/* Everything that decides what p's bytes mean (its layout made, its
+ * memory mem_size bytes), and its record (daemon/books.h). */
+static void identity(const struct kvq_pools_rec *p, uint64_t mem_size, uint64_t tier_capacity,
+		     struct kvq_books_id *id)
+{
+	memset(id, 0, sizeof *id);
+	snprintf(id->name, sizeof id->name, "%s", p->name);
+	snprintf(id->model, sizeof id->model, "%s", p->model);
+	snprintf(id->group, sizeof id->group, "%s", p->group);
+	snprintf(id->backend, sizeof id->backend, "%s", p->backend->name);
+	id->device = p->device;
+	id->layout_version = KVQ_LAYOUT_VERSION;
+	id->fingerprint = kvq_blockrec_fingerprint(p->L);
+	id->layers = p->L->layers;
+	id->kv_heads = p->L->kv_heads;
+	id->head_dim = p->L->head_dim;
+	id->block_tokens = p->L->block_tokens;
+	id->window = p->L->window;
+	id->sink_blocks = p->L->sink_blocks;
+	id->act = p->L->act;
+	id->n_sealed = p->L->n_sealed;
+	id->n_open = p->L->n_open;
+	id->n_sink = p->L->n_sink;
+	id->mem_size = mem_size;
+	id->tier_capacity = tier_capacity;
+	id->has_codebooks = p->has_codebooks;
+	memcpy(id->codebooks_sha256, p->codebooks_sha256, sizeof id->codebooks_sha256);
+	id->origin = p->origin;
+	id->acl = p->acl;
+	id->quota = p->quota;
+	id->capacity = p->capacity;
+	id->host_capacity = p->host_capacity;
+	id->attention_report_ms = p->attention_report_ms;
+}
+
 void kvq_pools_release(struct kvq_pools_rec *p)
 {
+	struct kvq_restart_parts pt = parts_of(p);
+
+	kvq_restart_release(&p->kept, &pt);
 	if (p->glink.g)
 		p->glink.leave(p);
 	kvq_tiering_free(p->tiering);
@@ -386,32 +443,44 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 	o->f16_bytes = (distinct + sinks + st->open_used) * f16_block_bytes;
 }
 
-/* p's host tier, when it has a host_capacity: within the host's budget
- * (the pools there and the other tiers, p's memory included), or refused
- * with -ENOSPC; a pool whose memory the daemon cannot copy (a cuda pool,
- * today) keeps no tier, and says so in the log. */
-static int host_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p, char *err,
-		     size_t errlen)
+/* The bytes of p's host tier, when it has a host_capacity (0: none):
+ * within the host's budget (the pools there and the other tiers, p's
+ * memory of mem_size bytes included), or refused with -ENOSPC. */
+static int tier_want(const struct kvq_pools *ps, const struct kvq_config *cfg, const struct kvq_pools_rec *p,
+		     uint64_t mem_size, uint64_t *ret, char *err, size_t errlen)
 {
 	uint64_t total = 0, budget, used, want;
-	char why[KVQ_BACKEND_MSG_MAX] = "";
 	int r;
 
+	*ret = 0;
 	if (p->host_capacity.kind == KVQ_AMOUNT_BYTES && p->host_capacity.bytes == 0)
 		return 0;
 	r = kvq_backend_host.total_memory(0, &total, err, errlen);
 	if (r < 0)
 		return r;
 	budget = kvq_config_amount_bytes(&cfg->memory_budget, total);
-	used = budget_used(ps, &kvq_backend_host, 0) + (p->backend == &kvq_backend_host ? p->mem.size : 0);
+	used = budget_used(ps, &kvq_backend_host, 0) + (p->backend == &kvq_backend_host ? mem_size : 0);
 	want = kvq_config_amount_bytes(&p->host_capacity, budget);
-	if (want == 0)
-		return 0;
-	if (used > budget || want > budget - used)
+	if (want && (used > budget || want > budget - used))
 		return kvq_seterr(err, errlen, "host_capacity %llu bytes beyond the host's memory budget "
 				  "(%llu of %llu used)", (unsigned long long)want, (unsigned long long)used,
 				  (unsigned long long)budget), -ENOSPC;
-	r = kvq_tiering_new(&(struct kvq_tiering_pool){ p->name, &p->mem, p->L, p->pool, p->prefix }, want,
+	*ret = want;
+	return 0;
+}
+
+/* p's host tier of want bytes (0: none), its memory taken back from
+ * tier_fd (taken) when that is not -1; a pool whose memory the daemon
+ * cannot copy keeps no tier, and says so in the log. */
+static int host_tier(const struct kvq_pools *ps, struct kvq_pools_rec *p, uint64_t want, int tier_fd, char *err,
+		     size_t errlen)
+{
+	char why[KVQ_BACKEND_MSG_MAX] = "";
+	int r;
+
+	if (want == 0)
+		return 0;
+	r = kvq_tiering_new(&(struct kvq_tiering_pool){ p->name, &p->mem, p->L, p->pool, p->prefix, tier_fd }, want,
 			    &ps->copier, &p->tiering, why, sizeof why);
 	if (r == -EOPNOTSUPP) {
 		kvq_log(LOG_WARNING, "%s: the pool runs without its host tier", why);
@@ -419,25 +488,44 @@ static int host_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, s
 	}
 	if (r < 0)
 		return kvq_seterr(err, errlen, "%s", why), r;
+	p->kept.tier_capacity = want;
 	kvq_log(LOG_INFO, "pool %s: host tier of %llu bytes", p->name, (unsigned long long)want);
 	return 0;
+}
+
+/* p's memory: taken back as the restart's plan says (*pl set to NULL when
+ * that fails: p then starts cold), else new. */
+static int pool_memory(const struct kvq_pools *ps, struct kvq_pools_rec *p, struct kvq_restart_plan **pl, char *err,
+		       size_t errlen)
+{
+	char why[KVQ_BACKEND_MSG_MAX] = "";
+	uint64_t size;
+	int fd, r;
+
+	if (*pl) {
+		fd = kvq_restart_plan_mem(*pl, &size);
+		r = kvq_backend_mem_adopt(p->backend, fd, size, p->device, &p->mem, why, sizeof why);
+		if (r == 0)
+			return 0;
+		kvq_restart_plan_drop(ps->restart, &p->kept, *pl, p->name, why);
+		*pl = NULL;
+	}
+	return kvq_backend_mem_create(p->backend, p->L->total_bytes, p->device, p->name, &p->mem, err, errlen);
 }
 
 int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p,
 		       uint32_t want_sealed, uint32_t want_open, uint32_t want_sink, const struct kvq_codebooks *cb,
 		       char *err, size_t errlen)
 {
-	uint64_t total = 0, budget, used, capacity, room;
+	uint64_t total = 0, budget, used, capacity, room, g = 0, mem_size, tier = 0;
 	const char *fmt = codebook_format(&p->policy);
 	bool have_cb = cb && cb->map;
+	struct kvq_restart_plan *pl = NULL;
+	struct kvq_restart_parts pt;
+	struct kvq_books_id id;
 	char hex[KVQ_CODEBOOKS_HEX];
 	int r;
 
-	/* never a codebook pool without its codebooks (kvq_pools_codebooks
-	 * refused the request already; this is the pool's own guarantee) */
-	if (fmt && !have_cb)
-		return kvq_seterr(err, errlen, "policy %s uses %s: the pool's codebooks must come with the request",
-				  p->policy_str, fmt), -EINVAL;
 	if (!fmt && have_cb)
 		return kvq_seterr(err, errlen, "policy %s has no codebook format: it takes no codebooks",
 				  p->policy_str), -EINVAL;
@@ -461,7 +549,31 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	r = kvq_layout_new(&p->params, &p->L, err, errlen);
 	if (r < 0)
 		return r;
-	r = kvq_backend_mem_create(p->backend, p->L->total_bytes, p->device, p->name, &p->mem, err, errlen);
+	if ((r = p->backend->granularity(p->device, &g, err, errlen)) < 0 ||
+	    (r = kvq_backend_round(p->L->total_bytes, g, &mem_size)) < 0 ||
+	    (r = tier_want(ps, cfg, p, mem_size, &tier, err, errlen)) < 0)
+		goto fail;
+	if (have_cb) {
+		memcpy(p->codebooks_sha256, cb->sha256, KVQ_PROTO_SHA256);
+		p->has_codebooks = true;
+	}
+	/* a restart's memory, when its books say the same pool */
+	identity(p, mem_size, tier, &id);
+	pl = kvq_restart_plan(ps->restart, &id, p->policy_str, &p->kept);
+	/* never a codebook pool without its codebooks (kvq_pools_codebooks
+	 * refused the request already; this is the pool's own guarantee):
+	 * they come with the request or are in the memory taken back */
+	if (fmt && !have_cb && !pl) {
+		kvq_seterr(err, errlen, "policy %s uses %s: the pool's codebooks must come with the request",
+			   p->policy_str, fmt);
+		r = -EINVAL;
+		goto fail;
+	}
+	r = pool_memory(ps, p, &pl, err, errlen);
+	if (r == 0 && fmt && !have_cb && !pl) {
+		kvq_seterr(err, errlen, "policy %s uses %s: its codebooks were not taken back", p->policy_str, fmt);
+		r = -EINVAL;
+	}
 	if (r < 0)
 		goto fail;
 	r = kvq_pool_new(p->L->n_sealed, p->L->n_open, p->L->n_sink, &p->pool);
@@ -477,7 +589,7 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	r = f16_block_bytes(p, &p->f16_block_bytes, err, errlen);
 	if (r < 0)
 		goto fail;
-	if (have_cb) {
+	if (have_cb && !pl) {
 		if (cb->file.data_bytes != p->L->codebook_bytes) {
 			kvq_seterr(err, errlen, "codebooks: %llu bytes of data, the pool's region holds %llu",
 				   (unsigned long long)cb->file.data_bytes, (unsigned long long)p->L->codebook_bytes);
@@ -488,25 +600,32 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 					  errlen);
 		if (r < 0)
 			goto fail;
-		memcpy(p->codebooks_sha256, cb->sha256, KVQ_PROTO_SHA256);
-		p->has_codebooks = true;
-		kvq_codebooks_hex(cb->sha256, KVQ_PROTO_SHA256, hex);
-		kvq_log(LOG_INFO, "pool %s: codebooks of %llu bytes, sha256 %s", p->name,
-			(unsigned long long)cb->file.data_bytes, hex);
 	}
-	r = host_tier(ps, cfg, p, err, errlen);
+	if (p->has_codebooks) {
+		kvq_codebooks_hex(p->codebooks_sha256, KVQ_PROTO_SHA256, hex);
+		kvq_log(LOG_INFO, "pool %s: codebooks of %llu bytes, sha256 %s", p->name,
+			(unsigned long long)p->L->codebook_bytes, hex);
+	}
+	r = host_tier(ps, p, tier, pl ? kvq_restart_plan_tier(pl) : -1, err, errlen);
 	if (r < 0)
 		goto fail;
+	pt = parts_of(p);
+	if (pl)
+		kvq_restart_apply(ps->restart, &p->kept, &pt, pl);
+	pl = NULL;
 	p->allocated = true;
 	p->device_memory = total;
 	kvq_log(LOG_INFO, "pool %s: %s on %s, %u layers, %u kv heads, head dim %u, %u tokens/block, window %u, "
 		"%u sealed + %u open slots, %llu bytes", p->name, p->policy_str, p->backend->name, p->L->layers,
 		p->L->kv_heads, p->L->head_dim, p->L->block_tokens, p->L->window, p->L->n_sealed, p->L->n_open,
 		(unsigned long long)p->mem.size);
+	identity(p, p->mem.size, p->kept.tier_capacity, &id);
+	kvq_restart_keep(ps->restart, &p->kept, &id, p->policy_str, &pt);
 	return 0;
 fail:
 	if (r != -ENOSPC && !(err && *err))
 		kvq_seterr(err, errlen, "%s", strerror(-r));
+	kvq_restart_plan_drop(ps->restart, &p->kept, pl, p->name, err && *err ? err : strerror(-r));
 	kvq_pools_release(p);
 	return r;
 }
@@ -553,4 +672,106 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 	o->rank = p->glink.g ? p->glink.rank : 0;
 	o->group_pending = p->glink.g ? *p->glink.pending : 0;
 	resident_of(o, p->f16_block_bytes, &o->res);
+}
+
+/* A record for books whose pool no section names: what the Attach or
+ * PoolAdd that created it set. */
+static int rebuild(struct kvq_pools *ps, const struct kvq_books_id *id, const char *policy,
+		   struct kvq_pools_rec **ret, char *why, size_t len)
+{
+	const struct kvq_layout_params params = { .layers = id->layers, .kv_heads = id->kv_heads,
+		.head_dim = id->head_dim, .block_tokens = id->block_tokens, .window = id->window, .act = id->act,
+		.sink_blocks = id->sink_blocks };
+	struct kvq_policy pol;
+	struct kvq_pools_rec *p;
+	int r;
+
+	if (id->origin != KVQ_BOOKS_ATTACH && id->origin != KVQ_BOOKS_POOLADD)
+		return snprintf(why, len, "its kvqd.conf section is gone"), -ENOENT;
+	if (kvq_policy_parse(policy, id->layers, &pol, why, len) < 0)
+		return -EINVAL;
+	r = rec_new(ps, id->name, id->model, &pol, &params, id->backend, id->device, &p, why, len);
+	if (r < 0)
+		return r;
+	snprintf(p->group, sizeof p->group, "%s", id->group);
+	p->origin = id->origin;
+	p->acl = id->acl;
+	p->quota = id->quota;
+	p->capacity = id->capacity;
+	p->host_capacity = id->host_capacity;
+	p->attention_report_ms = id->attention_report_ms;
+	p->has_codebooks = id->has_codebooks;
+	memcpy(p->codebooks_sha256, id->codebooks_sha256, sizeof p->codebooks_sha256);
+	*ret = p;
+	return 0;
+}
+
+void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg)
+{
+	const struct kvq_books_id *id;
+	const char *policy;
+
+	/* pools allocated before the restart that are not yet: kvqd.conf's
+	 * created on attach, and those an Attach or a PoolAdd made */
+	while ((id = kvq_restart_next(ps->restart, &policy))) {
+		char name[KVQ_PROTO_MAX_NAME + 1], why[KVQ_BACKEND_MSG_MAX + 64] = "";
+		struct kvq_pools_rec *p = kvq_pools_find(ps, id->name);
+		bool made = false;
+		int r = 0;
+
+		snprintf(name, sizeof name, "%s", id->name);
+		if (!p) {
+			r = rebuild(ps, id, policy, &p, why, sizeof why);
+			made = r == 0;
+		} else if (p->allocated) {
+			r = -EEXIST;
+			snprintf(why, sizeof why, "a pool of that name is allocated already");
+		}
+		/* allocate claims the books, or gives them up */
+		if (r == 0)
+			r = kvq_pools_allocate(ps, cfg, p, id->n_sealed, id->n_open, id->n_sink, NULL, why, sizeof why);
+		if (made && r == 0)
+			kvq_pools_add(ps, p);
+		else if (made)
+			kvq_pools_rec_free(p);
+		if (r < 0)
+			kvq_restart_give_up(ps->restart, name, why);
+	}
+	kvq_restart_done(ps->restart);
+}
+
+void kvq_pools_keep(struct kvq_pools *ps)
+{
+	for (struct kvq_pools_rec *p = ps->head; p; p = p->next) {
+		struct kvq_restart_parts pt = parts_of(p);
+
+		if (p->allocated)
+			kvq_restart_stop(ps->restart, &p->kept, &pt);
+	}
+	ps->restart->stopping = true;
+}
+
+int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid)
+{
+	struct kvq_restart_parts pt = parts_of(p);
+
+	return kvq_restart_attached(&p->kept, &pt, pid);
+}
+
+void kvq_pools_detached(struct kvq_pools_rec *p, int entry)
+{
+	kvq_restart_detached(&p->kept, entry);
+}
+
+uint32_t kvq_pools_holds_check(struct kvq_pools *ps)
+{
+	uint32_t n = 0;
+
+	for (struct kvq_pools_rec *p = ps->head; p; p = p->next) {
+		struct kvq_restart_parts pt = parts_of(p);
+
+		if (p->allocated)
+			n += (uint32_t)kvq_restart_holds_check(&p->kept, &pt);
+	}
+	return n;
 }

@@ -33,6 +33,7 @@
 #include "layout.h"
 #include "pool.h"
 #include "prefix.h"
+#include "restart.h"
 #include "tier.h"
 
 /* A pool created on attach without slot counts gets one open slot per this
@@ -85,6 +86,8 @@ struct kvq_pools_rec {
 	 * keys' namespace, set when the attach creates it) and its link */
 	char group[KVQ_PROTO_MAX_NAME + 1];
 	struct kvq_group_link glink;
+	uint32_t origin;                             /* enum kvq_books_origin: its section, an Attach, a PoolAdd */
+	struct kvq_restart_pool kept;                /* what it leaves for a restart (daemon/restart.h) */
 };
 
 /* The records, newest first, and the daemon's backend. */
@@ -96,6 +99,7 @@ struct kvq_pools {
 	char backend_reason[KVQ_BACKEND_MSG_MAX];    /* why that backend, for the log */
 	kvq_copier *copier;                          /* the host tiers' copies: synchronous until the
 							server gives its own (kvq_copier_new with its loop) */
+	struct kvq_restart *restart;                 /* what a restart leaves and takes back */
 };
 
 /*
@@ -140,8 +144,11 @@ struct kvq_pools_info {
 };
 
 /* No records; the daemon's backend from its name ("auto", "host", "cuda")
- * and device.  Returns 0, or a negative code with err set. */
-int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, char *err, size_t errlen);
+ * and device; keep (NULL: none) the service manager that keeps pools
+ * across a restart (daemon/restart.h).  Returns 0, or a negative code with
+ * err set. */
+int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, const struct kvq_keep *keep, char *err,
+		   size_t errlen);
 
 /* Frees every record. */
 void kvq_pools_fini(struct kvq_pools *ps);
@@ -202,6 +209,25 @@ void kvq_pools_release(struct kvq_pools_rec *p);
 
 /* Releases and frees a record that is not in the list; NULL is fine. */
 void kvq_pools_rec_free(struct kvq_pools_rec *p);
+
+/* After kvqd.conf's pools at start: every other pool a restart left
+ * (daemon/restart.h) taken back, rebuilt from its books when no section
+ * names it; the restart's figures logged. */
+void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg);
+
+/* At a stop: every pool's books sealed as they are, so that what clients
+ * hold now is held at the next start. */
+void kvq_pools_keep(struct kvq_pools *ps);
+
+/* Process pid attached to p: its entry in p's books (-1: none), for
+ * kvq_pools_detached when it goes; a process attached before a restart
+ * gives up what p held for it. */
+int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid);
+void kvq_pools_detached(struct kvq_pools_rec *p, int entry);
+
+/* Releases what restored pools hold for processes all gone; returns how
+ * many pools still hold. */
+uint32_t kvq_pools_holds_check(struct kvq_pools *ps);
 
 /* What an allocated p is and holds (strings valid while p lives). */
 void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *ret);

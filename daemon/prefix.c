@@ -61,6 +61,9 @@ struct kvq_prefix {
 	/* told each block's key that goes without a copy (kvq_prefix_set_drop_hook) */
 	void (*drop_hook)(void *arg, const uint8_t *key);
 	void *drop_arg;
+	/* told each block that enters or leaves the index (kvq_prefix_set_record_hook) */
+	void (*record_hook)(void *arg, uint32_t id, const uint8_t *key, int32_t parent);
+	void *record_arg;
 };
 
 /* ------------------------------------------------------------------- keys */
@@ -296,6 +299,9 @@ static uint32_t evict_block_to(struct kvq_prefix *x, uint32_t b, int demote)
 {
 	int32_t p = x->parent[b];
 
+	/* the record goes before the slot can change hands */
+	if (x->record_hook)
+		x->record_hook(x->record_arg, b, NULL, -1);
 	if (x->evict_hook)
 		x->evict_hook(x->evict_arg, x->key[b], demote);
 	if (!demote && x->drop_hook)
@@ -376,6 +382,14 @@ void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8
 {
 	x->drop_hook = hook;
 	x->drop_arg = arg;
+}
+
+void kvq_prefix_set_record_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, const uint8_t *key,
+							    int32_t parent),
+				void *arg)
+{
+	x->record_hook = hook;
+	x->record_arg = arg;
 }
 
 /* Evictable leaf b out of the index for the host tier, described in *v. */
@@ -578,6 +592,31 @@ void kvq_prefix_free(kvq_prefix *x)
 
 /* ------------------------------------------------------ publish, lookup */
 
+/* CACHED block id into the index under key after parent (cached, or -1),
+ * a leaf; held when it has references. */
+static void insert(struct kvq_prefix *x, uint32_t id, const uint8_t *key, int32_t parent, int held)
+{
+	memcpy(x->key[id], key, KVQ_PREFIX_KEY_LEN);
+	x->parent[id] = parent;
+	x->children[id] = 0;
+	x->pinned_children[id] = 0;
+	x->flags[id] = IN_CACHE | (held ? HELD : 0);
+	x->heap_pos[id] = -1;
+	hash_insert(x, id);
+	x->n_cached[cls_of(x, id)]++;
+	if (parent >= 0) {
+		x->children[parent]++;
+		heap_remove(x, (uint32_t)parent);   /* no longer a leaf */
+	}
+	if (held) {
+		x->n_pinned[cls_of(x, id)]++;
+		pin_carry(x, id, 1);
+	} else {
+		x->tick[id] = ++x->clock;
+		heap_push(x, id);
+	}
+}
+
 int kvq_prefix_publish(kvq_prefix *x, uint32_t id, int32_t parent, const uint32_t *tokens,
 		       const void *salt, size_t salt_len, uint32_t *ret_id)
 {
@@ -606,20 +645,23 @@ int kvq_prefix_publish(kvq_prefix *x, uint32_t id, int32_t parent, const uint32_
 	r = kvq_pool_cache_insert(x->pool, id);
 	if (r < 0)
 		return r;
-	memcpy(x->key[id], key, KVQ_PREFIX_KEY_LEN);
-	x->parent[id] = parent;
-	x->children[id] = 0;
-	x->pinned_children[id] = 0;
-	x->flags[id] = IN_CACHE | HELD;   /* a private block has references */
-	hash_insert(x, id);
-	x->n_cached[cls_of(x, id)]++;
-	x->n_pinned[cls_of(x, id)]++;
-	if (parent >= 0) {
-		x->children[parent]++;
-		heap_remove(x, (uint32_t)parent);   /* no longer a leaf */
-	}
-	pin_carry(x, id, 1);
+	insert(x, id, key, parent, 1);   /* a private block has references */
+	if (x->record_hook)
+		x->record_hook(x->record_arg, id, key, parent);
 	*ret_id = id;
+	return 0;
+}
+
+int kvq_prefix_restore(kvq_prefix *x, uint32_t id, const uint8_t key[KVQ_PREFIX_KEY_LEN], int32_t parent)
+{
+	if (id >= x->n || parent < -1 || (parent >= 0 && (uint32_t)parent >= x->n))
+		return -ERANGE;
+	if (kvq_pool_check_sealed(x->pool, id, KVQ_POOL_BIT(KVQ_POOL_CACHED)) < 0 || (x->flags[id] & IN_CACHE) ||
+	    (parent >= 0 && !(x->flags[parent] & IN_CACHE)) || hash_find(x, key) >= 0)
+		return -EINVAL;
+	insert(x, id, key, parent, kvq_pool_refs(x->pool, id) > 0);
+	if (x->record_hook)
+		x->record_hook(x->record_arg, id, key, parent);
 	return 0;
 }
 

@@ -153,6 +153,22 @@ void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint
  * before it goes: the tier drops the records below it (daemon/tiering.h). */
 void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg);
 
+/* hook (NULL: none) is told each block that enters the index (publish,
+ * restore: its id, key and parent id, -1 for none) and each that leaves it
+ * (key NULL), before its slot can change hands: the pool's books
+ * (daemon/books.h) keep them for a restart. */
+void kvq_prefix_set_record_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, const uint8_t *key,
+							    int32_t parent),
+				void *arg);
+
+/* A restarted pool's cached block id (CACHED in the pool already,
+ * kvq_pool_adopt) back into the index under key after parent (restored
+ * before it, or -1), as the last block of its chain; held when the pool
+ * counts references on it.  Returns 0, -ERANGE, or -EINVAL (id not cached
+ * in the pool or in the index already, parent not in the index, key
+ * there already). */
+int kvq_prefix_restore(kvq_prefix *x, uint32_t id, const uint8_t key[KVQ_PREFIX_KEY_LEN], int32_t parent);
+
 /* A block kvq_prefix_demote took: its id (now DEMOTING in the pool), key
  * and parent's key (zeros when it has none). */
 struct kvq_prefix_victim {

@@ -70,6 +70,7 @@ int kvq_req_pool_add(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_re
 	ret = kvq_pools_from_attach(&st->pools, st->cfg, a, c->uid, &p, err, errlen);
 	if (ret < 0)
 		return ret;
+	p->origin = KVQ_BOOKS_POOLADD;
 	if (q->n_acl_uids || q->n_acl_gids) {
 		p->acl.n_uids = p->acl.n_gids = 0;
 		p->acl.uids[p->acl.n_uids++] = 0;

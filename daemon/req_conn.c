@@ -135,6 +135,7 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		kvq_pools_add(&st->pools, p);
 	c->pool = p;
 	p->clients++;
+	c->kept = kvq_pools_attached(p, c->pid);
 
 	rep->layout_version = p->L->version;
 	rep->layers = p->L->layers;

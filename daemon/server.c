@@ -54,6 +54,7 @@ struct kvq_server {
 	struct event *resume;                                      /* ends a pause of accept */
 	bool paused;
 	uint64_t counters[KVQ_SERVER_N_COUNTERS];
+	struct event *holds;                                       /* while restored holds last */
 };
 
 static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, int fd, void *arg);
@@ -619,8 +620,20 @@ static int server_copier(kvq_server *s, char *err, size_t errlen)
 	return 0;
 }
 
+/* Holds a restart took back go once their processes have (restart.h):
+ * looked at each second while any is left. */
+static void srv_on_holds(evutil_socket_t fd, short what, void *arg)
+{
+	kvq_server *s = arg;
+
+	if (kvq_pools_holds_check(&s->st.pools) == 0) {
+		event_free(s->holds);
+		s->holds = NULL;
+	}
+}
+
 int kvq_server_new(struct event_base *base, const struct kvq_config *config, const char *backend, int device,
-		   kvq_server **ret, char *err, size_t errlen)
+		   const struct kvq_keep *keep, kvq_server **ret, char *err, size_t errlen)
 {
 	kvq_server *s = calloc(1, sizeof(*s));
 	int r;
@@ -637,13 +650,20 @@ int kvq_server_new(struct event_base *base, const struct kvq_config *config, con
 		kvq_server_free(s);
 		return -ENOMEM;
 	}
-	r = kvq_state_init(&s->st, config, backend, device, err, errlen);
+	r = kvq_state_init(&s->st, config, backend, device, keep, err, errlen);
 	if (r == 0)
 		r = server_copier(s, err, errlen);
 	if (r < 0) {
 		s->st.cfg = NULL;
 		kvq_server_free(s);
 		return r;
+	}
+	if (kvq_pools_holds_check(&s->st.pools) > 0) {
+		s->holds = event_new(base, -1, EV_PERSIST, srv_on_holds, s);
+		if (!s->holds || event_add(s->holds, &(struct timeval){ 1, 0 }) < 0) {
+			kvq_server_free(s);
+			return kvq_seterr(err, errlen, "cannot watch the restored holds"), -ENOMEM;
+		}
 	}
 	s->fd_conns = fd_budget();
 	peer_limits(s);
@@ -728,6 +748,8 @@ void kvq_server_free(kvq_server *s)
 	if (s->resume)
 		event_free(s->resume);
 	s->resume = NULL;
+	if (s->holds)
+		event_free(s->holds);
 	s->paused = false;
 	if (s->lev)
 		event_free(s->lev);
@@ -742,6 +764,11 @@ void kvq_server_free(kvq_server *s)
 	free(s->latency);
 	free(s->errors);
 	free(s);
+}
+
+void kvq_server_keep(kvq_server *s)
+{
+	kvq_pools_keep(&s->st.pools);
 }
 
 int kvq_server_pool_info(const kvq_server *s, uint32_t i, struct kvq_pools_info *ret)

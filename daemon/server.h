@@ -25,6 +25,7 @@
 #include "pools.h"
 
 typedef struct kvq_server kvq_server;
+struct kvq_keep;
 
 /*
  * File descriptors kept for kvqd's own use (standard streams, the listening
@@ -66,10 +67,16 @@ enum {
  * A server on base with config (borrowed: it must outlive the server, or be
  * replaced with kvq_server_set_config), default backend name ("auto", "host",
  * "cuda") and device.  Pools listed in config without create_on_attach are
- * allocated now.  Returns 0 and *ret, or a negative code with err set.
+ * allocated now, and with keep (NULL: none; daemon/restart.h) the pools an
+ * earlier kvqd left are taken back.  Returns 0 and *ret, or a negative code
+ * with err set.
  */
 int kvq_server_new(struct event_base *base, const struct kvq_config *config, const char *backend,
-		   int device, kvq_server **ret, char *err, size_t errlen);
+		   int device, const struct kvq_keep *keep, kvq_server **ret, char *err, size_t errlen);
+
+/* At a stop, before kvq_server_free: every pool's books sealed as they are
+ * now, so that what the clients hold is held at the next start. */
+void kvq_server_keep(kvq_server *s);
 
 /* Listens on a new socket at path (a stale socket file is replaced).
  * Returns 0 or a negative errno with err set. */

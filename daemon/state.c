@@ -9,15 +9,15 @@
 #include "seterr.h"
 #include "state.h"
 
-int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const char *backend, int device, char *err,
-		   size_t errlen)
+int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const char *backend, int device,
+		   const struct kvq_keep *keep, char *err, size_t errlen)
 {
 	int r;
 
 	memset(st, 0, sizeof(*st));
 	st->cfg = cfg;
 	clock_gettime(CLOCK_MONOTONIC, &st->started);
-	r = kvq_pools_init(&st->pools, backend, device, err, errlen);
+	r = kvq_pools_init(&st->pools, backend, device, keep, err, errlen);
 	if (r < 0)
 		return r;
 	if (!strcmp(backend, "auto") && st->pools.backend == &kvq_backend_host)
@@ -43,6 +43,7 @@ int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const cha
 			}
 		}
 	}
+	kvq_pools_restore_rest(&st->pools, cfg);
 	return 0;
 fail:
 	kvq_pools_fini(&st->pools);
@@ -107,6 +108,7 @@ int kvq_state_conn_new(struct kvq_state *st, struct kvq_conn **ret)
 	c->st = st;
 	c->id = ++st->next_id;
 	c->pidfd = -1;
+	c->kept = -1;
 	st->n_conns++;
 	conn_push(&st->conns, c);
 	*ret = c;
@@ -150,8 +152,12 @@ void kvq_state_conn_free(struct kvq_conn *c)
 {
 	conn_unlink(c->exiting ? &c->st->dying : &c->st->conns, c);
 	lease_drop(c);
-	if (c->pool)
+	if (c->pool) {
+		/* after its holds went: the books never say a process is gone
+		 * while slots are still counted as its own */
+		kvq_pools_detached(c->pool, c->kept);
 		c->pool->clients--;
+	}
 	c->st->n_conns--;
 	free(c);
 }

@@ -43,6 +43,7 @@ struct kvq_conn {
 	pid_t pid;
 	bool hello;
 	struct kvq_pools_rec *pool;              /* attached to, or NULL */
+	int kept;                                /* its entry in the pool's books (daemon/restart.h), or -1 */
 	kvq_lease *lease;                        /* what it holds there */
 	/* the server's: */
 	struct kvq_peer *peer;                   /* the socket; NULL once closed */
@@ -69,10 +70,12 @@ struct kvq_state {
 
 /* A state with cfg (borrowed: it must outlive the state, or be replaced with
  * kvq_state_set_config), the default backend ("auto", "host", "cuda") and
- * device.  Pools listed in cfg without create_on_attach are allocated now.
- * Returns 0, or a negative code with err set and nothing to free. */
-int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const char *backend, int device, char *err,
-		   size_t errlen);
+ * device.  Pools listed in cfg without create_on_attach are allocated now,
+ * and, with keep (NULL: none), every pool a restart left is taken back
+ * (daemon/restart.h).  Returns 0, or a negative code with err set and
+ * nothing to free. */
+int kvq_state_init(struct kvq_state *st, const struct kvq_config *cfg, const char *backend, int device,
+		   const struct kvq_keep *keep, char *err, size_t errlen);
 
 /* Frees the pools; every connection must be freed first. */
 void kvq_state_fini(struct kvq_state *st);

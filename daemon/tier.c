@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/random.h>
 
 #include "blockrec.h"
@@ -39,6 +40,10 @@ struct kvq_tier {
 	uint64_t clock;
 	uint32_t records[2];
 	uint64_t evictions, dropped;
+
+	/* told each record that becomes READY and each that goes (kvq_tier_set_record_hook) */
+	void (*record_hook)(void *arg, uint32_t r, uint32_t cls, const uint8_t *key, const uint8_t *parent);
+	void *record_arg;
 };
 
 /* ------------------------------------------------------------ hashing */
@@ -160,6 +165,9 @@ static void rec_free(struct kvq_tier *t, uint32_t r)
 {
 	uint32_t c = cls_of(t, r);
 
+	if (t->record_hook)
+		t->record_hook(t->record_arg, r, c, NULL, NULL);
+
 	heap_remove(t, r);
 	link_out(t->bucket, t->next, bucket_of(t, t->key[r]), r);
 	if (t->has_parent[r]) {
@@ -177,10 +185,11 @@ static void rec_free(struct kvq_tier *t, uint32_t r)
 	t->free[c][t->n_free[c]++] = r;
 }
 
+static void place(struct kvq_tier *t, uint32_t r, uint8_t state, const uint8_t *key, const uint8_t *parent);
+
 int64_t kvq_tier_reserve(kvq_tier *t, uint32_t cls, const uint8_t *key, const uint8_t *parent)
 {
-	uint32_t r, kids = 0;
-	int32_t p;
+	uint32_t r;
 
 	if (cls > 1 || t->n[cls] == 0)
 		return -EINVAL;
@@ -193,7 +202,18 @@ int64_t kvq_tier_reserve(kvq_tier *t, uint32_t cls, const uint8_t *key, const ui
 		t->evictions++;
 	}
 	r = t->free[cls][--t->n_free[cls]];
-	t->state[r] = R_INCOMING;
+	place(t, r, R_INCOMING, key, parent);
+	return r;
+}
+
+/* Record slot r (taken off its free stack) holds key after parent (NULL:
+ * none) in state. */
+static void place(struct kvq_tier *t, uint32_t r, uint8_t state, const uint8_t *key, const uint8_t *parent)
+{
+	uint32_t kids = 0;
+	int32_t p;
+
+	t->state[r] = state;
 	t->doomed[r] = 0;
 	memcpy(t->key[r], key, KVQ_TIER_KEY_LEN);
 	t->has_parent[r] = parent != NULL;
@@ -216,8 +236,8 @@ int64_t kvq_tier_reserve(kvq_tier *t, uint32_t cls, const uint8_t *key, const ui
 			heap_remove(t, (uint32_t)p);
 		}
 	}
-	t->records[cls]++;
-	return r;
+	t->records[cls_of(t, r)]++;
+	leaf_check(t, r);
 }
 
 bool kvq_tier_commit(kvq_tier *t, uint32_t r)
@@ -229,6 +249,8 @@ bool kvq_tier_commit(kvq_tier *t, uint32_t r)
 	}
 	t->state[r] = R_READY;
 	leaf_check(t, r);
+	if (t->record_hook)
+		t->record_hook(t->record_arg, r, cls_of(t, r), t->key[r], t->has_parent[r] ? t->parent[r] : NULL);
 	return true;
 }
 
@@ -383,14 +405,18 @@ static int alloc_arrays(struct kvq_tier *t)
 	return 0;
 }
 
-int kvq_tier_new(const struct kvq_layout *L, uint64_t capacity, const char *label, kvq_tier **ret, char *err,
-		 size_t errlen)
+int kvq_tier_new(const struct kvq_layout *L, uint64_t capacity, const char *label, int fd, kvq_tier **ret,
+		 char *err, size_t errlen)
 {
 	struct kvq_tier *t = calloc(1, sizeof *t);
+	uint64_t bytes, g = 0;
 	int r;
 
-	if (!t)
+	if (!t) {
+		if (fd >= 0)
+			close(fd);
 		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
+	}
 	t->mem.fd = -1;
 	for (int c = 0; c < 2; c++) {
 		t->len[c] = kvq_blockrec_size(L, (uint32_t)c);
@@ -402,6 +428,8 @@ int kvq_tier_new(const struct kvq_layout *L, uint64_t capacity, const char *labe
 			   : "host_capacity %llu: too many records of %llu bytes", (unsigned long long)capacity,
 			   (unsigned long long)t->stride[0]);
 		free(t);
+		if (fd >= 0)
+			close(fd);
 		return r;
 	}
 	t->total = t->n[0] + t->n[1];
@@ -417,6 +445,8 @@ int kvq_tier_new(const struct kvq_layout *L, uint64_t capacity, const char *labe
 	if (r < 0) {
 		kvq_seterr(err, errlen, "out of memory for %u host-tier records", t->total);
 		kvq_tier_free(t);
+		if (fd >= 0)
+			close(fd);
 		return r;
 	}
 	for (int c = 0; c < 2; c++) {
@@ -425,8 +455,15 @@ int kvq_tier_new(const struct kvq_layout *L, uint64_t capacity, const char *labe
 			t->free[c][i] = t->first[c] + t->n[c] - 1 - i;
 		t->n_free[c] = t->n[c];
 	}
-	r = kvq_backend_mem_create(&kvq_backend_host, t->off[1] + (uint64_t)t->n[1] * t->stride[1], 0, label,
-				   &t->mem, err, errlen);
+	bytes = t->off[1] + (uint64_t)t->n[1] * t->stride[1];
+	if (fd < 0)
+		r = kvq_backend_mem_create(&kvq_backend_host, bytes, 0, label, &t->mem, err, errlen);
+	else if ((r = kvq_backend_host.granularity(0, &g, err, errlen)) < 0 ||
+		 (r = kvq_backend_round(bytes, g, &bytes)) < 0)
+		close(fd);
+	else
+		r = kvq_backend_mem_adopt(&kvq_backend_host, fd, bytes, 0, &t->mem, err, errlen);
+	fd = -1;
 	if (r < 0) {
 		kvq_tier_free(t);
 		return r;
@@ -458,4 +495,50 @@ void kvq_tier_free(kvq_tier *t)
 	free(t->bucket);
 	free(t->pbucket);
 	free(t);
+}
+
+void kvq_tier_set_record_hook(kvq_tier *t, void (*hook)(void *arg, uint32_t r, uint32_t cls, const uint8_t *key,
+							 const uint8_t *parent),
+			      void *arg)
+{
+	t->record_hook = hook;
+	t->record_arg = arg;
+}
+
+uint32_t kvq_tier_slots(const kvq_tier *t)
+{
+	return t->total;
+}
+
+int kvq_tier_restore(kvq_tier *t, uint32_t r, uint32_t cls, const uint8_t *key, const uint8_t *parent)
+{
+	if (r >= t->total || cls_of(t, r) != cls)
+		return -ERANGE;
+	if (t->state[r] != R_FREE || find_any(t, key) >= 0)
+		return -EINVAL;
+	place(t, r, R_READY, key, parent);
+	if (t->record_hook)
+		t->record_hook(t->record_arg, r, cls, key, parent);
+	return 0;
+}
+
+uint32_t kvq_tier_restore_end(kvq_tier *t, int (*in_pool)(void *arg, const uint8_t *key), void *arg)
+{
+	uint32_t dropped = 0;
+
+	/* a record whose parent is in neither place goes, with what is below
+	 * it: every chain whole again */
+	for (uint32_t r = 0; r < t->total; r++)
+		if (t->state[r] == R_READY && t->has_parent[r] && find_any(t, t->parent[r]) < 0 &&
+		    !in_pool(arg, t->parent[r])) {
+			dropped += kvq_tier_drop_under(t, t->key[r]) + 1;
+			rec_free(t, r);
+		}
+	for (int c = 0; c < 2; c++) {
+		t->n_free[c] = 0;
+		for (uint32_t i = t->n[c]; i-- > 0;)
+			if (t->state[t->first[c] + i] == R_FREE)
+				t->free[c][t->n_free[c]++] = t->first[c] + i;
+	}
+	return dropped;
 }

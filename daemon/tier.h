@@ -73,10 +73,13 @@ struct kvq_tiering_stats {
  * A tier of capacity bytes for pool layout L (its slot counts set the
  * split between sealed and sink records); label names the memfd.  Returns
  * 0 and *ret, -EINVAL (capacity holds no sealed record; err says how many
- * bytes one takes), -ENOMEM, or the backend's code, with err set.
+ * bytes one takes), -ENOMEM, or the backend's code, with err set.  fd -1
+ * makes new memory; else fd (taken, closed on failure too) is the memfd of
+ * such a tier an earlier kvqd made (daemon/books.h), taken back with every
+ * record FREE until kvq_tier_restore.
  */
-int kvq_tier_new(const struct kvq_layout *L, uint64_t capacity, const char *label, kvq_tier **ret, char *err,
-		 size_t errlen);
+int kvq_tier_new(const struct kvq_layout *L, uint64_t capacity, const char *label, int fd, kvq_tier **ret,
+		 char *err, size_t errlen);
 
 /* Frees the tier and its memory (NULL is fine). */
 void kvq_tier_free(kvq_tier *t);
@@ -123,5 +126,26 @@ const uint8_t *kvq_tier_rec_key(const kvq_tier *t, uint32_t rec);
 
 /* Current counters. */
 void kvq_tier_stats(const kvq_tier *t, struct kvq_tier_stats *ret);
+
+/* hook (NULL: none) is told each record that becomes READY (its class,
+ * key and parent, NULL for none) and each that goes (key NULL), before its
+ * slot can be reused: the pool's books keep them (daemon/books.h). */
+void kvq_tier_set_record_hook(kvq_tier *t, void (*hook)(void *arg, uint32_t r, uint32_t cls, const uint8_t *key,
+							 const uint8_t *parent),
+			      void *arg);
+
+/* Record slots in all (record indexes 0 .. this - 1). */
+uint32_t kvq_tier_slots(const kvq_tier *t);
+
+/* A tier taken back (kvq_tier_new with fd): record r READY again with
+ * class cls, key and parent (NULL: none), in any order; then
+ * kvq_tier_restore_end, before anything else.  Returns 0, -ERANGE (r not
+ * a slot of class cls) or -EINVAL (r not free, key there already). */
+int kvq_tier_restore(kvq_tier *t, uint32_t r, uint32_t cls, const uint8_t *key, const uint8_t *parent);
+
+/* Drops each record whose parent is neither in the tier nor, by
+ * in_pool(arg, key), in the pool, with the records below it, and makes the
+ * free slots allocatable.  Returns how many records went. */
+uint32_t kvq_tier_restore_end(kvq_tier *t, int (*in_pool)(void *arg, const uint8_t *key), void *arg);
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "blockrec.h"
 #include "log.h"
@@ -487,23 +488,31 @@ int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_cop
 	char label[KVQ_PREFIX_MAX_NAME + 16];
 	int r;
 
-	if (!p->mem->map && !p->mem->backend->chan_open)
+	if (!p->mem->map && !p->mem->backend->chan_open) {
+		if (p->tier_fd >= 0)
+			close(p->tier_fd);
 		return kvq_seterr(err, errlen, "pool %s: its %s memory cannot be copied by kvqd", p->name,
 				  p->mem->backend->name), -EOPNOTSUPP;
+	}
 	tg = calloc(1, sizeof *tg);
-	if (!tg)
+	if (!tg) {
+		if (p->tier_fd >= 0)
+			close(p->tier_fd);
 		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
+	}
 	tg->p = *p;
 	tg->cp = cp;
 	tg->gen = calloc(nb, sizeof *tg->gen);
 	tg->rec_of = malloc(nb * sizeof *tg->rec_of);
 	if (!tg->gen || !tg->rec_of) {
 		kvq_tiering_free(tg);
+		if (p->tier_fd >= 0)
+			close(p->tier_fd);
 		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
 	}
 	memset(tg->rec_of, 0xff, nb * sizeof *tg->rec_of);
 	snprintf(label, sizeof label, "kvq-tier-%s", p->name);
-	r = kvq_tier_new(p->L, capacity, label, &tg->tier, err, errlen);
+	r = kvq_tier_new(p->L, capacity, label, p->tier_fd, &tg->tier, err, errlen);
 	if (r < 0) {
 		kvq_tiering_free(tg);
 		return r;

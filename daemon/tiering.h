@@ -46,6 +46,7 @@ struct kvq_tiering_pool {
 	const struct kvq_layout *L;
 	kvq_pool *pool;
 	kvq_prefix *prefix;
+	int tier_fd;                   /* the memfd of its tier an earlier kvqd made (taken), or -1 */
 };
 
 /* The tier of an allocated pool p (copied): capacity bytes of records

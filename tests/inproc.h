@@ -61,7 +61,7 @@ static int inproc_start_conf(struct inproc *t, const char *conf, const struct kv
 	kvq_log_set_level(getenv("KVQ_TEST_VERBOSE") ? LOG_DEBUG : LOG_WARNING);
 	r = kvq_config_parse_string(conf, strlen(conf), "inproc.conf", &t->cfg, err, sizeof(err));
 	if (r == 0)
-		r = kvq_state_init(&t->st, t->cfg, "host", 0, err, sizeof(err));
+		r = kvq_state_init(&t->st, t->cfg, "host", 0, NULL, err, sizeof(err));
 	if (r < 0)
 		printf("# in-process state: %s\n", err);
 	return r;

@@ -1,0 +1,701 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A restart that keeps the warm cache: what pools leave, what the next kvqd takes back (restart.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "restart.h"
+
+struct kvq_restart_found {
+	kvq_books *b;
+	uint32_t serial;
+};
+
+struct kvq_restart_plan {
+	kvq_books *b;
+	uint32_t serial;
+	int mem_fd, tier_fd;
+	uint64_t mem_size;
+	uint8_t *adopt;                   /* per block: enum kvq_pool_adopt */
+	uint32_t *open;                   /* per open slot: its reserved id, UINT32_MAX free */
+	uint32_t *order, n_order;         /* the cached blocks, each after its parent */
+	struct kvq_restart_holds *holds;  /* NULL: nobody alive to hold for */
+	uint64_t t0;
+};
+
+static uint64_t now_us(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+static void name_of(char *buf, size_t len, const char *what, uint32_t serial)
+{
+	snprintf(buf, len, "kvq.%s.%u", what, serial);
+}
+
+static int take(const struct kvq_restart *rs, const char *what, uint32_t serial)
+{
+	char name[64];
+
+	name_of(name, sizeof name, what, serial);
+	return rs->keep ? rs->keep->take(rs->keep->arg, name) : -1;
+}
+
+/* The descriptors of serial out of the store (and closed, where they were
+ * passed): the memory goes once nothing else holds it. */
+static void forget(const struct kvq_restart *rs, uint32_t serial)
+{
+	static const char *const what[] = { "books", "pool", "tier" };
+	char name[64];
+
+	if (!rs->keep)
+		return;
+	for (size_t i = 0; i < sizeof what / sizeof what[0]; i++) {
+		int fd = take(rs, what[i], serial);
+
+		if (fd >= 0)
+			close(fd);
+		name_of(name, sizeof name, what[i], serial);
+		rs->keep->remove(rs->keep->arg, name);
+	}
+}
+
+static void holds_free(struct kvq_restart_holds *h)
+{
+	if (!h)
+		return;
+	free(h->ids);
+	free(h->open);
+	free(h->pids);
+	free(h->starts);
+	free(h);
+}
+
+/* ------------------------------------------------------------ start */
+
+int kvq_restart_init(struct kvq_restart *rs, const struct kvq_keep *keep)
+{
+	uint32_t *serials = NULL, n = 0, cap = 0;
+	const char *name;
+
+	memset(rs, 0, sizeof *rs);
+	rs->keep = keep;
+	rs->start_us = now_us();
+	if (!keep)
+		return 0;
+	/* the serials first: taking a descriptor may change the list */
+	for (size_t i = 0; (name = keep->name_at(keep->arg, i)); i++) {
+		unsigned serial;
+		int end = 0;
+
+		if (strncmp(name, "kvq.", 4) || sscanf(name + 4, "%*[a-z].%u%n", &serial, &end) != 1 || name[4 + end])
+			continue;
+		if (serial >= rs->next_serial)
+			rs->next_serial = serial + 1;
+		if (strncmp(name, "kvq.books.", 10))
+			continue;
+		if (n == cap) {
+			uint32_t *m = realloc(serials, (cap = cap ? 2 * cap : 16) * sizeof *m);
+
+			if (!m) {
+				free(serials);
+				return -ENOMEM;
+			}
+			serials = m;
+		}
+		serials[n++] = serial;
+	}
+	rs->found = calloc(n + 1, sizeof *rs->found);
+	if (!rs->found) {
+		free(serials);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		char why[256] = "";
+		kvq_books *b;
+		int fd = take(rs, "books", serials[i]), r;
+
+		if (fd < 0)
+			continue;
+		r = kvq_books_open(fd, &b, why, sizeof why);
+		if (r < 0) {
+			kvq_log(LOG_WARNING, "restart: stored books kvq.books.%u: %s: its pool starts cold", serials[i], why);
+			forget(rs, serials[i]);
+			rs->pools_cold++;
+			continue;
+		}
+		rs->found[rs->n_found++] = (struct kvq_restart_found){ b, serials[i] };
+	}
+	free(serials);
+	return 0;
+}
+
+/* The books found for pool name, claimed (out of the list), or NULL. */
+static struct kvq_restart_found *claim(struct kvq_restart *rs, const char *name, struct kvq_restart_found *ret)
+{
+	for (size_t i = 0; i < rs->n_found; i++)
+		if (!strcmp(kvq_books_identity(rs->found[i].b)->name, name)) {
+			*ret = rs->found[i];
+			rs->found[i] = rs->found[--rs->n_found];
+			return ret;
+		}
+	return NULL;
+}
+
+static void plan_free(struct kvq_restart_plan *pl)
+{
+	if (!pl)
+		return;
+	if (pl->mem_fd >= 0)
+		close(pl->mem_fd);
+	if (pl->tier_fd >= 0)
+		close(pl->tier_fd);
+	free(pl->adopt);
+	free(pl->open);
+	free(pl->order);
+	holds_free(pl->holds);
+	free(pl);
+}
+
+void kvq_restart_plan_drop(struct kvq_restart *rs, struct kvq_restart_pool *kept, struct kvq_restart_plan *pl,
+			   const char *name, const char *why)
+{
+	if (!pl)
+		return;
+	snprintf(kept->cold, sizeof kept->cold, "%s", why);
+	kvq_log(LOG_WARNING, "restart: pool %s starts cold: %s", name, why);
+	rs->pools_cold++;
+	kvq_books_free(pl->b);
+	pl->b = NULL;
+	forget(rs, pl->serial);
+	plan_free(pl);
+}
+
+/* Orders x by key for the duplicate check. */
+static const uint8_t (*sort_keys)[KVQ_BOOKS_KEY_LEN];
+
+static int by_key(const void *a, const void *b)
+{
+	int c = memcmp(sort_keys[*(const uint32_t *)a], sort_keys[*(const uint32_t *)b], KVQ_BOOKS_KEY_LEN);
+
+	return c ? c : (*(const uint32_t *)a > *(const uint32_t *)b) - (*(const uint32_t *)a < *(const uint32_t *)b);
+}
+
+/* The books' blocks read whole into pl: 0, or -EBADMSG with why. */
+static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *id, int hold, char *why, size_t len)
+{
+	const uint32_t nb = id->n_sealed + id->n_sink;
+	const uint8_t *states = kvq_books_states(pl->b);
+	const uint32_t *open = kvq_books_open_slots(pl->b);
+	uint8_t (*key)[KVQ_BOOKS_KEY_LEN] = calloc((size_t)nb + 1, sizeof *key);
+	int32_t *parent = calloc((size_t)nb + 1, sizeof *parent);
+	uint8_t *ok = calloc((size_t)nb + 1, 1);      /* 1 has a key, 2 restorable, 3 not */
+	uint32_t *stack = calloc((size_t)nb + 1, sizeof *stack), n_keyed = 0, named = 0;
+	int r = -ENOMEM;
+
+	pl->adopt = calloc((size_t)nb + 1, 1);
+	pl->open = calloc((size_t)id->n_open + 1, sizeof *pl->open);
+	pl->order = calloc((size_t)nb + 1, sizeof *pl->order);
+	if (!key || !parent || !ok || !stack || !pl->adopt || !pl->open || !pl->order) {
+		snprintf(why, len, "out of memory");
+		goto out;
+	}
+	r = -EBADMSG;
+	for (uint32_t b = 0; b < nb; b++) {
+		int k = kvq_books_key_get(pl->b, b, key[b], &parent[b]);
+
+		if ((states[b] & ~KVQ_POOL_MIRROR_HELD) > KVQ_POOL_DEMOTING) {
+			snprintf(why, len, "books: block %u in no state", b);
+			goto out;
+		}
+		if (k < 0 || (k > 0 && (parent[b] < -1 || parent[b] >= (int32_t)nb))) {
+			snprintf(why, len, "books: block %u's key entry is corrupt", b);
+			goto out;
+		}
+		if (k > 0 && (states[b] & ~KVQ_POOL_MIRROR_HELD) == KVQ_POOL_CACHED) {
+			ok[b] = 1;
+			stack[n_keyed++] = b;
+		}
+	}
+	/* a key twice (only corruption makes one): neither is trusted */
+	sort_keys = (const uint8_t (*)[KVQ_BOOKS_KEY_LEN])key;
+	qsort(stack, n_keyed, sizeof *stack, by_key);
+	for (uint32_t i = 1; i < n_keyed; i++)
+		if (!memcmp(key[stack[i]], key[stack[i - 1]], KVQ_BOOKS_KEY_LEN))
+			ok[stack[i]] = ok[stack[i - 1]] = 3;
+	/* restorable: a keyed block whose parents up to the root all are; the
+	 * chain walked once, then each block on it settled, parents first */
+	for (uint32_t b = 0; b < nb; b++) {
+		uint32_t depth = 0;
+		int32_t x = (int32_t)b;
+		uint8_t verdict;
+
+		while (x >= 0 && ok[x] == 1 && depth <= nb) {
+			stack[depth++] = (uint32_t)x;
+			x = parent[x];
+		}
+		verdict = x < 0 || ok[x] == 2 ? 2 : 3;
+		if (depth > nb)
+			verdict = 3;   /* a cycle */
+		while (depth-- > 0) {
+			ok[stack[depth]] = verdict;
+			if (verdict == 2)
+				pl->order[pl->n_order++] = stack[depth];
+		}
+	}
+	for (uint32_t b = 0; b < nb; b++) {
+		const int held = hold && (states[b] & KVQ_POOL_MIRROR_HELD);
+
+		if (ok[b] == 2)
+			pl->adopt[b] = held ? KVQ_POOL_ADOPT_CACHED_HELD : KVQ_POOL_ADOPT_CACHED;
+		else if (held)
+			pl->adopt[b] = (states[b] & ~KVQ_POOL_MIRROR_HELD) == KVQ_POOL_RESERVED && b < id->n_sealed
+					       ? KVQ_POOL_ADOPT_RESERVED
+					       : KVQ_POOL_ADOPT_PRIVATE;
+	}
+	for (uint32_t o = 0; o < id->n_open; o++) {
+		pl->open[o] = UINT32_MAX;
+		if (!hold || open[o] == UINT32_MAX)
+			continue;
+		if (open[o] >= id->n_sealed || pl->adopt[open[o]] != KVQ_POOL_ADOPT_RESERVED || ok[open[o]] == 4) {
+			snprintf(why, len, "books: open slot %u names block %u, not reserved for it", o, open[o]);
+			goto out;
+		}
+		ok[open[o]] = 4;   /* named */
+		pl->open[o] = open[o];
+		named++;
+	}
+	/* reserved for no open slot (a kill between the two writes): the
+	 * client never learnt of it, but held is held */
+	for (uint32_t b = 0; b < id->n_sealed; b++)
+		if (pl->adopt[b] == KVQ_POOL_ADOPT_RESERVED && ok[b] != 4)
+			pl->adopt[b] = KVQ_POOL_ADOPT_PRIVATE;
+	(void)named;
+	r = 0;
+out:
+	free(key);
+	free(parent);
+	free(ok);
+	free(stack);
+	return r;
+}
+
+/* The processes the books list that are alive: holds for them, or none
+ * (their entries cleared). */
+static int plan_holds(struct kvq_restart_plan *pl, const struct kvq_books_id *id, int *ret_hold)
+{
+	const uint32_t n = kvq_books_n_clients(pl->b);
+	struct kvq_restart_holds *h;
+
+	*ret_hold = 0;
+	h = calloc(1, sizeof *h);
+	if (!h)
+		return -ENOMEM;
+	h->pids = calloc((size_t)n + 1, sizeof *h->pids);
+	h->starts = calloc((size_t)n + 1, sizeof *h->starts);
+	if (!h->pids || !h->starts) {
+		holds_free(h);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t start;
+		pid_t pid = kvq_books_client_pid(pl->b, i, &start);
+
+		if (pid <= 0)
+			continue;
+		if (start && kvq_books_start_time(pid) == start) {
+			h->pids[h->n_pids] = pid;
+			h->starts[h->n_pids++] = start;
+		} else {
+			kvq_books_client_gone(pl->b, (int)i);
+		}
+	}
+	if (kvq_books_clients_lost(pl->b) && h->n_pids == 0)
+		kvq_log(LOG_WARNING, "restart: pool %s: attached processes went unrecorded; those recorded are gone",
+			id->name);
+	if (h->n_pids == 0) {
+		holds_free(h);
+		return 0;
+	}
+	pl->holds = h;
+	*ret_hold = 1;
+	return 0;
+}
+
+/* The holds' slots, from the plan's adoption. */
+static int plan_hold_slots(struct kvq_restart_plan *pl, const struct kvq_books_id *id)
+{
+	const uint32_t nb = id->n_sealed + id->n_sink;
+	struct kvq_restart_holds *h = pl->holds;
+
+	h->ids = calloc((size_t)nb + 1, sizeof *h->ids);
+	h->open = calloc((size_t)id->n_open + 1, sizeof *h->open);
+	if (!h->ids || !h->open)
+		return -ENOMEM;
+	for (uint32_t b = 0; b < nb; b++)
+		if (pl->adopt[b] == KVQ_POOL_ADOPT_CACHED_HELD || pl->adopt[b] == KVQ_POOL_ADOPT_PRIVATE)
+			h->ids[h->n_ids++] = b;
+	for (uint32_t o = 0; o < id->n_open; o++)
+		if (pl->open[o] != UINT32_MAX)
+			h->open[h->n_open++] = o;
+	return 0;
+}
+
+struct kvq_restart_plan *kvq_restart_plan(struct kvq_restart *rs, const struct kvq_books_id *want,
+					  const char *policy, struct kvq_restart_pool *kept)
+{
+	struct kvq_restart_found f;
+	struct kvq_restart_plan *pl;
+	char why[256] = "";
+	int hold = 0;
+
+	if (!rs || !claim(rs, want->name, &f))
+		return NULL;
+	pl = calloc(1, sizeof *pl);
+	if (!pl) {
+		kvq_books_free(f.b);
+		forget(rs, f.serial);
+		rs->pools_cold++;
+		return NULL;
+	}
+	pl->t0 = now_us();
+	pl->b = f.b;
+	pl->serial = f.serial;
+	pl->mem_fd = pl->tier_fd = -1;
+	if (want->group[0]) {
+		snprintf(why, sizeof why, "a tensor-parallel group's member");
+		goto cold;
+	}
+	if (kvq_books_id_diff(pl->b, want, policy, why, sizeof why))
+		goto cold;
+	if (plan_holds(pl, want, &hold) < 0 || plan_blocks(pl, want, hold, why, sizeof why) < 0 ||
+	    (hold && plan_hold_slots(pl, want) < 0)) {
+		if (!why[0])
+			snprintf(why, sizeof why, "out of memory");
+		goto cold;
+	}
+	for (uint32_t r = 0; r < kvq_books_n_tier(pl->b); r++) {
+		uint8_t key[KVQ_BOOKS_KEY_LEN], parent[KVQ_BOOKS_KEY_LEN];
+		uint32_t cls;
+		int has_parent;
+
+		if (kvq_books_tier_get(pl->b, r, &cls, key, parent, &has_parent) < 0) {
+			snprintf(why, sizeof why, "books: host-tier record %u's entry is corrupt", r);
+			goto cold;
+		}
+	}
+	pl->mem_fd = take(rs, "pool", pl->serial);
+	pl->mem_size = want->mem_size;
+	if (pl->mem_fd < 0) {
+		snprintf(why, sizeof why, "its memory was not passed back");
+		goto cold;
+	}
+	if (want->tier_capacity) {
+		pl->tier_fd = take(rs, "tier", pl->serial);
+		if (pl->tier_fd < 0) {
+			snprintf(why, sizeof why, "its host tier was not passed back");
+			goto cold;
+		}
+	}
+	return pl;
+cold:
+	kvq_restart_plan_drop(rs, kept, pl, want->name, why);
+	return NULL;
+}
+
+int kvq_restart_plan_mem(struct kvq_restart_plan *pl, uint64_t *ret_size)
+{
+	int fd = pl->mem_fd;
+
+	pl->mem_fd = -1;
+	*ret_size = pl->mem_size;
+	return fd;
+}
+
+int kvq_restart_plan_tier(struct kvq_restart_plan *pl)
+{
+	int fd = pl->tier_fd;
+
+	pl->tier_fd = -1;
+	return fd;
+}
+
+static int key_in_pool(void *arg, const uint8_t *key)
+{
+	return kvq_prefix_find(arg, key) >= 0;
+}
+
+void kvq_restart_apply(struct kvq_restart *rs, struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt,
+		       struct kvq_restart_plan *pl)
+{
+	const uint32_t nb = pt->L->n_sealed + pt->L->n_sink;
+	uint8_t key[KVQ_BOOKS_KEY_LEN], parent[KVQ_BOOKS_KEY_LEN];
+	uint64_t records = 0;
+	int32_t par;
+
+	/* changes from here on: a kill now must not find a sealed snapshot
+	 * whose sum no longer matches, nor one that does and says less */
+	kvq_books_unseal(pl->b);
+	if (kvq_pool_adopt(pt->pool, pl->adopt, pl->open) < 0) {
+		/* the plan was checked whole: only a bug lands here */
+		kvq_log(LOG_ERR, "restart: pool %s: slots not taken back", pt->name);
+		kvq_restart_plan_drop(rs, kept, pl, pt->name, "its slots could not be taken back");
+		return;
+	}
+	for (uint32_t i = 0; i < pl->n_order; i++) {
+		uint32_t b = pl->order[i];
+
+		if (kvq_books_key_get(pl->b, b, key, &par) == 1)
+			kvq_prefix_restore(pt->prefix, b, key, par);
+		pl->adopt[b] = 0xff;   /* restored */
+	}
+	for (uint32_t b = 0; b < nb; b++)
+		if (pl->adopt[b] != 0xff)
+			kvq_books_key(pl->b, b, NULL, -1);
+	for (uint32_t r = 0; r < kvq_books_n_tier(pl->b); r++) {
+		uint32_t cls;
+		int has_parent;
+
+		if (kvq_books_tier_get(pl->b, r, &cls, key, parent, &has_parent) != 1)
+			continue;
+		if (pt->tier && r < kvq_tier_slots(pt->tier) &&
+		    kvq_tier_restore(pt->tier, r, cls, key, has_parent ? parent : NULL) == 0)
+			records++;
+		else
+			kvq_books_tier(pl->b, r, 0, NULL, NULL);
+	}
+	if (pt->tier)
+		records -= kvq_tier_restore_end(pt->tier, key_in_pool, pt->prefix);
+	kept->books = pl->b;
+	kept->serial = pl->serial;
+	kept->stored = true;
+	kept->restored = 1;
+	kept->blocks = pl->n_order;
+	kept->records = records;
+	kept->holds = pl->holds;
+	kept->restore_us = now_us() - pl->t0;
+	rs->pools_restored++;
+	rs->blocks += pl->n_order;
+	rs->records += records;
+	if (pl->holds)
+		rs->held += pl->holds->n_ids + pl->holds->n_open;
+	kvq_log(LOG_NOTICE, "restart: pool %s taken back: %u cached blocks, %llu host-tier records, %u slots held "
+		"for %u processes still alive, in %.1f ms", pt->name, pl->n_order, (unsigned long long)records,
+		pl->holds ? pl->holds->n_ids + pl->holds->n_open : 0, pl->holds ? pl->holds->n_pids : 0,
+		(double)kept->restore_us / 1000.0);
+	pl->b = NULL;
+	pl->holds = NULL;
+	plan_free(pl);
+}
+
+const struct kvq_books_id *kvq_restart_next(const struct kvq_restart *rs, const char **ret_policy)
+{
+	if (!rs->n_found)
+		return NULL;
+	*ret_policy = kvq_books_policy(rs->found[rs->n_found - 1].b);
+	return kvq_books_identity(rs->found[rs->n_found - 1].b);
+}
+
+void kvq_restart_give_up(struct kvq_restart *rs, const char *name, const char *why)
+{
+	struct kvq_restart_found f;
+
+	if (!claim(rs, name, &f))
+		return;
+	kvq_log(LOG_WARNING, "restart: pool %s starts cold: %s", name, why);
+	forget(rs, f.serial);
+	kvq_books_free(f.b);
+	rs->pools_cold++;
+}
+
+void kvq_restart_done(struct kvq_restart *rs)
+{
+	/* memory no books named: nothing can say what it holds */
+	if (rs->keep) {
+		char (*names)[64] = NULL;
+		size_t n = 0;
+
+		while (rs->keep->name_at(rs->keep->arg, n))
+			n++;
+		names = calloc(n + 1, sizeof *names);
+		for (size_t i = 0; names && i < n; i++)
+			snprintf(names[i], sizeof names[i], "%s", rs->keep->name_at(rs->keep->arg, i));
+		for (size_t i = 0; names && i < n; i++) {
+			int fd;
+
+			if (strncmp(names[i], "kvq.", 4) || (fd = rs->keep->take(rs->keep->arg, names[i])) < 0)
+				continue;
+			close(fd);
+			rs->keep->remove(rs->keep->arg, names[i]);
+			kvq_log(LOG_INFO, "restart: stored %s belongs to no pool: dropped", names[i]);
+		}
+		free(names);
+	}
+	rs->start_us = now_us() - rs->start_us;
+	if (rs->pools_restored || rs->pools_cold)
+		kvq_log(LOG_NOTICE, "restart: %u pools taken back (%llu cached blocks, %llu host-tier records, %llu "
+			"slots held), %u started cold, in %.1f ms", rs->pools_restored, (unsigned long long)rs->blocks,
+			(unsigned long long)rs->records, (unsigned long long)rs->held, rs->pools_cold,
+			(double)rs->start_us / 1000.0);
+}
+
+void kvq_restart_fini(struct kvq_restart *rs)
+{
+	for (size_t i = 0; i < rs->n_found; i++)
+		kvq_books_free(rs->found[i].b);
+	free(rs->found);
+	rs->found = NULL;
+	rs->n_found = 0;
+}
+
+/* ------------------------------------------------------------ running */
+
+static void on_key(void *arg, uint32_t id, const uint8_t *key, int32_t parent)
+{
+	kvq_books_key(arg, id, key, parent);
+}
+
+static void on_tier(void *arg, uint32_t r, uint32_t cls, const uint8_t *key, const uint8_t *parent)
+{
+	kvq_books_tier(arg, r, cls, key, parent);
+}
+
+static void attach_books(const struct kvq_restart_parts *pt, kvq_books *b)
+{
+	kvq_pool_set_mirror(pt->pool, b ? kvq_books_states(b) : NULL, b ? kvq_books_open_slots(b) : NULL);
+	kvq_prefix_set_record_hook(pt->prefix, b ? on_key : NULL, b);
+	if (pt->tier)
+		kvq_tier_set_record_hook(pt->tier, b ? on_tier : NULL, b);
+}
+
+void kvq_restart_keep(struct kvq_restart *rs, struct kvq_restart_pool *kept, const struct kvq_books_id *id,
+		      const char *policy, const struct kvq_restart_parts *pt)
+{
+	char why[256] = "", name[64];
+	kvq_books *b;
+
+	if (!rs || !rs->keep || rs->stopping || id->group[0])
+		return;
+	kept->rs = rs;
+	if (kept->books) {
+		attach_books(pt, kept->books);
+		return;
+	}
+	if (kvq_books_create(id, policy, pt->tier ? kvq_tier_slots(pt->tier) : 0, KVQ_PROTO_MAX_CLIENTS, &b, why,
+			     sizeof why) < 0) {
+		kvq_log(LOG_WARNING, "pool %s: no books for a restart: %s", pt->name, why);
+		return;
+	}
+	kept->serial = rs->next_serial++;
+	name_of(name, sizeof name, "pool", kept->serial);
+	if (rs->keep->store(rs->keep->arg, name, pt->mem_fd) < 0)
+		goto fail;
+	if (pt->tier_fd >= 0) {
+		name_of(name, sizeof name, "tier", kept->serial);
+		if (rs->keep->store(rs->keep->arg, name, pt->tier_fd) < 0)
+			goto fail;
+	}
+	name_of(name, sizeof name, "books", kept->serial);
+	if (rs->keep->store(rs->keep->arg, name, kvq_books_fd(b)) < 0)
+		goto fail;
+	kept->books = b;
+	kept->stored = true;
+	attach_books(pt, b);
+	return;
+fail:
+	kvq_log(LOG_WARNING, "pool %s: the service manager keeps no descriptors: it will start cold", pt->name);
+	forget(rs, kept->serial);
+	kvq_books_free(b);
+}
+
+void kvq_restart_release(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
+{
+	struct kvq_restart *rs = kept->rs;
+
+	if (kept->books && !kept->detached && pt->pool)
+		attach_books(pt, NULL);
+	if (rs && kept->stored && !rs->stopping)
+		forget(rs, kept->serial);
+	kvq_books_free(kept->books);
+	holds_free(kept->holds);
+	memset(kept, 0, sizeof *kept);
+}
+
+void kvq_restart_stop(struct kvq_restart *rs, struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
+{
+	rs->stopping = true;
+	if (!kept->books || kept->detached)
+		return;
+	attach_books(pt, NULL);
+	kept->detached = true;
+	kvq_books_seal(kept->books);
+}
+
+/* ------------------------------------------------------------ holds */
+
+static void holds_release(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
+{
+	struct kvq_restart_holds *h = kept->holds;
+
+	for (uint32_t i = 0; i < h->n_open; i++)
+		kvq_pool_release_open(pt->pool, h->open[i]);
+	for (uint32_t i = 0; i < h->n_ids; i++)
+		kvq_pool_unref(pt->pool, h->ids[i]);
+	kvq_log(LOG_INFO, "restart: pool %s: %u slots held since the restart released", pt->name,
+		h->n_ids + h->n_open);
+	holds_free(h);
+	kept->holds = NULL;
+}
+
+/* Entry i of the holds' processes out. */
+static void holds_forget(struct kvq_restart_holds *h, uint32_t i)
+{
+	h->pids[i] = h->pids[--h->n_pids];
+	h->starts[i] = h->starts[h->n_pids];
+}
+
+int kvq_restart_attached(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid)
+{
+	struct kvq_restart_holds *h = kept->holds;
+
+	if (h) {
+		for (uint32_t i = 0; i < h->n_pids; i++)
+			if (h->pids[i] == pid) {
+				holds_forget(h, i);
+				break;
+			}
+		if (h->n_pids == 0)
+			holds_release(kept, pt);
+	}
+	return kept->books && !kept->detached ? kvq_books_client(kept->books, pid) : -1;
+}
+
+void kvq_restart_detached(struct kvq_restart_pool *kept, int entry)
+{
+	if (kept->books && entry >= 0 && !kept->detached)
+		kvq_books_client_gone(kept->books, entry);
+}
+
+int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
+{
+	struct kvq_restart_holds *h = kept->holds;
+
+	if (!h)
+		return 0;
+	for (uint32_t i = 0; i < h->n_pids;)
+		if (kvq_books_start_time(h->pids[i]) != h->starts[i])
+			holds_forget(h, i);
+		else
+			i++;
+	if (h->n_pids > 0)
+		return 1;
+	holds_release(kept, pt);
+	return 0;
+}
