@@ -43,6 +43,10 @@ struct daemon {
 	kvq_metrics *metrics;
 	struct event *watchdog;
 	struct timeval watchdog_tv;
+	/* what the service manager passed: the control socket and the fd
+	 * store's descriptors, each taken by whoever uses it, the rest closed
+	 * once the server is set up */
+	struct kvq_sd_fds sd_fds;
 };
 
 static void usage(FILE *f)
@@ -208,6 +212,17 @@ static void raise_nofile(void)
 			(unsigned long long)rl.rlim_max, strerror(errno));
 }
 
+/* Closes the passed descriptors nobody took: stored by another version, or
+ * for a pool that is gone.  The manager keeps its copies until the unit
+ * stops or the daemon removes them. */
+static void sd_fds_close_unused(struct kvq_sd_fds *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (s->fd[i] >= 0)
+			kvq_log(LOG_INFO, "descriptor %s from the service manager not used: closed", s->name[i]);
+	kvq_sd_fds_free(s);
+}
+
 /* The socket path: --socket, else a socket the config file names, else the
  * default for root or the user's runtime directory. */
 static int socket_path(const struct opts *o, const struct kvq_config *c, bool from_file, char *buf, size_t len)
@@ -230,7 +245,7 @@ int main(int argc, char **argv)
 	struct event *ev_term = NULL, *ev_int = NULL, *ev_hup = NULL;
 	char err[512], path[108], status[128];
 	uint64_t wd_usec;
-	int r, lfd = -1, ret = EXIT_FAILURE;
+	int r, ret = EXIT_FAILURE;
 
 	r = parse_args(argc, argv, &o);
 	if (r)
@@ -246,6 +261,11 @@ int main(int argc, char **argv)
 		kvq_log_set_level(d.cfg->log_level);
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
+	r = kvq_sd_fds_get(&d.sd_fds);
+	if (r < 0) {
+		kvq_log(LOG_ERR, "descriptors from the service manager: %s", strerror(-r));
+		goto out;
+	}
 
 	d.base = event_base_new();
 	if (!d.base) {
@@ -258,14 +278,16 @@ int main(int argc, char **argv)
 		kvq_log(LOG_ERR, "%s", err);
 		goto out;
 	}
-	r = kvq_sd_listen_fd(&lfd);
-	if (r < 0) {
-		kvq_log(LOG_ERR, "socket activation: %s", strerror(-r));
+	/* a socket unit's socket wins over --socket, which the unit passes too */
+	r = kvq_sd_fds_listen_socket(&d.sd_fds);
+	if (r < 0 && r != -ENOENT) {
+		kvq_log(LOG_ERR, "socket activation: %s", r == -E2BIG ? "more than one listening socket passed" :
+			strerror(-r));
 		goto out;
 	}
-	if (r == 1) {
-		snprintf(path, sizeof(path), "fd %d from systemd", lfd);
-		r = kvq_server_listen_fd(d.srv, lfd, err, sizeof(err));
+	if (r >= 0) {
+		snprintf(path, sizeof(path), "fd %d from systemd", r);
+		r = kvq_server_listen_fd(d.srv, r, err, sizeof(err));
 	} else {
 		r = socket_path(&o, d.cfg, d.config_path != NULL, path, sizeof(path));
 		if (r < 0) {
@@ -306,6 +328,7 @@ int main(int argc, char **argv)
 		}
 		kvq_log(LOG_INFO, "metrics at http://%s/metrics", d.cfg->metrics_listen);
 	}
+	sd_fds_close_unused(&d.sd_fds);
 	kvq_log(LOG_NOTICE, "kvqd %s listening on %s", PACKAGE_VERSION, path);
 	if (kvq_server_max_connections(d.srv) < d.cfg->max_connections)
 		kvq_log(LOG_WARNING, "at most %u connections, not max_connections %llu: the file descriptor limit "
@@ -333,5 +356,6 @@ out:
 	if (d.base)
 		event_base_free(d.base);
 	kvq_config_free(d.cfg);
+	kvq_sd_fds_free(&d.sd_fds);
 	return ret;
 }

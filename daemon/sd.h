@@ -1,19 +1,68 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Every systemd call of the daemon: readiness and status notification, the
- * watchdog, socket activation.  Built without libsystemd (HAVE_SYSTEMD
- * unset) each function is a no-op that reports "not under systemd", so the
- * daemon runs the same everywhere else.
+ * watchdog, socket activation, and the file descriptor store that keeps
+ * descriptors (pool memory, the books) across a restart.  Built without
+ * libsystemd (HAVE_SYSTEMD unset) each function is a no-op that reports
+ * "not under systemd", so the daemon runs the same everywhere else.
  */
 #ifndef KVQD_SD_H
 #define KVQD_SD_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-/* The listening socket systemd passed (kvqd.socket): returns 1 and *ret_fd,
- * 0 when none was passed, or a negative errno (more than one socket, not a
- * Unix stream socket).  Unsets the LISTEN_* variables. */
-int kvq_sd_listen_fd(int *ret_fd);
+/* Names the daemon gives the descriptors it stores begin with this; a
+ * socket unit's names (FileDescriptorName=, by default the unit's name)
+ * never should. */
+#define KVQ_SD_FDNAME_PREFIX "kvq."
+
+/* The descriptors the service manager passed at start, socket units' and
+ * the fd store's alike, in the order passed.  A slot whose descriptor was
+ * taken holds -1. */
+struct kvq_sd_fds {
+	size_t n;
+	int *fd;
+	char **name;
+};
+
+/* Fills *ret with the descriptors passed at start (LISTEN_FDS, LISTEN_PID,
+ * LISTEN_FDNAMES; a descriptor without a name is "unknown"), each
+ * close-on-exec, and unsets those variables.  Returns their number (0 when
+ * none, *ret then empty), or a negative errno with *ret untouched. */
+int kvq_sd_fds_get(struct kvq_sd_fds *ret);
+
+/* The descriptor passed under name, now the caller's (its slot becomes
+ * -1), or -1.  A name passed more than once means its last descriptor; the
+ * earlier ones stay for kvq_sd_fds_free(). */
+int kvq_sd_fds_take(struct kvq_sd_fds *s, const char *name);
+
+/* The control socket from a socket unit: the one passed descriptor that is
+ * a listening Unix stream socket with a name outside KVQ_SD_FDNAME_PREFIX,
+ * now the caller's as with kvq_sd_fds_take().  Returns it, -ENOENT when
+ * none was passed, or -E2BIG when two were (nothing taken). */
+int kvq_sd_fds_listen_socket(struct kvq_sd_fds *s);
+
+/* Closes every descriptor nobody took and empties s.  An empty or freed
+ * set is fine. */
+void kvq_sd_fds_free(struct kvq_sd_fds *s);
+
+/* Whether a service manager listens (NOTIFY_SOCKET) and this build can
+ * hand it descriptors to store. */
+bool kvq_sd_fdstore_available(void);
+
+/* Stores a copy of fd under name in the service manager's fd store
+ * (FDSTORE=1); the manager passes it back at the next start until the unit
+ * is stopped or kvq_sd_fdstore_remove() drops it.  fd stays the caller's.
+ * name: 1 to 255 printable ASCII characters without ':'.  Returns 0,
+ * -EINVAL for a bad name, -ENOTCONN when no service manager listens (or
+ * this build has no libsystemd), or a send error. */
+int kvq_sd_fdstore_add(const char *name, int fd);
+
+/* Drops every descriptor stored under name (FDSTOREREMOVE=1).  Returns as
+ * kvq_sd_fdstore_add(). */
+int kvq_sd_fdstore_remove(const char *name);
 
 /* READY=1 with a STATUS= line. */
 void kvq_sd_ready(const char *status);

@@ -25,6 +25,36 @@
 __attribute__((unused))
 static rlim_t test_daemon_nofile;
 
+/* The kvqd to test: $KVQ_TEST_KVQD, else $top_builddir/daemon/kvqd. */
+__attribute__((unused))
+static void test_daemon_bin(char *bin, size_t binlen)
+{
+	const char *top = getenv("top_builddir"), *env_bin = getenv("KVQ_TEST_KVQD");
+
+	if (env_bin)
+		snprintf(bin, binlen, "%s", env_bin);
+	else
+		snprintf(bin, binlen, "%s/daemon/kvqd", top ? top : ".");
+}
+
+/* Writes the tests' kvqd.conf to path: the backend, create on attach, 256
+ * MiB budget, 8 MiB per created pool, log_level (NULL: warning, debug with
+ * $KVQ_TEST_VERBOSE) and extra lines for its [kvqd] section (NULL for
+ * none).  Returns 0 or -1. */
+__attribute__((unused))
+static int test_daemon_conf(const char *path, const char *backend, const char *log_level, const char *extra)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f)
+		return -1;
+	if (!log_level)
+		log_level = getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning";
+	fprintf(f, "[kvqd]\nbackend = %s\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
+		   "log_level = %s\n%s", backend, log_level, extra ? extra : "");
+	return fclose(f) ? -1 : 0;
+}
+
 /* Starts kvqd with the given backend ("host" or "cuda") and extra lines for
  * its [kvqd] section (NULL for none); fills dir (a new temp directory named
  * after tag), sock and bin.  Returns the daemon's pid, or -1 when it could
@@ -33,10 +63,8 @@ __attribute__((unused))
 static pid_t test_daemon_start_conf(const char *backend, const char *tag, const char *extra, char *dir,
 				    size_t dirlen, char *sock, size_t socklen, char *bin, size_t binlen)
 {
-	const char *top = getenv("top_builddir"), *env_bin = getenv("KVQ_TEST_KVQD");
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char conf[256];
-	FILE *f;
 	pid_t pid;
 
 	snprintf(dir, dirlen, "/tmp/kvqd-%s.XXXXXX", tag);   /* mkdtemp's template */
@@ -44,16 +72,9 @@ static pid_t test_daemon_start_conf(const char *backend, const char *tag, const 
 		return -1;
 	snprintf(sock, socklen, "%s/kvqd.sock", dir);
 	snprintf(conf, sizeof(conf), "%s/kvqd.conf", dir);
-	f = fopen(conf, "w");
-	if (!f)
+	if (test_daemon_conf(conf, backend, NULL, extra) < 0)
 		return -1;
-	fprintf(f, "[kvqd]\nbackend = %s\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
-		   "log_level = %s\n%s", backend, getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning", extra ? extra : "");
-	fclose(f);
-	if (env_bin)
-		snprintf(bin, binlen, "%s", env_bin);
-	else
-		snprintf(bin, binlen, "%s/daemon/kvqd", top ? top : ".");
+	test_daemon_bin(bin, binlen);
 	pid = fork();
 	if (pid < 0)
 		return -1;
