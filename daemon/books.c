@@ -301,6 +301,8 @@ int kvq_books_id_diff(const kvq_books *b, const struct kvq_books_id *want, const
 	DIFF_S(name);
 	DIFF_S(model);
 	DIFF_S(group);
+	if (strcmp(kvq_books_policy(b), policy))
+		return snprintf(why, len, "policy %s, the books' %s", policy, kvq_books_policy(b)), 1;
 	DIFF_S(backend);
 	DIFF_U(device);
 	DIFF_U(layout_version);
@@ -320,8 +322,6 @@ int kvq_books_id_diff(const kvq_books *b, const struct kvq_books_id *want, const
 	DIFF_U(has_codebooks);
 	if (memcmp(have->codebooks_sha256, want->codebooks_sha256, sizeof have->codebooks_sha256))
 		return snprintf(why, len, "other codebooks"), 1;
-	if (strcmp(kvq_books_policy(b), policy))
-		return snprintf(why, len, "policy %s, the books' %s", policy, kvq_books_policy(b)), 1;
 	return 0;
 }
 

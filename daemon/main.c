@@ -22,6 +22,7 @@
 #include "kvq_wire.h"
 #include "log.h"
 #include "metrics.h"
+#include "restart.h"
 #include "sd.h"
 #include "server.h"
 
@@ -223,6 +224,30 @@ static void sd_fds_close_unused(struct kvq_sd_fds *s)
 	kvq_sd_fds_free(s);
 }
 
+/* The service manager as daemon/restart.h sees it: the descriptors passed
+ * at start (arg: the set) and the fd store. */
+static int keep_take(void *arg, const char *name)
+{
+	return kvq_sd_fds_take(arg, name);
+}
+
+static const char *keep_name_at(void *arg, size_t i)
+{
+	const struct kvq_sd_fds *s = arg;
+
+	return i < s->n ? s->name[i] : NULL;
+}
+
+static int keep_store(void *arg, const char *name, int fd)
+{
+	return kvq_sd_fdstore_add(name, fd);
+}
+
+static int keep_remove(void *arg, const char *name)
+{
+	return kvq_sd_fdstore_remove(name);
+}
+
 /* The socket path: --socket, else a socket the config file names, else the
  * default for root or the user's runtime directory. */
 static int socket_path(const struct opts *o, const struct kvq_config *c, bool from_file, char *buf, size_t len)
@@ -243,6 +268,7 @@ int main(int argc, char **argv)
 	struct opts o = { .device = -1, .log_level = -1 };
 	struct daemon d = { 0 };
 	struct event *ev_term = NULL, *ev_int = NULL, *ev_hup = NULL;
+	struct kvq_keep keep = { &d.sd_fds, keep_take, keep_name_at, keep_store, keep_remove };
 	char err[512], path[108], status[128];
 	uint64_t wd_usec;
 	int r, ret = EXIT_FAILURE;
@@ -273,7 +299,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	r = kvq_server_new(d.base, d.cfg, o.backend ? o.backend : d.cfg->backend,
-			   o.device >= 0 ? o.device : d.cfg->device, NULL, &d.srv, err, sizeof(err));
+			   o.device >= 0 ? o.device : d.cfg->device, kvq_sd_fdstore_available() ? &keep : NULL, &d.srv,
+			   err, sizeof(err));
 	if (r < 0) {
 		kvq_log(LOG_ERR, "%s", err);
 		goto out;
@@ -341,6 +368,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	ret = EXIT_SUCCESS;
+	/* before the connections go: what they hold stays held at the next start */
+	kvq_server_keep(d.srv);
 	kvq_log(LOG_INFO, "stopped");
 out:
 	if (d.watchdog)

@@ -742,6 +742,9 @@ void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg)
 
 void kvq_pools_keep(struct kvq_pools *ps)
 {
+	/* copies in flight end first: a block on its way to a host tier is
+	 * then in the books as the tier's */
+	kvq_copier_drain(ps->copier);
 	for (struct kvq_pools_rec *p = ps->head; p; p = p->next) {
 		struct kvq_restart_parts pt = parts_of(p);
 
@@ -753,9 +756,7 @@ void kvq_pools_keep(struct kvq_pools *ps)
 
 int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid)
 {
-	struct kvq_restart_parts pt = parts_of(p);
-
-	return kvq_restart_attached(&p->kept, &pt, pid);
+	return kvq_restart_attached(&p->kept, pid);
 }
 
 void kvq_pools_detached(struct kvq_pools_rec *p, int entry)

@@ -220,8 +220,7 @@ void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg);
 void kvq_pools_keep(struct kvq_pools *ps);
 
 /* Process pid attached to p: its entry in p's books (-1: none), for
- * kvq_pools_detached when it goes; a process attached before a restart
- * gives up what p held for it. */
+ * kvq_pools_detached when it goes. */
 int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid);
 void kvq_pools_detached(struct kvq_pools_rec *p, int entry);
 

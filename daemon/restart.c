@@ -661,19 +661,8 @@ static void holds_forget(struct kvq_restart_holds *h, uint32_t i)
 	h->starts[i] = h->starts[h->n_pids];
 }
 
-int kvq_restart_attached(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid)
+int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid)
 {
-	struct kvq_restart_holds *h = kept->holds;
-
-	if (h) {
-		for (uint32_t i = 0; i < h->n_pids; i++)
-			if (h->pids[i] == pid) {
-				holds_forget(h, i);
-				break;
-			}
-		if (h->n_pids == 0)
-			holds_release(kept, pt);
-	}
 	return kept->books && !kept->detached ? kvq_books_client(kept->books, pid) : -1;
 }
 

@@ -24,8 +24,8 @@
  * Workers that outlive the daemon: slots a client held at the restart
  * (open slots, private blocks, references on cached blocks) stay held, by
  * the restored pool itself, while any process the books list as attached
- * (pid and start time) is alive and has not attached again; then they are
- * released at once (kvq_restart_holds_check).
+ * (pid and start time) is alive; then they are released at once
+ * (kvq_restart_holds_check).
  *
  * Not thread-safe: the event loop's.
  */
@@ -167,14 +167,14 @@ void kvq_restart_release(struct kvq_restart_pool *kept, const struct kvq_restart
 void kvq_restart_stop(struct kvq_restart *rs, struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
 
 /* Process pid attached: its books entry (for kvq_restart_detached; -1 when
- * none is recorded).  A process that was attached before the restart
- * gives up its holds: the pool's are released once no such process is
- * left. */
-int kvq_restart_attached(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid);
+ * none is recorded).  What a restored pool holds for a process that was
+ * attached before the restart stays held until that process exits, even
+ * when it attaches again: its old sequences may still write. */
+int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid);
 void kvq_restart_detached(struct kvq_restart_pool *kept, int entry);
 
-/* Releases the pool's holds when its recorded processes have all exited
- * or attached again.  Returns whether it still holds. */
+/* Releases the pool's holds when its recorded processes have all exited.
+ * Returns whether it still holds. */
 int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
 
 #endif

@@ -602,4 +602,33 @@ static int sdmgr_init(struct sdmgr *m, const char *tag)
 	return 0;
 }
 
+/* Descriptors open in the /proc/PID/fd directory dir. */
+__attribute__((unused))
+static int sdmgr_count_fds(const char *dir)
+{
+	DIR *d = opendir(dir);
+	int n = 0;
+
+	for (struct dirent *e; d && (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* How many lines of the log at path contain what. */
+__attribute__((unused))
+static int sdmgr_log_lines(const char *path, const char *what)
+{
+	char line[1024];
+	FILE *f = fopen(path, "r");
+	int n = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 #endif

@@ -46,7 +46,7 @@
 #include "sd.h"
 
 #define WAIT_MS 10000
-#define UNKNOWN_LOG "descriptor kvq.unknown from the service manager not used: closed"
+#define UNKNOWN_LOG "descriptor other.unknown from the service manager not used: closed"
 
 /* the checks of a child the manager started, one "1 what" or "0 what" a line */
 static FILE *child_out;
@@ -209,18 +209,6 @@ static int child_results(const char *path)
 	return n;
 }
 
-static int count_fds(const char *dir)
-{
-	DIR *d = opendir(dir);
-	int n = 0;
-
-	for (struct dirent *e; d && (e = readdir(d));)
-		n += e->d_name[0] != '.';
-	if (d)
-		closedir(d);
-	return n;
-}
-
 /* Whether process pid holds a memfd of that name. */
 static bool holds_memfd(pid_t pid, const char *name)
 {
@@ -245,20 +233,6 @@ static bool holds_memfd(pid_t pid, const char *name)
 	if (d)
 		closedir(d);
 	return found;
-}
-
-/* How many lines of the file at path contain what. */
-static int lines_with(const char *path, const char *what)
-{
-	char line[1024];
-	FILE *f = fopen(path, "r");
-	int n = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, what) != NULL;
-	if (f)
-		fclose(f);
-	return n;
 }
 
 static bool exited_0(int st)
@@ -358,7 +332,7 @@ static bool kvqd_start(struct sdmgr *m, const char *bin, char **argv, const char
 	r = kvq_client_connect(m->sock_path, "sd", &c);
 	ok(r == 0, "%s: a client's Hello through the passed socket (%d)", what, r);
 	kvq_client_free(c);
-	ok(!holds_memfd(pid, "kvq.unknown"), "%s: the stored kvq.unknown closed before READY=1", what);
+	ok(!holds_memfd(pid, "other.unknown"), "%s: the stored other.unknown closed before READY=1", what);
 	return true;
 }
 
@@ -373,7 +347,7 @@ static void test_kvqd(struct sdmgr *m)
 	snprintf(log, sizeof(log), "%s/kvqd.log", m->dir);
 	snprintf(unused, sizeof(unused), "%s/unused.sock", m->dir);
 	ok(test_daemon_conf(conf, "host", "info", NULL) == 0, "kvqd.conf written");
-	ok(sdmgr_store_add(m, "kvq.unknown", memfd_with("kvq.unknown", "?")) == 0, "store: kvq.unknown");
+	ok(sdmgr_store_add(m, "other.unknown", memfd_with("other.unknown", "?")) == 0, "store: other.unknown");
 
 	for (int i = 1; i <= 2; i++) {
 		char what[32];
@@ -384,11 +358,11 @@ static void test_kvqd(struct sdmgr *m)
 		ok(access(unused, F_OK) < 0, "%s: --socket gave way to the passed socket", what);
 		st = sdmgr_stop(m, WAIT_MS);
 		ok(exited_0(st) && m->stopping, "%s: SIGTERM: STOPPING=1, exit 0 (%#x)", what, st);
-		ok(sdmgr_count(m) == 1 && sdmgr_find(m, "kvq.unknown") >= 0,
+		ok(sdmgr_count(m) == 1 && sdmgr_find(m, "other.unknown") >= 0,
 		   "%s: the store as it was (%zu stored)", what, sdmgr_count(m));
 		ok(access(m->sock_path, F_OK) == 0, "%s: the socket unit's socket file stays", what);
 	}
-	ok(lines_with(log, UNKNOWN_LOG) == 2, "kvqd logged \"" UNKNOWN_LOG "\" at each start");
+	ok(sdmgr_log_lines(log, UNKNOWN_LOG) == 2, "kvqd logged \"" UNKNOWN_LOG "\" at each start");
 
 	if (!kvqd_start(m, bin, argv, log, "start 3"))
 		return;
@@ -403,7 +377,7 @@ static void test_kvqd(struct sdmgr *m)
 	if (!kvqd_start(m, bin, argv, log, "start 5, the store empty"))
 		return;
 	ok(exited_0(sdmgr_stop(m, WAIT_MS)) && sdmgr_count(m) == 0, "start 5: exit 0, nothing stored");
-	ok(lines_with(log, "<3>") == 0, "kvqd logged no error");
+	ok(sdmgr_log_lines(log, "<3>") == 0, "kvqd logged no error");
 }
 
 int main(int argc, char **argv)
@@ -417,7 +391,7 @@ int main(int argc, char **argv)
 	printf("1..0 # SKIP kvqd is built without libsystemd\n");
 	return 0;
 #endif
-	fds0 = count_fds("/proc/self/fd");
+	fds0 = sdmgr_count_fds("/proc/self/fd");
 	test_no_manager();
 	r = sdmgr_init(&m, "sd");
 	if (!ok(r == 0, "manager: notify socket, listening socket (%d)", r))
@@ -425,7 +399,7 @@ int main(int argc, char **argv)
 	test_api(&m);
 	test_kvqd(&m);
 	sdmgr_fini(&m);
-	r = count_fds("/proc/self/fd");
+	r = sdmgr_count_fds("/proc/self/fd");
 	ok(r == fds0, "no descriptor leaked (%d open, %d at start)", r, fds0);
 	return done_testing();
 }

@@ -1,0 +1,519 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A restart that keeps the warm cache (daemon/restart.h), with a real kvqd
+ * under a service manager of the test's own (tests/sdmgr.h: the fd store
+ * and socket activation as systemd 252 does them) and host pools: a pool of
+ * kvqd.conf with a host tier and one an Attach created.
+ *  - SIGTERM, then a start: every prompt published before is a whole hit
+ *    again, from the pool or its host tier, and attention over it equals
+ *    the cold reference bit for bit; the attach-created pool is back before
+ *    anyone attaches;
+ *  - kill -9 at random points while a worker publishes, evicts, demotes
+ *    and promotes, 50 times: after each start every lookup is a hit of
+ *    whole blocks whose attention equals the reference (never a wrong
+ *    block), and hits there are;
+ *  - a worker alive across a kill -9 keeps its slots: what it holds is not
+ *    handed out while it lives (its attention over them is unchanged after
+ *    another worker filled the pool), and is released once it exits;
+ *  - books corrupted (a flipped byte, truncated, another version) and
+ *    kvqd.conf's policy changed: the pool starts cold, the reason logged;
+ *  - no descriptor left behind: the store holds three per pool, kvqd's
+ *    own descriptors are as many at the last start as at the second.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../tap.h"
+#include "../daemon.h"
+#include "../sdmgr.h"
+#include "../synth.h"
+#include "kvq.h"
+#include "layout.h"
+
+#define L_ 2
+#define H_ 2
+#define QH_ 4
+#define D_ 32
+#define B_ 16
+#define NTOK 83                 /* 5 sealed blocks (a whole hit is 80 tokens) and 3 more */
+#define WHOLE ((NTOK / B_) * B_)
+#define NQ 2
+#define NP 40                   /* prompts */
+#define MODEL "test/restart@1"
+#define WAIT_MS 10000
+#define ROUNDS 50
+
+typedef float att_t[L_][NQ * QH_ * D_];
+
+static struct sdmgr m;
+static char bin[256], conf[128], logp[128], unused[128];
+static att_t ref[NP];
+
+static void make_kv(const uint32_t *tok, uint32_t pos0, uint32_t n, uint32_t layer, uint16_t *k, uint16_t *v)
+{
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t h = 0; h < H_; h++)
+			for (uint32_t d = 0; d < D_; d++) {
+				size_t i = ((size_t)t * H_ + h) * D_ + d;
+
+				k[i] = kvq_f16_from_f32((float)synth_kv(tok[t], pos0 + t, layer, h, d, 0));
+				v[i] = kvq_f16_from_f32((float)synth_kv(tok[t], pos0 + t, layer, h, d, 1));
+			}
+}
+
+static void prompt_tokens(uint32_t p, uint32_t *tok)
+{
+	for (uint32_t i = 0; i < NTOK; i++)
+		tok[i] = 3000 + 7919 * p + 13 * i;
+}
+
+static int write_conf(const char *policy)
+{
+	char extra[1024];
+
+	snprintf(extra, sizeof extra,
+		 "host_tier_reserve = 20\n"
+		 "[pool warm]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
+		 "policy = %s\ncapacity = 256K\nhost_capacity = 1M\n", policy);
+	return test_daemon_conf(conf, "host", "info", extra);
+}
+
+static bool start(const char *what)
+{
+	char *argv[] = { bin, "--config", conf, "--socket", unused, "--backend", "host", "--foreground", NULL };
+	pid_t pid = sdmgr_start(&m, bin, argv, logp);
+	int r = pid > 0 ? sdmgr_wait_ready(&m, WAIT_MS) : (int)pid;
+
+	if (r < 0)
+		diag("%s: kvqd did not start: %d", what, r);
+	return r == 0;
+}
+
+/* Attaches to pool (created with create: "made", 48 sealed slots and a
+ * host tier; "ref", room for every prompt). */
+static kvq_client *open_pool(const char *pool)
+{
+	struct kvq_attach_params a = { .pool = pool, .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .device = -1 };
+	kvq_client *c = NULL;
+
+	if (strcmp(pool, "warm")) {
+		a.create = 1;
+		a.n_sealed = strcmp(pool, "ref") ? 48 : NP * (NTOK / B_) + 8;
+		a.n_open = 8;
+		a.backend = "host";
+		a.host_capacity = strcmp(pool, "ref") ? 1u << 20 : 0;
+	}
+	if (kvq_client_connect(m.sock_path, "restart", &c) < 0)
+		return NULL;
+	if (kvq_client_attach(c, &a) < 0) {
+		diag("attach %s: %s", pool, kvq_client_error(c));
+		kvq_client_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+static int append(kvq_seq *s, const uint32_t *tok, uint32_t from, uint32_t to)
+{
+	static uint16_t k[NTOK * H_ * D_], v[NTOK * H_ * D_];
+	int r = kvq_seq_begin(s, tok + from, to - from);
+
+	for (uint32_t l = 0; r == 0 && l < L_; l++) {
+		make_kv(tok + from, from, to - from, l, k, v);
+		r = kvq_seq_write(s, l, k, v);
+	}
+	return r < 0 ? r : kvq_seq_commit(s);
+}
+
+static int attend(kvq_seq *s, att_t out)
+{
+	float q[NQ * QH_ * D_];
+
+	for (uint32_t l = 0; l < L_; l++) {
+		for (uint32_t i = 0; i < NQ * QH_ * D_; i++)
+			q[i] = (float)synth_kv(7, i, l, 0, 0, 0);
+		if (kvq_seq_attention(s, l, QH_, NQ, 0.0f, q, out[l]) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Prompt p from its lookup on: its hit, its attention; the sequence freed
+ * (its blocks published) unless ret_seq takes it. */
+static int run_prompt(kvq_client *c, uint32_t p, uint32_t *ret_hit, att_t out, kvq_seq **ret_seq)
+{
+	uint32_t tok[NTOK], hit = 0;
+	kvq_seq *s = NULL;
+	int r;
+
+	prompt_tokens(p, tok);
+	r = kvq_seq_new(c, NULL, 0, &s);
+	r = r < 0 ? r : kvq_seq_from_prompt(s, tok, NTOK, &hit);
+	r = r < 0 ? r : append(s, tok, hit, NTOK);
+	r = r < 0 ? r : attend(s, out);
+	*ret_hit = hit;
+	if (ret_seq && r == 0)
+		*ret_seq = s;
+	else
+		kvq_seq_free(s);
+	return r;
+}
+
+/* Every prompt in pool: whole hits (want_whole) or hits of whole blocks,
+ * each attending as the reference.  Returns the tokens hit, or -1 on a
+ * mismatch or error (diagnosed). */
+static long check_prompts(const char *pool, uint32_t from, uint32_t to, bool want_whole)
+{
+	kvq_client *c = open_pool(pool);
+	long hits = 0;
+	att_t out;
+
+	if (!c)
+		return -1;
+	for (uint32_t p = from; p < to; p++) {
+		uint32_t hit = 0;
+
+		if (run_prompt(c, p, &hit, out, NULL) < 0 || hit % B_ || (want_whole && hit != WHOLE) ||
+		    memcmp(out, ref[p], sizeof out)) {
+			diag("%s: prompt %u: hit %u, attention %s (%s)", pool, p, hit,
+			     memcmp(out, ref[p], sizeof out) ? "differs" : "equal", kvq_client_error(c));
+			kvq_client_free(c);
+			return -1;
+		}
+		hits += hit;
+	}
+	kvq_client_free(c);
+	return hits;
+}
+
+static size_t stored_kvq(void)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < m.n; i++)
+		n += !strncmp(m.store[i].name, "kvq.", 4);
+	return n;
+}
+
+/* The store's books of pool: its entry, or -1. */
+static long books_of(const char *pool)
+{
+	for (size_t i = 0; i < m.n; i++) {
+		char name[65] = "";   /* KVQ_PROTO_MAX_NAME + 1 */
+
+		if (strncmp(m.store[i].name, "kvq.books.", 10))
+			continue;
+		/* the identity starts at byte 512 with the pool's name (daemon/books.c) */
+		if (pread(m.store[i].fd, name, sizeof name - 1, 512) > 0 && !strcmp(name, pool))
+			return (long)i;
+	}
+	return -1;
+}
+
+static uint64_t figure(kvq_client *c, const char *pool, const char *name)
+{
+	uint64_t v = 0;
+
+	return kvq_client_pool_stat(c, pool, name, &v) < 0 ? UINT64_MAX : v;
+}
+
+static void test_clean_restart(void)
+{
+	uint64_t before[4], after[4];
+	kvq_client *c;
+	att_t out;
+	long hits;
+	uint32_t hit;
+	int r = 0;
+
+	/* references, cold, in a pool that holds them all */
+	c = open_pool("ref");
+	for (uint32_t p = 0; c && r == 0 && p < NP; p++)
+		r = run_prompt(c, p, &hit, ref[p], NULL);
+	ok(c && r == 0, "%u prompts written cold for their references", NP);
+	kvq_client_free(c);
+	/* 16 prompts (80 blocks) through 48 sealed slots: the first ones go to the host tier */
+	for (const char *pool = "warm"; pool; pool = strcmp(pool, "warm") ? NULL : "made") {
+		c = open_pool(pool);
+		for (uint32_t p = 0; c && r == 0 && p < 16; p++) {
+			r = run_prompt(c, p, &hit, out, NULL);
+			usleep(3000);
+		}
+		ok(c && r == 0, "%s: 16 prompts published", pool);
+		kvq_client_free(c);
+	}
+	c = open_pool("warm");
+	before[0] = c ? figure(c, "warm", "cached") : 0;
+	before[1] = c ? figure(c, "warm", "tier_records") : 0;
+	before[2] = c ? figure(c, "made", "cached") : 0;
+	before[3] = c ? figure(c, "made", "tier_records") : 0;
+	kvq_client_free(c);
+	r = sdmgr_stop(&m, WAIT_MS);
+	ok(r >= 0 && WIFEXITED(r) && WEXITSTATUS(r) == 0, "SIGTERM: kvqd exits 0");
+	ok(stored_kvq() == 8, "the store holds books, memory and tier of warm and made, books and memory of ref (%zu)",
+	   stored_kvq());
+	if (!ok(start("clean"), "kvqd starts again"))
+		return;
+	ok(sdmgr_log_lines(logp, "pool warm taken back") == 1 && sdmgr_log_lines(logp, "pool made taken back") == 1,
+	   "the log says both pools were taken back");
+	c = open_pool("warm");
+	after[0] = c ? figure(c, "warm", "cached") : 1;
+	after[1] = c ? figure(c, "warm", "tier_records") : 1;
+	after[2] = c ? figure(c, "made", "cached") : 1;
+	after[3] = c ? figure(c, "made", "tier_records") : 1;
+	kvq_client_free(c);
+	ok(!memcmp(before, after, sizeof before) && before[1] > 0 && before[3] > 0,
+	   "as many cached blocks and host-tier records as before the stop (warm %llu + %llu, made %llu + %llu)",
+	   (unsigned long long)after[0], (unsigned long long)after[1], (unsigned long long)after[2],
+	   (unsigned long long)after[3]);
+	/* what copies left behind before the stop is not there; all else is */
+	hits = check_prompts("warm", 0, 16, false);
+	ok(hits >= (long)(before[0] + before[1]) / 2 * B_,
+	   "warm: the prompts hit again (%ld tokens), whole blocks attending as the cold reference", hits);
+	hits = check_prompts("warm", 15, 16, true);
+	ok(hits == WHOLE, "warm: the newest prompt is a whole hit (%ld)", hits);
+	hits = check_prompts("made", 0, 16, false);
+	ok(hits >= (long)(before[2] + before[3]) / 2 * B_, "made, which an Attach created: the same (%ld)", hits);
+}
+
+/* A worker: prompts at random, forever (until the daemon or the test
+ * kills it). */
+static void worker(unsigned seed)
+{
+	kvq_client *c = open_pool("warm");
+	att_t out;
+	uint32_t hit;
+
+	srand(seed);
+	while (c && run_prompt(c, (uint32_t)rand() % NP, &hit, out, NULL) == 0)
+		;
+	_exit(0);
+}
+
+static void test_kill9(void)
+{
+	long total = 0, bad = 0;
+	int started = 0;
+
+	srand(12345);
+	for (int round = 0; round < ROUNDS; round++) {
+		pid_t w = fork();
+		long hits;
+
+		if (w == 0)
+			worker((unsigned)round + 1);
+		usleep(5000 + (useconds_t)(rand() % 40000));
+		sdmgr_kill9(&m, WAIT_MS);
+		kill(w, SIGKILL);
+		waitpid(w, NULL, 0);
+		if (!start("kill -9")) {
+			bad++;
+			break;
+		}
+		started++;
+		hits = check_prompts("warm", (uint32_t)(round % 5) * 8, (uint32_t)(round % 5) * 8 + 8, false);
+		if (hits < 0)
+			bad++;
+		else
+			total += hits;
+	}
+	ok(started == ROUNDS && bad == 0,
+	   "%d kill -9 at random points of a worker's publishes, evictions, demotions and promotions: every start "
+	   "serves, every hit is whole blocks attending as the reference (%ld bad)", started, bad);
+	ok(total > 0, "and there were hits after the restarts (%ld tokens)", total);
+}
+
+/* A worker that keeps prompt 30's sequence across a kill -9: its
+ * attention over its own slots, before and after another worker filled
+ * the pool. */
+static void test_holds(void)
+{
+	int up[2], down[2];
+	char byte = 0;
+	pid_t w;
+	long hits;
+
+	if (pipe(up) < 0 || pipe(down) < 0)
+		return;
+	w = fork();
+	if (w == 0) {
+		kvq_client *c = open_pool("warm");
+		kvq_seq *s = NULL;
+		att_t before, after;
+		uint32_t hit;
+		int r = c ? run_prompt(c, 30, &hit, before, &s) : -1;
+
+		byte = r == 0 ? 'y' : 'n';
+		if (write(up[1], &byte, 1) != 1 || read(down[0], &byte, 1) != 1)
+			_exit(3);
+		r = attend(s, after);
+		_exit(r == 0 && !memcmp(before, after, sizeof before) && !memcmp(before, ref[30], sizeof before) ? 0 : 1);
+	}
+	ok(read(up[0], &byte, 1) == 1 && byte == 'y', "a worker holds prompt 30's sequence");
+	sdmgr_kill9(&m, WAIT_MS);
+	if (!ok(start("holds"), "kvqd killed and started again while it lives"))
+		return;
+	ok(sdmgr_log_lines(logp, "for 1 processes still alive") >= 1, "the log says what is held for it");
+	/* another worker fills the pool: were the held slots handed out, its
+	 * prompts would overwrite them */
+	hits = check_prompts("warm", 0, NP, false);
+	ok(hits >= 0, "another worker runs all %u prompts through the pool meanwhile (%ld tokens hit)", NP, hits);
+	byte = 'x';
+	ok(write(down[1], &byte, 1) == 1, "the worker is told to attend again");
+	{
+		int st = 0;
+
+		waitpid(w, &st, 0);
+		ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		   "its attention over the slots it held is as before, and as the reference (%#x)", st);
+	}
+	for (int i = 0; i < 50 && sdmgr_log_lines(logp, "slots held since the restart released") == 0; i++)
+		usleep(100000);
+	ok(sdmgr_log_lines(logp, "slots held since the restart released") >= 1, "once it exited, they were released");
+	close(up[0]);
+	close(up[1]);
+	close(down[0]);
+	close(down[1]);
+}
+
+static void diag_lines(const char *what)
+{
+	char line[1024];
+	FILE *f = fopen(logp, "r");
+
+	while (f && fgets(line, sizeof line, f))
+		if (strstr(line, what))
+			diag("%s", line);
+	if (f)
+		fclose(f);
+}
+
+static int other_policy(void);
+
+/* Stops kvqd, lets corrupt() change the store, starts it: warm must
+ * start cold with a log line containing why. */
+static void cold_case(const char *what, int (*corrupt)(void), const char *why)
+{
+	int lines = sdmgr_log_lines(logp, why);
+	long hits;
+
+	sdmgr_stop(&m, WAIT_MS);
+	if (!ok(corrupt() == 0, "%s: done to the store", what) || !ok(start(what), "%s: kvqd starts", what))
+		return;
+	if (!ok(sdmgr_log_lines(logp, why) == lines + 1, "%s: warm starts cold, the log says \"%s\"", what, why))
+		diag_lines("starts cold");
+	if (corrupt == other_policy)
+		return;   /* the test's clients ask for int8 */
+	hits = check_prompts("warm", 0, 8, false);
+	ok(hits == 0, "%s: warm has no hit (%ld)", what, hits);
+	/* something to take back next time */
+	check_prompts("warm", 0, 8, false);
+}
+
+/* A byte of the body (its last kilobyte: the table of attached
+ * processes, zeros now) flipped. */
+static int flip_byte(void)
+{
+	long i = books_of("warm");
+	off_t at;
+	uint8_t b;
+
+	if (i < 0 || (at = lseek(m.store[i].fd, 0, SEEK_END)) < 4096 || pread(m.store[i].fd, &b, 1, at - 1000) != 1)
+		return -1;
+	b ^= 0x10;
+	return pwrite(m.store[i].fd, &b, 1, at - 1000) == 1 ? 0 : -1;
+}
+
+static int truncate_books(void)
+{
+	long i = books_of("warm");
+	static uint8_t buf[1 << 20];
+	ssize_t n;
+	int fd;
+
+	if (i < 0 || (n = pread(m.store[i].fd, buf, sizeof buf, 0)) <= 4096)
+		return -1;
+	fd = memfd_create("kvq-books-short", MFD_CLOEXEC);
+	if (fd < 0 || write(fd, buf, (size_t)n / 2) != n / 2)
+		return -1;
+	{
+		char name[SDMGR_NAME_MAX + 1];
+
+		snprintf(name, sizeof name, "%s", m.store[i].name);
+		sdmgr_drop(&m, (size_t)i);
+		return sdmgr_store_add(&m, name, fd);
+	}
+}
+
+static int other_version(void)
+{
+	long i = books_of("warm");
+	uint32_t v = 99;
+
+	return i >= 0 && pwrite(m.store[i].fd, &v, sizeof v, 8) == sizeof v ? 0 : -1;
+}
+
+static int other_policy(void)
+{
+	return write_conf("int4g32");
+}
+
+/* kvqd's descriptors once a client that just left is gone from them
+ * (its socket and pidfd close when kvqd has seen it go). */
+static int kvqd_fds(int want)
+{
+	char dir[64];
+	int n = -1, last;
+
+	snprintf(dir, sizeof dir, "/proc/%d/fd", (int)m.pid);
+	for (int i = 0; i < 40; i++) {
+		last = n;
+		n = sdmgr_count_fds(dir);
+		if (n == want || (want < 0 && n == last))
+			break;
+		usleep(50000);
+	}
+	return n;
+}
+
+int main(void)
+{
+	int fds2 = -1, fds;
+
+#ifndef HAVE_SYSTEMD
+	printf("1..0 # SKIP kvqd is built without libsystemd\n");
+	return 0;
+#endif
+	if (!ok(sdmgr_init(&m, "restart") == 0, "a service manager for the test"))
+		return done_testing();
+	test_daemon_bin(bin, sizeof bin);
+	snprintf(conf, sizeof conf, "%s/kvqd.conf", m.dir);
+	snprintf(logp, sizeof logp, "%s/kvqd.log", m.dir);
+	snprintf(unused, sizeof unused, "%s/unused.sock", m.dir);
+	if (!ok(write_conf("int8") == 0 && start("first"), "kvqd starts under it"))
+		return done_testing();
+	test_clean_restart();
+	fds2 = kvqd_fds(-1);
+	test_kill9();
+	fds = kvqd_fds(fds2);
+	ok(fds == fds2, "kvqd holds as many descriptors after the kills as at the second start (%d, %d)", fds, fds2);
+	test_holds();
+	cold_case("a flipped byte", flip_byte, "the snapshot's checksum does not match");
+	cold_case("books truncated", truncate_books, "recorded");
+	cold_case("another version", other_version, "books version 99");
+	cold_case("kvqd.conf's policy changed", other_policy, "policy int4g32, the books' int8");
+	ok(stored_kvq() == 8, "the store holds what the pools left, nothing more (%zu)", stored_kvq());
+	ok(sdmgr_stop(&m, WAIT_MS) >= 0, "kvqd stops");
+	ok(sdmgr_log_lines(logp, "<3>") == 0, "kvqd logged no error");
+	sdmgr_fini(&m);
+	return done_testing();
+}
