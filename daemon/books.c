@@ -2,6 +2,7 @@
 /* A pool's books for the next kvqd: a memfd written as the daemon runs (books.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,6 +249,18 @@ int kvq_books_open(int fd, kvq_books **ret, char *err, size_t errlen)
 fail:
 	kvq_books_free(b);
 	return r;
+}
+
+int kvq_books_peek_name(int fd, char *name, size_t len)
+{
+	char head[8], id_name[sizeof(((struct kvq_books_id *)0)->name)];
+
+	if (pread(fd, head, sizeof head, 0) != sizeof head || memcmp(head, KVQ_BOOKS_MAGIC, 8) ||
+	    pread(fd, id_name, sizeof id_name, HEAD_FIXED + offsetof(struct kvq_books_id, name)) != sizeof id_name)
+		return -EBADMSG;
+	id_name[sizeof id_name - 1] = 0;
+	snprintf(name, len, "%s", id_name);
+	return 0;
 }
 
 void kvq_books_free(kvq_books *b)

@@ -101,6 +101,10 @@ int kvq_books_create(const struct kvq_books_id *id, const char *policy, uint32_t
  * reason in err. */
 int kvq_books_open(int fd, kvq_books **ret, char *err, size_t errlen);
 
+/* The pool name books in fd say they are of, read however damaged the
+ * rest is, for the reason a refusal logs: 0, or -EBADMSG (no magic). */
+int kvq_books_peek_name(int fd, char *name, size_t len);
+
 /* Unmaps and closes (NULL is fine). */
 void kvq_books_free(kvq_books *b);
 

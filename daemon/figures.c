@@ -75,6 +75,7 @@ void kvq_figures_stats(const struct kvq_pools_rec *p, struct kvq_figures_stats *
 	o->rank = i.rank;
 	o->world_size = i.world_size;
 	o->sink_blocks = i.sink_blocks;
+	o->restart_cold = (char *)i.restart.cold;
 	if (i.codebooks_sha256) {
 		o->codebooks_sha256.data = (uint8_t *)i.codebooks_sha256;
 		o->codebooks_sha256.len = KVQ_PROTO_SHA256;

@@ -160,6 +160,18 @@
 	  "Time of the host tier's copy jobs, microseconds.", i->tier.copy_us)                                     \
 	X(tier_copies, "tier_copies", COUNTER, "kvq_tier_copies_total", NULL,                                      \
 	  "Copy jobs of the host tier (one per demotion batch or lookup).", i->tier.copies)                        \
+	/* a restart (daemon/restart.h): what this start took back */                                              \
+	X(restart_blocks, "restart_blocks", GAUGE, "kvq_restart_blocks", "cached",                                 \
+	  "Cached blocks taken back at this start.", i->restart.blocks)                                            \
+	X(restart_records, "restart_records", GAUGE, "kvq_restart_blocks", "tier",                                 \
+	  "Host-tier records taken back at this start.", i->restart.records)                                       \
+	X(restart_held, "restart_held", GAUGE, "kvq_restart_blocks", "held",                                       \
+	  "Slots held now for processes that were attached before the restart and live on.", i->restart.held)      \
+	X(restart_us, "restart_us", GAUGE, "kvq_restart_microseconds", NULL,                                       \
+	  "Time this start spent taking the pool back, microseconds.", i->restart.us)                              \
+	X(restart_cold, "restart_cold", GAUGE, "kvq_restart_cold", NULL,                                           \
+	  "1: books a restart left could not be taken back and the pool started cold (the log and Stats say why).", \
+	  (uint64_t)(i->restart.cold && i->restart.cold[0]))                                                       \
 	KVQ_POOL_FIGURES_EXTRA(X)
 
 /* The labelled families of the rows: F(FAMILY, KEY, HELP), KEY the label
@@ -174,7 +186,9 @@
 	  "(for room), dropped (parent gone or copy failed), cancelled (slot taken before the copy ended).")        \
 	F("kvq_resident_tokens", "kind", "Tokens resident in live sequences: sealed (as the sequences see them: "    \
 	  "references x block tokens), sealed_distinct (as stored), open_max (open slots x block tokens, an upper "  \
-	  "bound).  Sharing factor = sealed / sealed_distinct.")
+	  "bound).  Sharing factor = sealed / sealed_distinct.")                                                    \
+	F("kvq_restart_blocks", "kind", "What each pool took back at this start: cached blocks, host-tier "         \
+	  "records, and slots held for processes alive across the restart.")
 
 enum kvq_figure_type { KVQ_FIGURE_GAUGE, KVQ_FIGURE_COUNTER };
 

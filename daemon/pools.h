@@ -141,6 +141,12 @@ struct kvq_pools_info {
 	uint32_t rank, world_size;       /* in it (0, 0 for none) */
 	uint32_t group_pending;          /* its lookups waiting for ranks */
 	struct kvq_tiering_stats tier;   /* its host tier's (all 0 without one) */
+	struct {                         /* what this start took back (daemon/restart.h) */
+		uint64_t blocks, records;    /* cached blocks, host-tier records */
+		uint64_t held;               /* slots held now for processes alive at the restart */
+		uint64_t us;                 /* time taken */
+		const char *cold;            /* why books a restart left were not taken back, or "" */
+	} restart;
 };
 
 /* No records; the daemon's backend from its name ("auto", "host", "cuda")

@@ -15,6 +15,11 @@ struct kvq_restart_found {
 	uint32_t serial;
 };
 
+struct kvq_restart_unread {
+	char name[sizeof(((struct kvq_books_id *)0)->name)];
+	char why[sizeof(((struct kvq_restart_pool *)0)->cold)];
+};
+
 struct kvq_restart_plan {
 	kvq_books *b;
 	uint32_t serial;
@@ -113,20 +118,28 @@ int kvq_restart_init(struct kvq_restart *rs, const struct kvq_keep *keep)
 		serials[n++] = serial;
 	}
 	rs->found = calloc(n + 1, sizeof *rs->found);
-	if (!rs->found) {
+	rs->unread = calloc(n + 1, sizeof *rs->unread);
+	if (!rs->found || !rs->unread) {
 		free(serials);
 		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < n; i++) {
+		struct kvq_restart_unread *u;
 		char why[256] = "";
 		kvq_books *b;
 		int fd = take(rs, "books", serials[i]), r;
 
 		if (fd < 0)
 			continue;
+		u = &rs->unread[rs->n_unread];
+		if (kvq_books_peek_name(fd, u->name, sizeof u->name) < 0)
+			u->name[0] = 0;
 		r = kvq_books_open(fd, &b, why, sizeof why);
 		if (r < 0) {
-			kvq_log(LOG_WARNING, "restart: stored books kvq.books.%u: %s: its pool starts cold", serials[i], why);
+			kvq_log(LOG_WARNING, "restart: stored books kvq.books.%u%s%s: %s: its pool starts cold", serials[i],
+				u->name[0] ? " of pool " : "", u->name, why);
+			snprintf(u->why, sizeof u->why, "%s", why);
+			rs->n_unread += u->name[0] != 0;
 			forget(rs, serials[i]);
 			rs->pools_cold++;
 			continue;
@@ -356,8 +369,18 @@ struct kvq_restart_plan *kvq_restart_plan(struct kvq_restart *rs, const struct k
 	char why[256] = "";
 	int hold = 0;
 
-	if (!rs || !claim(rs, want->name, &f))
+	if (!rs)
 		return NULL;
+	if (!claim(rs, want->name, &f)) {
+		/* books of this name that could not be read: say why it is cold */
+		for (size_t i = 0; i < rs->n_unread; i++)
+			if (!strcmp(rs->unread[i].name, want->name)) {
+				snprintf(kept->cold, sizeof kept->cold, "%s", rs->unread[i].why);
+				rs->unread[i] = rs->unread[--rs->n_unread];
+				break;
+			}
+		return NULL;
+	}
 	pl = calloc(1, sizeof *pl);
 	if (!pl) {
 		kvq_books_free(f.b);
@@ -551,8 +574,10 @@ void kvq_restart_fini(struct kvq_restart *rs)
 	for (size_t i = 0; i < rs->n_found; i++)
 		kvq_books_free(rs->found[i].b);
 	free(rs->found);
+	free(rs->unread);
 	rs->found = NULL;
-	rs->n_found = 0;
+	rs->unread = NULL;
+	rs->n_found = rs->n_unread = 0;
 }
 
 /* ------------------------------------------------------------ running */

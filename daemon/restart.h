@@ -95,6 +95,8 @@ struct kvq_restart {
 	const struct kvq_keep *keep;       /* NULL: no service manager */
 	struct kvq_restart_found *found;   /* books passed at start, not claimed yet */
 	size_t n_found;
+	struct kvq_restart_unread *unread; /* books that could not be read: their pools' names, why */
+	size_t n_unread;
 	uint32_t next_serial;
 	bool stopping;                     /* the books are sealed: nothing is recorded any more */
 	uint32_t pools_restored, pools_cold;

@@ -95,6 +95,34 @@ static void print_tier(const struct figs *fs)
 	       us ? (double)fig(fs, "tier_copy_bytes") / (double)us / 1e3 : 0.0);
 }
 
+/* What this start took back of the pool after a restart, as one object. */
+static void json_restart(const Kvq__PoolStats *p, const struct figs *fs)
+{
+	j_open("restart", '{');
+	j_u64("blocks", fig(fs, "restart_blocks"));
+	j_u64("records", fig(fs, "restart_records"));
+	j_u64("held", fig(fs, "restart_held"));
+	j_u64("us", fig(fs, "restart_us"));
+	j_u64("cold", fig(fs, "restart_cold"));
+	j_str("cold_reason", p->restart_cold ? p->restart_cold : "");
+	j_close('}');
+}
+
+/* The same in a line, or none when the start took nothing back and
+ * nothing failed. */
+static void print_restart(const Kvq__PoolStats *p, const struct figs *fs)
+{
+	uint64_t blocks = fig(fs, "restart_blocks"), records = fig(fs, "restart_records");
+	uint64_t held = fig(fs, "restart_held"), us = fig(fs, "restart_us"), cold = fig(fs, "restart_cold");
+
+	if (cold && p->restart_cold)
+		printf("  restart         started cold: %s\n", p->restart_cold);
+	else if (blocks || records || us)
+		printf("  restart         taken back: %llu cached blocks, %llu host-tier records in %.1f ms; "
+		       "%llu slots held for processes alive\n", (unsigned long long)blocks, (unsigned long long)records,
+		       (double)us / 1000.0, (unsigned long long)held);
+}
+
 /* The figures not shown yet, as JSON members or as text lines (none when
  * shown could not be had). */
 static void json_other_figures(const struct figs *fs)
@@ -236,6 +264,7 @@ void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_close('}');
 	j_u64("attention_report_ms", fig(&fs, "attention_report_ms"));
 	json_tier(&fs);
+	json_restart(p, &fs);
 	/* figures this layout has no place for, under their own names */
 	json_other_figures(&fs);
 	j_open("clients", '[');
@@ -415,6 +444,7 @@ void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	printf("  evictions       %llu\n", (unsigned long long)fig(&fs, "evictions"));
 	printf("  alloc failures  %llu\n", (unsigned long long)fig(&fs, "alloc_failures"));
 	print_tier(&fs);
+	print_restart(p, &fs);
 	/* figures this layout has no place for, under their own names */
 	print_other_figures(&fs);
 	printf("  clients         %u\n", clients);

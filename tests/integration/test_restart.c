@@ -271,6 +271,13 @@ static void test_clean_restart(void)
 	after[2] = c ? figure(c, "made", "cached") : 1;
 	after[3] = c ? figure(c, "made", "tier_records") : 1;
 	kvq_client_free(c);
+	c = open_pool("warm");
+	ok(c && figure(c, "warm", "restart_blocks") == before[0] && figure(c, "warm", "restart_records") == before[1] &&
+	   figure(c, "made", "restart_blocks") == before[2] && figure(c, "warm", "restart_cold") == 0 &&
+	   figure(c, "warm", "restart_us") > 0,
+	   "Stats: restart_blocks and restart_records say as much, restart_us %llu",
+	   c ? (unsigned long long)figure(c, "warm", "restart_us") : 0ull);
+	kvq_client_free(c);
 	ok(!memcmp(before, after, sizeof before) && before[1] > 0 && before[3] > 0,
 	   "as many cached blocks and host-tier records as before the stop (warm %llu + %llu, made %llu + %llu)",
 	   (unsigned long long)after[0], (unsigned long long)after[1], (unsigned long long)after[2],
@@ -399,6 +406,24 @@ static void diag_lines(const char *what)
 
 static int other_policy(void);
 
+/* How many lines of `kvqctl stats` contain what. */
+static int kvqctl_says(const char *what)
+{
+	const char *top = getenv("top_builddir"), *env = getenv("KVQ_TEST_KVQCTL");
+	char cmd[512], line[1024];
+	int n = 0;
+	FILE *f;
+
+	snprintf(cmd, sizeof cmd, "%s%s --socket %s stats 2>&1", env ? env : top ? top : ".",
+		 env ? "" : "/kvqctl/kvqctl", m.sock_path);
+	f = popen(cmd, "r");
+	while (f && fgets(line, sizeof line, f))
+		n += strstr(line, what) != NULL;
+	if (f)
+		pclose(f);
+	return n;
+}
+
 /* Stops kvqd, lets corrupt() change the store, starts it: warm must
  * start cold with a log line containing why. */
 static void cold_case(const char *what, int (*corrupt)(void), const char *why)
@@ -410,6 +435,8 @@ static void cold_case(const char *what, int (*corrupt)(void), const char *why)
 	if (!ok(corrupt() == 0, "%s: done to the store", what) || !ok(start(what), "%s: kvqd starts", what))
 		return;
 	if (!ok(sdmgr_log_lines(logp, why) == lines + 1, "%s: warm starts cold, the log says \"%s\"", what, why))
+		diag_lines("starts cold");
+	if (!ok(kvqctl_says("started cold: ") == 1, "%s: kvqctl stats says warm started cold, and why", what))
 		diag_lines("starts cold");
 	if (corrupt == other_policy)
 		return;   /* the test's clients ask for int8 */
