@@ -10,11 +10,13 @@
  *   kvq-bench timing [OPTIONS]
  *   kvq-bench batch [--socket PATH] [--format LIST]
  *   kvq-bench tier [--blocks N] [--format LIST] [--json]
+ *   kvq-bench restart [--backend host|cuda] [--pool-gib G] [--blocks N] [--tier-gib T] [--demote N] [--json]
  *
  * This file: the command table and the usage text of every command.
  * formats: bench/formats.c (with workload.c, memory.c, team.c, report.c);
  * control: bench/control.c; rotation: bench/rotation.c; decode, prefill, append: bench/decode.cu;
- * timing: bench/timing.cu; batch: bench/batch.c; tier: bench/tier.c.
+ * timing: bench/timing.cu; batch: bench/batch.c; tier: bench/tier.c;
+ * restart: bench/restart.c.
  */
 #include "config.h"
 
@@ -47,6 +49,10 @@ void usage(FILE *f)
 		"  tier      the host tier's copies on the host: block records packed and unpacked (demotion,\n"
 		"            promotion) against memcpy, Llama-3-8B geometry (kvq-bench tier [--blocks N] [--format\n"
 		"            LIST] [--json])\n"
+		"  restart   a kvqd under a service manager of its own: a pool of G GiB with N published blocks,\n"
+		"            stopped (SIGTERM) and killed (kill -9), each start timed to READY and to its first\n"
+		"            hit (kvq-bench restart [--backend host|cuda] [--pool-gib G] [--blocks N] [--tier-gib T]\n"
+		"            [--demote N] [--layers L] [--kv-heads H] [--head-dim D] [--json])\n"
 		"options of formats:\n"
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"
@@ -104,6 +110,7 @@ static const struct command commands[] = {
 	{ "timing", bench_timing },
 	{ "batch", bench_batch },
 	{ "tier", cmd_tier },
+	{ "restart", cmd_restart },
 };
 
 int main(int argc, char **argv)

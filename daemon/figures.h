@@ -160,6 +160,9 @@
 	  "Time of the host tier's copy jobs, microseconds.", i->tier.copy_us)                                     \
 	X(tier_copies, "tier_copies", COUNTER, "kvq_tier_copies_total", NULL,                                      \
 	  "Copy jobs of the host tier (one per demotion batch or lookup).", i->tier.copies)                        \
+	X(tier_open_us, "tier_open_us", GAUGE, "kvq_tier_open_microseconds", NULL,                                 \
+	  "Time the host tier took to start: its memory made or taken back, pinned for a cuda pool.",              \
+	  i->tier.open_us)                                                                                         \
 	/* a restart (daemon/restart.h): what this start took back */                                              \
 	X(restart_blocks, "restart_blocks", GAUGE, "kvq_restart_blocks", "cached",                                 \
 	  "Cached blocks taken back at this start.", i->restart.blocks)                                            \

@@ -67,6 +67,7 @@ struct kvq_tiering_stats {
 	uint64_t copy_us, copies;      /* time of the copy jobs, in microseconds, and their number */
 	struct kvq_hist copy_time;     /* each copy job's time (the metrics' kvq_tier_copy_seconds) */
 	uint64_t hit_tokens;           /* tokens of lookups' hits the tier served */
+	uint64_t open_us;              /* its start: memory made or taken back, pinned (cuda pools) */
 };
 
 /*

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "blockrec.h"
@@ -486,6 +487,7 @@ int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_cop
 	struct kvq_tiering *tg;
 	size_t nb = (size_t)p->L->n_sealed + p->L->n_sink + 1;
 	char label[KVQ_PREFIX_MAX_NAME + 16];
+	struct timespec t0, t1;
 	int r;
 
 	if (!p->mem->map && !p->mem->backend->chan_open) {
@@ -502,6 +504,7 @@ int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_cop
 	}
 	tg->p = *p;
 	tg->cp = cp;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	tg->gen = calloc(nb, sizeof *tg->gen);
 	tg->rec_of = malloc(nb * sizeof *tg->rec_of);
 	if (!tg->gen || !tg->rec_of) {
@@ -530,6 +533,9 @@ int kvq_tiering_new(const struct kvq_tiering_pool *p, uint64_t capacity, kvq_cop
 	}
 	kvq_pool_set_transit(p->pool, &(struct kvq_pool_transit){ tg, on_cancel });
 	kvq_prefix_set_drop_hook(p->prefix, on_drop, tg);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	tg->st.open_us = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000u + (uint64_t)(t1.tv_nsec / 1000) -
+			 (uint64_t)(t0.tv_nsec / 1000);
 	*ret = tg;
 	return 0;
 }
