@@ -18,7 +18,10 @@
  *  - books corrupted (a flipped byte, truncated, another version) and
  *    kvqd.conf's policy changed: the pool starts cold, the reason logged;
  *  - no descriptor left behind: the store holds three per pool, kvqd's
- *    own descriptors are as many at the last start as at the second.
+ *    own descriptors are as many after the kills as at the second start.
+ * Built again as tests/gpu/test_cuda_restart (KVQ_TEST_CUDA): the same with
+ * cuda pools, whose memory a restart imports from the stored descriptor
+ * (D = 64, one KV split: attention over the same bytes is the same bits).
  */
 #include <config.h>
 
@@ -38,10 +41,22 @@
 #include "kvq.h"
 #include "layout.h"
 
+#ifdef KVQ_TEST_CUDA
+#include <cuda_runtime_api.h>
+#define D_ 64
+#define DS "64"
+#define CAP "512K"
+#define BACKEND "cuda"
+#else
+#define D_ 32
+#define DS "32"
+#define CAP "256K"
+#define BACKEND "host"
+#endif
+
 #define L_ 2
 #define H_ 2
 #define QH_ 4
-#define D_ 32
 #define B_ 16
 #define NTOK 83                 /* 5 sealed blocks (a whole hit is 80 tokens) and 3 more */
 #define WHOLE ((NTOK / B_) * B_)
@@ -81,14 +96,14 @@ static int write_conf(const char *policy)
 
 	snprintf(extra, sizeof extra,
 		 "host_tier_reserve = 20\n"
-		 "[pool warm]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n"
-		 "policy = %s\ncapacity = 256K\nhost_capacity = 1M\n", policy);
-	return test_daemon_conf(conf, "host", "info", extra);
+		 "[pool warm]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n"
+		 "policy = %s\ncapacity = " CAP "\nhost_capacity = 1M\n", policy);
+	return test_daemon_conf(conf, BACKEND, "info", extra);
 }
 
 static bool start(const char *what)
 {
-	char *argv[] = { bin, "--config", conf, "--socket", unused, "--backend", "host", "--foreground", NULL };
+	char *argv[] = { bin, "--config", conf, "--socket", unused, "--backend", BACKEND, "--foreground", NULL };
 	pid_t pid = sdmgr_start(&m, bin, argv, logp);
 	int r = pid > 0 ? sdmgr_wait_ready(&m, WAIT_MS) : (int)pid;
 
@@ -109,7 +124,7 @@ static kvq_client *open_pool(const char *pool)
 		a.create = 1;
 		a.n_sealed = strcmp(pool, "ref") ? 48 : NP * (NTOK / B_) + 8;
 		a.n_open = 8;
-		a.backend = "host";
+		a.backend = BACKEND;
 		a.host_capacity = strcmp(pool, "ref") ? 1u << 20 : 0;
 	}
 	if (kvq_client_connect(m.sock_path, "restart", &c) < 0)
@@ -519,6 +534,15 @@ int main(void)
 #ifndef HAVE_SYSTEMD
 	printf("1..0 # SKIP kvqd is built without libsystemd\n");
 	return 0;
+#endif
+#ifdef KVQ_TEST_CUDA
+	int ndev = 0;
+
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+		printf("1..0 # SKIP no usable GPU\n");
+		return 0;
+	}
+	setenv("KVQ_CUDA_SPLITS", "1", 1);
 #endif
 	if (!ok(sdmgr_init(&m, "restart") == 0, "a service manager for the test"))
 		return done_testing();
