@@ -526,6 +526,13 @@ uint32_t kvq_tier_restore_end(kvq_tier *t, int (*in_pool)(void *arg, const uint8
 {
 	uint32_t dropped = 0;
 
+	/* the free slots first: the drops below push theirs */
+	for (int c = 0; c < 2; c++) {
+		t->n_free[c] = 0;
+		for (uint32_t i = t->n[c]; i-- > 0;)
+			if (t->state[t->first[c] + i] == R_FREE)
+				t->free[c][t->n_free[c]++] = t->first[c] + i;
+	}
 	/* a record whose parent is in neither place goes, with what is below
 	 * it: every chain whole again */
 	for (uint32_t r = 0; r < t->total; r++)
@@ -534,11 +541,5 @@ uint32_t kvq_tier_restore_end(kvq_tier *t, int (*in_pool)(void *arg, const uint8
 			dropped += kvq_tier_drop_under(t, t->key[r]) + 1;
 			rec_free(t, r);
 		}
-	for (int c = 0; c < 2; c++) {
-		t->n_free[c] = 0;
-		for (uint32_t i = t->n[c]; i-- > 0;)
-			if (t->state[t->first[c] + i] == R_FREE)
-				t->free[c][t->n_free[c]++] = t->first[c] + i;
-	}
 	return dropped;
 }

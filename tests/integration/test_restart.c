@@ -107,8 +107,16 @@ static bool start(const char *what)
 	pid_t pid = sdmgr_start(&m, bin, argv, logp);
 	int r = pid > 0 ? sdmgr_wait_ready(&m, WAIT_MS) : (int)pid;
 
-	if (r < 0)
-		diag("%s: kvqd did not start: %d", what, r);
+	if (r < 0) {
+		char line[1024];
+		FILE *f = fopen(logp, "r");
+
+		diag("%s: kvqd did not start: %d (wait status %#x); its log:", what, r, m.wstatus);
+		while (f && fgets(line, sizeof line, f))
+			diag("  %s", line);
+		if (f)
+			fclose(f);
+	}
 	return r == 0;
 }
 
@@ -380,6 +388,9 @@ static void test_holds(void)
 		r = attend(s, after);
 		_exit(r == 0 && !memcmp(before, after, sizeof before) && !memcmp(before, ref[30], sizeof before) ? 0 : 1);
 	}
+	/* the ends this side does not use closed: a worker that dies is EOF */
+	close(up[1]);
+	close(down[0]);
 	ok(read(up[0], &byte, 1) == 1 && byte == 'y', "a worker holds prompt 30's sequence");
 	sdmgr_kill9(&m, WAIT_MS);
 	if (!ok(start("holds"), "kvqd killed and started again while it lives"))
@@ -402,8 +413,6 @@ static void test_holds(void)
 		usleep(100000);
 	ok(sdmgr_log_lines(logp, "slots held since the restart released") >= 1, "once it exited, they were released");
 	close(up[0]);
-	close(up[1]);
-	close(down[0]);
 	close(down[1]);
 }
 
