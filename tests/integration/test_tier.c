@@ -63,20 +63,10 @@
 #define MAXP 256
 #define MODEL "test/tier@1"
 
+#include "../prompts.h"
+
 static char sock_path[108];
 static int metrics_port;
-
-static void make_kv(const uint32_t *tok, uint32_t pos0, uint32_t m, uint32_t layer, uint16_t *k, uint16_t *v)
-{
-	for (uint32_t t = 0; t < m; t++)
-		for (uint32_t h = 0; h < H_; h++)
-			for (uint32_t d = 0; d < D_; d++) {
-				size_t i = ((size_t)t * H_ + h) * D_ + d;
-
-				k[i] = kvq_f16_from_f32((float)synth_kv(tok[t], pos0 + t, layer, h, d, 0));
-				v[i] = kvq_f16_from_f32((float)synth_kv(tok[t], pos0 + t, layer, h, d, 1));
-			}
-}
 
 static void prompt_tokens(uint32_t p, uint32_t *tok)
 {
@@ -98,33 +88,6 @@ static kvq_client *open_pool(const char *pool, uint32_t sinks)
 		return NULL;
 	}
 	return c;
-}
-
-/* Appends tok[from..to) in one write of every layer and commits. */
-static int append(kvq_seq *s, const uint32_t *tok, uint32_t from, uint32_t to)
-{
-	static uint16_t k[NTOK * H_ * D_], v[NTOK * H_ * D_];
-	int r = kvq_seq_begin(s, tok + from, to - from);
-
-	for (uint32_t l = 0; r == 0 && l < L_; l++) {
-		make_kv(tok + from, from, to - from, l, k, v);
-		r = kvq_seq_write(s, l, k, v);
-	}
-	return r < 0 ? r : kvq_seq_commit(s);
-}
-
-/* Attention of the last NQ tokens of every layer, fixed queries. */
-static int attend(kvq_seq *s, float (*out)[NQ * QH_ * D_])
-{
-	float q[NQ * QH_ * D_];
-
-	for (uint32_t l = 0; l < L_; l++) {
-		for (uint32_t i = 0; i < NQ * QH_ * D_; i++)
-			q[i] = (float)synth_kv(7, i, l, 0, 0, 0);
-		if (kvq_seq_attention(s, l, QH_, NQ, 0.0f, q, out[l]) < 0)
-			return -1;
-	}
-	return 0;
 }
 
 /* Prompt p from its lookup on: its hit in *ret_hit, its attention in out.
