@@ -50,7 +50,8 @@
 typedef struct kvq_books kvq_books;
 
 #define KVQ_BOOKS_MAGIC "KVQBOOKS"   /* 8 bytes, no terminator */
-#define KVQ_BOOKS_VERSION 1u
+#define KVQ_BOOKS_VERSION 1u          /* changes with the layout above, struct kvq_books_id and
+					* the entries' included: the next kvqd may be another build */
 #define KVQ_BOOKS_HELD 0x80u         /* in a state byte: a client holds the slot */
 #define KVQ_BOOKS_KEY_LEN 32u
 
