@@ -25,7 +25,7 @@ struct head {
 	uint64_t file_bytes;
 	uint64_t id_sum;              /* FNV-1a 64 of the identity and the policy */
 	uint32_t n_blocks, n_open, n_tier, n_clients;
-	uint64_t states_off, open_off, keys_off, tier_off, clients_off;
+	uint64_t states_off, open_off, keys_off, tier_off, clients_off, owners_off, open_owners_off;
 	uint32_t policy_len;
 	/* live */
 	uint32_t clean;
@@ -119,7 +119,11 @@ static uint64_t lay_out(struct head *h)
 	h->tier_off = off;
 	off = round_up(off + (uint64_t)h->n_tier * sizeof(struct tier_entry));
 	h->clients_off = off;
-	return round_up(off + (uint64_t)h->n_clients * sizeof(struct client_entry));
+	off = round_up(off + (uint64_t)h->n_clients * sizeof(struct client_entry));
+	h->owners_off = off;
+	off = round_up(off + (uint64_t)h->n_blocks * sizeof(uint16_t));
+	h->open_owners_off = off;
+	return round_up(off + (uint64_t)h->n_open * sizeof(uint16_t));
 }
 
 int kvq_books_create(const struct kvq_books_id *id, const char *policy, uint32_t n_tier, uint32_t n_clients,
@@ -224,7 +228,8 @@ int kvq_books_open(int fd, kvq_books **ret, char *err, size_t errlen)
 		    h.head_bytes != round_up(HEAD_FIXED + sizeof(struct kvq_books_id) + h.policy_len) ||
 		    lay_out(&want) != h.file_bytes || want.keys_off != h.keys_off || want.tier_off != h.tier_off ||
 		    want.clients_off != h.clients_off || want.open_off != h.open_off ||
-		    want.states_off != h.states_off) {
+		    want.states_off != h.states_off || want.owners_off != h.owners_off ||
+		    want.open_owners_off != h.open_owners_off) {
 			r = -EBADMSG;
 			kvq_seterr(err, errlen, "books: sizes that do not add up");
 			goto fail;
@@ -346,6 +351,16 @@ uint8_t *kvq_books_states(kvq_books *b)
 uint32_t *kvq_books_open_slots(kvq_books *b)
 {
 	return (uint32_t *)(b->map + b->h->open_off);
+}
+
+uint16_t *kvq_books_owners(kvq_books *b)
+{
+	return (uint16_t *)(b->map + b->h->owners_off);
+}
+
+uint16_t *kvq_books_open_owners(kvq_books *b)
+{
+	return (uint16_t *)(b->map + b->h->open_owners_off);
 }
 
 static uint64_t key_sum(uint32_t id, const struct key_entry *e)

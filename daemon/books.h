@@ -25,6 +25,8 @@
  *   tier     per host-tier record, a READY record's class, key and parent
  *            with a checksum, valid while its flag is set.
  *   clients  pid and start time of each process attached to the pool.
+ *   owners   per block id and per open slot, which of them holds it
+ *            (an entry + 1; 0 none known; 0xffff several).
  *
  * Never a wrong block.  What lets a restart take a slot back is written
  * before the slot can change hands: a key's flag is cleared before its
@@ -128,6 +130,11 @@ int kvq_books_id_diff(const kvq_books *b, const struct kvq_books_id *want, const
 uint8_t *kvq_books_states(kvq_books *b);
 uint32_t *kvq_books_open_slots(kvq_books *b);
 
+/* Who holds each block and each open slot (kvq_pool_set_owners): the
+ * holder's entry + 1 (kvq_books_client), 0 none known, 0xffff several. */
+uint16_t *kvq_books_owners(kvq_books *b);
+uint16_t *kvq_books_open_owners(kvq_books *b);
+
 /* Block id is cached under key after parent (-1: none); or (key NULL) is
  * not any more. */
 void kvq_books_key(kvq_books *b, uint32_t id, const uint8_t *key, int32_t parent);
@@ -149,8 +156,8 @@ int kvq_books_tier_get(const kvq_books *b, uint32_t r, uint32_t *cls, uint8_t ke
 		       uint8_t parent[KVQ_BOOKS_KEY_LEN], int *has_parent);
 
 /* Process pid attached: its entry (an index for kvq_books_client_gone), or
- * -ENOSPC when the table is full (the restore then holds every slot a
- * client held until all the recorded ones went: kvq_books_clients_lost). */
+ * -ENOSPC when the table is full (its holds then carry no owner, and a
+ * restore holds them until every recorded process went). */
 int kvq_books_client(kvq_books *b, pid_t pid);
 void kvq_books_client_gone(kvq_books *b, int entry);
 

@@ -18,6 +18,7 @@ struct kvq_lease {
 	struct idmap sealed, open;
 	uint32_t first_sink;   /* sealed ids from here are sink blocks (UINT32_MAX: none) */
 	uint32_t n_sink;       /* distinct ones held */
+	uint16_t tag;          /* its holds' owner tag in the pool (kvq_lease_set_tag) */
 };
 
 static uint32_t idmap_hash(uint32_t k)
@@ -316,7 +317,16 @@ int kvq_lease_take(kvq_lease *l, kvq_pool *p, enum kvq_lease_hold how, uint32_t 
 			pool_give(p, how, id, n);
 		return r;
 	}
+	if (is_open(how))
+		kvq_pool_open_owner(p, id, l->tag);
+	else
+		kvq_pool_owner(p, id, l->tag);
 	return 0;
+}
+
+void kvq_lease_set_tag(kvq_lease *l, uint16_t tag)
+{
+	l->tag = tag;
 }
 
 int kvq_lease_give(kvq_lease *l, kvq_pool *p, enum kvq_lease_hold how, uint32_t id, uint32_t n)

@@ -109,4 +109,8 @@ struct kvq_lease_dropped {
  * Fills *ret when it is not NULL. */
 void kvq_lease_drop(kvq_lease *l, kvq_pool *p, struct kvq_lease_dropped *ret);
 
+/* The tag the lease's holds carry in the pool's owners (kvq_pool_owner:
+ * its connection's entry in the pool's books + 1; 0, the default: none). */
+void kvq_lease_set_tag(kvq_lease *l, uint16_t tag);
+
 #endif

@@ -35,6 +35,7 @@ struct kvq_pool {
 	struct kvq_pool_transit transit;
 	uint8_t *mirror;               /* kvq_pool_set_mirror's, or NULL */
 	uint32_t *mirror_open;
+	uint16_t *owners, *owners_open;   /* kvq_pool_set_owners', or NULL */
 };
 
 /* Class of block id: 0 sealed, 1 sink. */
@@ -113,14 +114,46 @@ static void mirror(struct kvq_pool *p, uint32_t id)
 		return;
 	if (s == KVQ_POOL_RESERVED || s == KVQ_POOL_PRIVATE || p->refs[id] > 0)
 		s |= KVQ_POOL_MIRROR_HELD;
+	else if (p->owners)
+		__atomic_store_n(&p->owners[id], 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&p->mirror[id], s, __ATOMIC_RELEASE);
 }
 
 static void mirror_open(struct kvq_pool *p, uint32_t o)
 {
+	if (p->owners_open && p->reserved[o] == OPEN_FREE)
+		__atomic_store_n(&p->owners_open[o], 0, __ATOMIC_RELEASE);
 	if (p->mirror_open)
 		__atomic_store_n(&p->mirror_open[o], p->reserved[o] == OPEN_FREE ? UINT32_MAX : p->reserved[o],
 				 __ATOMIC_RELEASE);
+}
+
+static void owner_merge(uint16_t *slot, uint16_t tag)
+{
+	uint16_t was = __atomic_load_n(slot, __ATOMIC_RELAXED);
+
+	if (was != tag)
+		__atomic_store_n(slot, was ? (uint16_t)KVQ_POOL_OWNERS_SEVERAL : tag, __ATOMIC_RELEASE);
+}
+
+void kvq_pool_set_owners(kvq_pool *p, uint16_t *blocks, uint16_t *open)
+{
+	p->owners = blocks;
+	p->owners_open = open;
+}
+
+void kvq_pool_owner(kvq_pool *p, uint32_t id, uint16_t tag)
+{
+	if (p->owners && tag && id < p->n_sealed + p->n_sink)
+		owner_merge(&p->owners[id], tag);
+}
+
+void kvq_pool_open_owner(kvq_pool *p, uint32_t o, uint16_t tag)
+{
+	if (!p->owners_open || !tag || o >= p->n_open || p->reserved[o] == OPEN_FREE)
+		return;
+	owner_merge(&p->owners_open[o], tag);
+	kvq_pool_owner(p, p->reserved[o], tag);
 }
 
 /* Callers set refs before the id leaves the pool; the mirror says held

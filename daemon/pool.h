@@ -226,6 +226,20 @@ void kvq_pool_set_transit(kvq_pool *p, const struct kvq_pool_transit *t);
  * (daemon/books.h); both are filled now.  NULL, NULL stops. */
 void kvq_pool_set_mirror(kvq_pool *p, uint8_t *states, uint32_t *open);
 
+/* Who holds each block and open slot, as tags of the caller's (the pool's
+ * books, daemon/books.h: an attached process's entry + 1): 0 none known,
+ * KVQ_POOL_OWNERS_SEVERAL more than one.  With blocks[n_sealed + n_sink]
+ * and open[n_open] set (NULL, NULL: none), kvq_pool_owner and
+ * kvq_pool_open_owner record a tag's hold, and a slot that stops being held
+ * (kvq_pool_set_mirror's held bit goes) loses its tag. */
+#define KVQ_POOL_OWNERS_SEVERAL 0xffffu
+void kvq_pool_set_owners(kvq_pool *p, uint16_t *blocks, uint16_t *open);
+
+/* tag (not 0) took a hold on block id, or on open slot o and its
+ * reservation: recorded, a second tag making it SEVERAL. */
+void kvq_pool_owner(kvq_pool *p, uint32_t id, uint16_t tag);
+void kvq_pool_open_owner(kvq_pool *p, uint32_t o, uint16_t tag);
+
 /* What a restarted pool takes back for each block (kvq_pool_adopt). */
 enum kvq_pool_adopt {
 	KVQ_POOL_ADOPT_FREE = 0,

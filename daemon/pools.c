@@ -646,7 +646,7 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 		kvq_tiering_stats(p->tiering, &o->tier);
 	o->restart.blocks = p->kept.blocks;
 	o->restart.records = p->kept.records;
-	o->restart.held = p->kept.holds ? (uint64_t)p->kept.holds->n_ids + p->kept.holds->n_open : 0;
+	o->restart.held = p->kept.holds ? p->kept.holds->held : 0;
 	o->restart.us = p->kept.restore_us;
 	o->restart.cold = p->kept.cold;
 	o->name = p->name;

@@ -136,6 +136,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	c->pool = p;
 	p->clients++;
 	c->kept = kvq_pools_attached(p, c->pid);
+	/* its holds name it in the pool's books, so a restart holds them for it */
+	kvq_lease_set_tag(c->lease, c->kept >= 0 ? (uint16_t)(c->kept + 1) : 0);
 
 	rep->layout_version = p->L->version;
 	rep->layers = p->L->layers;

@@ -29,6 +29,8 @@ struct kvq_restart_plan {
 	uint32_t *open;                   /* per open slot: its reserved id, UINT32_MAX free */
 	uint32_t *order, n_order;         /* the cached blocks, each after its parent */
 	struct kvq_restart_holds *holds;  /* NULL: nobody alive to hold for */
+	int32_t *entry_pid;               /* per books client entry: its index in holds->pids, or -1 */
+	int32_t *who, *open_who;          /* per block, per open slot: for whom it is held (holds.h), -2 not */
 	uint64_t t0;
 };
 
@@ -77,9 +79,12 @@ static void holds_free(struct kvq_restart_holds *h)
 	if (!h)
 		return;
 	free(h->ids);
+	free(h->id_who);
 	free(h->open);
+	free(h->open_who);
 	free(h->pids);
 	free(h->starts);
+	free(h->gone);
 	free(h);
 }
 
@@ -173,6 +178,9 @@ static void plan_free(struct kvq_restart_plan *pl)
 	free(pl->adopt);
 	free(pl->open);
 	free(pl->order);
+	free(pl->entry_pid);
+	free(pl->who);
+	free(pl->open_who);
 	holds_free(pl->holds);
 	free(pl);
 }
@@ -201,12 +209,25 @@ static int by_key(const void *a, const void *b)
 	return c ? c : (*(const uint32_t *)a > *(const uint32_t *)b) - (*(const uint32_t *)a < *(const uint32_t *)b);
 }
 
+/* For whom a slot whose owner tag is tag stays held: a process alive at
+ * the start (its index), all of them (-1: no single holder known), or
+ * nobody (-2: its holder is gone, or nobody is alive). */
+static int32_t holder(const struct kvq_restart_plan *pl, uint16_t tag)
+{
+	if (!pl->holds)
+		return -2;
+	if (tag == 0 || tag == KVQ_POOL_OWNERS_SEVERAL || tag - 1u >= kvq_books_n_clients(pl->b))
+		return -1;
+	return pl->entry_pid[tag - 1] >= 0 ? pl->entry_pid[tag - 1] : -2;
+}
+
 /* The books' blocks read whole into pl: 0, or -EBADMSG with why. */
-static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *id, int hold, char *why, size_t len)
+static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *id, char *why, size_t len)
 {
 	const uint32_t nb = id->n_sealed + id->n_sink;
 	const uint8_t *states = kvq_books_states(pl->b);
 	const uint32_t *open = kvq_books_open_slots(pl->b);
+	const uint16_t *owners = kvq_books_owners(pl->b), *open_owners = kvq_books_open_owners(pl->b);
 	uint8_t (*key)[KVQ_BOOKS_KEY_LEN] = calloc((size_t)nb + 1, sizeof *key);
 	int32_t *parent = calloc((size_t)nb + 1, sizeof *parent);
 	uint8_t *ok = calloc((size_t)nb + 1, 1);      /* 1 has a key, 2 restorable, 3 not */
@@ -216,7 +237,9 @@ static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *i
 	pl->adopt = calloc((size_t)nb + 1, 1);
 	pl->open = calloc((size_t)id->n_open + 1, sizeof *pl->open);
 	pl->order = calloc((size_t)nb + 1, sizeof *pl->order);
-	if (!key || !parent || !ok || !stack || !pl->adopt || !pl->open || !pl->order) {
+	pl->who = calloc((size_t)nb + 1, sizeof *pl->who);
+	pl->open_who = calloc((size_t)id->n_open + 1, sizeof *pl->open_who);
+	if (!key || !parent || !ok || !stack || !pl->adopt || !pl->open || !pl->order || !pl->who || !pl->open_who) {
 		snprintf(why, len, "out of memory");
 		goto out;
 	}
@@ -264,25 +287,36 @@ static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *i
 		}
 	}
 	for (uint32_t b = 0; b < nb; b++) {
-		const int held = hold && (states[b] & KVQ_POOL_MIRROR_HELD);
+		const int32_t w = states[b] & KVQ_POOL_MIRROR_HELD ? holder(pl, owners[b]) : -2;
 
+		pl->who[b] = w;
 		if (ok[b] == 2)
-			pl->adopt[b] = held ? KVQ_POOL_ADOPT_CACHED_HELD : KVQ_POOL_ADOPT_CACHED;
-		else if (held)
+			pl->adopt[b] = w != -2 ? KVQ_POOL_ADOPT_CACHED_HELD : KVQ_POOL_ADOPT_CACHED;
+		else if (w != -2)
 			pl->adopt[b] = (states[b] & ~KVQ_POOL_MIRROR_HELD) == KVQ_POOL_RESERVED && b < id->n_sealed
 					       ? KVQ_POOL_ADOPT_RESERVED
 					       : KVQ_POOL_ADOPT_PRIVATE;
 	}
 	for (uint32_t o = 0; o < id->n_open; o++) {
+		const int32_t w = open[o] == UINT32_MAX ? -2 : holder(pl, open_owners[o]);
+
 		pl->open[o] = UINT32_MAX;
-		if (!hold || open[o] == UINT32_MAX)
+		pl->open_who[o] = -2;
+		if (open[o] == UINT32_MAX)
 			continue;
-		if (open[o] >= id->n_sealed || pl->adopt[open[o]] != KVQ_POOL_ADOPT_RESERVED || ok[open[o]] == 4) {
+		if (open[o] >= id->n_sealed || ok[open[o]] == 4 ||
+		    (states[open[o]] & ~KVQ_POOL_MIRROR_HELD) != KVQ_POOL_RESERVED) {
 			snprintf(why, len, "books: open slot %u names block %u, not reserved for it", o, open[o]);
 			goto out;
 		}
 		ok[open[o]] = 4;   /* named */
+		/* the open slot and its reservation go together, as their holder */
+		pl->who[open[o]] = w;
+		pl->adopt[open[o]] = w != -2 ? KVQ_POOL_ADOPT_RESERVED : KVQ_POOL_ADOPT_FREE;
+		if (w == -2)
+			continue;
 		pl->open[o] = open[o];
+		pl->open_who[o] = w;
 		named++;
 	}
 	/* reserved for no open slot (a kill between the two writes): the
@@ -301,19 +335,22 @@ out:
 }
 
 /* The processes the books list that are alive: holds for them, or none
- * (their entries cleared). */
-static int plan_holds(struct kvq_restart_plan *pl, const struct kvq_books_id *id, int *ret_hold)
+ * (the entries of those gone cleared). */
+static int plan_holds(struct kvq_restart_plan *pl, const struct kvq_books_id *id)
 {
 	const uint32_t n = kvq_books_n_clients(pl->b);
 	struct kvq_restart_holds *h;
 
-	*ret_hold = 0;
 	h = calloc(1, sizeof *h);
-	if (!h)
+	pl->entry_pid = calloc((size_t)n + 1, sizeof *pl->entry_pid);
+	if (!h || !pl->entry_pid) {
+		free(h);
 		return -ENOMEM;
+	}
 	h->pids = calloc((size_t)n + 1, sizeof *h->pids);
 	h->starts = calloc((size_t)n + 1, sizeof *h->starts);
-	if (!h->pids || !h->starts) {
+	h->gone = calloc((size_t)n + 1, 1);
+	if (!h->pids || !h->starts || !h->gone) {
 		holds_free(h);
 		return -ENOMEM;
 	}
@@ -321,24 +358,25 @@ static int plan_holds(struct kvq_restart_plan *pl, const struct kvq_books_id *id
 		uint64_t start;
 		pid_t pid = kvq_books_client_pid(pl->b, i, &start);
 
+		pl->entry_pid[i] = -1;
 		if (pid <= 0)
 			continue;
 		if (start && kvq_books_start_time(pid) == start) {
+			pl->entry_pid[i] = (int32_t)h->n_pids;
 			h->pids[h->n_pids] = pid;
 			h->starts[h->n_pids++] = start;
 		} else {
 			kvq_books_client_gone(pl->b, (int)i);
 		}
 	}
+	h->n_live = h->n_pids;
 	if (kvq_books_clients_lost(pl->b) && h->n_pids == 0)
 		kvq_log(LOG_WARNING, "restart: pool %s: attached processes went unrecorded; those recorded are gone",
 			id->name);
-	if (h->n_pids == 0) {
+	if (h->n_pids == 0)
 		holds_free(h);
-		return 0;
-	}
-	pl->holds = h;
-	*ret_hold = 1;
+	else
+		pl->holds = h;
 	return 0;
 }
 
@@ -349,15 +387,22 @@ static int plan_hold_slots(struct kvq_restart_plan *pl, const struct kvq_books_i
 	struct kvq_restart_holds *h = pl->holds;
 
 	h->ids = calloc((size_t)nb + 1, sizeof *h->ids);
+	h->id_who = calloc((size_t)nb + 1, sizeof *h->id_who);
 	h->open = calloc((size_t)id->n_open + 1, sizeof *h->open);
-	if (!h->ids || !h->open)
+	h->open_who = calloc((size_t)id->n_open + 1, sizeof *h->open_who);
+	if (!h->ids || !h->id_who || !h->open || !h->open_who)
 		return -ENOMEM;
 	for (uint32_t b = 0; b < nb; b++)
-		if (pl->adopt[b] == KVQ_POOL_ADOPT_CACHED_HELD || pl->adopt[b] == KVQ_POOL_ADOPT_PRIVATE)
+		if (pl->adopt[b] == KVQ_POOL_ADOPT_CACHED_HELD || pl->adopt[b] == KVQ_POOL_ADOPT_PRIVATE) {
+			h->id_who[h->n_ids] = pl->who[b];
 			h->ids[h->n_ids++] = b;
+		}
 	for (uint32_t o = 0; o < id->n_open; o++)
-		if (pl->open[o] != UINT32_MAX)
+		if (pl->open[o] != UINT32_MAX) {
+			h->open_who[h->n_open] = pl->open_who[o];
 			h->open[h->n_open++] = o;
+		}
+	h->held = (uint64_t)h->n_ids + h->n_open;
 	return 0;
 }
 
@@ -367,7 +412,6 @@ struct kvq_restart_plan *kvq_restart_plan(struct kvq_restart *rs, const struct k
 	struct kvq_restart_found f;
 	struct kvq_restart_plan *pl;
 	char why[256] = "";
-	int hold = 0;
 
 	if (!rs)
 		return NULL;
@@ -398,8 +442,8 @@ struct kvq_restart_plan *kvq_restart_plan(struct kvq_restart *rs, const struct k
 	}
 	if (kvq_books_id_diff(pl->b, want, policy, why, sizeof why))
 		goto cold;
-	if (plan_holds(pl, want, &hold) < 0 || plan_blocks(pl, want, hold, why, sizeof why) < 0 ||
-	    (hold && plan_hold_slots(pl, want) < 0)) {
+	if (plan_holds(pl, want) < 0 || plan_blocks(pl, want, why, sizeof why) < 0 ||
+	    (pl->holds && plan_hold_slots(pl, want) < 0)) {
 		if (!why[0])
 			snprintf(why, sizeof why, "out of memory");
 		goto cold;
@@ -508,10 +552,10 @@ void kvq_restart_apply(struct kvq_restart *rs, struct kvq_restart_pool *kept, co
 	rs->blocks += pl->n_order;
 	rs->records += records;
 	if (pl->holds)
-		rs->held += pl->holds->n_ids + pl->holds->n_open;
+		rs->held += pl->holds->held;
 	kvq_log(LOG_NOTICE, "restart: pool %s taken back: %u cached blocks, %llu host-tier records, %u slots held "
 		"for %u processes still alive, in %.1f ms", pt->name, pl->n_order, (unsigned long long)records,
-		pl->holds ? pl->holds->n_ids + pl->holds->n_open : 0, pl->holds ? pl->holds->n_pids : 0,
+		pl->holds ? (uint32_t)pl->holds->held : 0, pl->holds ? pl->holds->n_pids : 0,
 		(double)kept->restore_us / 1000.0);
 	pl->b = NULL;
 	pl->holds = NULL;
@@ -594,6 +638,7 @@ static void on_tier(void *arg, uint32_t r, uint32_t cls, const uint8_t *key, con
 
 static void attach_books(const struct kvq_restart_parts *pt, kvq_books *b)
 {
+	kvq_pool_set_owners(pt->pool, b ? kvq_books_owners(b) : NULL, b ? kvq_books_open_owners(b) : NULL);
 	kvq_pool_set_mirror(pt->pool, b ? kvq_books_states(b) : NULL, b ? kvq_books_open_slots(b) : NULL);
 	kvq_prefix_set_record_hook(pt->prefix, b ? on_key : NULL, b);
 	if (pt->tier)
@@ -665,25 +710,30 @@ void kvq_restart_stop(struct kvq_restart *rs, struct kvq_restart_pool *kept, con
 
 /* ------------------------------------------------------------ holds */
 
-static void holds_release(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
+/* Releases the holds of process k (-1: those held for all). */
+static void holds_release(struct kvq_restart_holds *h, const struct kvq_restart_parts *pt, int32_t k)
 {
-	struct kvq_restart_holds *h = kept->holds;
+	uint64_t n = 0;
 
 	for (uint32_t i = 0; i < h->n_open; i++)
-		kvq_pool_release_open(pt->pool, h->open[i]);
+		if (h->open_who[i] == k) {
+			kvq_pool_release_open(pt->pool, h->open[i]);
+			h->open_who[i] = -2;
+			n++;
+		}
 	for (uint32_t i = 0; i < h->n_ids; i++)
-		kvq_pool_unref(pt->pool, h->ids[i]);
-	kvq_log(LOG_INFO, "restart: pool %s: %u slots held since the restart released", pt->name,
-		h->n_ids + h->n_open);
-	holds_free(h);
-	kept->holds = NULL;
-}
-
-/* Entry i of the holds' processes out. */
-static void holds_forget(struct kvq_restart_holds *h, uint32_t i)
-{
-	h->pids[i] = h->pids[--h->n_pids];
-	h->starts[i] = h->starts[h->n_pids];
+		if (h->id_who[i] == k) {
+			kvq_pool_unref(pt->pool, h->ids[i]);
+			h->id_who[i] = -2;
+			n++;
+		}
+	h->held -= n;
+	if (k >= 0)
+		kvq_log(LOG_INFO, "restart: pool %s: %llu slots held since the restart for pid %d released",
+			pt->name, (unsigned long long)n, (int)h->pids[k]);
+	else
+		kvq_log(LOG_INFO, "restart: pool %s: %llu slots held since the restart for all released", pt->name,
+			(unsigned long long)n);
 }
 
 int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid)
@@ -703,13 +753,17 @@ int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_rest
 
 	if (!h)
 		return 0;
-	for (uint32_t i = 0; i < h->n_pids;)
-		if (kvq_books_start_time(h->pids[i]) != h->starts[i])
-			holds_forget(h, i);
-		else
-			i++;
-	if (h->n_pids > 0)
+	for (uint32_t k = 0; k < h->n_pids; k++)
+		if (!h->gone[k] && kvq_books_start_time(h->pids[k]) != h->starts[k]) {
+			h->gone[k] = 1;
+			h->n_live--;
+			holds_release(h, pt, (int32_t)k);
+		}
+	if (h->n_live > 0)
 		return 1;
-	holds_release(kept, pt);
+	holds_release(h, pt, -1);
+	kvq_log(LOG_INFO, "restart: pool %s: every slot held since the restart released", pt->name);
+	holds_free(h);
+	kept->holds = NULL;
 	return 0;
 }

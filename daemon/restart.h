@@ -23,9 +23,10 @@
  *
  * Workers that outlive the daemon: slots a client held at the restart
  * (open slots, private blocks, references on cached blocks) stay held, by
- * the restored pool itself, while any process the books list as attached
- * (pid and start time) is alive; then they are released at once
- * (kvq_restart_holds_check).
+ * the restored pool itself, while the process the books name as their
+ * holder (pid and start time) is alive, and are released when it exits
+ * (kvq_restart_holds_check); slots the books name no single holder of are
+ * held until every process alive at the start has exited.
  *
  * Not thread-safe: the event loop's.
  */
@@ -56,13 +57,19 @@ struct kvq_keep {
 	int (*remove)(void *arg, const char *name);
 };
 
-/* Slots a restored pool holds for processes that may still use them. */
+/* Slots a restored pool holds for processes that may still use them:
+ * each slot for the process the books say holds it (its index in pids),
+ * or, where they name none or several, for all of them (-1). */
 struct kvq_restart_holds {
 	uint32_t *ids, n_ids;       /* blocks with one reference each (private, or cached) */
+	int32_t *id_who;            /* whose: a process, -1 all, -2 released */
 	uint32_t *open, n_open;     /* used open slots */
-	pid_t *pids;                /* the processes, with their start times */
+	int32_t *open_who;
+	pid_t *pids;                /* the processes alive at the start, with their start times */
 	uint64_t *starts;
-	uint32_t n_pids;
+	uint8_t *gone;              /* exited since */
+	uint32_t n_pids, n_live;
+	uint64_t held;              /* slots still held */
 };
 
 /* What this file sees of an allocated pool (daemon/pools.c fills it). */
@@ -175,8 +182,8 @@ void kvq_restart_stop(struct kvq_restart *rs, struct kvq_restart_pool *kept, con
 int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid);
 void kvq_restart_detached(struct kvq_restart_pool *kept, int entry);
 
-/* Releases the pool's holds when its recorded processes have all exited.
- * Returns whether it still holds. */
+/* Releases the pool's holds of processes that exited (all, once the last
+ * did).  Returns whether it still holds. */
 int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
 
 #endif

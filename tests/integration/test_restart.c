@@ -12,9 +12,10 @@
  *    and promotes, 50 times: after each start every lookup is a hit of
  *    whole blocks whose attention equals the reference (never a wrong
  *    block), and hits there are;
- *  - a worker alive across a kill -9 keeps its slots: what it holds is not
- *    handed out while it lives (its attention over them is unchanged after
- *    another worker filled the pool), and is released once it exits;
+ *  - two workers alive across a kill -9 keep their slots: what each holds
+ *    is not handed out while it lives (its attention over them is
+ *    unchanged after another worker filled the pool), and is released when
+ *    it exits, the other's still held;
  *  - books corrupted (a flipped byte, truncated, another version) and
  *    kvqd.conf's policy changed: the pool starts cold, the reason logged;
  *  - no descriptor left behind: the store holds three per pool, kvqd's
@@ -327,58 +328,105 @@ static void test_kill9(void)
 	ok(total > 0, "and there were hits after the restarts (%ld tokens)", total);
 }
 
-/* A worker that keeps prompt 30's sequence across a kill -9: its
- * attention over its own slots, before and after another worker filled
- * the pool. */
-static void test_holds(void)
+/* A worker that keeps prompt p's sequence across a kill -9: it reports
+ * on up, waits on down, then exits 0 when its attention over its own slots
+ * is as before and as the reference. */
+struct holder {
+	pid_t pid;
+	int up, down;
+};
+
+static bool holder_start(struct holder *w, uint32_t p)
 {
 	int up[2], down[2];
 	char byte = 0;
-	pid_t w;
-	long hits;
 
 	if (pipe(up) < 0 || pipe(down) < 0)
-		return;
-	w = fork();
-	if (w == 0) {
+		return false;
+	w->pid = fork();
+	if (w->pid == 0) {
 		kvq_client *c = open_pool("warm");
 		kvq_seq *s = NULL;
 		att_t before, after;
 		uint32_t hit;
-		int r = c ? run_prompt(c, 30, &hit, before, &s) : -1;
+		int r = c ? run_prompt(c, p, &hit, before, &s) : -1;
 
 		byte = r == 0 ? 'y' : 'n';
 		if (write(up[1], &byte, 1) != 1 || read(down[0], &byte, 1) != 1)
 			_exit(3);
 		r = attend(s, after);
-		_exit(r == 0 && !memcmp(before, after, sizeof before) && !memcmp(before, ref[30], sizeof before) ? 0 : 1);
+		_exit(r == 0 && !memcmp(before, after, sizeof before) && !memcmp(before, ref[p], sizeof before) ? 0 : 1);
 	}
 	/* the ends this side does not use closed: a worker that dies is EOF */
 	close(up[1]);
 	close(down[0]);
-	ok(read(up[0], &byte, 1) == 1 && byte == 'y', "a worker holds prompt 30's sequence");
+	w->up = up[0];
+	w->down = down[1];
+	return read(w->up, &byte, 1) == 1 && byte == 'y';
+}
+
+/* Tells the worker to attend again; its exit status. */
+static int holder_end(struct holder *w)
+{
+	char byte = 'x';
+	int st = -1;
+
+	if (write(w->down, &byte, 1) != 1)
+		kill(w->pid, SIGKILL);
+	waitpid(w->pid, &st, 0);
+	close(w->up);
+	close(w->down);
+	return st;
+}
+
+static uint64_t held_now(void)
+{
+	kvq_client *c = open_pool("warm");
+	uint64_t v = c ? figure(c, "warm", "restart_held") : UINT64_MAX;
+
+	kvq_client_free(c);
+	return v;
+}
+
+/* Two workers keep a sequence each across a kill -9: each one's slots are
+ * held for it, not handed out while it lives, and released when it exits,
+ * the other's still held. */
+static void test_holds(void)
+{
+	struct holder a, b;
+	uint64_t both, one;
+	char what[96];
+	long hits;
+	int st;
+
+	ok(holder_start(&a, 30) && holder_start(&b, 31), "two workers hold prompts 30 and 31's sequences");
 	sdmgr_kill9(&m, WAIT_MS);
-	if (!ok(start("holds"), "kvqd killed and started again while it lives"))
+	if (!ok(start("holds"), "kvqd killed and started again while they live"))
 		return;
-	ok(sdmgr_log_lines(logp, "for 1 processes still alive") >= 1, "the log says what is held for it");
+	ok(sdmgr_log_lines(logp, "for 2 processes still alive") >= 1, "the log says what is held for them");
 	/* another worker fills the pool: were the held slots handed out, its
 	 * prompts would overwrite them */
 	hits = check_prompts("warm", 0, NP, false);
 	ok(hits >= 0, "another worker runs all %u prompts through the pool meanwhile (%ld tokens hit)", NP, hits);
-	byte = 'x';
-	ok(write(down[1], &byte, 1) == 1, "the worker is told to attend again");
-	{
-		int st = 0;
-
-		waitpid(w, &st, 0);
-		ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-		   "its attention over the slots it held is as before, and as the reference (%#x)", st);
-	}
-	for (int i = 0; i < 50 && sdmgr_log_lines(logp, "slots held since the restart released") == 0; i++)
+	both = held_now();
+	st = holder_end(&a);
+	ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	   "the first's attention over the slots it held is as before, and as the reference (%#x)", st);
+	snprintf(what, sizeof what, "held since the restart for pid %d released", (int)a.pid);
+	for (int i = 0; i < 50 && sdmgr_log_lines(logp, what) == 0; i++)
 		usleep(100000);
-	ok(sdmgr_log_lines(logp, "slots held since the restart released") >= 1, "once it exited, they were released");
-	close(up[0]);
-	close(down[1]);
+	one = held_now();
+	ok(sdmgr_log_lines(logp, what) == 1 && both > one && one > 0,
+	   "once it exited, its slots were released, the other's not (restart_held %llu, then %llu)",
+	   (unsigned long long)both, (unsigned long long)one);
+	hits = check_prompts("warm", 0, NP, false);
+	st = holder_end(&b);
+	ok(hits >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	   "after another round of all prompts, the second's attention is still as before (%#x)", st);
+	for (int i = 0; i < 50 && sdmgr_log_lines(logp, "every slot held since the restart released") == 0; i++)
+		usleep(100000);
+	ok(sdmgr_log_lines(logp, "every slot held since the restart released") == 1 && held_now() == 0,
+	   "once it exited too, nothing is held");
 }
 
 static void diag_lines(const char *what)
