@@ -199,14 +199,14 @@ void kvq_restart_plan_drop(struct kvq_restart *rs, struct kvq_restart_pool *kept
 	plan_free(pl);
 }
 
-/* Orders x by key for the duplicate check. */
-static const uint8_t (*sort_keys)[KVQ_BOOKS_KEY_LEN];
-
-static int by_key(const void *a, const void *b)
+/* Block ids by their keys (arg: the keys), for the duplicate check. */
+static int by_key(const void *a, const void *b, void *arg)
 {
-	int c = memcmp(sort_keys[*(const uint32_t *)a], sort_keys[*(const uint32_t *)b], KVQ_BOOKS_KEY_LEN);
+	const uint8_t (*keys)[KVQ_BOOKS_KEY_LEN] = arg;
+	const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	int c = memcmp(keys[x], keys[y], KVQ_BOOKS_KEY_LEN);
 
-	return c ? c : (*(const uint32_t *)a > *(const uint32_t *)b) - (*(const uint32_t *)a < *(const uint32_t *)b);
+	return c ? c : (x > y) - (x < y);
 }
 
 /* For whom a slot whose owner tag is tag stays held: a process alive at
@@ -230,8 +230,8 @@ static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *i
 	const uint16_t *owners = kvq_books_owners(pl->b), *open_owners = kvq_books_open_owners(pl->b);
 	uint8_t (*key)[KVQ_BOOKS_KEY_LEN] = calloc((size_t)nb + 1, sizeof *key);
 	int32_t *parent = calloc((size_t)nb + 1, sizeof *parent);
-	uint8_t *ok = calloc((size_t)nb + 1, 1);      /* 1 has a key, 2 restorable, 3 not */
-	uint32_t *stack = calloc((size_t)nb + 1, sizeof *stack), n_keyed = 0, named = 0;
+	uint8_t *ok = calloc((size_t)nb + 1, 1);      /* 1 has a key, 2 restorable, 3 not, 4 an open slot's */
+	uint32_t *stack = calloc((size_t)nb + 1, sizeof *stack), n_keyed = 0;
 	int r = -ENOMEM;
 
 	pl->adopt = calloc((size_t)nb + 1, 1);
@@ -261,8 +261,7 @@ static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *i
 		}
 	}
 	/* a key twice (only corruption makes one): neither is trusted */
-	sort_keys = (const uint8_t (*)[KVQ_BOOKS_KEY_LEN])key;
-	qsort(stack, n_keyed, sizeof *stack, by_key);
+	qsort_r(stack, n_keyed, sizeof *stack, by_key, key);
 	for (uint32_t i = 1; i < n_keyed; i++)
 		if (!memcmp(key[stack[i]], key[stack[i - 1]], KVQ_BOOKS_KEY_LEN))
 			ok[stack[i]] = ok[stack[i - 1]] = 3;
@@ -317,14 +316,12 @@ static int plan_blocks(struct kvq_restart_plan *pl, const struct kvq_books_id *i
 			continue;
 		pl->open[o] = open[o];
 		pl->open_who[o] = w;
-		named++;
 	}
 	/* reserved for no open slot (a kill between the two writes): the
 	 * client never learnt of it, but held is held */
 	for (uint32_t b = 0; b < id->n_sealed; b++)
 		if (pl->adopt[b] == KVQ_POOL_ADOPT_RESERVED && ok[b] != 4)
 			pl->adopt[b] = KVQ_POOL_ADOPT_PRIVATE;
-	(void)named;
 	r = 0;
 out:
 	free(key);
@@ -442,6 +439,9 @@ struct kvq_restart_plan *kvq_restart_plan(struct kvq_restart *rs, const struct k
 	}
 	if (kvq_books_id_diff(pl->b, want, policy, why, sizeof why))
 		goto cold;
+	/* the plan clears entries of processes gone: a kill from here on must
+	 * not find a sealed snapshot whose sum no longer matches */
+	kvq_books_unseal(pl->b);
 	if (plan_holds(pl, want) < 0 || plan_blocks(pl, want, why, sizeof why) < 0 ||
 	    (pl->holds && plan_hold_slots(pl, want) < 0)) {
 		if (!why[0])
@@ -507,9 +507,6 @@ void kvq_restart_apply(struct kvq_restart *rs, struct kvq_restart_pool *kept, co
 	uint64_t records = 0;
 	int32_t par;
 
-	/* changes from here on: a kill now must not find a sealed snapshot
-	 * whose sum no longer matches, nor one that does and says less */
-	kvq_books_unseal(pl->b);
 	if (kvq_pool_adopt(pt->pool, pl->adopt, pl->open) < 0) {
 		/* the plan was checked whole: only a bug lands here */
 		kvq_log(LOG_ERR, "restart: pool %s: slots not taken back", pt->name);
