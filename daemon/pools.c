@@ -20,8 +20,11 @@ int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, const 
 	memset(ps, 0, sizeof(*ps));
 	ps->device = device;
 	ps->restart = calloc(1, sizeof *ps->restart);
-	if (!ps->restart || kvq_restart_init(ps->restart, keep) < 0)
+	if (!ps->restart || kvq_restart_init(ps->restart, keep) < 0) {
+		free(ps->restart);
+		ps->restart = NULL;
 		return kvq_seterr(err, errlen, "out of memory"), -ENOMEM;
+	}
 	r = kvq_backend_pick(backend, device, &ps->backend, ps->backend_reason, sizeof(ps->backend_reason));
 	if (r < 0) {
 		kvq_seterr(err, errlen, "backend %s: %s", backend, ps->backend_reason);
