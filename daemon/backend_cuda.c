@@ -134,6 +134,34 @@ static int cuda_probe(int device, char *reason, size_t len)
 	return 0;
 }
 
+/* *ret_mem for allocation h of bytes on device and its descriptor fd, or,
+ * when fd cannot be made close-on-exec, both given up (released, closed)
+ * and a negative code. */
+static int cuda_mem(int fd, CUmemGenericAllocationHandle h, uint64_t bytes, int device,
+		    struct kvq_backend_mem *ret_mem, char *err, size_t len)
+{
+	int rc;
+
+	/* driver 580 sets close-on-exec on what it exports, but does not
+	 * document it, and a stored descriptor comes as the manager made it;
+	 * the daemon is single-threaded, so no exec can slip in before this */
+	if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		rc = -errno;
+		kvq_seterr(err, len, "cuda: close-on-exec on the pool's descriptor: %s", strerror(-rc));
+		close(fd);
+		drv->cuMemRelease(h);
+		return rc;
+	}
+	memset(ret_mem, 0, sizeof *ret_mem);
+	ret_mem->backend = &kvq_backend_cuda;
+	ret_mem->fd = fd;
+	ret_mem->size = bytes;
+	ret_mem->map = NULL;
+	ret_mem->device = device;
+	ret_mem->handle = (uint64_t)h;
+	return 0;
+}
+
 static int cuda_create(uint64_t size, int device, const char *label, struct kvq_backend_mem *ret_mem,
 		       char *err, size_t len)
 {
@@ -166,24 +194,8 @@ static int cuda_create(uint64_t size, int device, const char *label, struct kvq_
 		drv->cuMemRelease(h);
 		return rc;
 	}
-	/* driver 580 sets close-on-exec itself, but does not document it; the
-	 * daemon is single-threaded, so no exec can slip in before this */
-	if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
-		rc = -errno;
-		kvq_seterr(err, len, "cuda: close-on-exec on the exported descriptor: %s", strerror(-rc));
-		close(fd);
-		drv->cuMemRelease(h);
-		return rc;
-	}
 	(void)label;    /* device memory has no name the kernel shows */
-	memset(ret_mem, 0, sizeof *ret_mem);
-	ret_mem->backend = &kvq_backend_cuda;
-	ret_mem->fd = fd;
-	ret_mem->size = bytes;
-	ret_mem->map = NULL;
-	ret_mem->device = device;
-	ret_mem->handle = (uint64_t)h;
-	return 0;
+	return cuda_mem(fd, h, bytes, device, ret_mem, err, len);
 }
 
 static int cuda_adopt(int fd, uint64_t size, int device, struct kvq_backend_mem *ret_mem, char *err, size_t len)
@@ -207,20 +219,7 @@ static int cuda_adopt(int fd, uint64_t size, int device, struct kvq_backend_mem 
 		rc = kvq_driver_fail("cuMemImportFromShareableHandle", r, err, len);
 		goto fail;
 	}
-	if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
-		rc = -errno;
-		kvq_seterr(err, len, "cuda: close-on-exec on the stored descriptor: %s", strerror(-rc));
-		drv->cuMemRelease(h);
-		goto fail;
-	}
-	memset(ret_mem, 0, sizeof *ret_mem);
-	ret_mem->backend = &kvq_backend_cuda;
-	ret_mem->fd = fd;
-	ret_mem->size = size;
-	ret_mem->map = NULL;
-	ret_mem->device = device;
-	ret_mem->handle = (uint64_t)h;
-	return 0;
+	return cuda_mem(fd, h, size, device, ret_mem, err, len);
 fail:
 	close(fd);
 	return rc;

@@ -76,12 +76,33 @@ static int host_probe(int device, char *reason, size_t len)
 	return 0;
 }
 
+/* *ret_mem for the sealed memfd fd of bytes, mapped by the daemon; fd
+ * closed on failure. */
+static int host_map(int fd, uint64_t bytes, struct kvq_backend_mem *ret_mem, char *err, size_t len)
+{
+	void *map = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	int e;
+
+	if (map == MAP_FAILED) {
+		e = errno;
+		kvq_seterr(err, len, "host: mmap of %llu bytes: %s", (unsigned long long)bytes, strerror(e));
+		close(fd);
+		return -e;
+	}
+	memset(ret_mem, 0, sizeof *ret_mem);
+	ret_mem->backend = &kvq_backend_host;
+	ret_mem->fd = fd;
+	ret_mem->size = bytes;
+	ret_mem->map = map;
+	ret_mem->device = 0;
+	return 0;
+}
+
 static int host_create(uint64_t size, int device, const char *label, struct kvq_backend_mem *ret_mem,
 		       char *err, size_t len)
 {
 	char name[HOST_NAME_MAX + 1];
 	uint64_t bytes, total;
-	void *map;
 	int fd, e;
 
 	if (kvq_backend_round(size, host_page(), &bytes) < 0 || bytes > (uint64_t)INT64_MAX ||
@@ -125,19 +146,7 @@ static int host_create(uint64_t size, int device, const char *label, struct kvq_
 		kvq_seterr(err, len, "host: sealing the memfd: %s", strerror(e));
 		goto fail;
 	}
-	map = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED) {
-		e = errno;
-		kvq_seterr(err, len, "host: mmap of %llu bytes: %s", (unsigned long long)bytes, strerror(e));
-		goto fail;
-	}
-	memset(ret_mem, 0, sizeof *ret_mem);
-	ret_mem->backend = &kvq_backend_host;
-	ret_mem->fd = fd;
-	ret_mem->size = bytes;
-	ret_mem->map = map;
-	ret_mem->device = 0;
-	return 0;
+	return host_map(fd, bytes, ret_mem, err, len);
 fail:
 	close(fd);
 	return -e;
@@ -146,7 +155,6 @@ fail:
 static int host_adopt(int fd, uint64_t size, int device, struct kvq_backend_mem *ret_mem, char *err, size_t len)
 {
 	struct stat st;
-	void *map;
 	int seals, e;
 
 	if (fstat(fd, &st) < 0) {
@@ -165,19 +173,7 @@ static int host_adopt(int fd, uint64_t size, int device, struct kvq_backend_mem 
 			   (unsigned long long)size);
 		goto fail;
 	}
-	map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED) {
-		e = errno;
-		kvq_seterr(err, len, "host: mmap of %llu bytes: %s", (unsigned long long)size, strerror(e));
-		goto fail;
-	}
-	memset(ret_mem, 0, sizeof *ret_mem);
-	ret_mem->backend = &kvq_backend_host;
-	ret_mem->fd = fd;
-	ret_mem->size = size;
-	ret_mem->map = map;
-	ret_mem->device = device;
-	return 0;
+	return host_map(fd, size, ret_mem, err, len);
 fail:
 	close(fd);
 	return -e;

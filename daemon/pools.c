@@ -757,8 +757,9 @@ void kvq_pools_keep(struct kvq_pools *ps)
 		struct kvq_restart_parts pt = parts_of(p);
 
 		if (p->allocated)
-			kvq_restart_stop(ps->restart, &p->kept, &pt);
+			kvq_restart_stop(&p->kept, &pt);
 	}
+	/* nothing is recorded or dropped from the store from here on */
 	ps->restart->stopping = true;
 }
 

@@ -695,9 +695,8 @@ void kvq_restart_release(struct kvq_restart_pool *kept, const struct kvq_restart
 	memset(kept, 0, sizeof *kept);
 }
 
-void kvq_restart_stop(struct kvq_restart *rs, struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
+void kvq_restart_stop(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
 {
-	rs->stopping = true;
 	if (!kept->books || kept->detached)
 		return;
 	attach_books(pt, NULL);

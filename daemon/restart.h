@@ -172,8 +172,8 @@ void kvq_restart_release(struct kvq_restart_pool *kept, const struct kvq_restart
 
 /* Stop: the pool's books detached (what the daemon frees from now on is
  * not recorded: clients alive keep their holds at the next start) and
- * sealed; rs stops recording. */
-void kvq_restart_stop(struct kvq_restart *rs, struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
+ * sealed.  The caller sets the daemon's stopping. */
+void kvq_restart_stop(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
 
 /* Process pid attached: its books entry (for kvq_restart_detached; -1 when
  * none is recorded).  What a restored pool holds for a process that was

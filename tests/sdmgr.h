@@ -579,7 +579,7 @@ static int sdmgr_init(struct sdmgr *m, const char *tag)
 	int one = 1, rcvbuf = 8 << 20, r;
 
 	*m = (struct sdmgr){ .notify_fd = -1, .listen_fd = -1, .pidfd = -1 };
-	snprintf(m->dir, sizeof(m->dir), "/tmp/kvqd-%s.XXXXXX", tag);
+	snprintf(m->dir, sizeof(m->dir), "/tmp/kvqd-%s.XXXXXX", tag);   /* mkdtemp's template */
 	if (!mkdtemp(m->dir)) {
 		m->dir[0] = '\0';
 		return -errno;
