@@ -118,8 +118,8 @@ static uint64_t figure(kvq_client *c, const char *name)
 }
 
 /* Writes prompts 0 .. n-1 cold, the attention of those in keep[] kept;
- * each waits for the copies it started (a few ms), as a real worker's
- * compute between steps would let them run. */
+ * each waits for the copies it started, as a real worker's compute
+ * between steps would let them run. */
 static int fill(kvq_client *c, uint32_t n, float (*first)[L_][NQ * QH_ * D_], uint32_t n_first)
 {
 	float out[L_][NQ * QH_ * D_];
@@ -128,7 +128,10 @@ static int fill(kvq_client *c, uint32_t n, float (*first)[L_][NQ * QH_ * D_], ui
 	for (uint32_t p = 0; p < n; p++) {
 		if (run_prompt(c, p, &hit, p < n_first ? first[p] : out) < 0 || hit != 0)
 			return -1;
-		usleep(3000);
+		/* the copies it started end before the next prompt allocates
+		 * (a loaded machine, a sanitizer, can take longer than a few ms) */
+		for (int i = 0; i < 200 && figure(c, "demoting") > 0; i++)
+			usleep(1000);
 	}
 	return 0;
 }
