@@ -177,9 +177,12 @@ int batch_step_begin(kvq_client *c, struct batch_entry *e, uint32_t n, uint32_t 
 		*cnt = (struct client_count){ 0 };
 	if (ret_short)
 		*ret_short = 0;
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
+		if ((r = seq_live(e[i].s)) < 0)
+			return r;
 		if (e[i].s->busy)
 			return client_fail(c, -EBUSY, "sequence %u of the step has a write in progress", i);
+	}
 	if ((r = step_lookups(c, e, n, cnt)) < 0)
 		return r;
 	for (; planned < n; planned++) {
@@ -439,6 +442,17 @@ uint32_t kvq_batch_hit(const kvq_batch *b, uint32_t i)
 	return b && i < b->n ? b->e[i].hit : 0;
 }
 
+/* 0, or -ESTALE when a sequence of the step is stale (seq_live). */
+static int batch_live(const kvq_batch *b)
+{
+	int r;
+
+	for (uint32_t i = 0; i < b->n; i++)
+		if ((r = seq_live(b->e[i].s)) < 0)
+			return r;
+	return 0;
+}
+
 int kvq_batch_write(kvq_batch *b, uint32_t layer, const void *k, const void *v)
 {
 	int r;
@@ -449,6 +463,8 @@ int kvq_batch_write(kvq_batch *b, uint32_t layer, const void *k, const void *v)
 		return client_fail(b->c, -EINVAL, "write: no K or V");
 	if (!b->begun || layer >= b->c->L->layers)
 		return client_fail(b->c, -EINVAL, "write without begin, or layer %u out of range", layer);
+	if ((r = batch_live(b)) < 0)
+		return r;
 	if ((r = b->c->be->write(b->c, &b->w, layer, k, v)) < 0)
 		return r;
 	for (uint32_t i = 0; i < b->n; i++)
@@ -460,9 +476,12 @@ int kvq_batch_write(kvq_batch *b, uint32_t layer, const void *k, const void *v)
 static int batch_attn_check(kvq_batch *b, uint32_t layer, uint32_t q_heads)
 {
 	const struct kvq_layout *L = b->c->L;
+	int r;
 
 	if (!b->begun || layer >= L->layers)
 		return client_fail(b->c, -EINVAL, "attention without begin, or layer %u out of range", layer);
+	if ((r = batch_live(b)) < 0)
+		return r;
 	if (!q_heads || q_heads % L->kv_heads)
 		return client_fail(b->c, -EINVAL, "attention: bad query counts");
 	/* kvq_batch_write marks every sequence at once */
@@ -537,7 +556,8 @@ void kvq_batch_abort(kvq_batch *b)
 
 		if (!s->busy)
 			continue;
-		if (sealed && open)
+		/* a stale sequence's slots were its lost connection's (client_recover) */
+		if (sealed && open && s->epoch == b->c->epoch)
 			seq_step_new_ids(s, sealed + ns, &a, open + no, &o);
 		ns += a;
 		no += o;

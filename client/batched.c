@@ -222,6 +222,8 @@ int client_alloc_many(kvq_client *c, uint32_t n_open, uint32_t n_sealed, uint32_
 
 	if (!c || (n_open && (!ret_open || !ret_reserved)) || (n_sealed && !ret_sealed) || (n_sink && !ret_sink))
 		return -EINVAL;
+	if ((r = client_recover(c)) < 0)
+		return r;
 	if (ret_short)
 		*ret_short = 0;
 	/* before the requests: a reply that cannot be read leaves slots no one can name */
@@ -348,6 +350,8 @@ int client_lookup_many(kvq_client *c, struct client_prompt *p, uint32_t n, struc
 
 	if (!c || !c->L || (n && !p))
 		return -EINVAL;
+	if ((r = client_recover(c)) < 0)
+		return r;
 	for (uint32_t i = 0; i < n; i++)
 		if ((p[i].n_tokens && !p[i].tokens) || p[i].max_tokens > p[i].n_tokens ||
 		    (p[i].max_tokens >= c->L->block_tokens && !p[i].ret_ids) || p[i].salt_len > KVQ_PROTO_MAX_SALT ||
@@ -697,6 +701,8 @@ int client_commit_run(kvq_client *c, uint32_t n_seal, const uint32_t *open_ids, 
 		chains[i].published = false;
 		blocks += chains[i].n;
 	}
+	if ((r = client_recover(c)) < 0)
+		return r;
 	r = -ENOMEM;
 	part = calloc(n_chains + 1, sizeof(*part));
 	b = calloc(blocks + 1, sizeof(*b));

@@ -33,6 +33,39 @@ int client_fail(kvq_client *c, int r, const char *fmt, ...)
 	return r;
 }
 
+/* What kvq_client_attach was asked, its strings copied: attached again
+ * after a lost connection (client_recover). */
+struct client_attach {
+	struct kvq_attach_params p;
+	char *str[5];
+};
+
+static void again_free(struct client_attach *a)
+{
+	if (!a)
+		return;
+	for (size_t i = 0; i < sizeof a->str / sizeof a->str[0]; i++)
+		free(a->str[i]);
+	free(a);
+}
+
+static struct client_attach *again_new(const struct kvq_attach_params *p)
+{
+	struct client_attach *a = calloc(1, sizeof *a);
+	const char **f[5];
+
+	if (!a)
+		return NULL;
+	a->p = *p;
+	f[0] = &a->p.pool, f[1] = &a->p.model_id, f[2] = &a->p.policy, f[3] = &a->p.backend, f[4] = &a->p.codebooks;
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+		if (*f[i] && !(*f[i] = a->str[i] = strdup(*f[i]))) {
+			again_free(a);
+			return NULL;
+		}
+	return a;
+}
+
 int kvq_client_connect(const char *path, const char *name, kvq_client **ret_client)
 {
 	kvq_client *c;
@@ -44,8 +77,14 @@ int kvq_client_connect(const char *path, const char *name, kvq_client **ret_clie
 	if (!c)
 		return -ENOMEM;
 	c->device = -1;
+	/* kept for the Hello of a new connection (client_recover) */
+	if (strlen(name ? name : "libkvq") >= sizeof(c->name)) {
+		free(c);
+		return -EINVAL;
+	}
+	snprintf(c->name, sizeof(c->name), "%s", name ? name : "libkvq");
 	kvq_conn_init(&c->conn, CLIENT_TIMEOUT_MS);
-	r = kvq_conn_open(&c->conn, path, name ? name : "libkvq");
+	r = kvq_conn_open(&c->conn, path, c->name);
 	if (r < 0) {
 		kvq_client_free(c);
 		return r;
@@ -79,6 +118,7 @@ void kvq_client_free(kvq_client *c)
 	}
 	kvq_conn_close(&c->conn);
 	kvq_layout_free(c->L);
+	again_free(c->again);
 	free(c);
 }
 
@@ -157,22 +197,17 @@ int kvq_client_set_group(kvq_client *c, const char *group, uint32_t rank, uint32
 	return 0;
 }
 
-int client_attach(kvq_client *c, const struct kvq_attach_params *p)
+/* Sends p's Attach (replaces: a lost connection's holder, 0 none) and
+ * reads its reply into *ret_rep; the descriptor it carries is in
+ * c->conn.pool_fd. */
+static int attach_send(kvq_client *c, const struct kvq_attach_params *p, uint64_t replaces, Kvq__Envelope **ret_rep)
 {
-	Kvq__Envelope e = KVQ__ENVELOPE__INIT, *rep = NULL;
+	Kvq__Envelope e = KVQ__ENVELOPE__INIT;
 	Kvq__Attach a = KVQ__ATTACH__INIT;
 	Kvq__PoolCreate pc = KVQ__POOL_CREATE__INIT;
-	struct kvq_layout_params lp;
-	struct kvq_layout *L = NULL;
-	const Kvq__AttachReply *ar;
-	const struct client_backend *be;
 	char err[256];
 	int r, cb_fd = -1;
 
-	if (!c || !p || !p->pool || !p->model_id || !p->policy)
-		return -EINVAL;
-	if (c->base || c->L)
-		return client_fail(c, -EISCONN, "already attached to pool %s", c->pool);
 	/* sealed: what kvqd checks is what it copies into the pool */
 	if (p->codebooks) {
 		r = kvq_memfd_from_file(p->codebooks, KVQ_CB_MAX_FILE, "kvq-codebooks", &cb_fd, err, sizeof(err));
@@ -194,6 +229,7 @@ int client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	a.rank = c->rank;
 	a.world_size = c->world_size;
 	a.sink_blocks = c->sink_blocks;
+	a.replaces = replaces;
 	if (p->create) {
 		pc.n_sealed = p->n_sealed;
 		pc.n_open = p->n_open;
@@ -205,73 +241,174 @@ int client_attach(kvq_client *c, const struct kvq_attach_params *p)
 	}
 	e.body_case = KVQ__ENVELOPE__BODY_ATTACH;
 	e.attach = &a;
-	r = kvq_conn_call_fd(&c->conn, &e, cb_fd, KVQ__ENVELOPE__BODY_ATTACH_REPLY, &rep);
-	if (r < 0)
-		goto out;
-	ar = rep->attach_reply;
-	be = !strcmp(ar->backend, client_host.name) ? &client_host
-	     : !strcmp(ar->backend, client_cuda.name) ? &client_cuda : NULL;
-	if (!be) {
-		r = client_fail(c, KVQ_EPROTOCOL, "pool %s is on an unknown backend '%s'", p->pool, ar->backend);
-		goto out;
-	}
-	if (!be->compiled) {
-		/* never a silent host fallback on device memory */
-		r = client_fail(c, -ENOTSUP, "pool %s is on the cuda backend; this libkvq was built without CUDA",
-				p->pool);
-		goto out;
-	}
-	if (c->conn.pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX) {
-		r = client_fail(c, KVQ_EPROTOCOL, "attach reply without a descriptor or with a bad size");
-		goto out;
-	}
-	if (kvq_policy_parse(ar->policy, ar->layers, &c->pol, err, sizeof(err)) < 0) {
-		r = client_fail(c, KVQ_EPROTOCOL, "pool policy '%s': %s", ar->policy, err);
-		goto out;
-	}
-	lp = (struct kvq_layout_params){ .layers = ar->layers, .kv_heads = ar->kv_heads, .head_dim = ar->head_dim,
-		.block_tokens = ar->block_tokens, .window = ar->window, .n_sealed = ar->n_sealed,
-		.n_open = ar->n_open, .act = (int)ar->act, .policy = &c->pol, .sink_blocks = ar->sink_blocks,
-		.n_sink = ar->n_sink };
-	if (ar->layout_version != KVQ_LAYOUT_VERSION) {
-		r = client_fail(c, KVQ_ELAYOUT, "pool layout version %u, libkvq has %u", ar->layout_version,
-				KVQ_LAYOUT_VERSION);
-		goto out;
-	}
-	if (kvq_layout_new(&lp, &L, err, sizeof(err)) < 0) {
-		r = client_fail(c, KVQ_ELAYOUT, "pool layout: %s", err);
-		goto out;
-	}
-	if (L->n_sink && !be->sinks) {
-		r = client_fail(c, -ENOTSUP, "pool %s keeps sink blocks: this libkvq's %s kernels do not read them",
-				p->pool, be->name);
-		goto out;
-	}
-	if (L->total_bytes != ar->total_bytes || L->window != ar->window) {
-		r = client_fail(c, KVQ_ELAYOUT, "pool layout: kvqd counts %llu bytes, libkvq %llu",
-				(unsigned long long)ar->total_bytes, (unsigned long long)L->total_bytes);
-		goto out;
-	}
-	r = be->map(c, c->conn.pool_fd, ar->map_bytes, ar->device, ar->device_uuid.data, ar->device_uuid.len);
-	if (r < 0)
-		goto out;
-	/* the mapping keeps the memory: the descriptor is closed at out */
-	c->be = be;
-	c->L = L;
-	L = NULL;
-	snprintf(c->backend, sizeof(c->backend), "%s", ar->backend);
-	snprintf(c->pool, sizeof(c->pool), "%s", p->pool);
-	c->timing.report_ms = ar->attention_report_ms;
-	timing_sent(c);
-out:
+	r = kvq_conn_call_fd(&c->conn, &e, cb_fd, KVQ__ENVELOPE__BODY_ATTACH_REPLY, ret_rep);
 	if (cb_fd >= 0)
 		close(cb_fd);
+	return r;
+}
+
+/* The attach reply of pool checked: its backend, its policy and the layout
+ * made from it. */
+static int attach_check(kvq_client *c, const char *pool, const Kvq__AttachReply *ar,
+			const struct client_backend **ret_be, struct kvq_policy *pol, struct kvq_layout **ret_L)
+{
+	const struct client_backend *be;
+	struct kvq_layout_params lp;
+	struct kvq_layout *L = NULL;
+	char err[256];
+
+	be = !strcmp(ar->backend, client_host.name) ? &client_host
+	     : !strcmp(ar->backend, client_cuda.name) ? &client_cuda : NULL;
+	if (!be)
+		return client_fail(c, KVQ_EPROTOCOL, "pool %s is on an unknown backend '%s'", pool, ar->backend);
+	/* never a silent host fallback on device memory */
+	if (!be->compiled)
+		return client_fail(c, -ENOTSUP, "pool %s is on the cuda backend; this libkvq was built without CUDA",
+				   pool);
+	if (c->conn.pool_fd < 0 || ar->map_bytes < ar->total_bytes || ar->map_bytes > SIZE_MAX)
+		return client_fail(c, KVQ_EPROTOCOL, "attach reply without a descriptor or with a bad size");
+	if (kvq_policy_parse(ar->policy, ar->layers, pol, err, sizeof(err)) < 0)
+		return client_fail(c, KVQ_EPROTOCOL, "pool policy '%s': %s", ar->policy, err);
+	lp = (struct kvq_layout_params){ .layers = ar->layers, .kv_heads = ar->kv_heads, .head_dim = ar->head_dim,
+		.block_tokens = ar->block_tokens, .window = ar->window, .n_sealed = ar->n_sealed,
+		.n_open = ar->n_open, .act = (int)ar->act, .policy = pol, .sink_blocks = ar->sink_blocks,
+		.n_sink = ar->n_sink };
+	if (ar->layout_version != KVQ_LAYOUT_VERSION)
+		return client_fail(c, KVQ_ELAYOUT, "pool layout version %u, libkvq has %u", ar->layout_version,
+				   KVQ_LAYOUT_VERSION);
+	if (kvq_layout_new(&lp, &L, err, sizeof(err)) < 0)
+		return client_fail(c, KVQ_ELAYOUT, "pool layout: %s", err);
+	if (L->n_sink && !be->sinks) {
+		kvq_layout_free(L);
+		return client_fail(c, -ENOTSUP, "pool %s keeps sink blocks: this libkvq's %s kernels do not read them",
+				   pool, be->name);
+	}
+	if (L->total_bytes != ar->total_bytes || L->window != ar->window) {
+		client_fail(c, KVQ_ELAYOUT, "pool layout: kvqd counts %llu bytes, libkvq %llu",
+			    (unsigned long long)ar->total_bytes, (unsigned long long)L->total_bytes);
+		kvq_layout_free(L);
+		return KVQ_ELAYOUT;
+	}
+	*ret_be = be;
+	*ret_L = L;
+	return 0;
+}
+
+/* The checked reply's pool is the client's: mapped unless keep (the
+ * mapping already made of the same memory), the layout (*L, taken) and the
+ * connection's names. */
+static int attach_take(kvq_client *c, const char *pool, const Kvq__AttachReply *ar,
+		       const struct client_backend *be, const struct kvq_policy *pol, struct kvq_layout **L, bool keep)
+{
+	int r;
+
+	if (!keep) {
+		r = be->map(c, c->conn.pool_fd, ar->map_bytes, ar->device, ar->device_uuid.data, ar->device_uuid.len);
+		if (r < 0)
+			return r;
+		/* the mapping keeps the memory: the caller closes the descriptor */
+		c->be = be;
+		c->pol = *pol;
+		kvq_layout_free(c->L);
+		c->L = *L;
+		*L = NULL;
+		snprintf(c->backend, sizeof(c->backend), "%s", ar->backend);
+		snprintf(c->pool, sizeof(c->pool), "%s", pool);
+	}
+	c->holder = ar->holder;
+	c->memory_id = ar->memory_id;
+	c->timing.report_ms = ar->attention_report_ms;
+	timing_sent(c);
+	return 0;
+}
+
+/* What one attach leaves besides the client's state: the descriptor the
+ * reply carried, a layout not taken, the reply. */
+static void attach_end(kvq_client *c, struct kvq_layout *L, Kvq__Envelope *rep)
+{
 	if (c->conn.pool_fd >= 0) {
 		close(c->conn.pool_fd);
 		c->conn.pool_fd = -1;
 	}
 	kvq_layout_free(L);
 	kvq_frame_envelope_free(rep);
+}
+
+int client_attach(kvq_client *c, const struct kvq_attach_params *p)
+{
+	const struct client_backend *be;
+	struct kvq_layout *L = NULL;
+	struct client_attach *again;
+	Kvq__Envelope *rep = NULL;
+	struct kvq_policy pol;
+	int r;
+
+	if (!c || !p || !p->pool || !p->model_id || !p->policy)
+		return -EINVAL;
+	if (c->base || c->L)
+		return client_fail(c, -EISCONN, "already attached to pool %s", c->pool);
+	if (!(again = again_new(p)))
+		return -ENOMEM;
+	r = attach_send(c, p, 0, &rep);
+	if (r == 0)
+		r = attach_check(c, p->pool, rep->attach_reply, &be, &pol, &L);
+	if (r == 0)
+		r = attach_take(c, p->pool, rep->attach_reply, be, &pol, &L, false);
+	if (r == 0) {
+		c->again = again;
+		again = NULL;
+	}
+	again_free(again);
+	attach_end(c, L, rep);
+	return r;
+}
+
+int client_recover(kvq_client *c)
+{
+	const struct client_backend *be;
+	const Kvq__AttachReply *ar;
+	struct kvq_layout *L = NULL;
+	Kvq__Envelope *rep = NULL;
+	struct kvq_policy pol;
+	char path[sizeof(c->conn.path)], msg[sizeof(c->conn.msg)];
+	bool keep;
+	int r;
+
+	if (!c->conn.broken)
+		return 0;
+	if (!c->again)
+		return client_fail(c, -ENOTCONN, "connection to kvqd lost earlier");
+	/* the sequences of before are stale from here on (seq_live), and no
+	 * kernel of theirs runs once the new connection releases their slots */
+	c->epoch++;
+	if (c->be)
+		c->be->drain(c);
+	snprintf(path, sizeof path, "%s", c->conn.path);
+	kvq_conn_close(&c->conn);
+	r = kvq_conn_open(&c->conn, path, c->name);
+	if (r == 0)
+		r = attach_send(c, &c->again->p, c->holder, &rep);
+	if (r == 0)
+		r = attach_check(c, c->again->p.pool, rep->attach_reply, &be, &pol, &L);
+	if (r == 0) {
+		ar = rep->attach_reply;
+		/* the same memory (a restart that kept it): the mapping stays */
+		keep = c->be == be && c->base && ar->memory_id && ar->memory_id == c->memory_id &&
+		       ar->map_bytes == c->map_bytes && L->total_bytes == c->L->total_bytes;
+		if (!keep && c->be) {
+			c->be->unmap(c);
+			c->be = NULL;
+			c->base = NULL;
+		}
+		r = attach_take(c, c->again->p.pool, ar, be, &pol, &L, keep);
+	}
+	attach_end(c, L, rep);
+	if (r < 0) {
+		/* the next request tries again (conn.path is kept) */
+		snprintf(msg, sizeof msg, "%s", c->conn.msg);
+		c->conn.broken = true;
+		client_fail(c, r, "connection to kvqd lost; connecting again: %.*s", (int)(sizeof msg - 64), msg);
+	}
 	return r;
 }
 
@@ -356,6 +493,8 @@ int kvq_client_release(kvq_client *c, uint32_t n_sealed, const uint32_t *sealed_
 
 	if (!c || (n_sealed && !sealed_ids) || (n_open && !open_ids))
 		return -EINVAL;
+	if ((r = client_recover(c)) < 0)
+		return r;
 	refs = malloc((nmax + 1) * sizeof(*refs));
 	buf = malloc((2 * nmax + 1) * sizeof(*buf));   /* the blocks' wire ids, then the open ids */
 	if (!refs || !buf) {
@@ -396,6 +535,8 @@ int kvq_client_fork(kvq_client *c, uint32_t n, const uint32_t *sealed_ids)
 
 	if (!c || (n && !sealed_ids))
 		return -EINVAL;
+	if ((r = client_recover(c)) < 0)
+		return r;
 	refs = malloc(((size_t)n + 1) * sizeof(*refs));
 	buf = malloc(((size_t)n + 1) * sizeof(*buf));
 	if (!refs || !buf) {
@@ -433,6 +574,8 @@ static int pool_stats(kvq_client *c, const char *pool, const void *out, Kvq__Env
 		pool = c->pool;
 	if (!*pool)
 		return client_fail(c, -EINVAL, "no pool named and none attached");
+	if ((r = client_recover(c)) < 0)
+		return r;
 	s.pool = (char *)pool;
 	e.body_case = KVQ__ENVELOPE__BODY_STATS;
 	e.stats = &s;

@@ -111,7 +111,13 @@ struct kvq_sink_stats {
  * reply in time), -EUSERS (kvqd refused: at its connection limit or the
  * uid's), -EMFILE (kvqd is out of file descriptors), -EPROTONOSUPPORT (the
  * daemon speaks another protocol version) or a transport error.  On
- * failure there is no client to ask for the reason. */
+ * failure there is no client to ask for the reason.
+ *
+ * A connection lost once attached (kvqd restarted: libkvq(3), WHEN KVQD
+ * RESTARTS) makes every sequence of the client stale (-ESTALE from each
+ * call on it but kvq_seq_free); the next request connects to path again,
+ * attaches to the same pool (the mapping kept when it is the same memory)
+ * and releases what a restart held for the lost connection. */
 int kvq_client_connect(const char *path, const char *name, kvq_client **ret_client);
 
 /* Unmaps the pool and closes the connection; the daemon then drops the

@@ -82,7 +82,30 @@ struct kvq_client {
 	char group[KVQ_PROTO_MAX_NAME + 1];   /* kvq_client_set_group: "" for none */
 	uint32_t rank, world_size;
 	uint32_t sink_blocks, n_sink;         /* kvq_client_set_sinks */
+	/* a lost connection replaced (client_recover): what kvq_client_attach
+	 * was asked, to attach again; this connection's holder and the
+	 * memory mapped (AttachReply); the epoch, bumped at each replacement,
+	 * that makes the sequences of an older connection stale */
+	struct client_attach *again;
+	uint64_t holder, memory_id;
+	uint32_t epoch;
+	char name[KVQ_PROTO_MAX_NAME + 1];    /* said at Hello */
 };
+
+/* A connection that was lost (conn.broken) replaced by a new one to the
+ * same socket, attached to the same pool again (the mapping kept when
+ * kvqd says it is the same memory, else mapped anew) and naming the lost
+ * connection's holder, so that what a restart held for it is released:
+ * after the client's work on the device is done and with the epoch bumped
+ * first, so no sequence of before writes or reads again.  0 when the
+ * connection was not lost; -ENOTCONN when the client never attached;
+ * otherwise the new connection's or attach's error (the connection stays
+ * lost: the next request tries again). */
+int client_recover(kvq_client *c);
+
+/* 0, or -ESTALE (with the reason in kvq_client_error) for a sequence of a
+ * connection that is lost or was replaced (client_recover). */
+int seq_live(const kvq_seq *s);
 
 /*
  * The block tables of one kernel call over nseq sequences, a write's or an
@@ -123,6 +146,7 @@ void client_tables_free(kvq_client *c, struct client_tables *t);
  */
 struct kvq_seq {
 	kvq_client *c;
+	uint32_t epoch;                 /* c's when made (seq_live) */
 	uint8_t salt[KVQ_PROTO_MAX_SALT];
 	size_t salt_len;
 	uint8_t rid[KVQ_PROTO_MAX_REQUEST_ID];   /* kvq_seq_set_request */

@@ -47,11 +47,25 @@ uint32_t seq_lookup_max(const struct kvq_layout *L, uint32_t n)
 	return max / L->block_tokens > KVQ_PROTO_MAX_IDS ? KVQ_PROTO_MAX_IDS * L->block_tokens : max;
 }
 
+int seq_live(const kvq_seq *s)
+{
+	if (s->epoch == s->c->epoch && !s->c->conn.broken)
+		return 0;
+	return client_fail(s->c, -ESTALE, "a sequence of a connection to kvqd that was lost: free it and start "
+			   "again (kvq_seq_from_prompt finds what was published)");
+}
+
 int kvq_seq_new(kvq_client *c, const void *salt, size_t salt_len, kvq_seq **ret_seq)
 {
 	kvq_seq *s;
+	int r;
 
-	if (!c || !c->base || !ret_seq || salt_len > KVQ_PROTO_MAX_SALT || (salt_len && !salt))
+	if (!c || !ret_seq || salt_len > KVQ_PROTO_MAX_SALT || (salt_len && !salt))
+		return -EINVAL;
+	/* a sequence begins on a live connection: a lost one is replaced here */
+	if ((r = client_recover(c)) < 0)
+		return r;
+	if (!c->base)
 		return -EINVAL;
 	s = calloc(1, sizeof(*s));
 	if (!s)
@@ -62,6 +76,7 @@ int kvq_seq_new(kvq_client *c, const void *salt, size_t salt_len, kvq_seq **ret_
 		return -ENOMEM;
 	}
 	s->c = c;
+	s->epoch = c->epoch;
 	if (salt_len)
 		memcpy(s->salt, salt, salt_len);
 	s->salt_len = salt_len;
@@ -118,8 +133,10 @@ void kvq_seq_free(kvq_seq *s)
 			sealed[ns++] = (uint32_t)s->sealed[i];
 		for (uint32_t i = 0; i < s->n_open; i++)
 			open[no++] = (uint32_t)s->open[i];
-		/* a failed release leaves the holds to the connection's close */
-		client_release_many(s->c, sealed, ns, open, no);
+		/* a failed release leaves the holds to the connection's close;
+		 * a stale sequence's were its lost connection's (client_recover) */
+		if (s->epoch == s->c->epoch)
+			client_release_many(s->c, sealed, ns, open, no);
 	}
 	free(sealed);
 	free(open);
@@ -207,6 +224,8 @@ int kvq_seq_from_prompt(kvq_seq *s, const uint32_t *tokens, uint32_t n, uint32_t
 		return -EINVAL;
 	if (n > KVQ_PROTO_MAX_TOKENS)
 		return client_fail(s->c, -E2BIG, "a prompt of %u tokens is over the lookup limit", n);
+	if ((r = seq_live(s)) < 0)
+		return r;
 	if (s->n || s->busy)
 		return client_fail(s->c, -EBUSY, "from_prompt on a sequence that is not empty");
 	L = s->c->L;
@@ -238,8 +257,11 @@ int seq_step_plan(kvq_seq *s, uint32_t m, struct seq_need *need)
 	const uint32_t B = L->block_tokens;
 	uint32_t N, s1, nb_old, nb_new;
 	bool sinks;
+	int r;
 
 	*need = (struct seq_need){ 0 };
+	if ((r = seq_live(s)) < 0)
+		return r;
 	if (!m)
 		return client_fail(s->c, -EINVAL, "a step of no tokens");
 	if (s->busy)
@@ -369,6 +391,8 @@ int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 
 	if (!s || !k || !v)
 		return -EINVAL;
+	if ((r = seq_live(s)) < 0)
+		return r;
 	if (!s->busy || layer >= s->c->L->layers)
 		return client_fail(s->c, -EINVAL, "write without begin, or layer %u out of range", layer);
 	if (!(t = seq_tables(s)))
@@ -383,6 +407,10 @@ int kvq_seq_write(kvq_seq *s, uint32_t layer, const void *k, const void *v)
 
 int seq_commit_check(kvq_seq *s)
 {
+	int r;
+
+	if ((r = seq_live(s)) < 0)
+		return r;
 	if (!s->busy)
 		return client_fail(s->c, -EINVAL, "commit without begin");
 	for (uint32_t l = 0; l < s->c->L->layers; l++)
@@ -521,6 +549,8 @@ static int seq_attn_tables(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint32_
 
 	if (layer >= s->c->L->layers)
 		return -EINVAL;
+	if ((r = seq_live(s)) < 0)
+		return r;
 	if (s->busy && !s->written[layer])
 		return client_fail(s->c, -EINVAL, "attention on layer %u before its write", layer);
 	if ((r = seq_attn_table(s, q_heads, n_q, &as, &ns, &no)) < 0)
@@ -570,6 +600,8 @@ int kvq_seq_fork(kvq_seq *s, kvq_seq **ret_seq)
 
 	if (!s || !ret_seq)
 		return -EINVAL;
+	if ((r = seq_live(s)) < 0)
+		return r;
 	if (s->busy)
 		return client_fail(s->c, -EBUSY, "fork during a write");
 	L = s->c->L;

@@ -53,6 +53,7 @@ struct client_entry {
 	int32_t pid;               /* 0: unused */
 	uint32_t pad;
 	uint64_t start;
+	uint64_t holder;           /* the connection's (AttachReply.holder) */
 };
 
 struct kvq_books {
@@ -472,13 +473,14 @@ uint64_t kvq_books_start_time(pid_t pid)
 	return start;
 }
 
-int kvq_books_client(kvq_books *b, pid_t pid)
+int kvq_books_client(kvq_books *b, pid_t pid, uint64_t holder)
 {
 	struct client_entry *c = clients(b);
 
 	for (uint32_t i = 0; i < b->h->n_clients; i++)
 		if (c[i].pid == 0) {
 			c[i].start = kvq_books_start_time(pid);
+			c[i].holder = holder;
 			__atomic_store_n(&c[i].pid, (int32_t)pid, __ATOMIC_RELEASE);
 			return (int)i;
 		}
@@ -497,11 +499,12 @@ uint32_t kvq_books_n_clients(const kvq_books *b)
 	return b->h->n_clients;
 }
 
-pid_t kvq_books_client_pid(const kvq_books *b, uint32_t i, uint64_t *ret_start)
+pid_t kvq_books_client_pid(const kvq_books *b, uint32_t i, uint64_t *ret_start, uint64_t *ret_holder)
 {
 	const struct client_entry *c = &clients(b)[i];
 
 	*ret_start = c->start;
+	*ret_holder = c->holder;
 	return c->pid;
 }
 

@@ -24,7 +24,8 @@
  *            checksum, valid while its flag is set.
  *   tier     per host-tier record, a READY record's class, key and parent
  *            with a checksum, valid while its flag is set.
- *   clients  pid and start time of each process attached to the pool.
+ *   clients  per connection attached to the pool: its process's pid and
+ *            start time, and its holder (AttachReply.holder).
  *   owners   per block id and per open slot, which of them holds it
  *            (an entry + 1; 0 none known; 0xffff several).
  *
@@ -52,7 +53,7 @@
 typedef struct kvq_books kvq_books;
 
 #define KVQ_BOOKS_MAGIC "KVQBOOKS"   /* 8 bytes, no terminator */
-#define KVQ_BOOKS_VERSION 1u          /* changes with the layout above, struct kvq_books_id and
+#define KVQ_BOOKS_VERSION 2u          /* changes with the layout above, struct kvq_books_id and
 					* the entries' included: the next kvqd may be another build */
 #define KVQ_BOOKS_HELD 0x80u         /* in a state byte: a client holds the slot */
 #define KVQ_BOOKS_KEY_LEN 32u
@@ -87,6 +88,7 @@ struct kvq_books_id {
 	uint64_t quota;
 	struct kvq_config_amount capacity, host_capacity;
 	uint32_t attention_report_ms;
+	uint64_t memory_id;                    /* AttachReply.memory_id: names the memory across restarts */
 };
 
 /* A new memfd of books for a pool of identity id and canonical policy,
@@ -121,7 +123,7 @@ int kvq_books_clean(const kvq_books *b);
 /* The first field where want differs from the books' identity, written as
  * a reason ("block_tokens 16, the pool's 32"), or 0 when none does (the
  * record-only fields, serial, origin, ACL, quota and capacities, are not
- * compared: they do not change what the bytes mean). */
+ * compared: they do not change what the bytes mean; nor is memory_id). */
 int kvq_books_id_diff(const kvq_books *b, const struct kvq_books_id *want, const char *policy, char *why,
 		      size_t len);
 
@@ -155,15 +157,17 @@ void kvq_books_tier(kvq_books *b, uint32_t r, uint32_t cls, const uint8_t *key, 
 int kvq_books_tier_get(const kvq_books *b, uint32_t r, uint32_t *cls, uint8_t key[KVQ_BOOKS_KEY_LEN],
 		       uint8_t parent[KVQ_BOOKS_KEY_LEN], int *has_parent);
 
-/* Process pid attached: its entry (an index for kvq_books_client_gone), or
- * -ENOSPC when the table is full (its holds then carry no owner, and a
- * restore holds them until every recorded process went). */
-int kvq_books_client(kvq_books *b, pid_t pid);
+/* A connection of process pid attached, as holder: its entry (an index
+ * for kvq_books_client_gone), or -ENOSPC when the table is full (its holds
+ * then carry no owner, and a restore holds them until every recorded
+ * process went). */
+int kvq_books_client(kvq_books *b, pid_t pid, uint64_t holder);
 void kvq_books_client_gone(kvq_books *b, int entry);
 
-/* The recorded processes: pid and start time of entry i, 0 when unused. */
+/* The recorded connections: the pid, start time and holder of entry i,
+ * pid 0 when unused. */
 uint32_t kvq_books_n_clients(const kvq_books *b);
-pid_t kvq_books_client_pid(const kvq_books *b, uint32_t i, uint64_t *ret_start);
+pid_t kvq_books_client_pid(const kvq_books *b, uint32_t i, uint64_t *ret_start, uint64_t *ret_holder);
 /* Whether a client could not be recorded since the books were made. */
 int kvq_books_clients_lost(const kvq_books *b);
 

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "blockrec.h"
@@ -373,6 +375,7 @@ static void identity(const struct kvq_pools_rec *p, uint64_t mem_size, uint64_t 
 	id->capacity = p->capacity;
 	id->host_capacity = p->host_capacity;
 	id->attention_report_ms = p->attention_report_ms;
+	id->memory_id = p->memory_id;
 }
 
 void kvq_pools_release(struct kvq_pools_rec *p)
@@ -573,6 +576,8 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 		goto fail;
 	}
 	r = pool_memory(ps, p, &pl, err, errlen);
+	/* a client that had mapped this memory before the restart keeps its mapping */
+	p->memory_id = pl ? kvq_restart_plan_memory_id(pl) : kvq_pools_random_id();
 	if (r == 0 && fmt && !have_cb && !pl) {
 		kvq_seterr(err, errlen, "policy %s uses %s: its codebooks were not taken back", p->policy_str, fmt);
 		r = -EINVAL;
@@ -763,9 +768,30 @@ void kvq_pools_keep(struct kvq_pools *ps)
 	ps->restart->stopping = true;
 }
 
-int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid)
+int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid, uint64_t holder)
 {
-	return kvq_restart_attached(&p->kept, pid);
+	return kvq_restart_attached(&p->kept, pid, holder);
+}
+
+uint64_t kvq_pools_replaced(struct kvq_pools_rec *p, pid_t pid, uint64_t holder)
+{
+	struct kvq_restart_parts pt = parts_of(p);
+
+	return p->allocated ? kvq_restart_replaced(&p->kept, &pt, pid, holder) : 0;
+}
+
+uint64_t kvq_pools_random_id(void)
+{
+	uint64_t v = 0;
+
+	if (getrandom(&v, sizeof v, GRND_NONBLOCK) != sizeof v) {
+		struct timespec t;
+
+		/* unpredictability is not needed: uniqueness is (a pid checks who replaces) */
+		clock_gettime(CLOCK_REALTIME, &t);
+		v = ((uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+	}
+	return v ? v : 1;
 }
 
 void kvq_pools_detached(struct kvq_pools_rec *p, int entry)

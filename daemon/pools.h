@@ -87,6 +87,8 @@ struct kvq_pools_rec {
 	char group[KVQ_PROTO_MAX_NAME + 1];
 	struct kvq_group_link glink;
 	uint32_t origin;                             /* enum kvq_books_origin: its section, an Attach, a PoolAdd */
+	uint64_t memory_id;                          /* AttachReply.memory_id, when allocated: random, or
+							the books' when its memory was taken back */
 	struct kvq_restart_pool kept;                /* what it leaves for a restart (daemon/restart.h) */
 };
 
@@ -225,10 +227,19 @@ void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg);
  * hold now is held at the next start. */
 void kvq_pools_keep(struct kvq_pools *ps);
 
-/* Process pid attached to p: its entry in p's books (-1: none), for
- * kvq_pools_detached when it goes. */
-int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid);
+/* A connection of process pid attached to p as holder (AttachReply
+ * holder): its entry in p's books (-1: none), for kvq_pools_detached when
+ * it goes. */
+int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid, uint64_t holder);
 void kvq_pools_detached(struct kvq_pools_rec *p, int entry);
+
+/* Attach.replaces: what p held since a restart for holder, a connection
+ * of process pid, released; returns the slots released
+ * (kvq_restart_replaced). */
+uint64_t kvq_pools_replaced(struct kvq_pools_rec *p, pid_t pid, uint64_t holder);
+
+/* A random number other than 0 (a memory id, a holder). */
+uint64_t kvq_pools_random_id(void);
 
 /* Releases what restored pools hold for processes all gone; returns how
  * many pools still hold. */

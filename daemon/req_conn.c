@@ -135,7 +135,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		kvq_pools_add(&st->pools, p);
 	c->pool = p;
 	p->clients++;
-	c->kept = kvq_pools_attached(p, c->pid);
+	c->holder = kvq_pools_random_id();
+	c->kept = kvq_pools_attached(p, c->pid, c->holder);
 	/* its holds name it in the pool's books, so a restart holds them for it */
 	kvq_lease_set_tag(c->lease, c->kept >= 0 ? (uint16_t)(c->kept + 1) : 0);
 
@@ -161,6 +162,14 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		rep->codebooks_sha256.data = p->codebooks_sha256;
 		rep->codebooks_sha256.len = KVQ_PROTO_SHA256;
 	}
+	rep->holder = c->holder;
+	rep->memory_id = p->memory_id;
+	/* the peer's pid, never the client's word: only its own process
+	 * releases what a restart held for a connection of it */
+	if (a->replaces && (rep->released = kvq_pools_replaced(p, c->pid, a->replaces)))
+		kvq_log(LOG_INFO, "client %llu: replaces a connection of pid %d from before the restart: "
+			"%llu slots released", (unsigned long long)c->id, (int)c->pid,
+			(unsigned long long)rep->released);
 	c->timing_ms = c->active_ms;
 	r->fd = p->mem.fd;
 	kvq_log(LOG_INFO, "client %llu: attached to pool %s", (unsigned long long)c->id, p->name);

@@ -84,6 +84,8 @@ static void holds_free(struct kvq_restart_holds *h)
 	free(h->open_who);
 	free(h->pids);
 	free(h->starts);
+	free(h->holders);
+	free(h->entries);
 	free(h->gone);
 	free(h);
 }
@@ -346,14 +348,16 @@ static int plan_holds(struct kvq_restart_plan *pl, const struct kvq_books_id *id
 	}
 	h->pids = calloc((size_t)n + 1, sizeof *h->pids);
 	h->starts = calloc((size_t)n + 1, sizeof *h->starts);
+	h->holders = calloc((size_t)n + 1, sizeof *h->holders);
+	h->entries = calloc((size_t)n + 1, sizeof *h->entries);
 	h->gone = calloc((size_t)n + 1, 1);
-	if (!h->pids || !h->starts || !h->gone) {
+	if (!h->pids || !h->starts || !h->holders || !h->entries || !h->gone) {
 		holds_free(h);
 		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		uint64_t start;
-		pid_t pid = kvq_books_client_pid(pl->b, i, &start);
+		uint64_t start, who;
+		pid_t pid = kvq_books_client_pid(pl->b, i, &start, &who);
 
 		pl->entry_pid[i] = -1;
 		if (pid <= 0)
@@ -361,6 +365,8 @@ static int plan_holds(struct kvq_restart_plan *pl, const struct kvq_books_id *id
 		if (start && kvq_books_start_time(pid) == start) {
 			pl->entry_pid[i] = (int32_t)h->n_pids;
 			h->pids[h->n_pids] = pid;
+			h->holders[h->n_pids] = who;
+			h->entries[h->n_pids] = i;
 			h->starts[h->n_pids++] = start;
 		} else {
 			kvq_books_client_gone(pl->b, (int)i);
@@ -706,7 +712,7 @@ void kvq_restart_stop(struct kvq_restart_pool *kept, const struct kvq_restart_pa
 
 /* ------------------------------------------------------------ holds */
 
-/* Releases the holds of process k (-1: those held for all). */
+/* Releases the holds of connection k (-1: those held for all). */
 static void holds_release(struct kvq_restart_holds *h, const struct kvq_restart_parts *pt, int32_t k)
 {
 	uint64_t n = 0;
@@ -732,15 +738,44 @@ static void holds_release(struct kvq_restart_holds *h, const struct kvq_restart_
 			(unsigned long long)n);
 }
 
-int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid)
+int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid, uint64_t holder)
 {
-	return kept->books && !kept->detached ? kvq_books_client(kept->books, pid) : -1;
+	return kept->books && !kept->detached ? kvq_books_client(kept->books, pid, holder) : -1;
 }
 
 void kvq_restart_detached(struct kvq_restart_pool *kept, int entry)
 {
 	if (kept->books && entry >= 0 && !kept->detached)
 		kvq_books_client_gone(kept->books, entry);
+}
+
+/* Connection k of the holds is over (its process exited, or a new
+ * connection replaced it): what was held for it released, its books entry
+ * cleared. */
+static void holds_end(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, uint32_t k)
+{
+	struct kvq_restart_holds *h = kept->holds;
+
+	h->gone[k] = 1;
+	h->n_live--;
+	holds_release(h, pt, (int32_t)k);
+	if (kept->books && !kept->detached)
+		kvq_books_client_gone(kept->books, (int)h->entries[k]);
+}
+
+/* The holds of the last connection gone released too; whether any is
+ * still held. */
+static int holds_over(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
+{
+	struct kvq_restart_holds *h = kept->holds;
+
+	if (h->n_live > 0)
+		return 1;
+	holds_release(h, pt, -1);
+	kvq_log(LOG_INFO, "restart: pool %s: every slot held since the restart released", pt->name);
+	holds_free(h);
+	kept->holds = NULL;
+	return 0;
 }
 
 int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt)
@@ -750,16 +785,31 @@ int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_rest
 	if (!h)
 		return 0;
 	for (uint32_t k = 0; k < h->n_pids; k++)
-		if (!h->gone[k] && kvq_books_start_time(h->pids[k]) != h->starts[k]) {
-			h->gone[k] = 1;
-			h->n_live--;
-			holds_release(h, pt, (int32_t)k);
+		if (!h->gone[k] && kvq_books_start_time(h->pids[k]) != h->starts[k])
+			holds_end(kept, pt, k);
+	return holds_over(kept, pt);
+}
+
+uint64_t kvq_restart_replaced(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid,
+			      uint64_t holder)
+{
+	struct kvq_restart_holds *h = kept->holds;
+	uint64_t before;
+
+	if (!h || !holder)
+		return 0;
+	before = h->held;
+	for (uint32_t k = 0; k < h->n_pids; k++)
+		if (!h->gone[k] && h->pids[k] == pid && h->holders[k] == holder) {
+			holds_end(kept, pt, k);
+			holds_over(kept, pt);
+			/* holds_over may have freed h */
+			return before - (kept->holds ? kept->holds->held : 0);
 		}
-	if (h->n_live > 0)
-		return 1;
-	holds_release(h, pt, -1);
-	kvq_log(LOG_INFO, "restart: pool %s: every slot held since the restart released", pt->name);
-	holds_free(h);
-	kept->holds = NULL;
 	return 0;
+}
+
+uint64_t kvq_restart_plan_memory_id(const struct kvq_restart_plan *pl)
+{
+	return kvq_books_identity(pl->b)->memory_id;
 }

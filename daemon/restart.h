@@ -57,16 +57,18 @@ struct kvq_keep {
 	int (*remove)(void *arg, const char *name);
 };
 
-/* Slots a restored pool holds for processes that may still use them:
- * each slot for the process the books say holds it (its index in pids),
- * or, where they name none or several, for all of them (-1). */
+/* Slots a restored pool holds for connections whose processes may still
+ * use them: each slot for the connection the books say holds it (its index
+ * in pids), or, where they name none or several, for all of them (-1). */
 struct kvq_restart_holds {
 	uint32_t *ids, n_ids;       /* blocks with one reference each (private, or cached) */
 	int32_t *id_who;            /* whose: a process, -1 all, -2 released */
 	uint32_t *open, n_open;     /* used open slots */
 	int32_t *open_who;
-	pid_t *pids;                /* the processes alive at the start, with their start times */
-	uint64_t *starts;
+	pid_t *pids;                /* the connections of processes alive at the start: the pids, */
+	uint64_t *starts;           /* their start times, */
+	uint64_t *holders;          /* their holders (AttachReply.holder) */
+	uint32_t *entries;          /* and their books entries */
 	uint8_t *gone;              /* exited since */
 	uint32_t n_pids, n_live;
 	uint64_t held;              /* slots still held */
@@ -175,15 +177,27 @@ void kvq_restart_release(struct kvq_restart_pool *kept, const struct kvq_restart
  * sealed.  The caller sets the daemon's stopping. */
 void kvq_restart_stop(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
 
-/* Process pid attached: its books entry (for kvq_restart_detached; -1 when
- * none is recorded).  What a restored pool holds for a process that was
- * attached before the restart stays held until that process exits, even
- * when it attaches again: its old sequences may still write. */
-int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid);
+/* A connection of process pid attached as holder: its books entry (for
+ * kvq_restart_detached; -1 when none is recorded).  What a restored pool
+ * holds for a connection from before the restart stays held until its
+ * process exits, or a new connection of that process replaces it
+ * (kvq_restart_replaced): its old sequences may still write until then. */
+int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid, uint64_t holder);
 void kvq_restart_detached(struct kvq_restart_pool *kept, int entry);
 
 /* Releases the pool's holds of processes that exited (all, once the last
  * did).  Returns whether it still holds. */
 int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
+
+/* A connection of process pid (its peer credentials') replaces the one
+ * from before the restart that was holder (Attach.replaces): what was
+ * held for that one is released (and what was held for all, if it was the
+ * last).  Returns the slots released; 0 when no such connection is held
+ * for. */
+uint64_t kvq_restart_replaced(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid,
+			      uint64_t holder);
+
+/* The memory id (struct kvq_books_id) of the memory a plan takes back. */
+uint64_t kvq_restart_plan_memory_id(const struct kvq_restart_plan *pl);
 
 #endif

@@ -44,6 +44,7 @@ struct kvq_conn {
 	bool hello;
 	struct kvq_pools_rec *pool;              /* attached to, or NULL */
 	int kept;                                /* its entry in the pool's books (daemon/restart.h), or -1 */
+	uint64_t holder;                         /* AttachReply.holder: its holds' name across a restart */
 	kvq_lease *lease;                        /* what it holds there */
 	/* the server's: */
 	struct kvq_peer *peer;                   /* the socket; NULL once closed */

@@ -23,7 +23,7 @@
 
 /* Checked at Hello; bump for any change an older peer would misread
  * (kvq.proto, "The version", says what each one changed). */
-#define KVQ_PROTOCOL_VERSION 9u
+#define KVQ_PROTOCOL_VERSION 10u
 
 #define KVQ_FRAME_HDR 4u                /* the length prefix */
 #define KVQ_FRAME_MAX (4u << 20)        /* largest envelope; a frame is HDR + envelope */

@@ -22,7 +22,7 @@ import subprocess
 # library's interface (Makefile.am's -version-info): every function of
 # PROTOTYPES is needed at import, so an older libkvq.so.3 is refused there.
 VERSION = "0.1.0"
-PROTOCOL = 9
+PROTOCOL = 10
 SONAME = "libkvq.so.3"
 INTERFACE = 9
 

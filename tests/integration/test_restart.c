@@ -16,8 +16,16 @@
  *    is not handed out while it lives (its attention over them is
  *    unchanged after another worker filled the pool), and is released when
  *    it exits, the other's still held;
+ *  - a worker's own clients alive across a kill -9 (libkvq reconnecting):
+ *    each client's first request fails, its sequences are stale from then
+ *    on (-ESTALE: no write, no attention), the next request connects again
+ *    with the same mapping and releases what the restart held for that
+ *    client only, the other client's still held until it reconnects too;
+ *    the new sequences hit what was published;
  *  - books corrupted (a flipped byte, truncated, another version) and
  *    kvqd.conf's policy changed: the pool starts cold, the reason logged;
+ *    a client alive across a cold start connects again and maps the new
+ *    memory (another client reads what it wrote there);
  *  - no descriptor left behind: the store holds three per pool, kvqd's
  *    own descriptors are as many after the kills as at the second start.
  * Built again as tests/gpu/test_cuda_restart (KVQ_TEST_CUDA): the same with
@@ -429,6 +437,66 @@ static void test_holds(void)
 	   "once it exited too, nothing is held");
 }
 
+/* The process's own two clients across a kill -9: libkvq connects again. */
+static void test_reconnect(void)
+{
+	kvq_client *c1 = open_pool("warm"), *c2 = open_pool("warm");
+	uint64_t both, one, released;
+	kvq_seq *s1 = NULL, *s2 = NULL;
+	void *base = c1 ? kvq_client_base(c1) : NULL;
+	uint32_t tok[NTOK], hit = 0;
+	uint16_t kv[H_ * D_] = { 0 };
+	att_t out;
+	int r;
+
+	if (!ok(c1 && c2 && run_prompt(c1, 34, &hit, out, &s1) == 0 && run_prompt(c2, 35, &hit, out, &s2) == 0,
+		"two clients of this process hold prompts 34 and 35's sequences")) {
+		kvq_client_free(c1);
+		kvq_client_free(c2);
+		return;
+	}
+	sdmgr_kill9(&m, WAIT_MS);
+	if (!ok(start("reconnect"), "kvqd killed and started again"))
+		goto out;
+	both = held_now();
+	prompt_tokens(34, tok);
+	r = kvq_seq_begin(s1, tok, 2 * B_);   /* new blocks: an Alloc */
+	ok(r < 0 && r != -ESTALE, "the first client's next request fails: its connection is gone (%d: %s)", r,
+	   kvq_client_error(c1));
+	r = kvq_seq_write(s1, 0, kv, kv);
+	ok(r == -ESTALE, "its sequence is stale from then on: no write into its slots (%d: %s)", r,
+	   kvq_client_error(c1));
+	ok(kvq_seq_attention(s1, 0, QH_, NQ, 0, (const float *)out, (float *)out) == -ESTALE,
+	   "nor attention over them");
+	/* the next request connects again, the holds of the lost connection released */
+	ok(kvq_client_pool_stat(c1, "warm", "restart_held", &released) == 0,
+	   "its next request succeeds on a new connection (%s)", kvq_client_error(c1));
+	ok(kvq_client_base(c1) == base, "with the same mapping: the restart kept the memory");
+	one = held_now();
+	ok(both > one && one > 0,
+	   "what the restart held for the first client only was released (restart_held %llu, then %llu)",
+	   (unsigned long long)both, (unsigned long long)one);
+	ok(kvq_seq_attention(s1, 0, QH_, NQ, 0, (const float *)out, (float *)out) == -ESTALE,
+	   "the old sequence stays stale on the new connection");
+	kvq_seq_free(s1);
+	s1 = NULL;
+	ok(run_prompt(c1, 34, &hit, out, NULL) == 0 && hit == WHOLE && !memcmp(out, ref[34], sizeof out),
+	   "a new sequence of the first client hits the whole prompt, attention as the reference (hit %u)", hit);
+	/* the second client's slots are held until it, too, connects again */
+	ok(attend(s2, out) == 0 && !memcmp(out, ref[35], sizeof out),
+	   "the second client's sequence, not yet told, still reads its slots as they were");
+	r = kvq_client_pool_stat(c2, "warm", "restart_held", &released);
+	ok(r < 0, "its first request finds its connection lost (%d)", r);
+	ok(kvq_client_pool_stat(c2, "warm", "restart_held", &released) == 0 && held_now() == 0,
+	   "its next one connects again, and nothing is held any more (%s)", kvq_client_error(c2));
+	ok(kvq_seq_begin(s2, tok, 2 * B_) == -ESTALE, "and its old sequence is stale too");
+out:
+	kvq_seq_free(s1);
+	kvq_seq_free(s2);
+	kvq_client_free(c1);
+	kvq_client_free(c2);
+}
+
 static void diag_lines(const char *what)
 {
 	char line[1024];
@@ -549,6 +617,37 @@ static int kvqd_fds(int want)
 	return n;
 }
 
+/* A client alive across a start that is cold (its books of another
+ * version): libkvq connects again and maps the new memory, where what it
+ * writes is what other clients read. */
+static void test_reconnect_cold(void)
+{
+	kvq_client *c = open_pool("warm");
+	uint32_t tok[NTOK], hit = 0;
+	kvq_seq *s = NULL;
+	uint64_t cold = 0;
+	att_t out;
+	int r;
+
+	if (!ok(c && run_prompt(c, 36, &hit, out, &s) == 0, "a client holds prompt 36's sequence")) {
+		kvq_client_free(c);
+		return;
+	}
+	cold_case("a client alive across it", other_version, "books version 99");
+	r = kvq_client_pool_stat(c, "warm", "restart_cold", &cold);
+	ok(r < 0, "the client's first request finds its connection lost (%d)", r);
+	prompt_tokens(36, tok);
+	ok(kvq_seq_begin(s, tok, 2 * B_) == -ESTALE, "its sequence is stale (%s)", kvq_client_error(c));
+	ok(kvq_client_pool_stat(c, "warm", "restart_cold", &cold) == 0 && cold == 1,
+	   "its next request connects again to the pool started cold (%s)", kvq_client_error(c));
+	kvq_seq_free(s);
+	ok(run_prompt(c, 36, &hit, out, NULL) == 0 && !memcmp(out, ref[36], sizeof out),
+	   "a new sequence runs prompt 36 on the new memory, attention as the reference (hit %u)", hit);
+	ok(check_prompts("warm", 36, 37, true) == WHOLE,
+	   "another client's lookup hits it whole and reads what it wrote: the client mapped the new memory");
+	kvq_client_free(c);
+}
+
 int main(void)
 {
 	int fds2 = -1, fds;
@@ -580,9 +679,11 @@ int main(void)
 	fds = kvqd_fds(fds2);
 	ok(fds == fds2, "kvqd holds as many descriptors after the kills as at the second start (%d, %d)", fds, fds2);
 	test_holds();
+	test_reconnect();
 	cold_case("a flipped byte", flip_byte, "the snapshot's checksum does not match");
 	cold_case("books truncated", truncate_books, "recorded");
 	cold_case("another version", other_version, "books version 99");
+	test_reconnect_cold();
 	cold_case("kvqd.conf's policy changed", other_policy, "policy int4g32, the books' int8");
 	ok(stored_kvq() == 8, "the store holds what the pools left, nothing more (%zu)", stored_kvq());
 	ok(sdmgr_stop(&m, WAIT_MS) >= 0, "kvqd stops");

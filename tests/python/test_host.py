@@ -131,7 +131,7 @@ def reference(steps, data):
 
 def test_import_checks_libkvq(ctx):
     """import: the libkvq found, its version and protocol; a missing one is a clear ImportError."""
-    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 9, (kvq.libkvq_version, kvq.protocol)
+    assert kvq.libkvq_version == _lib.VERSION and kvq.protocol == _lib.PROTOCOL == 10, (kvq.libkvq_version, kvq.protocol)
     assert os.path.samefile(kvq.libkvq_path, os.environ["KVQ_LIBRARY"])
     if os.environ.get("KVQ_TEST_INSTALLED"):   # the venv's copy, not the source tree's
         assert "site-packages" in kvq.__file__, kvq.__file__
