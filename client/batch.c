@@ -66,8 +66,10 @@ void client_tables_set(struct client_tables *t, uint32_t i, const struct kvq_seq
 
 void client_tables_free(kvq_client *c, struct client_tables *t)
 {
-	if (t->dev && c->be->tables_free)
-		c->be->tables_free(c, t->dev);
+	/* only the cuda backend makes device copies (c->be is NULL when a new
+	 * mapping failed after a lost connection) */
+	if (t->dev && client_cuda.tables_free)
+		client_cuda.tables_free(c, t->dev);
 	free(t->t);
 	free(t->ns);
 	free(t->no);
@@ -319,7 +321,8 @@ void kvq_batch_free(kvq_batch *b)
 		return;
 	kvq_batch_abort(b);
 	batch_forget(b);
-	b->c->be->drain(b->c);
+	if (b->c->be)
+		b->c->be->drain(b->c);
 	client_tables_free(b->c, &b->w);
 	client_tables_free(b->c, &b->a);
 	free(b->e);
@@ -512,6 +515,8 @@ int kvq_batch_attention_device(kvq_batch *b, uint32_t layer, uint32_t q_heads, f
 		return -EINVAL;
 	if (!q || !out)
 		return client_fail(b->c, -EINVAL, "attention: no q or out");
+	if ((r = batch_live(b)) < 0)
+		return r;
 	if (!b->c->be->attention_device)
 		return client_fail(b->c, -ENOTSUP, "attention on device memory needs a cuda pool%s",
 				   client_cuda.compiled ? "" : " (libkvq built without CUDA)");
@@ -549,7 +554,8 @@ void kvq_batch_abort(kvq_batch *b)
 	sealed = malloc(cap * sizeof(*sealed));
 	open = malloc(cap * sizeof(*open));
 	/* no kernel of ours may still write the slots */
-	b->c->be->drain(b->c);
+	if (b->c->be)
+		b->c->be->drain(b->c);
 	for (uint32_t i = 0; i < b->n; i++) {
 		kvq_seq *s = b->e[i].s;
 		uint32_t a = 0, o = 0;

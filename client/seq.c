@@ -117,8 +117,10 @@ void kvq_seq_free(kvq_seq *s)
 
 	if (!s)
 		return;
-	/* no kernel of ours may read the slots once they are released */
-	s->c->be->drain(s->c);
+	/* no kernel of ours may read the slots once they are released (no
+	 * backend: a new mapping failed after a lost connection, the old one is gone) */
+	if (s->c->be)
+		s->c->be->drain(s->c);
 	if (s->tabs) {
 		client_tables_free(s->c, s->tabs);
 		free(s->tabs);
@@ -582,6 +584,8 @@ int kvq_seq_attention_device(kvq_seq *s, uint32_t layer, uint32_t q_heads, uint3
 
 	if (!s || !q || !out)
 		return -EINVAL;
+	if ((r = seq_live(s)) < 0)
+		return r;
 	if (!s->c->be->attention_device)
 		return client_fail(s->c, -ENOTSUP, "attention on device memory needs a cuda pool%s",
 				   client_cuda.compiled ? "" : " (libkvq built without CUDA)");
