@@ -1051,6 +1051,9 @@ void kvq_rcluster_stats(const kvq_rcluster *rc, struct kvq_rcluster_stats *ret)
 {
 	*ret = rc->st;
 	ret->inflight = rc->nreqs;
+	ret->connections = 0;
+	for (const struct rc_node *n = rc->nodes; n; n = n->next)
+		ret->connections += n->ac != NULL;
 }
 
 /* --- one-key commands --- */

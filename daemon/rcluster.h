@@ -68,6 +68,7 @@ struct kvq_rcluster_stats {
 	uint64_t failures[KVQ_RC_NFAILURES];  /* by kind (FULL: refused by the call) */
 	unsigned inflight;          /* now */
 	unsigned masters;           /* in the map now (0: none) */
+	unsigned connections;       /* to nodes, open or opening, now */
 };
 
 /* A request's end: status 0 and the reply (hiredis's: valid during the call

@@ -44,6 +44,7 @@
 #include <hiredis.h>
 
 #include "../tap.h"
+#include "kvq_wire.h"
 #include "rcluster.h"
 
 #define NODES 6
@@ -54,6 +55,7 @@
 #define CONNECT_MS 300
 #define NKEYS 300
 #define MAX_OPS 8192
+#define RC_SETTLE_MS 1500   /* past the client's longest backoff: its map is the cluster's */
 
 static char dir[] = "/tmp/kvq-rcluster-XXXXXX";
 static bool have_dir;
@@ -558,21 +560,27 @@ static bool setget_until(kvq_rcluster *rc, const char *key, int ms)
 	return false;
 }
 
-static kvq_rcluster *client(const char *user, const char *pass, unsigned max_inflight, unsigned max_redirects)
+/* A client of o (seeds: the first two nodes; timeouts: the test's). */
+static kvq_rcluster *client_opts(struct kvq_rcluster_opts o)
 {
 	char seeds[64], err[256] = "";
-	struct kvq_rcluster_opts o = {
-		.seeds = seeds, .user = user, .password = pass, .connect_ms = CONNECT_MS,
-		.request_ms = REQUEST_MS, .max_inflight = max_inflight, .max_redirects = max_redirects,
-	};
 	kvq_rcluster *rc = NULL;
 	int r;
 
 	snprintf(seeds, sizeof(seeds), "127.0.0.1:%d, 127.0.0.1:%d", ports[0], ports[1]);
+	o.seeds = seeds;
+	o.connect_ms = CONNECT_MS;
+	o.request_ms = REQUEST_MS;
 	r = kvq_rcluster_new(base, &o, &rc, err, sizeof(err));
 	if (r < 0)
 		diag("kvq_rcluster_new: %s (%s)", kvq_rcluster_status_name(r), err);
 	return rc;
+}
+
+static kvq_rcluster *client(const char *user, const char *pass, unsigned max_inflight, unsigned max_redirects)
+{
+	return client_opts((struct kvq_rcluster_opts){ .user = user, .password = pass, .max_inflight = max_inflight,
+						       .max_redirects = max_redirects });
 }
 
 static struct kvq_rcluster_stats stats(kvq_rcluster *rc)
@@ -588,6 +596,21 @@ static const char *const failure_names[] = {
 	KVQ_RCLUSTER_FAILURES(KVQ_RC_NAME)
 #undef KVQ_RC_NAME
 };
+
+/* The row of a failure status, or -1. */
+static int failure_index(int status)
+{
+	static const int statuses[] = {
+#define KVQ_RC_STATUS(id, name, status) status,
+		KVQ_RCLUSTER_FAILURES(KVQ_RC_STATUS)
+#undef KVQ_RC_STATUS
+	};
+
+	for (int i = 0; i < KVQ_RC_NFAILURES; i++)
+		if (status && statuses[i] == status)
+			return i;
+	return -1;
+}
 
 static void diag_stats(kvq_rcluster *rc)
 {
@@ -826,7 +849,7 @@ static void check_auth(void)
 static void check_full(void)
 {
 	kvq_rcluster *rc = client(ACL_USER, ACL_PASS, 4, 0);
-	struct op *o[5];
+	struct op *o[5], *big;
 	int replied = 0;
 
 	run_until(client_ready, rc, 3000);
@@ -838,6 +861,13 @@ static void check_full(void)
 	for (int i = 0; i < 4; i++)
 		replied += o[i]->match;
 	ok(replied == 4 && stats(rc).inflight == 0, "the four in flight were answered");
+	kvq_rcluster_free(rc);
+
+	rc = client_opts((struct kvq_rcluster_opts){ .user = ACL_USER, .password = ACL_PASS, .max_request_bytes = 1000 });
+	big = op_new(NULL, 0);
+	op_sent(big, kvq_rcluster_set(rc, "big", 3, values[5], 1000, 0, op_cb, big));
+	ok(big->sync && big->status == -E2BIG, "a request over max_request_bytes: refused by the call (%s)",
+	   kvq_strerror(big->status));
 	kvq_rcluster_free(rc);
 }
 
@@ -902,7 +932,7 @@ static void check_killed(kvq_rcluster *rc)
 {
 	int m[8], nm = masters(m, 8), port = m[0], idx = node_index(port), on[10];
 	struct op *o[NKEYS];
-	int ended = 0, n = keys_on(port, true, on, 10);
+	int ended = 0, answered = 0, kinds[KVQ_RC_NFAILURES + 1] = { 0 }, n = keys_on(port, true, on, 10);
 	char key[32];
 	double t0;
 	bool back;
@@ -923,8 +953,15 @@ static void check_killed(kvq_rcluster *rc)
 	waitpid(pids[idx], NULL, 0);
 	pids[idx] = 0;
 	drain(REQUEST_MS + 2000);
-	for (int i = 2; i < NKEYS; i++)
+	for (int i = 2; i < NKEYS; i++) {
+		int k = failure_index(o[i]->status);
+
 		ended += o[i]->calls == 1;
+		kinds[k < 0 ? KVQ_RC_NFAILURES : k] += o[i]->status != 0;
+		answered += o[i]->match;
+	}
+	diag("the requests in flight: %d answered, %d timeout, %d conn, %d down, %d other", answered,
+	     kinds[KVQ_RC_TIMEOUT], kinds[KVQ_RC_CONN], kinds[KVQ_RC_DOWN], kinds[KVQ_RC_NFAILURES]);
 	ok(ended == NKEYS - 2, "a master killed with %d requests in flight: every one ended (%d)", NKEYS - 2, ended);
 	t0 = now_ms();
 	key_name(key, sizeof(key), on[0]);
@@ -932,6 +969,10 @@ static void check_killed(kvq_rcluster *rc)
 	if (!ok(back, "its replica took over: its keys are read again (after %.1f s)", (now_ms() - t0) / 1e3))
 		diag_stats(rc);
 	ok(wait_cluster_ok(15000), "the cluster is ok after the failover");
+	run_ms(RC_SETTLE_MS);
+	ok(stats(rc).masters == 3 && stats(rc).connections == 3,
+	   "the client's map has the 3 masters, and its connections are theirs: the dead master's is closed (%u, %u)",
+	   stats(rc).masters, stats(rc).connections);
 }
 
 static void check_restart(kvq_rcluster *rc)
