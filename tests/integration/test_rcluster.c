@@ -24,7 +24,6 @@
  */
 #include <config.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -77,34 +76,34 @@ static void kill_all(void)
 	}
 }
 
+/* Removes the files the nodes and redis-cli write (known names: no
+ * readdir, so that a signal handler may call it). */
 static void cleanup(void)
 {
-	DIR *d;
-	struct dirent *e;
+	static const char *const per_node[] = { "redis-%d.conf", "redis-%d.log", "stdout-%d.log", "nodes-%d.conf",
+						 "dump-%d.rdb" };
+	char p[512];
+	int n;
 
 	kill_all();
 	if (!have_dir || getenv("KVQ_TEST_KEEP"))
 		return;
-	d = opendir(dir);
-	while (d && (e = readdir(d))) {
-		char p[512];
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-		unlink(p);
-	}
-	if (d)
-		closedir(d);
-	rmdir(dir);
+	for (int i = 0; i < NODES; i++)
+		for (size_t j = 0; j < sizeof(per_node) / sizeof(per_node[0]); j++) {
+			n = snprintf(p, sizeof(p), "%s/", dir);
+			snprintf(p + n, sizeof(p) - (size_t)n, per_node[j], ports[i]);
+			unlink(p);
+		}
+	snprintf(p, sizeof(p), "%s/cluster-create.log", dir);
+	unlink(p);
+	if (rmdir(dir) < 0)
+		fprintf(stderr, "%s: not removed: %s\n", dir, strerror(errno));
 	have_dir = false;
 }
 
 static void on_signal(int sig)
 {
-	for (int i = 0; i < NODES; i++)
-		if (pids[i] > 0)
-			kill(-pids[i], SIGKILL);
+	cleanup();
 	signal(sig, SIG_DFL);
 	raise(sig);
 }
@@ -374,8 +373,14 @@ static bool cluster_start(void)
 	for (int i = 0; i < NODES; i++) {
 		redisReply *r = NULL;
 
-		while (now_ms() < end && !(r = admin(ports[i], "PING")))
+		while (now_ms() < end && !(r = admin(ports[i], "PING"))) {
+			if (waitpid(pids[i], NULL, WNOHANG) == pids[i]) {
+				pids[i] = 0;
+				diag("redis-server for port %d exited (installed? tools/dev.sh deps installs it)", ports[i]);
+				return false;
+			}
 			usleep(50 * 1000);
+		}
 		if (!r) {
 			diag("redis-server on port %d did not answer (see %s/redis-%d.log)", ports[i], dir, ports[i]);
 			return false;
