@@ -33,6 +33,7 @@
 #define RC_MAX_ARGS 1024
 #define RC_REFRESH_MIN_MS 50       /* between two maps asked for */
 #define RC_REFRESH_MAX_MS 1000     /* the backoff's bound while the cluster is down or failing over */
+#define RC_MAX_MS 3600000          /* a timeout's bound (an hour) */
 
 struct rc_addr {
 	char host[RC_HOST_MAX];
@@ -974,6 +975,10 @@ int kvq_rcluster_new(struct event_base *base, const struct kvq_rcluster_opts *o,
 
 	if (!base || !o || !o->seeds || !ret || (o->user && !o->password)) {
 		snprintf(err, errlen, "seeds are needed, and a user only with a password");
+		return -EINVAL;
+	}
+	if (o->connect_ms > RC_MAX_MS || o->request_ms > RC_MAX_MS) {
+		snprintf(err, errlen, "connect_ms and request_ms are at most %d", RC_MAX_MS);
 		return -EINVAL;
 	}
 	rc = calloc(1, sizeof(*rc));

@@ -16,6 +16,9 @@
  * callback) too many requests in flight; -ECANCELED the client was freed.
  *
  * The process must ignore SIGPIPE (hiredis writes with write(2)); kvqd does.
+ * hiredis resolves a host name with a blocking getaddrinfo(3) on the loop:
+ * give seeds as addresses (the cluster names its nodes by address unless
+ * told otherwise).
  */
 #ifndef KVQD_RCLUSTER_H
 #define KVQD_RCLUSTER_H

@@ -647,6 +647,33 @@ static void check_slots(void)
 	   "an empty key and an open brace alone");
 }
 
+/* Options kvq_rcluster_new refuses, with a reason. */
+static void check_opts(void)
+{
+	static const struct {
+		const char *seeds, *user, *password;
+		unsigned request_ms;
+	} bad[] = {
+		{ "", NULL, NULL, 0 }, { "127.0.0.1", NULL, NULL, 0 }, { "127.0.0.1:0", NULL, NULL, 0 },
+		{ "127.0.0.1:70000", NULL, NULL, 0 }, { "127.0.0.1:6379,:6380", NULL, NULL, 0 },
+		{ "127.0.0.1:6379", "user", NULL, 0 }, { "127.0.0.1:6379", NULL, NULL, 3600001 },
+	};
+	struct event_base *b = event_base_new();
+	int refused = 0;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct kvq_rcluster_opts o = { .seeds = bad[i].seeds, .user = bad[i].user, .password = bad[i].password,
+					       .request_ms = bad[i].request_ms };
+		kvq_rcluster *rc = NULL;
+		char err[256] = "";
+
+		refused += kvq_rcluster_new(b, &o, &rc, err, sizeof(err)) == -EINVAL && !rc && err[0];
+	}
+	ok(refused == (int)(sizeof(bad) / sizeof(bad[0])), "bad seeds and options are refused with a reason (%d)",
+	   refused);
+	event_base_free(b);
+}
+
 static void check_keyslot(void)
 {
 	int same = 0;
@@ -1033,6 +1060,7 @@ int main(void)
 	atexit(cleanup);
 	tap_seed();
 	check_slots();
+	check_opts();
 
 	if (!ok(mkdtemp(dir) != NULL, "a temporary folder"))
 		return done_testing();
