@@ -46,10 +46,12 @@ trap summary EXIT
 # clang builds the fuzzers, and libclang-rt-14-dev holds libFuzzer and the
 # sanitizer runtimes clang links (only recommended by clang on Debian 12);
 # python3-venv makes the venv the Python package's test installs it into,
-# and ca-certificates lets its pip fetch NumPy over TLS
+# and ca-certificates lets its pip fetch NumPy over TLS; libhiredis-dev is the
+# Redis Cluster client's library, redis-server and redis-tools the cluster its
+# test starts
 packages="build-essential autoconf automake libtool pkg-config libevent-dev libprotobuf-c-dev
 protobuf-c-compiler libsystemd-dev libssl-dev binutils mandoc man-db systemd clang libclang-rt-14-dev
-python3 python3-venv ca-certificates"
+python3 python3-venv ca-certificates libhiredis-dev redis-server redis-tools"
 
 deps() {
 	local missing=()
