@@ -158,7 +158,10 @@ struct lookup_state {
 	uint32_t *extra;                  /* per prompt: its records in the promotion */
 	/* what publishing them needs, copied: the reply (and the request it
 	 * points into) may go before the promotion comes back */
-	int64_t *parent;                  /* per prompt: its hit's last block, -1: none */
+	/* per prompt: its hit's last block's key, found again at publish (the
+	 * reply may have released that block, and its slot cached another) */
+	uint8_t (*parent)[KVQ_PREFIX_KEY_LEN];
+	bool *has_parent;                 /* per prompt: a hit, hence a parent */
 	uint32_t *tok;                    /* the promoted blocks' tokens, in record order */
 	uint8_t (*salt)[KVQ_PREFIX_MAX_SALT];
 	size_t *salt_len;
@@ -175,6 +178,7 @@ static void state_free(struct lookup_state *s)
 	free(s->ids);
 	free(s->extra);
 	free(s->parent);
+	free(s->has_parent);
 	free(s->tok);
 	free(s->salt);
 	free(s->salt_len);
@@ -281,8 +285,8 @@ static void promoted_publish(struct lookup_state *s, bool *consumed)
 	uint32_t k = 0;
 
 	for (size_t i = 0; i < s->n; i++) {
-		int64_t parent = s->parent[i];
-		bool ok = s->pr->result == 0;
+		int64_t parent = s->has_parent[i] ? kvq_prefix_find(p->prefix, s->parent[i]) : -1;
+		bool ok = s->pr->result == 0 && (!s->has_parent[i] || parent >= 0);
 
 		for (uint32_t e = 0; e < s->extra[i]; e++, k++) {
 			uint32_t slot = s->pr->id[k], got = UINT32_MAX;
@@ -391,10 +395,11 @@ static int promote(struct kvq_conn *c, struct lookup_state *s)
 
 	s->extra = calloc(s->n, sizeof(*s->extra));
 	s->parent = calloc(s->n, sizeof(*s->parent));
+	s->has_parent = calloc(s->n, sizeof(*s->has_parent));
 	s->salt = calloc(s->n, sizeof(*s->salt));
 	s->salt_len = calloc(s->n, sizeof(*s->salt_len));
 	rec = calloc((size_t)s->max_ids + 1, sizeof(*rec));
-	if (!s->extra || !s->parent || !s->salt || !s->salt_len || !rec) {
+	if (!s->extra || !s->parent || !s->has_parent || !s->salt || !s->salt_len || !rec) {
 		free(rec);
 		return 0;
 	}
@@ -402,7 +407,10 @@ static int promote(struct kvq_conn *c, struct lookup_state *s)
 		const struct lookup_prompt *q = &s->q[i];
 
 		s->extra[i] = q->salt.len <= KVQ_PREFIX_MAX_SALT ? tier_chain(p, q, rec + total, q->max_ids - q->n) : 0;
-		s->parent[i] = q->n ? (int64_t)q->ids[q->n - 1] : -1;
+		s->has_parent[i] = q->n && kvq_prefix_block_key(p->prefix, q->ids[q->n - 1], s->parent[i]) == 0;
+		/* never published as a root what follows a hit */
+		if (q->n && !s->has_parent[i])
+			s->extra[i] = 0;
 		s->salt_len[i] = s->extra[i] ? q->salt.len : 0;
 		if (s->salt_len[i])
 			memcpy(s->salt[i], q->salt.data, q->salt.len);
