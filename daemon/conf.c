@@ -39,6 +39,14 @@ const struct kvq_config_pool *kvq_config_find_pool(const struct kvq_config *c, c
 	return NULL;
 }
 
+const struct kvq_config_remote *kvq_config_find_remote(const struct kvq_config *c, const char *name)
+{
+	for (uint32_t i = 0; c && name && i < c->n_remotes; i++)
+		if (strcmp(c->remotes[i].name, name) == 0)
+			return &c->remotes[i];
+	return NULL;
+}
+
 bool kvq_config_acl_allows(const struct kvq_config_acl *acl, uid_t uid, const gid_t *gids, size_t n_gids)
 {
 	if (acl->any)

@@ -31,6 +31,9 @@ const struct conf_schema_section conf_schema_sections[KVQ_CONF_SEC_COUNT] = {
 _Static_assert(offsetof(struct kvq_config_pool, name) == offsetof(struct kvq_config_named, name) &&
 	       offsetof(struct kvq_config_pool, line) == offsetof(struct kvq_config_named, line),
 	       "a named section's struct starts with KVQ_CONFIG_NAMED_HEAD");
+_Static_assert(offsetof(struct kvq_config_remote, name) == offsetof(struct kvq_config_named, name) &&
+	       offsetof(struct kvq_config_remote, line) == offsetof(struct kvq_config_named, line),
+	       "a named section's struct starts with KVQ_CONFIG_NAMED_HEAD");
 
 int conf_schema_find(int sec, const char *name)
 {
