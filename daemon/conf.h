@@ -136,6 +136,11 @@ const struct kvq_config_pool *kvq_config_find_pool(const struct kvq_config *c, c
 /* The remote called name, or NULL. */
 const struct kvq_config_remote *kvq_config_find_remote(const struct kvq_config *c, const char *name);
 
+/* What a remote's files held (not rows: kvq_config_keep_running calls
+ * this) back to the running config's, for each remote both hold: a reload
+ * changes no remote key, and no secret either, until the next start. */
+void kvq_config_keep_secrets(const struct kvq_config *running, struct kvq_config *next);
+
 /* Whether a peer with uid and groups gids[0..n_gids) passes acl. */
 bool kvq_config_acl_allows(const struct kvq_config_acl *acl, uid_t uid, const gid_t *gids, size_t n_gids);
 

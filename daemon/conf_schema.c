@@ -128,4 +128,5 @@ void kvq_config_keep_running(const struct kvq_config *running, struct kvq_config
 					keep(k, old, item, n->name, note, arg);
 		}
 	}
+	kvq_config_keep_secrets(running, next);
 }

@@ -343,6 +343,7 @@ static void test_reload(void)
 	kvq_config_keep_running(r, n, note, NULL);
 	ok(strcmp(n->remotes[0].nodes, "127.0.0.1:1") == 0 && n->remotes[0].request_timeout_ms == 100 &&
 	   strcmp(n->remotes[0].hmac_key_file, key32) == 0, "reload: the remote keeps its running keys");
+	ok(n->remotes[0].hmac_key_len == 32, "reload: and the key its file held at the start, not the new file's");
 	ok(strcmp(n->pools[0].remote_namespace, "a") == 0 && n->pools[0].remote_write == KVQ_REMOTE_WRITE_THROUGH,
 	   "reload: the pool keeps its remote keys");
 	ok(notes == 5, "reload: each kept key is noted (%d)", notes);
