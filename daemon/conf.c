@@ -39,6 +39,28 @@ const struct kvq_config_pool *kvq_config_find_pool(const struct kvq_config *c, c
 	return NULL;
 }
 
+const struct kvq_config_remote *kvq_config_find_remote(const struct kvq_config *c, const char *name)
+{
+	for (uint32_t i = 0; c && name && i < c->n_remotes; i++)
+		if (strcmp(c->remotes[i].name, name) == 0)
+			return &c->remotes[i];
+	return NULL;
+}
+
+void kvq_config_keep_secrets(const struct kvq_config *running, struct kvq_config *next)
+{
+	for (uint32_t i = 0; i < next->n_remotes; i++) {
+		struct kvq_config_remote *n = &next->remotes[i];
+		const struct kvq_config_remote *r = kvq_config_find_remote(running, n->name);
+
+		if (!r)
+			continue;
+		memcpy(n->hmac_key, r->hmac_key, sizeof n->hmac_key);
+		n->hmac_key_len = r->hmac_key_len;
+		memcpy(n->password, r->password, sizeof n->password);
+	}
+}
+
 bool kvq_config_acl_allows(const struct kvq_config_acl *acl, uid_t uid, const gid_t *gids, size_t n_gids)
 {
 	if (acl->any)

@@ -8,6 +8,8 @@
  *   [pool NAME]             one section per pool (none at all is fine: pools
  *                           are then created by the first attach that names
  *                           them, if [kvqd] create_on_attach allows it)
+ *   [remote NAME]           a Redis Cluster that pools share blocks through
+ *                           (none: no pool shares)
  *
  * Whole-line comments start with '#' or ';' (not after a value: policies use
  * ';').  Blanks around keys, values and section names are ignored.  Unknown
@@ -51,6 +53,13 @@
 #define KVQ_CONFIG_MAX_DEVICE 1023
 #define KVQ_CONFIG_MSG_MAX 512       /* room for an error message */
 #define KVQ_CONFIG_LISTEN_MAX 63u    /* metrics_listen: "127.0.0.1:9464", "[::1]:9464" */
+#define KVQ_CONFIG_MAX_REMOTES 8u
+#define KVQ_CONFIG_NODES_MAX 1023u   /* a remote's seed list */
+#define KVQ_CONFIG_WORD_MAX 64u      /* a remote namespace, a Redis user */
+#define KVQ_CONFIG_FILE_MAX 255u     /* a key or password file's path */
+#define KVQ_CONFIG_HMAC_MIN 32u      /* bytes of an HMAC key: SHA-256's output at least */
+#define KVQ_CONFIG_HMAC_MAX 1024u
+#define KVQ_CONFIG_PASSWORD_MAX 512u
 
 /* No quota. */
 #define KVQ_CONFIG_UNLIMITED UINT64_MAX
@@ -88,12 +97,30 @@ struct kvq_config_pool {
 	KVQ_CONF_POOL_KEYS(KVQ_CONF_FIELD)
 };
 
+/* A pool's remote_write: through (every block it publishes, once it has
+ * it), back (a block when it leaves the last local tier), off (it reads
+ * the remote and never writes). */
+enum kvq_remote_write { KVQ_REMOTE_WRITE_THROUGH = 0, KVQ_REMOTE_WRITE_BACK, KVQ_REMOTE_WRITE_OFF };
+
+/* [remote NAME]: its keys' fields from its rows, then what its files
+ * hold, read when the section ends (conf_check_remote); the config's free
+ * wipes them. */
+struct kvq_config_remote {
+	KVQ_CONFIG_NAMED_HEAD
+	KVQ_CONF_REMOTE_KEYS(KVQ_CONF_FIELD)
+	uint8_t hmac_key[KVQ_CONFIG_HMAC_MAX];
+	uint32_t hmac_key_len;
+	char password[KVQ_CONFIG_PASSWORD_MAX + 1];   /* "" without password_file */
+};
+
 /* [kvqd]'s fields come from its rows (conf_keys.h), then each named
  * section kind's array (KVQ_CONF_SECTIONS). */
 struct kvq_config {
 	KVQ_CONF_KVQD_KEYS(KVQ_CONF_FIELD)
 	uint32_t n_pools;
 	struct kvq_config_pool *pools;
+	uint32_t n_remotes;
+	struct kvq_config_remote *remotes;
 };
 
 /* The section kinds' init hooks (KVQ_CONF_SECTIONS): what no row's default
@@ -105,6 +132,14 @@ void kvq_config_init_pool(void *pool);
 
 /* The pool called name, or NULL. */
 const struct kvq_config_pool *kvq_config_find_pool(const struct kvq_config *c, const char *name);
+
+/* The remote called name, or NULL. */
+const struct kvq_config_remote *kvq_config_find_remote(const struct kvq_config *c, const char *name);
+
+/* What a remote's files held (not rows: kvq_config_keep_running calls
+ * this) back to the running config's, for each remote both hold: a reload
+ * changes no remote key, and no secret either, until the next start. */
+void kvq_config_keep_secrets(const struct kvq_config *running, struct kvq_config *next);
 
 /* Whether a peer with uid and groups gids[0..n_gids) passes acl. */
 bool kvq_config_acl_allows(const struct kvq_config_acl *acl, uid_t uid, const gid_t *gids, size_t n_gids);

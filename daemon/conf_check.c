@@ -4,9 +4,12 @@
  * is wrong and on which line; the reader adds the file. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "codebook.h"
 #include "conf.h"
@@ -83,6 +86,14 @@ int conf_check_pool(const struct conf_check_section *sec, struct conf_check_erro
 	pl->window = L->window;
 	kvq_layout_free(L);
 
+	/* sharing: off unless remote is set, and then in a namespace */
+	if (seen[K_POOL_remote] && !seen[K_POOL_remote_namespace])
+		return fail(e, seen[K_POOL_remote], "pool '%s': remote needs remote_namespace", pl->name);
+	if (!seen[K_POOL_remote] && (seen[K_POOL_remote_namespace] || seen[K_POOL_remote_write]))
+		return fail(e, seen[K_POOL_remote_namespace] ? seen[K_POOL_remote_namespace] : seen[K_POOL_remote_write],
+			    "pool '%s': %s without remote", pl->name,
+			    seen[K_POOL_remote_namespace] ? "remote_namespace" : "remote_write");
+
 	/* the smallest useful pool: one sealed block and one window of open
 	 * blocks (and as many sink slots) */
 	lp.window = pl->window;
@@ -103,12 +114,107 @@ int conf_check_pool(const struct conf_check_section *sec, struct conf_check_erro
 	return 0;
 }
 
+/* A secret's file, read whole into buf[max] (*ret_len bytes): a regular
+ * file that neither group nor others may access, of min to max bytes. */
+static int read_secret(struct conf_check_error *e, unsigned line, const char *key, const char *path, size_t min,
+		       size_t max, void *buf, size_t *ret_len)
+{
+	struct stat st;
+	size_t got = 0;
+	int fd, rc = 0;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+		return fail(e, line, "%s %s: %s", key, path, strerror(errno));
+	if (fstat(fd, &st) < 0) {
+		rc = fail(e, line, "%s %s: %s", key, path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = fail(e, line, "%s %s: not a regular file", key, path);
+		goto out;
+	}
+	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+		rc = fail(e, line, "%s %s: group or others may access it (mode %04o): it must be 0600 or 0400", key,
+			  path, (unsigned)(st.st_mode & 07777));
+		goto out;
+	}
+	/* one byte past max tells a file over the bound */
+	for (;;) {
+		uint8_t over;
+		ssize_t n = got < max ? read(fd, (uint8_t *)buf + got, max - got) : read(fd, &over, 1);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = fail(e, line, "%s %s: %s", key, path, strerror(errno));
+			goto out;
+		}
+		if (n == 0)
+			break;
+		if (got == max) {
+			rc = fail(e, line, "%s %s: longer than %zu bytes", key, path, max);
+			goto out;
+		}
+		got += (size_t)n;
+	}
+	if (got < min)
+		rc = fail(e, line, "%s %s: %zu bytes, fewer than %zu", key, path, got, min);
+	else
+		*ret_len = got;
+out:
+	close(fd);
+	return rc;
+}
+
+int conf_check_remote(const struct conf_check_section *sec, struct conf_check_error *e)
+{
+	struct kvq_config_remote *r = sec->item;
+	const unsigned *seen = sec->seen;
+	char pw[KVQ_CONFIG_PASSWORD_MAX + 2];   /* a line end past the longest */
+	size_t len = 0;
+	int rc;
+
+	if (seen[K_REMOTE_user] && !seen[K_REMOTE_password_file])
+		return fail(e, seen[K_REMOTE_user], "remote '%s': user without password_file", r->name);
+	if ((rc = read_secret(e, seen[K_REMOTE_hmac_key_file], "hmac_key_file", r->hmac_key_file, KVQ_CONFIG_HMAC_MIN,
+			      KVQ_CONFIG_HMAC_MAX, r->hmac_key, &len)) < 0)
+		return rc;
+	r->hmac_key_len = (uint32_t)len;
+	if (!seen[K_REMOTE_password_file])
+		return 0;
+	if ((rc = read_secret(e, seen[K_REMOTE_password_file], "password_file", r->password_file, 1,
+			      sizeof pw, pw, &len)) < 0)
+		goto out;
+	/* one line: its end is not the password's */
+	if (len && pw[len - 1] == '\n')
+		len--;
+	if (len && pw[len - 1] == '\r')
+		len--;
+	if (len == 0 || len > KVQ_CONFIG_PASSWORD_MAX || memchr(pw, '\0', len) || memchr(pw, '\n', len) ||
+	    memchr(pw, '\r', len)) {
+		rc = fail(e, seen[K_REMOTE_password_file],
+			  "password_file %s: not one line of 1-%u bytes without NUL bytes", r->password_file,
+			  KVQ_CONFIG_PASSWORD_MAX);
+		goto out;
+	}
+	memset(r->password, 0, sizeof r->password);
+	memcpy(r->password, pw, len);
+out:
+	explicit_bzero(pw, sizeof pw);
+	return rc;
+}
+
 int conf_check_all(const struct kvq_config *c, struct conf_check_error *e)
 {
 	for (uint32_t i = 0; i < c->n_pools; i++) {
 		const struct kvq_config_pool *pl = &c->pools[i];
 		double share = 0;
 		uint64_t bytes = 0;
+
+		if (pl->remote[0] && !kvq_config_find_remote(c, pl->remote))
+			return fail(e, pl->line, "pool '%s': remote '%s' names no [remote %s] section", pl->name,
+				    pl->remote, pl->remote);
 
 		for (uint32_t j = 0; j <= i; j++) {
 			const struct kvq_config_pool *q = &c->pools[j];

@@ -33,8 +33,16 @@ bool conf_valid_name(const char *s);
  * -EINVAL with *e set. */
 int conf_check_pool(const struct conf_check_section *sec, struct conf_check_error *e);
 
+/* The checks of a [remote] section once its keys are read: a user needs a
+ * password; the files (password_file, hmac_key_file) are read into the
+ * section, each refused unless a regular file that neither group nor
+ * others may access, of a size in bounds.  0, or -EINVAL (-ENOMEM) with
+ * *e set. */
+int conf_check_remote(const struct conf_check_section *sec, struct conf_check_error *e);
+
 /* The checks across sections, once the file is read and the defaults are
- * in: shares and capacities of the pools of one device.  0, or -EINVAL with
+ * in: shares and capacities of the pools of one device, the remote each
+ * sharing pool names.  0, or -EINVAL with
  * *e set. */
 int conf_check_all(const struct kvq_config *c, struct conf_check_error *e);
 

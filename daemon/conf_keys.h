@@ -54,10 +54,13 @@
 #define KVQ_CONF_SECTIONS(X) \
 	X(KVQD, "kvqd", KVQ_CONF_SINGLE, KVQ_CONF_SINGLE, 1, kvq_config_init_kvqd, NULL) \
 	X(POOL, "pool", KVQ_CONF_ITEMS(pools), KVQ_CONF_ITEMS(n_pools), KVQ_CONFIG_MAX_POOLS, kvq_config_init_pool, \
-	  conf_check_pool)
+	  conf_check_pool) \
+	X(REMOTE, "remote", KVQ_CONF_ITEMS(remotes), KVQ_CONF_ITEMS(n_remotes), KVQ_CONFIG_MAX_REMOTES, NULL, \
+	  conf_check_remote)
 
 #define KVQ_CONF_STRUCT_KVQD struct kvq_config
 #define KVQ_CONF_STRUCT_POOL struct kvq_config_pool
+#define KVQ_CONF_STRUCT_REMOTE struct kvq_config_remote
 
 enum kvq_conf_section {
 #define KVQ_CONF_SECTION_ENUM(id, word, items, n_items, max, init, check) KVQ_CONF_SEC_##id,
@@ -88,6 +91,10 @@ enum kvq_conf_type {
 	KVQ_CONF_T_COUNT,       /* a limit: a count in lo-hi */
 	KVQ_CONF_T_BYTES,       /* a limit: a size in lo-hi */
 	KVQ_CONF_T_MS,          /* a limit: milliseconds in lo-hi */
+	KVQ_CONF_T_NODES,       /* ADDRESS:PORT,... (IPv4, or IPv6 in brackets) */
+	KVQ_CONF_T_WORD,        /* printable, no blanks, within the field */
+	KVQ_CONF_T_FILE,        /* absolute path of a file (read by the section's check) */
+	KVQ_CONF_T_WRITE,       /* through, back or off (enum kvq_remote_write) */
 	KVQ_CONF_T_COUNT_OF_TYPES
 };
 
@@ -110,6 +117,10 @@ enum kvq_conf_type {
 #define KVQ_CONF_DECL_COUNT(f) uint64_t f;
 #define KVQ_CONF_DECL_BYTES(f) uint64_t f;
 #define KVQ_CONF_DECL_MS(f) uint64_t f;
+#define KVQ_CONF_DECL_NODES(f) char f[KVQ_CONFIG_NODES_MAX + 1];
+#define KVQ_CONF_DECL_WORD(f) char f[KVQ_CONFIG_WORD_MAX + 1];
+#define KVQ_CONF_DECL_FILE(f) char f[KVQ_CONFIG_FILE_MAX + 1];
+#define KVQ_CONF_DECL_WRITE(f) int f;          /* enum kvq_remote_write */
 
 #define KVQ_CONF_RELOAD 1u
 #define KVQ_CONF_REQUIRED 2u
@@ -203,7 +214,34 @@ enum kvq_conf_type {
 	X(POOL, create_on_attach, BOOL, create_on_attach, 0, 0, 0, "no", 0, "allocate at the first attach") \
 	X(POOL, attention_timing, BOOL, attention_timing, 0, 0, 0, "", KVQ_CONF_RELOAD | KVQ_CONF_INHERIT, \
 	  "whether this pool's clients time attention") \
+	X(POOL, remote, WORD, remote, 0, 0, 0, "", 0, "the [remote NAME] it shares blocks through (none: off)") \
+	X(POOL, remote_namespace, WORD, remote_namespace, 0, 0, 0, "", 0, \
+	  "the namespace its blocks share on the remote (required with remote)") \
+	X(POOL, remote_write, WRITE, remote_write, 0, 0, 0, "through", 0, \
+	  "when it writes blocks to the remote: through, back or off") \
 	KVQ_CONF_POOL_EXTRA(X)
+
+/*
+ * [remote NAME]: a Redis Cluster that pools of several kvqd share blocks
+ * through (daemon/rcluster.h; docs/DESIGN.md, "The remote tier").  The
+ * files are read when the section ends (conf_check_remote): the secrets
+ * are kept in the section's struct, never in a row's field.  No row
+ * reloads: a SIGHUP keeps the running remotes, and the pools' remote keys,
+ * until the next start.  The timeouts bound what a Lookup may wait on the
+ * remote; max_value_bytes what one record may cost the loop.
+ */
+#define KVQ_CONF_REMOTE_KEYS(X) \
+	X(REMOTE, nodes, NODES, nodes, 0, 0, 0, "", KVQ_CONF_REQUIRED, "seed nodes ADDRESS:PORT,... of the cluster") \
+	X(REMOTE, user, WORD, user, 0, 0, 0, "", 0, "Redis ACL user of AUTH (needs password_file)") \
+	X(REMOTE, password_file, FILE, password_file, 0, 0, 0, "", 0, "file holding the AUTH password") \
+	X(REMOTE, hmac_key_file, FILE, hmac_key_file, 0, 0, 0, "", KVQ_CONF_REQUIRED, \
+	  "file holding the key that signs every value (32 bytes or more)") \
+	X(REMOTE, connect_timeout_ms, MS, connect_timeout_ms, 10, 60000, 1, "1000", 0, "bound on a connection's start") \
+	X(REMOTE, request_timeout_ms, MS, request_timeout_ms, 10, 60000, 1, "1000", 0, "bound on one request") \
+	X(REMOTE, max_inflight, COUNT, max_inflight, 1, 65536, 1, "1024", 0, "requests to the cluster at once") \
+	X(REMOTE, max_value_bytes, BYTES, max_value_bytes, 65536, 512u << 20, 1, "64M", 0, \
+	  "largest value stored or taken") \
+	X(REMOTE, ttl_s, COUNT, ttl_s, 0, 315360000, 1, "0", 0, "seconds a written value lives (0: until evicted)")
 
 #ifndef KVQ_CONF_KVQD_EXTRA
 #define KVQ_CONF_KVQD_EXTRA(X)
@@ -213,7 +251,7 @@ enum kvq_conf_type {
 #endif
 
 /* Every row, the sections' lists one after the other. */
-#define KVQ_CONF_KEYS(X) KVQ_CONF_KVQD_KEYS(X) KVQ_CONF_POOL_KEYS(X)
+#define KVQ_CONF_KEYS(X) KVQ_CONF_KVQD_KEYS(X) KVQ_CONF_POOL_KEYS(X) KVQ_CONF_REMOTE_KEYS(X)
 
 /* A section's fields, in its struct (conf.h). */
 #define KVQ_CONF_FIELD(sec, key, type, field, lo, hi, step, def, flags, what) KVQ_CONF_DECL_##type(field)

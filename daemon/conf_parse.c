@@ -346,6 +346,9 @@ void kvq_config_free(struct kvq_config *c)
 			void *items;
 
 			memcpy(&items, (char *)c + conf_schema_sections[sec].items, sizeof items);
+			/* a remote's section holds its secrets */
+			if (items)
+				explicit_bzero(items, (size_t)conf_schema_sections[sec].max * conf_schema_sections[sec].size);
 			free(items);
 		}
 	free(c);

@@ -31,6 +31,9 @@ const struct conf_schema_section conf_schema_sections[KVQ_CONF_SEC_COUNT] = {
 _Static_assert(offsetof(struct kvq_config_pool, name) == offsetof(struct kvq_config_named, name) &&
 	       offsetof(struct kvq_config_pool, line) == offsetof(struct kvq_config_named, line),
 	       "a named section's struct starts with KVQ_CONFIG_NAMED_HEAD");
+_Static_assert(offsetof(struct kvq_config_remote, name) == offsetof(struct kvq_config_named, name) &&
+	       offsetof(struct kvq_config_remote, line) == offsetof(struct kvq_config_named, line),
+	       "a named section's struct starts with KVQ_CONFIG_NAMED_HEAD");
 
 int conf_schema_find(int sec, const char *name)
 {
@@ -125,4 +128,5 @@ void kvq_config_keep_running(const struct kvq_config *running, struct kvq_config
 					keep(k, old, item, n->name, note, arg);
 		}
 	}
+	kvq_config_keep_secrets(running, next);
 }

@@ -57,7 +57,8 @@ void *conf_schema_item(const struct kvq_config *c, int sec, uint32_t idx);
 /* What a reload (SIGHUP) may change: the running config's value of each
  * key whose row is not KVQ_CONF_RELOAD, in [kvqd] and in the named sections
  * that both configs hold, is put back into next, and note(arg, word, name,
- * key) is called for each that differed (name NULL for [kvqd]). */
+ * key) is called for each that differed (name NULL for [kvqd]); the
+ * remotes' secrets are kept too (kvq_config_keep_secrets). */
 void kvq_config_keep_running(const struct kvq_config *running, struct kvq_config *next,
 			     void (*note)(void *arg, const char *word, const char *name, const char *key), void *arg);
 

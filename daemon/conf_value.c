@@ -334,6 +334,64 @@ static int value_limit(struct conf_value_msg *m, const struct conf_schema_key *r
 	return 0;
 }
 
+/* A remote's seeds: ADDRESS:PORT items, comma-separated, each an IPv4
+ * address or a bracketed IPv6 one (hiredis would resolve a name with a
+ * blocking lookup on the daemon's loop). */
+static int value_nodes(struct conf_value_msg *m, const char *key, const char *v, size_t size)
+{
+	char item[KVQ_CONFIG_NODES_MAX + 1], host[64];
+	const char *p = v;
+
+	if (strlen(v) >= size)
+		return fail(m, "%s longer than %zu bytes", key, size - 1);
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		char *t, *colon;
+		uint64_t port;
+		size_t hl;
+		union { struct in_addr a4; struct in6_addr a6; } a;
+
+		memcpy(item, p, len);
+		item[len] = '\0';
+		t = conf_value_trim(item);
+		if (!*t)
+			return fail(m, "%s: empty item in the list", key);
+		colon = strrchr(t, ':');
+		if (!colon || conf_value_u64(colon + 1, &port) < 0 || port == 0 || port > 65535)
+			return fail(m, "%s: '%s' is not ADDRESS:PORT with a port in 1-65535", key, t);
+		hl = (size_t)(colon - t);
+		if (hl >= 2 && t[0] == '[' && t[hl - 1] == ']' && hl - 2 < sizeof host) {
+			memcpy(host, t + 1, hl - 2);
+			host[hl - 2] = '\0';
+			if (inet_pton(AF_INET6, host, &a.a6) != 1)
+				return fail(m, "%s: '%s' is not an IPv6 address", key, host);
+		} else {
+			if (hl >= sizeof host)
+				hl = sizeof host - 1;
+			memcpy(host, t, hl);
+			host[hl] = '\0';
+			if (inet_pton(AF_INET, host, &a.a4) != 1)
+				return fail(m, "%s: '%s' is not an IPv4 address or a bracketed IPv6 address (names are not "
+					    "resolved)", key, host);
+		}
+		p += len;
+		if (!*p)
+			return 0;
+		p++;
+	}
+}
+
+/* Printable characters and no blanks, within the field. */
+static int value_word(struct conf_value_msg *m, const char *key, const char *v, size_t size)
+{
+	if (strlen(v) >= size)
+		return fail(m, "%s longer than %zu bytes", key, size - 1);
+	for (const char *c = v; *c; c++)
+		if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
+			return fail(m, "%s '%s' holds a blank or a character that is not printable ASCII", key, v);
+	return 0;
+}
+
 /* Text into a char field, zero-filled past it (a reload compares fields
  * byte for byte). */
 static void set_text(char *field, size_t size, const char *v)
@@ -433,6 +491,31 @@ int conf_value_read(struct conf_value_msg *m, int k, const char *v, void *item, 
 	case KVQ_CONF_T_BYTES:
 	case KVQ_CONF_T_MS:
 		return value_limit(m, row, v, f);
+	case KVQ_CONF_T_NODES:
+		if ((rc = value_nodes(m, key, v, row->size)) < 0)
+			return rc;
+		set_text(f, row->size, v);
+		return 0;
+	case KVQ_CONF_T_WORD:
+		if ((rc = value_word(m, key, v, row->size)) < 0)
+			return rc;
+		set_text(f, row->size, v);
+		return 0;
+	case KVQ_CONF_T_FILE:
+		if (v[0] != '/' || strlen(v) >= row->size)
+			return fail(m, "%s must be an absolute path of at most %zu bytes", key, row->size - 1);
+		set_text(f, row->size, v);
+		return 0;
+	case KVQ_CONF_T_WRITE:
+		if (strcmp(v, "through") == 0)
+			*(int *)f = KVQ_REMOTE_WRITE_THROUGH;
+		else if (strcmp(v, "back") == 0)
+			*(int *)f = KVQ_REMOTE_WRITE_BACK;
+		else if (strcmp(v, "off") == 0)
+			*(int *)f = KVQ_REMOTE_WRITE_OFF;
+		else
+			return fail(m, "%s '%s' is not through, back or off", key, v);
+		return 0;
 	}
 	return fail(m, "internal: key %s of type %d", key, row->type);
 }

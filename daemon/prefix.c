@@ -4,21 +4,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include "blockrec.h"
+#include "chainkey.h"
 #include "layout.h"
 #include "prefix.h"
 
 /* a block record (kernels/blockrec.h) carries this index's keys */
 _Static_assert(KVQ_BLOCKREC_KEY_LEN == KVQ_PREFIX_KEY_LEN, "one key length");
-
-#if OPENSSL_VERSION_NUMBER < 0x30000000L
-/* OpenSSL 1.1 has no explicit fetch; its EVP_sha256() costs nothing per use */
-#define EVP_MD_fetch(lib, name, props) ((EVP_MD *)EVP_sha256())
-#define EVP_MD_free(md) ((void)(md))
-#endif
+/* its keys are chain keys in the pool's name (chainkey.h) */
+_Static_assert(KVQ_CHAINKEY_LEN == KVQ_PREFIX_KEY_LEN && KVQ_CHAINKEY_MAX_NAME == KVQ_PREFIX_MAX_NAME &&
+	       KVQ_CHAINKEY_MAX_SALT == KVQ_PREFIX_MAX_SALT, "one key construction");
 
 enum { IN_CACHE = 1, HELD = 2 };
 
@@ -27,12 +24,7 @@ struct kvq_prefix {
 	uint32_t n;                        /* blocks of the pool: sealed, then sink slots */
 	uint32_t first_sink;               /* the first sink block id (n_sealed) */
 	uint32_t B;                        /* tokens per block */
-	char pool_name[KVQ_PREFIX_MAX_NAME];
-	char model_id[KVQ_PREFIX_MAX_NAME];
-	uint32_t pool_len, model_len;
-
-	EVP_MD *md;                        /* fetched once: an implicit fetch per key costs more than the hash */
-	EVP_MD_CTX *mdctx;
+	struct kvq_chainkey ck;            /* keys in the pool's name */
 
 	/* per sealed id, meaningful while IN_CACHE */
 	uint8_t (*key)[KVQ_PREFIX_KEY_LEN];
@@ -68,72 +60,17 @@ struct kvq_prefix {
 
 /* ------------------------------------------------------------------- keys */
 
-static void put_u32le(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
-static int digest_field(EVP_MD_CTX *c, const void *s, uint32_t len)
-{
-	uint8_t l[4];
-
-	put_u32le(l, len);
-	return EVP_DigestUpdate(c, l, 4) && (len == 0 || EVP_DigestUpdate(c, s, len));
-}
-
-/* The encoding of prefix.h; lengths are checked by the callers. */
-static int key_compute(EVP_MD_CTX *c, const EVP_MD *md, const uint8_t *parent_key, const uint32_t *tokens,
-		       uint32_t B, const char *pool, uint32_t pool_len, const char *model, uint32_t model_len,
-		       const void *salt, uint32_t salt_len, uint8_t *ret_key)
-{
-	static const uint8_t zero[KVQ_PREFIX_KEY_LEN];
-	uint8_t tok[4 * KVQ_MAX_BLOCK_TOKENS];
-	unsigned int len = 0;
-
-	for (uint32_t i = 0; i < B; i++)
-		put_u32le(tok + 4 * i, tokens[i]);
-	if (!EVP_DigestInit_ex(c, md, NULL) ||
-	    !EVP_DigestUpdate(c, parent_key ? parent_key : zero, KVQ_PREFIX_KEY_LEN) ||
-	    !EVP_DigestUpdate(c, tok, 4 * (size_t)B) ||
-	    !digest_field(c, pool, pool_len) || !digest_field(c, model, model_len) ||
-	    !digest_field(c, salt, salt_len) ||
-	    !EVP_DigestFinal_ex(c, ret_key, &len) || len != KVQ_PREFIX_KEY_LEN)
-		return -EIO;
-	return 0;
-}
-
 int kvq_prefix_key(const uint8_t *parent_key, const uint32_t *tokens, uint32_t block_tokens,
 		   const char *pool_name, const char *model_id, const void *salt, size_t salt_len,
 		   uint8_t ret_key[KVQ_PREFIX_KEY_LEN])
 {
-	size_t pl, ml;
-	EVP_MD_CTX *c;
-	int r;
-
-	if (!tokens || !pool_name || !model_id || block_tokens == 0 || block_tokens > KVQ_MAX_BLOCK_TOKENS ||
-	    salt_len > KVQ_PREFIX_MAX_SALT || (salt_len && !salt))
-		return -EINVAL;
-	pl = strnlen(pool_name, KVQ_PREFIX_MAX_NAME + 1);
-	ml = strnlen(model_id, KVQ_PREFIX_MAX_NAME + 1);
-	if (pl > KVQ_PREFIX_MAX_NAME || ml > KVQ_PREFIX_MAX_NAME)
-		return -EINVAL;
-	c = EVP_MD_CTX_new();
-	if (!c)
-		return -ENOMEM;
-	r = key_compute(c, EVP_sha256(), parent_key, tokens, block_tokens, pool_name, (uint32_t)pl, model_id,
-			(uint32_t)ml, salt, (uint32_t)salt_len, ret_key);
-	EVP_MD_CTX_free(c);
-	return r;
+	return kvq_chainkey_once(parent_key, tokens, block_tokens, pool_name, model_id, salt, salt_len, ret_key);
 }
 
 static int block_key(struct kvq_prefix *x, const uint8_t *parent_key, const uint32_t *tokens, const void *salt,
 		     size_t salt_len, uint8_t *ret_key)
 {
-	return key_compute(x->mdctx, x->md, parent_key, tokens, x->B, x->pool_name, x->pool_len, x->model_id,
-			   x->model_len, salt, (uint32_t)salt_len, ret_key);
+	return kvq_chainkey_make(&x->ck, parent_key, tokens, salt, salt_len, ret_key);
 }
 
 /* ------------------------------------------------------------ hash table */
@@ -516,10 +453,6 @@ int kvq_prefix_new(kvq_pool *pool, uint32_t block_tokens, const char *pool_name,
 	x->n = st.n_sealed + st.n_sink;
 	x->first_sink = st.n_sealed;
 	x->B = block_tokens;
-	memcpy(x->pool_name, pool_name, pl);
-	memcpy(x->model_id, model_id, ml);
-	x->pool_len = (uint32_t)pl;
-	x->model_len = (uint32_t)ml;
 
 	/* buckets: a power of two >= n, at least 2 so the shift stays < 64 */
 	x->bucket_bits = 1;
@@ -548,10 +481,10 @@ int kvq_prefix_new(kvq_pool *pool, uint32_t block_tokens, const char *pool_name,
 	for (size_t i = 0; i < nb; i++)
 		x->bucket[i] = -1;
 
+	if ((r = kvq_chainkey_init(&x->ck, block_tokens, pool_name, model_id)) < 0)
+		goto fail;
 	r = -EIO;
-	x->md = EVP_MD_fetch(NULL, "SHA256", NULL);
-	x->mdctx = EVP_MD_CTX_new();
-	if (!x->md || !x->mdctx || RAND_bytes((unsigned char *)&x->mult, sizeof x->mult) != 1)
+	if (RAND_bytes((unsigned char *)&x->mult, sizeof x->mult) != 1)
 		goto fail;
 	x->mult |= 1;
 
@@ -575,8 +508,7 @@ void kvq_prefix_free(kvq_prefix *x)
 		return;
 	if (x->pool)
 		kvq_pool_set_cache(x->pool, NULL);
-	EVP_MD_CTX_free(x->mdctx);
-	EVP_MD_free(x->md);
+	kvq_chainkey_fini(&x->ck);
 	free(x->key);
 	free(x->parent);
 	free(x->children);

@@ -3,7 +3,8 @@
  * The prefix index of one pool: sealed blocks by content key, so that a
  * prompt prefix one worker computed is reused, still quantized, by others.
  *
- * Key of a block (KVQ_PREFIX_KEY_LEN = 32 bytes) = SHA-256 over, in order:
+ * Key of a block (KVQ_PREFIX_KEY_LEN = 32 bytes): its chain key (chainkey.h)
+ * in the pool's name, SHA-256 over, in order:
  *
  *   parent key          32 bytes: the parent block's key, or 32 zero bytes
  *                       for the first block of a sequence

@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conf.h"
 #include "conf_parse.h"
@@ -119,6 +120,27 @@ static char *read_example(void)
 /* A minimal pool, for the pool rows' defaults. */
 #define POOL "[pool p]\nmodel = m\nlayers = 4\nkv_heads = 2\nhead_dim = 64\npolicy = int8\n"
 
+/* A minimal remote, its key in a file of this test's (mode 0600). */
+static char remote_key_path[] = "/tmp/kvq-conf-schema-XXXXXX";
+
+static const char *remote_section(void)
+{
+	static char text[256];
+	char *path = remote_key_path;
+	int fd;
+
+	if (text[0])
+		return text;
+	fd = mkstemp(path);
+	if (fd < 0 || write(fd, "0123456789abcdef0123456789abcdef", 32) != 32) {
+		perror(path);
+		exit(1);
+	}
+	close(fd);
+	snprintf(text, sizeof text, "[remote r]\nnodes = 127.0.0.1:7000\nhmac_key_file = %s\n", path);
+	return text;
+}
+
 static void test_defaults(void)
 {
 	char text[512], err[KVQ_CONFIG_MSG_MAX];
@@ -131,10 +153,15 @@ static void test_defaults(void)
 		ok(r->what && *r->what, "%s: has a meaning", r->name);
 		if (!r->def[0])
 			continue;
-		if (r->sec == KVQ_CONF_SEC_POOL)
+		if (r->sec == KVQ_CONF_SEC_POOL && strncmp(r->name, "remote_", 7) == 0)
+			snprintf(text, sizeof text, "%s" POOL "memory_share = 1\nremote = r\nremote_namespace = n\n%s = %s\n",
+				 remote_section(), r->name, r->def);
+		else if (r->sec == KVQ_CONF_SEC_POOL)
 			snprintf(text, sizeof text, POOL "%s%s = %s\n",
 				 strcmp(r->name, "memory_share") && strcmp(r->name, "capacity") ? "memory_share = 1\n" : "",
 				 r->name, r->def);
+		else if (r->sec == KVQ_CONF_SEC_REMOTE)
+			snprintf(text, sizeof text, "%s%s = %s\n", remote_section(), r->name, r->def);
 		else
 			snprintf(text, sizeof text, "[%s]\n%s = %s\n", conf_schema_sections[r->sec].word, r->name, r->def);
 		rc = kvq_config_parse_string(text, strlen(text), "def.conf", &c, err, sizeof err);
@@ -213,5 +240,6 @@ int main(void)
 	free(example);
 	test_defaults();
 	test_reload();
+	unlink(remote_key_path);
 	return done_testing();
 }

@@ -136,8 +136,8 @@ static const struct bad {
 	{ POOL("colour = red\n"), "8: unknown key 'colour' in [pool p]" },
 	{ POOL("socket = /x\n"), "8: unknown key 'socket' in [pool p]" },
 	{ "[kvqd]\nmodel = m\n", "2: unknown key 'model' in [kvqd]" },
-	{ "\n[daemon]\n", "2: unknown section [daemon] (kvqd or pool NAME)" },
-	{ "[pools x]\n", "1: unknown section [pools x] (kvqd or pool NAME)" },
+	{ "\n[daemon]\n", "2: unknown section [daemon] (kvqd, pool NAME or remote NAME)" },
+	{ "[pools x]\n", "1: unknown section [pools x] (kvqd, pool NAME or remote NAME)" },
 	{ "[kvqd]\ndevice = 0\n# c\ndevice = 1\n", "4: duplicate key 'device' (first on line 2)" },
 	{ POOL("layers = 4\n"), "8: duplicate key 'layers' (first on line 3)" },
 	{ POOL("") "[pool p]\n", "8: duplicate pool 'p' (first on line 1)" },
@@ -347,8 +347,8 @@ static void check_defaults(const struct kvq_config *c, const char *what)
 	   "%s: the limits' defaults (kvqd.conf(5))", what);
 }
 
-/* Every limit (a row of type COUNT, BYTES or MS, conf_keys.h) is a
- * [kvqd] key taking its range's ends. */
+/* Every [kvqd] limit (a row of type COUNT, BYTES or MS, conf_keys.h)
+ * takes its range's ends ([remote]'s: tests/unit/test_conf_remote.c). */
 static void test_limit_keys(void)
 {
 	char text[256], err[KVQ_CONFIG_MSG_MAX];
@@ -359,7 +359,8 @@ static void test_limit_keys(void)
 		uint64_t d;
 		int r1, r2;
 
-		if (row->type != KVQ_CONF_T_COUNT && row->type != KVQ_CONF_T_BYTES && row->type != KVQ_CONF_T_MS)
+		if ((row->type != KVQ_CONF_T_COUNT && row->type != KVQ_CONF_T_BYTES && row->type != KVQ_CONF_T_MS) ||
+		    row->sec != KVQ_CONF_SEC_KVQD)
 			continue;
 		snprintf(text, sizeof(text), "[kvqd]\n%s = %llu\n", row->name, (unsigned long long)row->lo);
 		r1 = kvq_config_parse_string(text, strlen(text), "l.conf", &lo, err, sizeof err);
