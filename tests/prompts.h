@@ -55,4 +55,37 @@ static int attend(kvq_seq *s, float (*out)[NQ * QH_ * D_])
 	return 0;
 }
 
+/* A prompt of tok[NTOK] from its lookup on: its hit in *ret_hit, its
+ * attention in out; the sequence freed (its blocks left published) unless
+ * ret_seq takes it (on success).  A failure is told in a diag() line. */
+__attribute__((unused))
+static int prompt_run(kvq_client *c, const uint32_t *tok, uint32_t *ret_hit, float (*out)[NQ * QH_ * D_],
+		      kvq_seq **ret_seq)
+{
+	uint32_t hit = 0;
+	kvq_seq *s = NULL;
+	int r = kvq_seq_new(c, NULL, 0, &s);
+
+	r = r < 0 ? r : kvq_seq_from_prompt(s, tok, NTOK, &hit);
+	r = r < 0 ? r : append(s, tok, hit, NTOK);
+	r = r < 0 ? r : attend(s, out);
+	if (r < 0)
+		diag("prompt %u..: %d %s", tok[0], r, kvq_client_error(c));
+	*ret_hit = hit;
+	if (ret_seq && r == 0)
+		*ret_seq = s;
+	else
+		kvq_seq_free(s);
+	return r;
+}
+
+/* Figure name of c's pool (UINT64_MAX: not read). */
+__attribute__((unused))
+static uint64_t prompt_figure(kvq_client *c, const char *name)
+{
+	uint64_t v = 0;
+
+	return kvq_client_pool_stat(c, NULL, name, &v) < 0 ? UINT64_MAX : v;
+}
+
 #endif

@@ -148,21 +148,10 @@ static kvq_client *open_pool(const char *pool)
  * (its blocks published) unless ret_seq takes it. */
 static int run_prompt(kvq_client *c, uint32_t p, uint32_t *ret_hit, att_t out, kvq_seq **ret_seq)
 {
-	uint32_t tok[NTOK], hit = 0;
-	kvq_seq *s = NULL;
-	int r;
+	uint32_t tok[NTOK];
 
 	prompt_tokens(p, tok);
-	r = kvq_seq_new(c, NULL, 0, &s);
-	r = r < 0 ? r : kvq_seq_from_prompt(s, tok, NTOK, &hit);
-	r = r < 0 ? r : append(s, tok, hit, NTOK);
-	r = r < 0 ? r : attend(s, out);
-	*ret_hit = hit;
-	if (ret_seq && r == 0)
-		*ret_seq = s;
-	else
-		kvq_seq_free(s);
-	return r;
+	return prompt_run(c, tok, ret_hit, out, ret_seq);
 }
 
 /* Every prompt in pool: whole hits (want_whole) or hits of whole blocks,

@@ -94,28 +94,13 @@ static kvq_client *open_pool(const char *pool, uint32_t sinks)
  * The sequence is freed, its blocks left published. */
 static int run_prompt(kvq_client *c, uint32_t p, uint32_t *ret_hit, float (*out)[NQ * QH_ * D_])
 {
-	uint32_t tok[NTOK], hit = 0;
-	kvq_seq *s = NULL;
-	int r;
+	uint32_t tok[NTOK];
 
 	prompt_tokens(p, tok);
-	r = kvq_seq_new(c, NULL, 0, &s);
-	r = r < 0 ? r : kvq_seq_from_prompt(s, tok, NTOK, &hit);
-	r = r < 0 ? r : append(s, tok, hit, NTOK);
-	r = r < 0 ? r : attend(s, out);
-	if (r < 0)
-		diag("prompt %u: %d %s", p, r, kvq_client_error(c));
-	kvq_seq_free(s);
-	*ret_hit = hit;
-	return r;
+	return prompt_run(c, tok, ret_hit, out, NULL);
 }
 
-static uint64_t figure(kvq_client *c, const char *name)
-{
-	uint64_t v = 0;
-
-	return kvq_client_pool_stat(c, NULL, name, &v) < 0 ? UINT64_MAX : v;
-}
+#define figure prompt_figure
 
 /* Writes prompts 0 .. n-1 cold, the attention of those in keep[] kept;
  * each waits for the copies it started, as a real worker's compute
