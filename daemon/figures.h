@@ -40,7 +40,7 @@
 #include "pools.h"
 
 /* Rows a build may have at most (PoolStats.figures' room in kvqd). */
-#define KVQ_FIGURES_MAX 64u
+#define KVQ_FIGURES_MAX 96u
 
 #ifndef KVQ_POOL_FIGURES_EXTRA
 #define KVQ_POOL_FIGURES_EXTRA(X)
@@ -175,6 +175,31 @@
 	X(restart_cold, "restart_cold", GAUGE, "kvq_restart_cold", NULL,                                           \
 	  "1: books a restart left could not be taken back and the pool started cold (the log and Stats say why).", \
 	  (uint64_t)(i->restart.cold && i->restart.cold[0]))                                                       \
+	/* the remote tier (daemon/rtier.h); all 0 without one */                                                \
+	X(remote_hit_tokens, "remote_hit_tokens", COUNTER, "kvq_remote_hit_tokens_total", NULL, "Tokens of lookups' hits fetched from the remote tier (part of hit_tokens).", i->remote.hit_tokens) \
+	X(remote_fetched, "remote_fetched", COUNTER, "kvq_remote_blocks_total", "fetched", "Blocks fetched from the remote, verified and placed in the pool.", i->remote.fetched) \
+	X(remote_absent, "remote_absent", COUNTER, "kvq_remote_blocks_total", "absent", "Blocks a lookup asked the remote for that it did not have.", i->remote.absent) \
+	X(remote_written, "remote_written", COUNTER, "kvq_remote_blocks_total", "written", "Blocks written to the remote.", i->remote.written) \
+	X(remote_dropped, "remote_dropped", COUNTER, "kvq_remote_blocks_total", "dropped", "Blocks not written: queue full, parent's remote key unknown, evicted first, refused.", i->remote.dropped) \
+	X(remote_bytes_in, "remote_bytes_in", COUNTER, "kvq_remote_bytes_total", "in", "Bytes of values read from the remote.", i->remote.bytes_in) \
+	X(remote_bytes_out, "remote_bytes_out", COUNTER, "kvq_remote_bytes_total", "out", "Bytes of values written to the remote.", i->remote.bytes_out) \
+	X(remote_queue, "remote_queue", GAUGE, "kvq_remote_write_queue", NULL, "Blocks waiting to be written to the remote, and writes in flight.", i->remote.queue) \
+	X(remote_errors_timeout, "remote_errors_timeout", COUNTER, "kvq_remote_errors_total", "timeout", "Remote failures: timeout (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_TIMEOUT]) \
+	X(remote_errors_conn, "remote_errors_conn", COUNTER, "kvq_remote_errors_total", "conn", "Remote failures: conn (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_CONN]) \
+	X(remote_errors_down, "remote_errors_down", COUNTER, "kvq_remote_errors_total", "down", "Remote failures: down (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_DOWN]) \
+	X(remote_errors_loop, "remote_errors_loop", COUNTER, "kvq_remote_errors_total", "loop", "Remote failures: loop (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_LOOP]) \
+	X(remote_errors_auth, "remote_errors_auth", COUNTER, "kvq_remote_errors_total", "auth", "Remote failures: auth (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_AUTH]) \
+	X(remote_errors_full, "remote_errors_full", COUNTER, "kvq_remote_errors_total", "full", "Remote failures: full (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_FULL]) \
+	X(remote_errors_cancelled, "remote_errors_cancelled", COUNTER, "kvq_remote_errors_total", "cancelled", "Remote failures: cancelled (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_CANCELLED]) \
+	X(remote_errors_oversize, "remote_errors_oversize", COUNTER, "kvq_remote_errors_total", "oversize", "Remote failures: oversize (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_OVERSIZE]) \
+	X(remote_errors_magic, "remote_errors_magic", COUNTER, "kvq_remote_errors_total", "magic", "Remote failures: magic (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_MAGIC]) \
+	X(remote_errors_truncated, "remote_errors_truncated", COUNTER, "kvq_remote_errors_total", "truncated", "Remote failures: truncated (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_TRUNCATED]) \
+	X(remote_errors_version, "remote_errors_version", COUNTER, "kvq_remote_errors_total", "version", "Remote failures: version (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_VERSION]) \
+	X(remote_errors_identity, "remote_errors_identity", COUNTER, "kvq_remote_errors_total", "identity", "Remote failures: identity (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_IDENTITY]) \
+	X(remote_errors_key, "remote_errors_key", COUNTER, "kvq_remote_errors_total", "key", "Remote failures: key (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_KEY]) \
+	X(remote_errors_hmac, "remote_errors_hmac", COUNTER, "kvq_remote_errors_total", "hmac", "Remote failures: hmac (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_HMAC]) \
+	X(remote_errors_record, "remote_errors_record", COUNTER, "kvq_remote_errors_total", "record", "Remote failures: record (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_RECORD]) \
+	X(remote_errors_reply, "remote_errors_reply", COUNTER, "kvq_remote_errors_total", "reply", "Remote failures: reply (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_REPLY]) \
 	KVQ_POOL_FIGURES_EXTRA(X)
 
 /* The labelled families of the rows: F(FAMILY, KEY, HELP), KEY the label
@@ -191,7 +216,14 @@
 	  "references x block tokens), sealed_distinct (as stored), open_max (open slots x block tokens, an upper "  \
 	  "bound).  Sharing factor = sealed / sealed_distinct.")                                                    \
 	F("kvq_restart_blocks", "kind", "What each pool took back at this start: cached blocks, host-tier "         \
-	  "records, and slots held for processes alive across the restart.")
+	  "records, and slots held for processes alive across the restart.")                                      \
+	F("kvq_remote_blocks_total", "event", "Blocks through each pool's remote tier: fetched (verified, placed), " \
+	  "absent (asked, not there), written, dropped (not written).")                                            \
+	F("kvq_remote_bytes_total", "dir", "Bytes of values each pool's remote tier read (in) and wrote (out).")   \
+	F("kvq_remote_errors_total", "kind", "Each pool's remote failures by kind: the cluster's (timeout, conn, "  \
+	  "down, loop, auth, full, cancelled), refused values (oversize, magic, truncated, version, identity, key, " \
+	  "hmac), records that did not unpack (record) and unexpected replies (reply); each a miss or a dropped "   \
+	  "write.")
 
 enum kvq_figure_type { KVQ_FIGURE_GAUGE, KVQ_FIGURE_COUNTER };
 

@@ -48,6 +48,9 @@ void kvq_pools_fini(struct kvq_pools *ps)
 	}
 	kvq_copier_free(ps->copier);
 	ps->copier = NULL;
+	/* after the pools' tiers: the requests still in flight end here */
+	kvq_rtiers_free(ps->rtiers);
+	ps->rtiers = NULL;
 	if (ps->restart)
 		kvq_restart_fini(ps->restart);
 	free(ps->restart);
@@ -387,6 +390,8 @@ void kvq_pools_release(struct kvq_pools_rec *p)
 		p->glink.leave(p);
 	kvq_tiering_free(p->tiering);
 	p->tiering = NULL;
+	kvq_rtier_free(p->rtier);
+	p->rtier = NULL;
 	kvq_attn_free(p->attn);
 	p->attn = NULL;
 	kvq_prefix_free(p->prefix);
@@ -447,6 +452,28 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 	o->bytes = distinct * i->sealed_block_bytes + sinks * i->open_block_bytes +
 		   (uint64_t)st->open_used * (i->open_block_bytes + i->sealed_block_bytes);
 	o->f16_bytes = (distinct + sinks + st->open_used) * f16_block_bytes;
+}
+
+/* p's remote tier, when its section names a remote and the server started
+ * the remotes; a pool whose tier cannot start runs without it. */
+static void remote_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p)
+{
+	char why[256] = "";
+
+	if (ps->rtiers && !p->rtier &&
+	    kvq_rtier_new(ps->rtiers, kvq_config_find_pool(cfg, p->name), p, &p->rtier, why, sizeof why) < 0)
+		kvq_log(LOG_WARNING, "%s: the pool runs without its remote tier", why);
+}
+
+int kvq_pools_remotes(struct kvq_pools *ps, struct event_base *base, const struct kvq_config *cfg, char *err,
+		      size_t errlen)
+{
+	int r = kvq_rtiers_new(base, cfg, &ps->rtiers, err, errlen);
+
+	for (struct kvq_pools_rec *p = ps->head; r == 0 && p; p = p->next)
+		if (p->allocated)
+			remote_tier(ps, cfg, p);
+	return r;
 }
 
 /* The bytes of p's host tier, when it has a host_capacity (0: none):
@@ -617,6 +644,7 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	r = host_tier(ps, p, tier, pl ? kvq_restart_plan_tier(pl) : -1, err, errlen);
 	if (r < 0)
 		goto fail;
+	remote_tier(ps, cfg, p);
 	pt = parts_of(p);
 	if (pl)
 		kvq_restart_apply(ps->restart, &p->kept, &pt, pl);
@@ -652,6 +680,8 @@ void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *o)
 	kvq_pool_stats(p->pool, &o->st);
 	if (p->tiering)
 		kvq_tiering_stats(p->tiering, &o->tier);
+	if (p->rtier)
+		kvq_rtier_stats(p->rtier, &o->remote);
 	o->restart.blocks = p->kept.blocks;
 	o->restart.records = p->kept.records;
 	o->restart.held = p->kept.holds ? p->kept.holds->held : 0;

@@ -34,6 +34,7 @@
 #include "pool.h"
 #include "prefix.h"
 #include "restart.h"
+#include "rtier.h"
 #include "tier.h"
 
 /* A pool created on attach without slot counts gets one open slot per this
@@ -66,6 +67,7 @@ struct kvq_pools_rec {
 	struct kvq_config_amount capacity;
 	struct kvq_config_amount host_capacity;      /* of its host tier: bytes or a share of the host budget */
 	struct kvq_tiering *tiering;                 /* its host tier at work (daemon/tiering.h), or NULL */
+	struct kvq_rtier *rtier;                     /* its remote tier at work (daemon/rtier.h), or NULL */
 	const struct kvq_backend *backend;
 	int device;                                  /* 0 for host */
 	bool allocated;                              /* memory, layout and books exist */
@@ -102,6 +104,8 @@ struct kvq_pools {
 	kvq_copier *copier;                          /* the host tiers' copies: synchronous until the
 							server gives its own (kvq_copier_new with its loop) */
 	struct kvq_restart *restart;                 /* what a restart leaves and takes back */
+	struct kvq_rtiers *rtiers;                   /* the [remote] sections' clients, or NULL: set by the
+						   server on its loop (kvq_pools_remotes) */
 };
 
 /*
@@ -143,6 +147,7 @@ struct kvq_pools_info {
 	uint32_t rank, world_size;       /* in it (0, 0 for none) */
 	uint32_t group_pending;          /* its lookups waiting for ranks */
 	struct kvq_tiering_stats tier;   /* its host tier's (all 0 without one) */
+	struct kvq_rtier_stats remote;   /* its remote tier's (all 0 without one) */
 	struct {                         /* what this start took back (daemon/restart.h) */
 		uint64_t blocks, records;    /* cached blocks, host-tier records */
 		uint64_t held;               /* slots held now for processes alive at the restart */
@@ -247,5 +252,13 @@ uint32_t kvq_pools_holds_check(struct kvq_pools *ps);
 
 /* What an allocated p is and holds (strings valid while p lives). */
 void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *ret);
+
+/* Starts the remote tiers: the cluster clients of cfg's [remote] sections
+ * on base (daemon/rtier.h), and the tier of every allocated pool whose
+ * section names one (a pool allocated later gets its own then).  A pool
+ * whose tier cannot start runs without it (logged).  Returns 0, or a
+ * negative code with err set. */
+int kvq_pools_remotes(struct kvq_pools *ps, struct event_base *base, const struct kvq_config *cfg, char *err,
+		      size_t errlen);
 
 #endif

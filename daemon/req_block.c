@@ -322,6 +322,9 @@ int kvq_req_publish(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_rep
 			kvq_seterr(err, errlen, "publish.blocks[%zu] failed; blocks before it are published", i);
 			goto out;
 		}
+		/* a new cached block: its remote key, and its write (daemon/rtier.h) */
+		if (got == blk && p->rtier)
+			kvq_rtier_published(p->rtier, blk, parent, b->tokens, b->salt.data, b->salt.len);
 		if (got != blk) {
 			/* the caller's holds move to the cached copy and the duplicate
 			 * goes, unless the copy is at its reference limit */

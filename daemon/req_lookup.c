@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Lookup: the longest cached prefix of each prompt, with references taken;
  * in a pool with a host tier, the chain's continuation there promoted
- * first (daemon/tiering.h), the reply waiting for it. */
+ * first (daemon/tiering.h), the reply waiting for it; else, in a pool with
+ * a remote tier, the continuation fetched from the remote (daemon/rtier.h),
+ * the reply waiting for it as long. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "groups.h"
+#include "blockrec.h"
 #include "request.h"
 #include "seterr.h"
 #include "tiering.h"
@@ -167,6 +170,9 @@ struct lookup_state {
 	size_t *salt_len;
 	struct kvq_promotion *pr;         /* NULL once it came back */
 	uint32_t *got;
+	/* the remote fetch, per prompt its first get and how many */
+	struct kvq_rtier_fetch *rf;
+	uint32_t *rfirst, *rcount;
 	bool detached;                    /* the reply went (or the connection): nothing waits for it */
 };
 
@@ -183,6 +189,9 @@ static void state_free(struct lookup_state *s)
 	free(s->salt);
 	free(s->salt_len);
 	free(s->got);
+	kvq_rtier_fetch_end(s->rf);
+	free(s->rfirst);
+	free(s->rcount);
 	free(s);
 }
 
@@ -356,12 +365,137 @@ static void promoted_append(struct lookup_state *s)
 	}
 }
 
+/* ---------------------------------------------------------------- remote */
+
+static int lookup_finish(struct kvq_wait *w, struct kvq_conn *c, struct kvq_reply *r, bool timed_out, char *err,
+			 size_t errlen);
+
+/* Places prompt i's fetched blocks, in chain order from its hit, up to the
+ * first that did not come or does not fit: each into a new slot (its
+ * reference the caller's), unpacked and published after the one before. */
+static void remote_place_one(struct lookup_state *s, size_t i, struct kvq_rtier_get *g)
+{
+	struct kvq_pools_rec *p = s->p;
+	struct lookup_prompt *q = &s->q[i];
+	const uint32_t B = p->L->block_tokens;
+	int32_t parent = q->n ? (int32_t)q->ids[q->n - 1] : -1;
+	char why[160];
+
+	for (uint32_t e = 0; e < s->rcount[i] && g[e].rec; e++) {
+		const bool sink = q->n == 0 && p->L->n_sink;
+		uint32_t slot, got;
+		int r = sink ? kvq_pool_alloc_sink(p->pool, 1, &slot) : kvq_pool_alloc_sealed(p->pool, 1, &slot);
+
+		if (r < 0)
+			return;
+		r = kvq_blockrec_unpack(p->L, p->mem.map, kvq_layout_block_ref(p->L, slot), g[e].rec, g[e].len, NULL,
+					why, sizeof why);
+		if (r < 0) {
+			kvq_rtier_count_error(p->rtier, KVQ_RTIER_E_RECORD);
+			kvq_pool_unref(p->pool, slot);
+			return;
+		}
+		r = kvq_prefix_publish(p->prefix, slot, parent, q->tokens + (size_t)q->n * B, q->salt.data, q->salt.len,
+				       &got);
+		if (r == 0 && got != slot && kvq_pool_ref(p->pool, got) < 0)
+			r = -EBUSY;
+		if (r < 0 || got != slot)
+			kvq_pool_unref(p->pool, slot);
+		if (r < 0)
+			return;
+		kvq_rtier_learn(p->rtier, got, g[e].chain);
+		kvq_rtier_count_placed(p->rtier, B);
+		q->ids[q->n++] = got;
+		parent = (int32_t)got;
+	}
+}
+
+static void remote_place(struct lookup_state *s)
+{
+	struct kvq_rtier_get *g = kvq_rtier_fetch_gets(s->rf);
+
+	for (size_t i = 0; i < s->n; i++)
+		remote_place_one(s, i, g + s->rfirst[i]);
+}
+
+/* Every get came back (on the loop). */
+static void remote_fetched(void *arg)
+{
+	struct lookup_state *s = arg;
+
+	s->wait.ready = true;
+	if (s->c && s->c->resume)
+		s->c->resume(s->c);
+}
+
+/* The remote keys of each prompt's blocks (its hit's learnt on the way)
+ * and a fetch of those after its hit, at most KVQ_RTIER_FETCH_MAX in all: 1
+ * when s now waits for it, 0 when there is nothing to fetch. */
+static int remote_fetch(struct kvq_conn *c, struct lookup_state *s)
+{
+	struct kvq_pools_rec *p = c->pool;
+	const uint32_t B = p->L->block_tokens;
+	struct kvq_rtier_get *g = calloc(KVQ_RTIER_FETCH_MAX + 1, sizeof *g);
+	uint8_t parent[KVQ_CHAINKEY_LEN];
+	uint32_t total = 0;
+	int r;
+
+	s->rfirst = calloc(s->n, sizeof *s->rfirst);
+	s->rcount = calloc(s->n, sizeof *s->rcount);
+	if (!g || !s->rfirst || !s->rcount) {
+		free(g);
+		return 0;
+	}
+	for (size_t i = 0; i < s->n; i++) {
+		const struct lookup_prompt *q = &s->q[i];
+		uint32_t end = q->max_ids;
+
+		end = q->n_tokens / B < end ? q->n_tokens / B : end;
+		end = q->max_tokens / B < end ? q->max_tokens / B : end;
+		s->rfirst[i] = total;
+		if (q->n >= end || q->salt.len > KVQ_CHAINKEY_MAX_SALT)
+			continue;
+		for (uint32_t k = 0; k < end && total < KVQ_RTIER_FETCH_MAX; k++) {
+			uint8_t key[KVQ_CHAINKEY_LEN];
+
+			if (kvq_rtier_chain(p->rtier, k ? parent : NULL, q->tokens + (size_t)k * B, q->salt.data,
+					    q->salt.len, key) < 0)
+				break;
+			if (k < q->n)
+				kvq_rtier_learn(p->rtier, q->ids[k], key);
+			else
+				memcpy(g[total++].chain, key, sizeof key);
+			memcpy(parent, key, sizeof key);
+		}
+		s->rcount[i] = total - s->rfirst[i];
+	}
+	r = total ? kvq_rtier_fetch(p->rtier, g, total, remote_fetched, s, &s->rf) : -ENOENT;
+	free(g);
+	if (r == 1) {
+		kvq_rtier_fetch_end(s->rf);
+		s->rf = NULL;
+	}
+	if (r != 0)
+		return 0;
+	s->c = c;
+	s->wait.finish = lookup_finish;
+	return 1;
+}
+
 static int lookup_finish(struct kvq_wait *w, struct kvq_conn *c, struct kvq_reply *r, bool timed_out, char *err,
 			 size_t errlen)
 {
 	struct lookup_state *s = (struct lookup_state *)w;
 	int ret = 0;
 
+	if (s->rf) {
+		/* what came is a hit, the rest a miss (timed_out: may be all) */
+		if (c)
+			remote_place(s);
+		ret = c ? lookup_reply(c, s->l, s, r, err, errlen) : (lookup_unref(s->p, s->q, s->n), 0);
+		state_free(s);
+		return ret;
+	}
 	if (s->pr) {
 		/* the copies go on without the reply: promoted() ends them */
 		s->detached = true;
@@ -458,6 +592,11 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	}
 	/* a group's members promote together or not at all: not yet */
 	if (p->tiering && !p->glink.g && promote(c, s)) {
+		r->wait = &s->wait;
+		return 0;
+	}
+	/* a group's members fetch together or not at all: not yet */
+	if (p->rtier && !p->glink.g && remote_fetch(c, s)) {
 		r->wait = &s->wait;
 		return 0;
 	}

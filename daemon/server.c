@@ -653,6 +653,8 @@ int kvq_server_new(struct event_base *base, const struct kvq_config *config, con
 	r = kvq_state_init(&s->st, config, backend, device, keep, err, errlen);
 	if (r == 0)
 		r = server_copier(s, err, errlen);
+	if (r == 0)
+		r = kvq_pools_remotes(&s->st.pools, base, config, err, errlen);
 	if (r < 0) {
 		s->st.cfg = NULL;
 		kvq_server_free(s);

@@ -130,7 +130,7 @@ static void test_accepted(void)
 	c = parse(fmt("[remote fleet]\nnodes = 10.0.1.1:7000, 10.0.1.2:7001,[::1]:7002\nuser = kvqd\n"
 		      "password_file = %s\nhmac_key_file = %s\nconnect_timeout_ms = 250\nrequest_timeout_ms = 200\n"
 		      "max_inflight = 64\nmax_value_bytes = 8M\nttl_s = 86400\n"
-		      POOL "remote = fleet\nremote_namespace = llama3-8b.prod/v1\nremote_write = back\n",
+		      POOL "remote = fleet\nremote_namespace = llama3-8b.prod/v1\nremote_write = off\n",
 		      pass, key32), err, sizeof err);
 	ok(c != NULL, "a full remote and a sharing pool parse (%s)", c ? "ok" : err);
 	if (!c)
@@ -146,7 +146,7 @@ static void test_accepted(void)
 	ok(r && r->hmac_key_len == 32 && memcmp(r->hmac_key, "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk", 32) == 0,
 	   "the HMAC key, every byte of its file");
 	ok(pl && strcmp(pl->remote, "fleet") == 0 && strcmp(pl->remote_namespace, "llama3-8b.prod/v1") == 0 &&
-	   pl->remote_write == KVQ_REMOTE_WRITE_BACK, "the pool's remote keys");
+	   pl->remote_write == KVQ_REMOTE_WRITE_OFF, "the pool's remote keys");
 	ok(!kvq_config_find_remote(c, "other"), "no remote called other");
 	kvq_config_free(c);
 
@@ -278,6 +278,8 @@ static void test_refused(void)
 		"12: remote_namespace longer than 64 bytes");
 	refused(fmt("%s" POOL "remote = r\nremote_namespace = n\nremote_write = sometimes\n", Rc),
 		"13: remote_write 'sometimes' is not through, back or off");
+	refused(fmt("%s" POOL "remote = r\nremote_namespace = n\nremote_write = back\n", Rc),
+		"13: pool 'p': remote_write = back is not supported yet (use through or off)");
 	refused(fmt("%s" POOL "remote = R\nremote_namespace = n\n", Rc), "4: pool 'p': remote 'R' names no [remote R] section");
 }
 

@@ -1,0 +1,542 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A pool's remote tier at work: daemon/rtier.h. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <hiredis.h>
+#include <openssl/crypto.h>
+
+#include "blockrec.h"
+#include "log.h"
+#include "pools.h"
+#include "rcluster.h"
+#include "remote_key.h"
+#include "remote_value.h"
+#include "rtier.h"
+#include "seterr.h"
+
+#define RTIER_QUEUE_MAX 4096u    /* blocks waiting to be written, per pool */
+
+/* One [remote]: its client and what its values need, copied (a reload
+ * keeps the running remote). */
+struct rtier_remote {
+	char name[KVQ_CONFIG_NAME_MAX + 1];
+	kvq_rcluster *rc;
+	uint8_t key[KVQ_CONFIG_HMAC_MAX];
+	uint32_t key_len;
+	size_t max_value;
+	uint64_t ttl_ms;
+	unsigned max_inflight;
+};
+
+struct kvq_rtiers {
+	struct event_base *base;
+	uint32_t n;
+	struct rtier_remote *r;
+};
+
+/* A block to write: its id and local key (it is written only if still
+ * cached so), its remote chain key and its parent's. */
+struct rtier_write {
+	uint32_t id;
+	bool has_parent;
+	uint8_t lkey[KVQ_CHAINKEY_LEN], lparent[KVQ_CHAINKEY_LEN];
+	uint8_t chain[KVQ_CHAINKEY_LEN], parent[KVQ_CHAINKEY_LEN];
+};
+
+struct kvq_rtier {
+	struct rtier_remote *rm;            /* borrowed: the daemon's remotes outlive the pools */
+	struct event_base *base;
+	struct kvq_pools_rec *p;            /* NULL once detached */
+	kvq_remote_codec *codec;
+	struct kvq_chainkey ck;
+	uint8_t identity[KVQ_REMOTE_DIGEST_LEN];
+	int write;                          /* enum kvq_remote_write */
+	uint32_t nb;                        /* block ids of the pool */
+	uint8_t (*lkey)[KVQ_CHAINKEY_LEN];  /* per block id: the local key its remote key was learnt under */
+	uint8_t (*rkey)[KVQ_CHAINKEY_LEN];
+	bool *known;
+	struct rtier_write *q;              /* the write queue, a ring */
+	uint32_t qhead, qlen, qcap;
+	uint32_t writing, max_writing;      /* SETs in flight, their bound */
+	struct event *drain;
+	uint32_t refs;                      /* the pool's, and one per request or fetch in flight */
+	struct kvq_rtier_stats st;
+	struct kvq_log_limit lim[KVQ_RTIER_NERRORS];
+};
+
+struct fetch_req {
+	struct kvq_rtier_fetch *f;
+	uint32_t i;
+};
+
+struct kvq_rtier_fetch {
+	struct kvq_rtier *t;
+	uint32_t n, pending;
+	bool ended;
+	void (*done)(void *arg);
+	void *arg;
+	struct kvq_rtier_get *g;
+	struct fetch_req *req;
+};
+
+static const char *const error_names[] = {
+#define KVQ_RTIER_N(id, name) name,
+	KVQ_RTIER_ERRORS(KVQ_RTIER_N)
+#undef KVQ_RTIER_N
+};
+
+/* --------------------------------------------------------------- remotes */
+
+int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct kvq_rtiers **ret, char *err,
+		   size_t errlen)
+{
+	struct kvq_rtiers *rs;
+	int r;
+
+	*ret = NULL;
+	if (!cfg->n_remotes)
+		return 0;
+	rs = calloc(1, sizeof *rs);
+	if (!rs || !(rs->r = calloc(cfg->n_remotes, sizeof *rs->r))) {
+		free(rs);
+		return -ENOMEM;
+	}
+	rs->base = base;
+	for (uint32_t i = 0; i < cfg->n_remotes; i++) {
+		const struct kvq_config_remote *c = &cfg->remotes[i];
+		struct rtier_remote *m = &rs->r[i];
+		const struct kvq_rcluster_opts o = { .seeds = c->nodes, .user = c->user[0] ? c->user : NULL,
+			.password = c->password[0] ? c->password : NULL, .connect_ms = c->connect_timeout_ms,
+			.request_ms = c->request_timeout_ms, .max_inflight = c->max_inflight,
+			.max_request_bytes = c->max_value_bytes + 4096 };
+		char why[256] = "";
+
+		snprintf(m->name, sizeof m->name, "%s", c->name);
+		memcpy(m->key, c->hmac_key, c->hmac_key_len);
+		m->key_len = c->hmac_key_len;
+		m->max_value = c->max_value_bytes;
+		m->ttl_ms = (uint64_t)c->ttl_s * 1000;
+		m->max_inflight = c->max_inflight;
+		rs->n = i + 1;
+		r = kvq_rcluster_new(base, &o, &m->rc, why, sizeof why);
+		if (r < 0) {
+			kvq_seterr(err, errlen, "remote %s: %s", c->name, why[0] ? why : strerror(-r));
+			kvq_rtiers_free(rs);
+			return r;
+		}
+		kvq_log(LOG_INFO, "remote %s: cluster client of %s", c->name, c->nodes);
+	}
+	*ret = rs;
+	return 0;
+}
+
+void kvq_rtiers_free(struct kvq_rtiers *rs)
+{
+	if (!rs)
+		return;
+	for (uint32_t i = 0; i < rs->n; i++) {
+		kvq_rcluster_free(rs->r[i].rc);
+		OPENSSL_cleanse(rs->r[i].key, sizeof rs->r[i].key);
+	}
+	free(rs->r);
+	free(rs);
+}
+
+/* ------------------------------------------------------------ the tier */
+
+static void rtier_unref(struct kvq_rtier *t)
+{
+	if (--t->refs)
+		return;
+	kvq_remote_codec_free(t->codec);
+	kvq_chainkey_fini(&t->ck);
+	free(t);
+}
+
+/* Counts error e, with a rate-limited line. */
+static void rtier_error(struct kvq_rtier *t, enum kvq_rtier_error e, const char *what)
+{
+	t->st.errors[e]++;
+	if (e != KVQ_RTIER_E_CANCELLED)
+		kvq_log_limited(&t->lim[e], LOG_WARNING, "pool %s: remote %s: %s: %s (%s)",
+				t->p ? t->p->name : "?", t->rm->name, what, error_names[e],
+				strncmp(what, "a write", 7) && strncmp(what, "the write", 9) ? "a miss" : "not written");
+}
+
+void kvq_rtier_count_error(struct kvq_rtier *t, enum kvq_rtier_error e)
+{
+	rtier_error(t, e, "a fetched record");
+}
+
+/* The error of a cluster client's status. */
+static enum kvq_rtier_error status_error(int status)
+{
+	switch (status) {
+	case -ETIMEDOUT: return KVQ_RTIER_E_TIMEOUT;
+	case -ECONNRESET: return KVQ_RTIER_E_CONN;
+	case -ENETDOWN: return KVQ_RTIER_E_DOWN;
+	case -ELOOP: return KVQ_RTIER_E_LOOP;
+	case -EACCES: return KVQ_RTIER_E_AUTH;
+	case -EAGAIN: return KVQ_RTIER_E_FULL;
+	case -ECANCELED: return KVQ_RTIER_E_CANCELLED;
+	default: return KVQ_RTIER_E_REPLY;
+	}
+}
+
+static void drain_cb(evutil_socket_t fd, short what, void *arg);
+
+int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, struct kvq_pools_rec *p,
+		  struct kvq_rtier **ret, char *err, size_t errlen)
+{
+	struct rtier_remote *rm = NULL;
+	struct kvq_rtier *t;
+	struct kvq_remote_identity id;
+	int r;
+
+	*ret = NULL;
+	if (!cp || !cp->remote[0])
+		return 0;
+	for (uint32_t i = 0; rs && i < rs->n; i++)
+		if (!strcmp(rs->r[i].name, cp->remote))
+			rm = &rs->r[i];
+	if (!rm)
+		return kvq_seterr(err, errlen, "pool %s: remote %s is not running (a reload added it?)", p->name,
+				  cp->remote), -ENOENT;
+	if (p->backend != &kvq_backend_host || !p->mem.map)
+		return kvq_seterr(err, errlen, "pool %s: the remote tier takes host pools only", p->name), -EOPNOTSUPP;
+	t = calloc(1, sizeof *t);
+	if (!t)
+		return -ENOMEM;
+	t->refs = 1;
+	t->rm = rm;
+	t->base = rs->base;
+	t->p = p;
+	t->write = cp->remote_write;
+	t->nb = p->L->n_sealed + p->L->n_sink;
+	t->qcap = t->nb < RTIER_QUEUE_MAX ? t->nb + 1 : RTIER_QUEUE_MAX;
+	t->max_writing = rm->max_inflight / 2 ? rm->max_inflight / 2 : 1;
+	id = (struct kvq_remote_identity){ .model = p->model, .policy = &p->policy, .layers = p->L->layers,
+		.kv_heads = p->L->kv_heads, .head_dim = p->L->head_dim, .block_tokens = p->L->block_tokens,
+		.window = p->L->window, .sink_blocks = p->L->sink_blocks, .act = p->L->act,
+		.layout_version = KVQ_LAYOUT_VERSION, .fingerprint = kvq_blockrec_fingerprint(p->L),
+		.codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL };
+	t->lkey = calloc(t->nb, sizeof *t->lkey);
+	t->rkey = calloc(t->nb, sizeof *t->rkey);
+	t->known = calloc(t->nb, sizeof *t->known);
+	t->q = calloc(t->qcap, sizeof *t->q);
+	t->drain = event_new(rs->base, -1, 0, drain_cb, t);
+	r = !t->lkey || !t->rkey || !t->known || !t->q || !t->drain ? -ENOMEM : 0;
+	if (r == 0 && (r = kvq_remote_identity_digest(&id, t->identity)) < 0)
+		kvq_seterr(err, errlen, "pool %s: its identity digest: %s", p->name, strerror(-r));
+	if (r == 0 && (r = kvq_remote_codec_new(rm->key, rm->key_len, rm->max_value, &t->codec)) < 0)
+		kvq_seterr(err, errlen, "pool %s: the remote's codec: %s", p->name, strerror(-r));
+	if (r == 0 && (r = kvq_chainkey_init(&t->ck, p->L->block_tokens, cp->remote_namespace, p->model)) < 0)
+		kvq_seterr(err, errlen, "pool %s: remote keys: %s", p->name, strerror(-r));
+	if (r < 0) {
+		kvq_rtier_free(t);
+		return r;
+	}
+	kvq_log(LOG_INFO, "pool %s: remote %s, namespace %s, write %s", p->name, rm->name, cp->remote_namespace,
+		t->write == KVQ_REMOTE_WRITE_THROUGH ? "through" : t->write == KVQ_REMOTE_WRITE_BACK ? "back" : "off");
+	*ret = t;
+	return 0;
+}
+
+/* Nothing of the pool is touched again; the tier goes with its last
+ * request. */
+static void rtier_detach(struct kvq_rtier *t)
+{
+	t->p = NULL;
+	if (t->drain)
+		event_free(t->drain);
+	t->drain = NULL;
+	free(t->lkey);
+	free(t->rkey);
+	free(t->known);
+	free(t->q);
+	t->lkey = t->rkey = NULL;
+	t->known = NULL;
+	t->q = NULL;
+	t->qlen = 0;
+	rtier_unref(t);
+}
+
+void kvq_rtier_free(struct kvq_rtier *t)
+{
+	if (t)
+		rtier_detach(t);
+}
+
+void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret)
+{
+	*ret = t->st;
+	ret->queue = (uint64_t)t->qlen + t->writing;
+}
+
+void kvq_rtier_count_placed(struct kvq_rtier *t, uint64_t tokens)
+{
+	t->st.fetched++;
+	t->st.hit_tokens += tokens;
+}
+
+int kvq_rtier_chain(struct kvq_rtier *t, const uint8_t *parent, const uint32_t *tokens, const void *salt,
+		    size_t salt_len, uint8_t ret[KVQ_CHAINKEY_LEN])
+{
+	return kvq_chainkey_make(&t->ck, parent, tokens, salt, salt_len, ret);
+}
+
+void kvq_rtier_learn(struct kvq_rtier *t, uint32_t id, const uint8_t chain[KVQ_CHAINKEY_LEN])
+{
+	if (!t->p || id >= t->nb || kvq_prefix_block_key(t->p->prefix, id, t->lkey[id]) < 0)
+		return;
+	memcpy(t->rkey[id], chain, KVQ_CHAINKEY_LEN);
+	t->known[id] = true;
+}
+
+/* Block id's remote chain key, if it was learnt under the key it is cached
+ * with now: 0, or -ENOENT.  lkey gets its local key. */
+static int rtier_rkey(struct kvq_rtier *t, uint32_t id, uint8_t lkey[KVQ_CHAINKEY_LEN], const uint8_t **ret)
+{
+	if (id >= t->nb || kvq_prefix_block_key(t->p->prefix, id, lkey) < 0 || !t->known[id] ||
+	    memcmp(t->lkey[id], lkey, KVQ_CHAINKEY_LEN))
+		return -ENOENT;
+	*ret = t->rkey[id];
+	return 0;
+}
+
+/* ----------------------------------------------------------------- write */
+
+static void write_cb(void *ctx, int status, struct redisReply *reply)
+{
+	struct kvq_rtier *t = ctx;
+
+	t->writing--;
+	if (status < 0)
+		rtier_error(t, status_error(status), "a write");
+	else if (reply->type != REDIS_REPLY_STATUS)
+		rtier_error(t, KVQ_RTIER_E_REPLY, "a write");
+	else
+		t->st.written++;
+	if (t->qlen && t->drain)
+		event_active(t->drain, EV_TIMEOUT, 0);
+	rtier_unref(t);
+}
+
+/* Packs w's block, still cached under its key, and SETs it: 0, or a
+ * negative code (counted). */
+static int write_one(struct kvq_rtier *t, const struct rtier_write *w)
+{
+	const struct kvq_layout *L = t->p->L;
+	struct kvq_block_ref ref = kvq_layout_block_ref(L, w->id);
+	const uint64_t rlen = kvq_blockrec_size(L, ref.cls);
+	const size_t vlen = kvq_remote_value_size(rlen);
+	struct kvq_remote_value_head h = { .has_parent = w->has_parent, .rank = 0, .world = 1 };
+	char key[KVQ_REMOTE_KEY_MAX], why[160];
+	uint8_t *buf;
+	size_t len = 0;
+	int klen, r;
+
+	if (kvq_prefix_find(t->p->prefix, w->lkey) != (int64_t)w->id) {
+		t->st.dropped++;   /* evicted (or demoted) before its turn */
+		return -ENOENT;
+	}
+	buf = malloc(vlen);
+	if (!buf)
+		return -ENOMEM;
+	memcpy(h.identity, t->identity, sizeof h.identity);
+	memcpy(h.chain, w->chain, sizeof h.chain);
+	if (w->has_parent)
+		memcpy(h.parent, w->parent, sizeof h.parent);
+	/* a summed record: it leaves the process (kernels/blockrec.h) */
+	r = kvq_blockrec_pack(L, t->p->mem.map, ref, w->lkey, w->has_parent ? w->lparent : NULL, NULL, 1,
+			      kvq_remote_value_payload(buf), rlen, why, sizeof why);
+	if (r == 0)
+		r = kvq_remote_value_encode(t->codec, &h, kvq_remote_value_payload(buf), rlen, buf, vlen, &len);
+	klen = r == 0 ? kvq_remote_redis_key(t->identity, w->chain, 0, 1, key, sizeof key) : -EINVAL;
+	if (r == 0 && klen < 0)
+		r = klen;
+	if (r == 0) {
+		r = kvq_rcluster_set(t->rm->rc, key, (size_t)klen, buf, len, t->rm->ttl_ms, write_cb, t);
+		if (r == 0) {
+			t->refs++;
+			t->writing++;
+			t->st.bytes_out += len;
+		} else {
+			rtier_error(t, status_error(r), "a write");
+		}
+	} else {
+		kvq_log(LOG_ERR, "pool %s: block %u not written to remote %s: %s", t->p->name, w->id, t->rm->name,
+			r == -EFBIG ? "over max_value_bytes" : strerror(-r));
+	}
+	if (r < 0)
+		t->st.dropped++;
+	free(buf);
+	return r;
+}
+
+static void drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct kvq_rtier *t = arg;
+
+	(void)fd;
+	(void)what;
+	while (t->p && t->qlen && t->writing < t->max_writing) {
+		struct rtier_write w = t->q[t->qhead];
+
+		t->qhead = (t->qhead + 1) % t->qcap;
+		t->qlen--;
+		write_one(t, &w);
+	}
+}
+
+void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const uint32_t *tokens,
+			 const void *salt, size_t salt_len)
+{
+	struct rtier_write w = { .id = id, .has_parent = parent >= 0 };
+	const uint8_t *prk = NULL;
+
+	if (!t->p || id >= t->nb)
+		return;
+	if (w.has_parent && rtier_rkey(t, (uint32_t)parent, w.lparent, &prk) < 0) {
+		/* its parent's remote key is not known: neither is its own */
+		if (t->write == KVQ_REMOTE_WRITE_THROUGH)
+			t->st.dropped++;
+		return;
+	}
+	if (prk)
+		memcpy(w.parent, prk, sizeof w.parent);
+	if (kvq_rtier_chain(t, prk, tokens, salt, salt_len, w.chain) < 0)
+		return;
+	kvq_rtier_learn(t, id, w.chain);
+	if (t->write != KVQ_REMOTE_WRITE_THROUGH)
+		return;
+	if (t->qlen == t->qcap || kvq_prefix_block_key(t->p->prefix, id, w.lkey) < 0) {
+		t->st.dropped++;
+		rtier_error(t, KVQ_RTIER_E_FULL, "the write queue");
+		return;
+	}
+	t->q[(t->qhead + t->qlen++) % t->qcap] = w;
+	if (t->qlen == 1)
+		event_active(t->drain, EV_TIMEOUT, 0);
+}
+
+/* ----------------------------------------------------------------- fetch */
+
+static void fetch_free(struct kvq_rtier_fetch *f)
+{
+	for (uint32_t i = 0; i < f->n; i++)
+		free(f->g[i].rec);
+	free(f->g);
+	free(f->req);
+	rtier_unref(f->t);
+	free(f);
+}
+
+/* The value of get g in reply: its record, verified, into g. */
+static void fetch_take(struct kvq_rtier *t, struct kvq_rtier_get *g, const struct redisReply *reply)
+{
+	struct kvq_remote_value_head want = { .rank = 0, .world = 1 }, got;
+	const void *payload;
+	size_t plen;
+	int r;
+
+	if (reply->type == REDIS_REPLY_NIL) {
+		t->st.absent++;
+		return;
+	}
+	if (reply->type != REDIS_REPLY_STRING) {
+		rtier_error(t, KVQ_RTIER_E_REPLY, "a fetch");
+		return;
+	}
+	t->st.bytes_in += (uint64_t)reply->len;
+	memcpy(want.identity, t->identity, sizeof want.identity);
+	memcpy(want.chain, g->chain, sizeof want.chain);
+	r = kvq_remote_value_verify(t->codec, &want, reply->str, (size_t)reply->len, &got, &payload, &plen);
+	if (r < 0) {
+		int k = kvq_remote_refusal_index(r);
+
+		rtier_error(t, k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY,
+			    "a fetched value");
+		return;
+	}
+	g->rec = malloc(plen ? plen : 1);
+	if (!g->rec)
+		return;
+	memcpy(g->rec, payload, plen);
+	g->len = plen;
+}
+
+static void fetch_cb(void *ctx, int status, struct redisReply *reply)
+{
+	struct fetch_req *q = ctx;
+	struct kvq_rtier_fetch *f = q->f;
+	struct kvq_rtier_get *g = &f->g[q->i];
+
+	g->done = true;
+	if (!f->ended && f->t->p) {
+		if (status < 0)
+			rtier_error(f->t, status_error(status), "a fetch");
+		else
+			fetch_take(f->t, g, reply);
+	}
+	if (--f->pending)
+		return;
+	if (f->ended)
+		fetch_free(f);
+	else
+		f->done(f->arg);
+}
+
+int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t n, void (*done)(void *arg),
+		    void *arg, struct kvq_rtier_fetch **ret)
+{
+	struct kvq_rtier_fetch *f = calloc(1, sizeof *f);
+
+	if (!f || !(f->g = calloc((size_t)n + 1, sizeof *f->g)) || !(f->req = calloc((size_t)n + 1, sizeof *f->req))) {
+		if (f)
+			free(f->g);
+		free(f);
+		return -ENOMEM;
+	}
+	f->t = t;
+	t->refs++;
+	f->n = n;
+	f->done = done;
+	f->arg = arg;
+	for (uint32_t i = 0; i < n; i++) {
+		char key[KVQ_REMOTE_KEY_MAX];
+		int klen, r;
+
+		f->g[i] = g[i];
+		f->g[i].rec = NULL;
+		f->g[i].done = false;
+		f->req[i] = (struct fetch_req){ f, i };
+		klen = kvq_remote_redis_key(t->identity, g[i].chain, 0, 1, key, sizeof key);
+		r = klen < 0 ? klen : kvq_rcluster_get(t->rm->rc, key, (size_t)klen, fetch_cb, &f->req[i]);
+		if (r < 0) {
+			f->g[i].done = true;
+			rtier_error(t, status_error(r), "a fetch");
+		} else {
+			f->pending++;
+		}
+	}
+	*ret = f;
+	return f->pending ? 0 : 1;
+}
+
+struct kvq_rtier_get *kvq_rtier_fetch_gets(struct kvq_rtier_fetch *f)
+{
+	return f->g;
+}
+
+void kvq_rtier_fetch_end(struct kvq_rtier_fetch *f)
+{
+	if (!f)
+		return;
+	f->ended = true;
+	if (!f->pending)
+		fetch_free(f);
+}

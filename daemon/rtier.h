@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A pool's remote tier at work (docs/DESIGN.md §4, "The remote tier"):
+ * blocks written to and fetched from a Redis Cluster (daemon/rcluster.h),
+ * named by their remote chain keys (daemon/remote_key.h), stored as signed
+ * values (daemon/remote_value.h) around packed block records
+ * (kernels/blockrec.h).  Host pools only: the daemon packs and unpacks
+ * through its own mapping of the pool, on the loop.
+ *
+ * The daemon keeps one cluster client per [remote] section
+ * (kvq_rtiers_new, on its event base: a cluster down at start only means
+ * misses until it answers); each pool that names a remote has a kvq_rtier
+ * with its codec, identity digest and key maker.
+ *
+ * Remote keys of local blocks.  The record a node packs carries its own
+ * prefix key, which differs from node to node; a block is named on the
+ * remote by its remote chain key, which needs its parent's.  The tier
+ * keeps, per block id, the remote chain key of the block cached there with
+ * its local key as a tag (set at publish, by a Lookup's walk and by a
+ * fetch): a block whose parent's remote key is not known (promoted from
+ * the host tier, restored by a restart, published before the parent's key
+ * was made) is not written (counted as dropped).
+ *
+ * Write (remote_write = through): each block a publish makes cached is
+ * queued (bounded: a full queue drops and counts, nobody waits); the queue
+ * drains from the loop after the request, each block packed from the pool
+ * (a summed record: it leaves the process) only if it is still cached
+ * under its key, then SET with the remote's TTL, at most a bound in
+ * flight.  remote_write = back is refused at load for now (conf_check).
+ *
+ * Fetch: kvq_rtier_fetch GETs a list of blocks (pipelined by the cluster
+ * client, one connection per master); each reply is verified at once
+ * (kvq_remote_value_verify: any refusal is a miss and an error of its
+ * kind) and its record kept; the caller places the longest run of verified
+ * records when all came back or its bound passed (daemon/req_lookup.c).
+ *
+ * Not thread-safe: the loop's.
+ */
+#ifndef KVQD_RTIER_H
+#define KVQD_RTIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chainkey.h"
+#include "conf.h"
+
+struct event_base;
+struct kvq_pools_rec;
+struct kvq_rtiers;
+struct kvq_rtier;
+
+/* The errors of the remote tier, by kind: the cluster client's failures,
+ * the value's refusals (remote_value.h), a record that does not unpack,
+ * and a reply of another type than asked (an error reply). */
+/* Blocks one Lookup fetches at most (its prompts together). */
+#define KVQ_RTIER_FETCH_MAX 64u
+
+#define KVQ_RTIER_ERRORS(X) \
+	X(TIMEOUT, "timeout") X(CONN, "conn") X(DOWN, "down") X(LOOP, "loop") X(AUTH, "auth") X(FULL, "full") \
+	X(CANCELLED, "cancelled") \
+	X(OVERSIZE, "oversize") X(MAGIC, "magic") X(TRUNCATED, "truncated") X(VERSION, "version") \
+	X(IDENTITY, "identity") X(KEY, "key") X(HMAC, "hmac") X(RECORD, "record") X(REPLY, "reply")
+
+enum kvq_rtier_error {
+#define KVQ_RTIER_E(id, name) KVQ_RTIER_E_##id,
+	KVQ_RTIER_ERRORS(KVQ_RTIER_E)
+#undef KVQ_RTIER_E
+	KVQ_RTIER_NERRORS
+};
+
+/* A pool's remote figures (daemon/figures.h; all 0 without a remote). */
+struct kvq_rtier_stats {
+	uint64_t hit_tokens;           /* tokens of lookups' hits the remote served */
+	uint64_t fetched;              /* blocks fetched, verified and placed in the pool */
+	uint64_t absent;               /* blocks asked for that the remote did not have */
+	uint64_t written;              /* blocks SET */
+	uint64_t dropped;              /* blocks not written: queue full, parent's key unknown, gone */
+	uint64_t bytes_in, bytes_out;  /* of values */
+	uint64_t queue;                /* blocks waiting to be written, and SETs in flight */
+	uint64_t errors[KVQ_RTIER_NERRORS];
+};
+
+/* The cluster clients of cfg's [remote] sections on base.  Returns 0 and
+ * *ret (NULL when there is none), or a negative code with err set. */
+int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct kvq_rtiers **ret, char *err,
+		   size_t errlen);
+
+/* Ends every request (its callbacks run) and frees; after the pools' tiers
+ * (NULL is fine). */
+void kvq_rtiers_free(struct kvq_rtiers *rs);
+
+/* Pool p's remote tier, when its section cp names a remote (else 0 and
+ * *ret NULL).  p must be allocated, on the host backend.  Returns 0 or a
+ * negative code with err set. */
+int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, struct kvq_pools_rec *p,
+		  struct kvq_rtier **ret, char *err, size_t errlen);
+
+/* Detaches from the pool (nothing of it is touched again) and frees once
+ * the last request in flight ended (NULL is fine). */
+void kvq_rtier_free(struct kvq_rtier *t);
+
+void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret);
+
+/* Counts a block fetched and placed in the pool, tokens of a lookup's hit. */
+void kvq_rtier_count_placed(struct kvq_rtier *t, uint64_t tokens);
+
+/* Counts an error of kind e (a record that did not unpack, ...). */
+void kvq_rtier_count_error(struct kvq_rtier *t, enum kvq_rtier_error e);
+
+/* The remote chain key of the block after parent (NULL: a first block)
+ * with tokens[B] and salt: 0 or a negative code. */
+int kvq_rtier_chain(struct kvq_rtier *t, const uint8_t *parent, const uint32_t *tokens, const void *salt,
+		    size_t salt_len, uint8_t ret[KVQ_CHAINKEY_LEN]);
+
+/* Block id is cached now with remote chain key chain. */
+void kvq_rtier_learn(struct kvq_rtier *t, uint32_t id, const uint8_t chain[KVQ_CHAINKEY_LEN]);
+
+/* Block id, just published (cached now, new) after parent (-1: none) with
+ * tokens and salt: its remote key learnt and, with remote_write = through,
+ * its write queued. */
+void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const uint32_t *tokens,
+			 const void *salt, size_t salt_len);
+
+/* One block of a fetch: what to ask (filled by the caller), then what came
+ * (a verified record, owned by the fetch). */
+struct kvq_rtier_get {
+	uint8_t chain[KVQ_CHAINKEY_LEN];
+	bool done;                     /* its reply came (or it failed) */
+	void *rec;                     /* the verified record, or NULL: a miss */
+	size_t len;
+};
+
+struct kvq_rtier_fetch;
+
+/* GETs g[0..n) (copied into the fetch; read them back with
+ * kvq_rtier_fetch_gets); done(arg) is called on the loop once every one
+ * came back, never from within this call.  Returns 0 and *ret, 1 and *ret
+ * when every request failed at once (done will not be called: end it), or
+ * -ENOMEM. */
+int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t n, void (*done)(void *arg),
+		    void *arg, struct kvq_rtier_fetch **ret);
+
+/* The fetch's blocks, in the order asked. */
+struct kvq_rtier_get *kvq_rtier_fetch_gets(struct kvq_rtier_fetch *f);
+
+/* The caller is done with f: freed now, or when its last reply comes (done
+ * is then never called). */
+void kvq_rtier_fetch_end(struct kvq_rtier_fetch *f);
+
+#endif
