@@ -1,0 +1,444 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The remote tier (daemon/rtier.h) end to end: a real Redis Cluster of
+ * three masters and three replicas on loopback (tests/redis_cluster.h: a
+ * password and a Redis ACL user, which kvqd uses), and two kvqd "nodes"
+ * with host pools, their own sockets and folders, the same [remote] and
+ * namespace:
+ *  - prompts published on node A are written through; on node B, whose
+ *    pool never saw them, lookups hit them whole, and attention over the
+ *    fetched blocks equals node A's and a cold recompute's on B, bit for bit;
+ *  - values the test damages in Redis (a byte flipped, cut short, another
+ *    block's value copied under a key) are refused: the hit stops before
+ *    them, each refusal counted by kind, no client sees an error;
+ *  - a pool with remote_write = off reads the remote and never writes;
+ *  - a master killed mid-run: lookups and publishes on both nodes go on
+ *    without a client error (misses, counted), and once the cluster failed
+ *    over, a new prompt of A is a whole hit on B again;
+ *  - at the end every slot of every pool on both nodes is accounted for.
+ * A Redis that cannot be started fails the test.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../tap.h"
+#include "../daemon.h"
+#include "../redis_cluster.h"
+#include "../synth.h"
+#include "kvq.h"
+#include "layout.h"
+
+/* test_tier's geometry: two layers of two KV heads (four query heads) */
+#define L_ 2
+#define H_ 2
+#define QH_ 4
+/* head dim 32, 16-token blocks; a prompt of 83 tokens is 5 sealed blocks
+ * (a lookup hits 80 tokens) and 3 more; 2 queries */
+#define D_ 32
+#define B_ 16
+#define NTOK 83
+#define NQ 2
+#define NBLK (NTOK / B_)
+#define HIT (NBLK * B_)
+#define NPROMPT 6
+#define MODEL "test/remote@1"
+
+#include "../prompts.h"
+
+typedef float attn_t[L_][NQ * QH_ * D_];
+
+struct node {
+	const char *tag;
+	pid_t pid;
+	char dir[64], sock[108], bin[256];
+};
+
+static struct node A = { .tag = "remoteA" }, B = { .tag = "remoteB" };
+static char secrets[300];
+
+static void prompt_tokens(uint32_t p, uint32_t *tok)
+{
+	for (uint32_t i = 0; i < NTOK; i++)
+		tok[i] = 3000 + 7919 * p + 13 * i;
+}
+
+static kvq_client *open_pool(const struct node *n, const char *pool)
+{
+	struct kvq_attach_params a = { .pool = pool, .model_id = MODEL, .layers = L_, .kv_heads = H_,
+		.head_dim = D_, .block_tokens = B_, .policy = "int8", .act = KVQ_ACT_F16, .device = -1 };
+	kvq_client *c = NULL;
+
+	if (kvq_client_connect(n->sock, "remote", &c) < 0)
+		return NULL;
+	if (kvq_client_attach(c, &a) < 0) {
+		diag("%s: attach %s: %s", n->tag, pool, kvq_client_error(c));
+		kvq_client_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* Prompt p from its lookup on: its hit, its attention.  The blocks stay
+ * published. */
+static int run_prompt(kvq_client *c, uint32_t p, uint32_t *ret_hit, attn_t out)
+{
+	uint32_t tok[NTOK];
+
+	prompt_tokens(p, tok);
+	return prompt_run(c, tok, ret_hit, out, NULL);
+}
+
+#define figure prompt_figure
+
+/* Waits (up to ms) until c's pool wrote at least want blocks and its queue
+ * is empty. */
+static bool written(kvq_client *c, uint64_t want, int ms)
+{
+	for (int i = 0; i < ms / 10; i++) {
+		if (figure(c, "remote_written") >= want && figure(c, "remote_queue") == 0)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+/* --- the cluster's keys --- */
+
+#define MAXKEYS 4096
+struct rkey {
+	char name[256];
+	uint8_t chain[32], parent[32];
+	bool has_parent;
+};
+
+static int list_keys(struct rkey *out, int max)
+{
+	int m[3], nm = masters(m, 3), n = 0;
+
+	for (int i = 0; i < nm; i++) {
+		redisReply *r = admin(m[i], "KEYS kvq:*");
+
+		for (size_t k = 0; r && r->type == REDIS_REPLY_ARRAY && k < r->elements && n < max; k++)
+			snprintf(out[n++].name, sizeof out[0].name, "%s", r->element[k]->str);
+		freeReplyObject(r);
+	}
+	return n;
+}
+
+/* The value under key from its master, or NULL (free it). */
+static redisReply *get_value(const char *key)
+{
+	for (int tries = 0; tries < 3; tries++) {
+		int m[3], nm = masters(m, 3);
+
+		for (int i = 0; i < nm; i++) {
+			redisReply *r = admin(m[i], "GET %s", key);
+
+			if (r && r->type == REDIS_REPLY_STRING)
+				return r;
+			freeReplyObject(r);
+		}
+	}
+	return NULL;
+}
+
+static bool set_value(const char *key, const void *val, size_t len)
+{
+	int m[3], nm = masters(m, 3);
+
+	for (int i = 0; i < nm; i++) {
+		const char *argv[] = { "SET", key, val };
+		const size_t argvlen[] = { 3, strlen(key), len };
+		redisContext *c = admin_conn(m[i]);
+		redisReply *r = c ? redisCommandArgv(c, 3, argv, argvlen) : NULL;
+		bool ok = r && r->type == REDIS_REPLY_STATUS;
+
+		freeReplyObject(r);
+		redisFree(c);
+		if (ok)
+			return true;
+	}
+	return false;
+}
+
+/* The keys of the blocks of one prompt written since before[nbefore], in
+ * chain order, into chain[NBLK]: true when all were found. */
+static bool prompt_keys(const struct rkey *before, int nbefore, struct rkey *chain)
+{
+	static struct rkey now[MAXKEYS];
+	struct rkey fresh[NBLK];
+	int n = list_keys(now, MAXKEYS), nf = 0;
+
+	for (int i = 0; i < n; i++) {
+		bool old = false;
+
+		for (int j = 0; j < nbefore && !old; j++)
+			old = !strcmp(before[j].name, now[i].name);
+		if (old)
+			continue;
+		if (nf == NBLK)
+			return false;
+		redisReply *v = get_value(now[i].name);
+
+		if (!v || v->len < 128) {
+			freeReplyObject(v);
+			return false;
+		}
+		fresh[nf] = now[i];
+		memcpy(fresh[nf].chain, v->str + 64, 32);
+		memcpy(fresh[nf].parent, v->str + 96, 32);
+		fresh[nf].has_parent = (uint8_t)v->str[12] & 1;
+		nf++;
+		freeReplyObject(v);
+	}
+	if (nf != NBLK)
+		return false;
+	/* in chain order: the root, then each one's child */
+	for (int k = 0; k < NBLK; k++) {
+		bool found = false;
+
+		for (int i = 0; i < nf && !found; i++)
+			if (k == 0 ? !fresh[i].has_parent
+				   : fresh[i].has_parent && !memcmp(fresh[i].parent, chain[k - 1].chain, 32)) {
+				chain[k] = fresh[i];
+				found = true;
+			}
+		if (!found)
+			return false;
+	}
+	return true;
+}
+
+/* --- the nodes --- */
+
+static bool write_secret(const char *name, const char *content)
+{
+	char p[400];
+	FILE *f;
+
+	snprintf(p, sizeof p, "%s/%s", secrets, name);
+	f = fopen(p, "w");
+	if (!f)
+		return false;
+	fputs(content, f);
+	return fclose(f) == 0 && chmod(p, 0600) == 0;
+}
+
+static bool node_start_kvqd(struct node *n, const char *pools)
+{
+	char extra[4096];
+
+	snprintf(extra, sizeof extra,
+		 "host_tier_wait_ms = 3000\n"
+		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
+		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 500\n"
+		 "connect_timeout_ms = 300\n%s",
+		 ports[0], ports[1], secrets, secrets, pools);
+	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
+					sizeof n->bin);
+	return n->pid > 0;
+}
+
+#define POOL(name, rest) \
+	"[pool " name "]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n" \
+	"policy = int8\ncapacity = 1M\n" rest
+
+/* Every slot of c's pool accounted for, nothing held: free + cached ==
+ * slots. */
+static void accounted(kvq_client *c, const char *what)
+{
+	uint64_t n = figure(c, "n_sealed"), fr = figure(c, "sealed_free"), ca = figure(c, "cached"),
+		 he = figure(c, "sealed_held"), re = figure(c, "sealed_reserved"), rf = figure(c, "referenced");
+
+	ok(n != UINT64_MAX && fr + ca + he + re == n && he == 0 && re == 0 && rf == 0,
+	   "%s: every slot accounted for: %llu sealed = %llu free + %llu cached, none held, reserved or referenced",
+	   what, (unsigned long long)n, (unsigned long long)fr, (unsigned long long)ca);
+}
+
+int main(void)
+{
+	static attn_t first[NPROMPT], again, cold;
+	static struct rkey before[MAXKEYS];
+	struct rkey chain[NBLK];
+	kvq_client *a, *b, *bro, *bcold;
+	uint32_t hit;
+	int nbefore, r, bad;
+	bool all;
+
+	if (!cluster_up())
+		return done_testing();
+	snprintf(secrets, sizeof secrets, "/tmp/kvq-remote-secrets.XXXXXX");
+	if (!ok(mkdtemp(secrets) && write_secret("password", ACL_PASS "\n") &&
+		write_secret("hmac", "0123456789abcdef0123456789abcdef-the-cluster-key"), "secrets (mode 0600)"))
+		return done_testing();
+	if (!ok(node_start_kvqd(&A, POOL("shared", "remote = shared\nremote_namespace = ns1\n")) &&
+		node_start_kvqd(&B, POOL("shared", "remote = shared\nremote_namespace = ns1\n")
+				    POOL("reader", "remote = shared\nremote_namespace = ns1\nremote_write = off\n")
+				    POOL("cold", "")),
+		"two kvqd nodes with host pools sharing remote 'shared', namespace ns1"))
+		goto out;
+	a = open_pool(&A, "shared");
+	b = open_pool(&B, "shared");
+	bro = open_pool(&B, "reader");
+	bcold = open_pool(&B, "cold");
+	if (!ok(a && b && bro && bcold, "attached to the pools"))
+		goto out;
+
+	/* write through on A, fetch on B */
+	all = true;
+	for (uint32_t p = 0; p < NPROMPT; p++)
+		all &= run_prompt(a, p, &hit, first[p]) == 0 && hit == 0;
+	ok(all && written(a, NPROMPT * NBLK, 5000),
+	   "node A: %d prompts cold, %llu blocks written through (%llu bytes out)", NPROMPT,
+	   (unsigned long long)figure(a, "remote_written"), (unsigned long long)figure(a, "remote_bytes_out"));
+	all = true;
+	bad = 0;
+	for (uint32_t p = 0; p < NPROMPT; p++) {
+		r = run_prompt(b, p, &hit, again);
+		all &= r == 0 && hit == HIT;
+		bad += r == 0 && memcmp(again, first[p], sizeof again) != 0;
+	}
+	ok(all && figure(b, "remote_hit_tokens") == (uint64_t)NPROMPT * HIT && figure(b, "remote_fetched") ==
+	   (uint64_t)NPROMPT * NBLK, "node B: each prompt, never seen there, a whole hit (%u tokens) from the remote "
+	   "(%llu blocks fetched, %llu bytes in)", HIT, (unsigned long long)figure(b, "remote_fetched"),
+	   (unsigned long long)figure(b, "remote_bytes_in"));
+	ok(bad == 0, "node B: attention over the fetched blocks equals node A's, bit for bit");
+	r = run_prompt(bcold, 0, &hit, cold);
+	ok(r == 0 && hit == 0 && memcmp(cold, first[0], sizeof cold) == 0,
+	   "and equals a cold recompute on node B (a pool without a remote), bit for bit");
+	r = run_prompt(bro, 1, &hit, again);
+	ok(r == 0 && hit == HIT && memcmp(again, first[1], sizeof again) == 0,
+	   "remote_write = off: the pool reads the remote (a whole hit, attention equal)");
+
+	/* remote_write = off never writes */
+	r = run_prompt(bro, 50, &hit, again);
+	usleep(200 * 1000);
+	ok(r == 0 && figure(bro, "remote_written") == 0 && figure(bro, "remote_queue") == 0 &&
+	   figure(bro, "remote_bytes_out") == 0, "remote_write = off: a new prompt published there is not written");
+	r = run_prompt(a, 50, &hit, again);
+	ok(r == 0 && hit == 0, "node A: that prompt is no hit (it is not on the remote)");
+
+	/* damaged values: refused, counted, a shorter hit, no error */
+	{
+		static const struct {
+			const char *kind, *fig;
+			uint32_t at;
+		} cases[] = { { "a byte flipped", "remote_errors_hmac", 2 },
+			      { "cut short", "remote_errors_truncated", 1 },
+			      { "another block's value under its key", "remote_errors_key", 3 } };
+		struct rkey other[NBLK];
+		bool have_other = false;
+
+		for (uint32_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+			uint32_t p = 20 + i;
+			redisReply *v;
+			uint64_t errs = figure(b, cases[i].fig);
+			bool done = false;
+
+			nbefore = list_keys(before, MAXKEYS);
+			r = run_prompt(a, p, &hit, first[0]);
+			if (!ok(r == 0 && written(a, figure(a, "remote_written"), 3000) &&
+				prompt_keys(before, nbefore, chain), "prompt %u on A: its %d keys found", p, NBLK))
+				continue;
+			v = get_value(chain[cases[i].at].name);
+			if (v && i == 0) {
+				v->str[v->len / 2] ^= 0x40;
+				done = set_value(chain[cases[i].at].name, v->str, v->len);
+			} else if (v && i == 1) {
+				done = set_value(chain[cases[i].at].name, v->str, v->len - 100);
+			} else if (v && have_other) {
+				redisReply *o = get_value(other[cases[i].at].name);
+
+				done = o && set_value(chain[cases[i].at].name, o->str, o->len);
+				freeReplyObject(o);
+			}
+			freeReplyObject(v);
+			if (!have_other) {
+				memcpy(other, chain, sizeof other);
+				have_other = true;
+			}
+			r = run_prompt(b, p, &hit, again);
+			ok(done && r == 0 && hit == cases[i].at * B_ && figure(b, cases[i].fig) == errs + 1,
+			   "a value %s is refused: the hit stops before it (%u tokens), %s counted, no error",
+			   cases[i].kind, hit, cases[i].fig);
+			ok(r == 0 && memcmp(again, first[0], sizeof again) == 0,
+			   "and attention over that prompt still equals node A's");
+		}
+	}
+
+	/* a master killed mid-run */
+	{
+		int m[3], victim, errs = 0, nm = masters(m, 3);
+		uint64_t before_hits;
+
+		for (uint32_t p = 30; p < 36; p++)
+			errs += run_prompt(a, p, &hit, first[0]) < 0;
+		written(a, figure(a, "remote_written"), 3000);
+		victim = nm > 0 ? node_index(m[0]) : -1;
+		if (victim >= 0) {
+			kill(-pids[victim], SIGKILL);
+			kill(pids[victim], SIGKILL);
+			waitpid(pids[victim], NULL, 0);
+			pids[victim] = 0;
+		}
+		before_hits = figure(b, "remote_hit_tokens");
+		for (uint32_t p = 30; p < 36; p++)
+			errs += run_prompt(b, p, &hit, again) < 0;
+		for (uint32_t p = 40; p < 44; p++)
+			errs += run_prompt(a, p, &hit, again) < 0;
+		ok(victim >= 0 && errs == 0,
+		   "a master killed: lookups on B and publishes on A go on without a client error (B hit %llu tokens)",
+		   (unsigned long long)(figure(b, "remote_hit_tokens") - before_hits));
+		ok(wait_cluster_ok(20000), "the cluster failed over");
+		errs = 0;
+		bool whole = false;
+
+		for (int t = 0; t < 15 && !whole; t++) {
+			uint32_t p = 100 + (uint32_t)t;
+
+			errs += run_prompt(a, p, &hit, first[0]) < 0;
+			written(a, figure(a, "remote_written") + NBLK, 1500);
+			errs += run_prompt(b, p, &hit, again) < 0;
+			whole = hit == HIT && !memcmp(again, first[0], sizeof again);
+			if (!whole)
+				usleep(200 * 1000);
+		}
+		diag("errors on A: %llu conn, %llu timeout, %llu down; on B: %llu conn, %llu timeout, %llu down",
+		     (unsigned long long)figure(a, "remote_errors_conn"), (unsigned long long)figure(a, "remote_errors_timeout"),
+		     (unsigned long long)figure(a, "remote_errors_down"), (unsigned long long)figure(b, "remote_errors_conn"),
+		     (unsigned long long)figure(b, "remote_errors_timeout"), (unsigned long long)figure(b, "remote_errors_down"));
+		ok(whole && errs == 0, "after the failover a new prompt of A is a whole hit on B again, attention equal");
+	}
+
+	accounted(a, "node A, shared");
+	accounted(b, "node B, shared");
+	accounted(bro, "node B, reader");
+	accounted(bcold, "node B, cold");
+	kvq_client_free(a);
+	kvq_client_free(b);
+	kvq_client_free(bro);
+	kvq_client_free(bcold);
+out:
+	if (A.pid > 0)
+		test_daemon_stop(A.pid, A.dir);
+	if (B.pid > 0)
+		test_daemon_stop(B.pid, B.dir);
+	{
+		char p[400];
+
+		snprintf(p, sizeof p, "%s/password", secrets);
+		unlink(p);
+		snprintf(p, sizeof p, "%s/hmac", secrets);
+		unlink(p);
+		rmdir(secrets);
+	}
+	return done_testing();
+}
