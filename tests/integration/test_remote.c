@@ -296,7 +296,8 @@ int main(void)
 	all = true;
 	for (uint32_t p = 0; p < NPROMPT; p++)
 		all &= run_prompt(a, p, &hit, first[p]) == 0 && hit == 0;
-	ok(all && written(a, NPROMPT * NBLK, 5000),
+	all &= written(a, NPROMPT * NBLK, 5000);
+	ok(all,
 	   "node A: %d prompts cold, %llu blocks written through (%llu bytes out)", NPROMPT,
 	   (unsigned long long)figure(a, "remote_written"), (unsigned long long)figure(a, "remote_bytes_out"));
 	all = true;
