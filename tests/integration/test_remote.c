@@ -12,6 +12,8 @@
  *    block's value copied under a key) are refused: the hit stops before
  *    them, each refusal counted by kind, no client sees an error;
  *  - a pool with remote_write = off reads the remote and never writes;
+ *  - a master stopped (SIGSTOP): B's lookups end within the remote's
+ *    request_timeout_ms (timeouts counted), no client error;
  *  - a master killed mid-run: lookups and publishes on both nodes go on
  *    without a client error (misses, counted), and once the cluster failed
  *    over, a new prompt of A is a whole hit on B again;
@@ -373,6 +375,30 @@ int main(void)
 			ok(r == 0 && memcmp(again, first[0], sizeof again) == 0,
 			   "and attention over that prompt still equals node A's");
 		}
+	}
+
+	/* a master stopped (hung): lookups end within the remote's bound */
+	{
+		int m[3], nm = masters(m, 3), victim = nm > 0 ? node_index(m[0]) : -1, errs = 0;
+		uint64_t to = figure(b, "remote_errors_timeout");
+		double t0, worst = 0;
+
+		for (uint32_t p = 60; p < 62; p++)
+			errs += run_prompt(a, p, &hit, first[0]) < 0;
+		written(a, figure(a, "remote_written"), 3000);
+		if (victim >= 0)
+			kill(pids[victim], SIGSTOP);
+		for (uint32_t p = 60; p < 62; p++) {
+			t0 = now_ms();
+			errs += run_prompt(b, p, &hit, again) < 0;
+			worst = now_ms() - t0 > worst ? now_ms() - t0 : worst;
+		}
+		if (victim >= 0)
+			kill(pids[victim], SIGCONT);
+		ok(victim >= 0 && errs == 0 && worst < 1500 && figure(b, "remote_errors_timeout") > to,
+		   "a master stopped: B's prompts run without an error, the slowest in %.0f ms (request_timeout_ms "
+		   "500), %llu timeouts counted", worst, (unsigned long long)(figure(b, "remote_errors_timeout") - to));
+		ok(wait_cluster_ok(20000), "the stopped master serves again");
 	}
 
 	/* a master killed mid-run */
