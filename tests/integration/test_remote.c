@@ -11,6 +11,7 @@
  *  - values the test damages in Redis (a byte flipped, cut short, another
  *    block's value copied under a key) are refused: the hit stops before
  *    them, each refusal counted by kind, no client sees an error;
+ *  - a node whose cluster does not answer starts and serves its pool;
  *  - a pool with remote_write = off reads the remote and never writes;
  *  - a master stopped (SIGSTOP): B's lookups end within the remote's
  *    request_timeout_ms (timeouts counted), no client error;
@@ -234,7 +235,9 @@ static bool write_secret(const char *name, const char *content)
 	return fclose(f) == 0 && chmod(p, 0600) == 0;
 }
 
-static bool node_start_kvqd(struct node *n, const char *pools)
+/* Node n with pools, its remote's seeds the cluster's first two nodes, or
+ * port (not 0). */
+static bool node_start_kvqd(struct node *n, const char *pools, int port)
 {
 	char extra[4096];
 
@@ -243,7 +246,7 @@ static bool node_start_kvqd(struct node *n, const char *pools)
 		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
 		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 500\n"
 		 "connect_timeout_ms = 300\n%s",
-		 ports[0], ports[1], secrets, secrets, pools);
+		 port ? port : ports[0], port ? port : ports[1], secrets, secrets, pools);
 	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
 					sizeof n->bin);
 	return n->pid > 0;
@@ -281,10 +284,25 @@ int main(void)
 	if (!ok(mkdtemp(secrets) && write_secret("password", ACL_PASS "\n") &&
 		write_secret("hmac", "0123456789abcdef0123456789abcdef-the-cluster-key"), "secrets (mode 0600)"))
 		return done_testing();
-	if (!ok(node_start_kvqd(&A, POOL("shared", "remote = shared\nremote_namespace = ns1\n")) &&
+	/* a cluster that does not answer does not stop kvqd */
+	{
+		struct node C = { .tag = "remoteC" };
+		kvq_client *c = NULL;
+		int none = ports[NODES - 1] + 1;
+
+		r = node_start_kvqd(&C, POOL("shared", "remote = shared\nremote_namespace = ns1\n"), none) ? 0 : -1;
+		c = r == 0 ? open_pool(&C, "shared") : NULL;
+		r = c ? run_prompt(c, 0, &hit, again) : -1;
+		ok(r == 0 && hit == 0 && figure(c, "remote_written") == 0,
+		   "a node whose cluster does not answer (port %d) starts and serves its pool (no error)", none);
+		kvq_client_free(c);
+		if (C.pid > 0)
+			test_daemon_stop(C.pid, C.dir);
+	}
+	if (!ok(node_start_kvqd(&A, POOL("shared", "remote = shared\nremote_namespace = ns1\n"), 0) &&
 		node_start_kvqd(&B, POOL("shared", "remote = shared\nremote_namespace = ns1\n")
 				    POOL("reader", "remote = shared\nremote_namespace = ns1\nremote_write = off\n")
-				    POOL("cold", "")),
+				    POOL("cold", ""), 0),
 		"two kvqd nodes with host pools sharing remote 'shared', namespace ns1"))
 		goto out;
 	a = open_pool(&A, "shared");
