@@ -458,10 +458,13 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
  * the remotes; a pool whose tier cannot start runs without it. */
 static void remote_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p)
 {
+	const struct kvq_rtier_pool rp = { .name = p->name, .model = p->model, .policy = &p->policy, .L = p->L,
+		.prefix = p->prefix, .map = p->backend == &kvq_backend_host ? p->mem.map : NULL,
+		.codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL };
 	char why[256] = "";
 
 	if (ps->rtiers && !p->rtier &&
-	    kvq_rtier_new(ps->rtiers, kvq_config_find_pool(cfg, p->name), p, &p->rtier, why, sizeof why) < 0)
+	    kvq_rtier_new(ps->rtiers, kvq_config_find_pool(cfg, p->name), &rp, &p->rtier, why, sizeof why) < 0)
 		kvq_log(LOG_WARNING, "%s: the pool runs without its remote tier", why);
 }
 

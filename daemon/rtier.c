@@ -10,7 +10,6 @@
 
 #include "blockrec.h"
 #include "log.h"
-#include "pools.h"
 #include "rcluster.h"
 #include "remote_key.h"
 #include "remote_value.h"
@@ -49,7 +48,8 @@ struct rtier_write {
 struct kvq_rtier {
 	struct rtier_remote *rm;            /* borrowed: the daemon's remotes outlive the pools */
 	struct event_base *base;
-	struct kvq_pools_rec *p;            /* NULL once detached */
+	struct kvq_rtier_pool p;            /* the pool's, while attached */
+	bool attached;                      /* false once detached */
 	kvq_remote_codec *codec;
 	struct kvq_chainkey ck;
 	uint8_t identity[KVQ_REMOTE_DIGEST_LEN];
@@ -162,7 +162,7 @@ static void rtier_error(struct kvq_rtier *t, enum kvq_rtier_error e, const char 
 	t->st.errors[e]++;
 	if (e != KVQ_RTIER_E_CANCELLED)
 		kvq_log_limited(&t->lim[e], LOG_WARNING, "pool %s: remote %s: %s: %s (%s)",
-				t->p ? t->p->name : "?", t->rm->name, what, error_names[e],
+				t->attached ? t->p.name : "?", t->rm->name, what, error_names[e],
 				strncmp(what, "a write", 7) && strncmp(what, "the write", 9) ? "a miss" : "not written");
 }
 
@@ -188,7 +188,7 @@ static enum kvq_rtier_error status_error(int status)
 
 static void drain_cb(evutil_socket_t fd, short what, void *arg);
 
-int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, struct kvq_pools_rec *p,
+int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const struct kvq_rtier_pool *p,
 		  struct kvq_rtier **ret, char *err, size_t errlen)
 {
 	struct rtier_remote *rm = NULL;
@@ -205,7 +205,7 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, struc
 	if (!rm)
 		return kvq_seterr(err, errlen, "pool %s: remote %s is not running (a reload added it?)", p->name,
 				  cp->remote), -ENOENT;
-	if (p->backend != &kvq_backend_host || !p->mem.map)
+	if (!p->map)
 		return kvq_seterr(err, errlen, "pool %s: the remote tier takes host pools only", p->name), -EOPNOTSUPP;
 	t = calloc(1, sizeof *t);
 	if (!t)
@@ -213,16 +213,17 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, struc
 	t->refs = 1;
 	t->rm = rm;
 	t->base = rs->base;
-	t->p = p;
+	t->p = *p;
+	t->attached = true;
 	t->write = cp->remote_write;
 	t->nb = p->L->n_sealed + p->L->n_sink;
 	t->qcap = t->nb < RTIER_QUEUE_MAX ? t->nb + 1 : RTIER_QUEUE_MAX;
 	t->max_writing = rm->max_inflight / 2 ? rm->max_inflight / 2 : 1;
-	id = (struct kvq_remote_identity){ .model = p->model, .policy = &p->policy, .layers = p->L->layers,
+	id = (struct kvq_remote_identity){ .model = p->model, .policy = p->policy, .layers = p->L->layers,
 		.kv_heads = p->L->kv_heads, .head_dim = p->L->head_dim, .block_tokens = p->L->block_tokens,
 		.window = p->L->window, .sink_blocks = p->L->sink_blocks, .act = p->L->act,
 		.layout_version = KVQ_LAYOUT_VERSION, .fingerprint = kvq_blockrec_fingerprint(p->L),
-		.codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL };
+		.codebooks_sha256 = p->codebooks_sha256 };
 	t->lkey = calloc(t->nb, sizeof *t->lkey);
 	t->rkey = calloc(t->nb, sizeof *t->rkey);
 	t->known = calloc(t->nb, sizeof *t->known);
@@ -249,7 +250,7 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, struc
  * request. */
 static void rtier_detach(struct kvq_rtier *t)
 {
-	t->p = NULL;
+	t->attached = false;
 	if (t->drain)
 		event_free(t->drain);
 	t->drain = NULL;
@@ -290,7 +291,7 @@ int kvq_rtier_chain(struct kvq_rtier *t, const uint8_t *parent, const uint32_t *
 
 void kvq_rtier_learn(struct kvq_rtier *t, uint32_t id, const uint8_t chain[KVQ_CHAINKEY_LEN])
 {
-	if (!t->p || id >= t->nb || kvq_prefix_block_key(t->p->prefix, id, t->lkey[id]) < 0)
+	if (!t->attached || id >= t->nb || kvq_prefix_block_key(t->p.prefix, id, t->lkey[id]) < 0)
 		return;
 	memcpy(t->rkey[id], chain, KVQ_CHAINKEY_LEN);
 	t->known[id] = true;
@@ -300,7 +301,7 @@ void kvq_rtier_learn(struct kvq_rtier *t, uint32_t id, const uint8_t chain[KVQ_C
  * with now: 0, or -ENOENT.  lkey gets its local key. */
 static int rtier_rkey(struct kvq_rtier *t, uint32_t id, uint8_t lkey[KVQ_CHAINKEY_LEN], const uint8_t **ret)
 {
-	if (id >= t->nb || kvq_prefix_block_key(t->p->prefix, id, lkey) < 0 || !t->known[id] ||
+	if (id >= t->nb || kvq_prefix_block_key(t->p.prefix, id, lkey) < 0 || !t->known[id] ||
 	    memcmp(t->lkey[id], lkey, KVQ_CHAINKEY_LEN))
 		return -ENOENT;
 	*ret = t->rkey[id];
@@ -329,7 +330,7 @@ static void write_cb(void *ctx, int status, struct redisReply *reply)
  * negative code (counted). */
 static int write_one(struct kvq_rtier *t, const struct rtier_write *w)
 {
-	const struct kvq_layout *L = t->p->L;
+	const struct kvq_layout *L = t->p.L;
 	struct kvq_block_ref ref = kvq_layout_block_ref(L, w->id);
 	const uint64_t rlen = kvq_blockrec_size(L, ref.cls);
 	const size_t vlen = kvq_remote_value_size(rlen);
@@ -339,7 +340,7 @@ static int write_one(struct kvq_rtier *t, const struct rtier_write *w)
 	size_t len = 0;
 	int klen, r;
 
-	if (kvq_prefix_find(t->p->prefix, w->lkey) != (int64_t)w->id) {
+	if (kvq_prefix_find(t->p.prefix, w->lkey) != (int64_t)w->id) {
 		t->st.dropped++;   /* evicted (or demoted) before its turn */
 		return -ENOENT;
 	}
@@ -351,7 +352,7 @@ static int write_one(struct kvq_rtier *t, const struct rtier_write *w)
 	if (w->has_parent)
 		memcpy(h.parent, w->parent, sizeof h.parent);
 	/* a summed record: it leaves the process (kernels/blockrec.h) */
-	r = kvq_blockrec_pack(L, t->p->mem.map, ref, w->lkey, w->has_parent ? w->lparent : NULL, NULL, 1,
+	r = kvq_blockrec_pack(L, t->p.map, ref, w->lkey, w->has_parent ? w->lparent : NULL, NULL, 1,
 			      kvq_remote_value_payload(buf), rlen, why, sizeof why);
 	if (r == 0)
 		r = kvq_remote_value_encode(t->codec, &h, kvq_remote_value_payload(buf), rlen, buf, vlen, &len);
@@ -368,7 +369,7 @@ static int write_one(struct kvq_rtier *t, const struct rtier_write *w)
 			rtier_error(t, status_error(r), "a write");
 		}
 	} else {
-		kvq_log(LOG_ERR, "pool %s: block %u not written to remote %s: %s", t->p->name, w->id, t->rm->name,
+		kvq_log(LOG_ERR, "pool %s: block %u not written to remote %s: %s", t->p.name, w->id, t->rm->name,
 			r == -EFBIG ? "over max_value_bytes" : strerror(-r));
 	}
 	if (r < 0)
@@ -383,7 +384,7 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	while (t->p && t->qlen && t->writing < t->max_writing) {
+	while (t->attached && t->qlen && t->writing < t->max_writing) {
 		struct rtier_write w = t->q[t->qhead];
 
 		t->qhead = (t->qhead + 1) % t->qcap;
@@ -398,7 +399,7 @@ void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const
 	struct rtier_write w = { .id = id, .has_parent = parent >= 0 };
 	const uint8_t *prk = NULL;
 
-	if (!t->p || id >= t->nb)
+	if (!t->attached || id >= t->nb)
 		return;
 	if (w.has_parent && rtier_rkey(t, (uint32_t)parent, w.lparent, &prk) < 0) {
 		/* its parent's remote key is not known: neither is its own */
@@ -413,7 +414,7 @@ void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const
 	kvq_rtier_learn(t, id, w.chain);
 	if (t->write != KVQ_REMOTE_WRITE_THROUGH)
 		return;
-	if (t->qlen == t->qcap || kvq_prefix_block_key(t->p->prefix, id, w.lkey) < 0) {
+	if (t->qlen == t->qcap || kvq_prefix_block_key(t->p.prefix, id, w.lkey) < 0) {
 		t->st.dropped++;
 		rtier_error(t, KVQ_RTIER_E_FULL, "the write queue");
 		return;
@@ -476,7 +477,7 @@ static void fetch_cb(void *ctx, int status, struct redisReply *reply)
 	struct kvq_rtier_get *g = &f->g[q->i];
 
 	g->done = true;
-	if (!f->ended && f->t->p) {
+	if (!f->ended && f->t->attached) {
 		if (status < 0)
 			rtier_error(f->t, status_error(status), "a fetch");
 		else

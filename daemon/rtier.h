@@ -45,9 +45,21 @@
 
 #include "chainkey.h"
 #include "conf.h"
+#include "layout.h"
+#include "prefix.h"
 
 struct event_base;
-struct kvq_pools_rec;
+/* What the remote tier sees of a pool (daemon/pools.c fills it; the tier
+ * keeps a copy until it is freed). */
+struct kvq_rtier_pool {
+	const char *name;                 /* for the log */
+	const char *model;
+	const struct kvq_policy *policy;
+	const struct kvq_layout *L;
+	kvq_prefix *prefix;
+	void *map;                        /* the pool's memory as kvqd maps it; NULL: not a host pool */
+	const uint8_t *codebooks_sha256;  /* NULL: no codebooks */
+};
 struct kvq_rtiers;
 struct kvq_rtier;
 
@@ -94,7 +106,7 @@ void kvq_rtiers_free(struct kvq_rtiers *rs);
 /* Pool p's remote tier, when its section cp names a remote (else 0 and
  * *ret NULL).  p must be allocated, on the host backend.  Returns 0 or a
  * negative code with err set. */
-int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, struct kvq_pools_rec *p,
+int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const struct kvq_rtier_pool *p,
 		  struct kvq_rtier **ret, char *err, size_t errlen);
 
 /* Detaches from the pool (nothing of it is touched again) and frees once
