@@ -57,6 +57,7 @@ int cmd_control(int argc, char **argv);    /* bench/control.c */
 int cmd_rotation(int argc, char **argv);   /* bench/rotation.c */
 int cmd_tier(int argc, char **argv);       /* bench/tier.c */
 int cmd_restart(int argc, char **argv);    /* bench/restart.c */
+int cmd_remote(int argc, char **argv);     /* bench/remote.c */
 int bench_batch(int argc, char **argv);    /* bench/batch.c, in a build with CUDA */
 
 #endif

@@ -38,9 +38,9 @@ static void test_daemon_bin(char *bin, size_t binlen)
 }
 
 /* Writes the tests' kvqd.conf to path: the backend, create on attach, 256
- * MiB budget, 8 MiB per created pool, log_level (NULL: warning, debug with
- * $KVQ_TEST_VERBOSE) and extra lines for its [kvqd] section (NULL for
- * none).  Returns 0 or -1. */
+ * MiB budget (unless extra sets memory_budget), 8 MiB per created pool,
+ * log_level (NULL: warning, debug with $KVQ_TEST_VERBOSE) and extra lines
+ * for its [kvqd] section (NULL for none).  Returns 0 or -1. */
 __attribute__((unused))
 static int test_daemon_conf(const char *path, const char *backend, const char *log_level, const char *extra)
 {
@@ -50,8 +50,9 @@ static int test_daemon_conf(const char *path, const char *backend, const char *l
 		return -1;
 	if (!log_level)
 		log_level = getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning";
-	fprintf(f, "[kvqd]\nbackend = %s\nmemory_budget = 256M\ncreate_on_attach = yes\ncreate_capacity = 8M\n"
-		   "log_level = %s\n%s", backend, log_level, extra ? extra : "");
+	fprintf(f, "[kvqd]\nbackend = %s\n%screate_on_attach = yes\ncreate_capacity = 8M\n"
+		   "log_level = %s\n%s", backend,
+		extra && strstr(extra, "memory_budget =") ? "" : "memory_budget = 256M\n", log_level, extra ? extra : "");
 	return fclose(f) ? -1 : 0;
 }
 

@@ -8,7 +8,9 @@
  * (PR_SET_PDEATHSIG) and killed at exit (cleanup, on_signal).  A test that
  * cannot start the cluster fails.  Blocking admin commands through
  * hiredis's synchronous API (admin, admin_ok), the masters and their
- * slots as a running node sees them.  Include after tap.h.
+ * slots as a running node sees them.  Include after tap.h (cluster_up, a
+ * TAP test's start), or after a diag() of the includer's own (kvq-bench
+ * remote: cluster_handlers, cluster_folder, pick_ports, cluster_start).
  */
 #ifndef KVQ_TEST_REDIS_CLUSTER_H
 #define KVQ_TEST_REDIS_CLUSTER_H
@@ -414,24 +416,40 @@ static bool cluster_start(void)
 	return wait_cluster_ok(20000);
 }
 
-/* The test's start: cleanup at exit and on signals, a folder, free ports
- * and the cluster, each an ok() line.  Returns false (the test failed)
- * when any did not come. */
+/* Cleanup at exit and on signals. */
 __attribute__((unused))
-static bool cluster_up(void)
+static void cluster_handlers(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	signal(SIGHUP, on_signal);
 	atexit(cleanup);
-	tap_seed();
-	if (!ok(mkdtemp(dir) != NULL, "a temporary folder"))
+}
+
+/* The nodes' temporary folder. */
+__attribute__((unused))
+static bool cluster_folder(void)
+{
+	if (!mkdtemp(dir))
 		return false;
 	have_dir = true;
-	return ok(pick_ports(), "%d free ports", NODES) &&
+	return true;
+}
+
+#ifdef KVQ_TAP_H
+/* The test's start: cleanup at exit and on signals, a folder, free ports
+ * and the cluster, each an ok() line.  Returns false (the test failed)
+ * when any did not come. */
+__attribute__((unused))
+static bool cluster_up(void)
+{
+	cluster_handlers();
+	tap_seed();
+	return ok(cluster_folder(), "a temporary folder") && ok(pick_ports(), "%d free ports", NODES) &&
 	       ok(cluster_start(), "a cluster of 3 masters and 3 replicas on ports %d..%d (%s)", ports[0],
 		  ports[NODES - 1], dir);
 }
+#endif
 
 #endif
