@@ -2,7 +2,7 @@
 /*
  * kvq-bench: what its commands share: the program's name, the clock and the
  * random generator (inline: timed loops use them), bench/util.c's medians,
- * random data and anonymous maps; and the commands' entry points, which
+ * random data and anonymous maps, a kvqd's pool attached and its figures; and the commands' entry points, which
  * bench/kvq-bench.c's table names.
  */
 #ifndef KVQ_BENCH_H
@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
+
+#include "kvq.h"
 
 #define PROG "kvq-bench"
 
@@ -48,6 +50,12 @@ float rng_normal(uint64_t *s);
 void shuffle_ids(int32_t *ids, uint32_t n, uint64_t *s);
 /* Private anonymous MAP_NORESERVE memory, or NULL. */
 void *map_anon(size_t len);
+
+/* A connection to the kvqd of socket, named name, attached as a asks;
+ * NULL after a line on stderr. */
+kvq_client *bench_attach(const char *socket, const char *name, const struct kvq_attach_params *a);
+/* Figure name of c's pool; 0 when it cannot be read. */
+uint64_t bench_figure(kvq_client *c, const char *name);
 
 /* The usage text of every command (bench/kvq-bench.c). */
 void usage(FILE *f);

@@ -29,12 +29,10 @@
  */
 #include "config.h"
 
-#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "bench.h"
 #include "kvq.h"
@@ -73,7 +71,6 @@ struct node {
 };
 
 static struct node A = { .tag = "rbenchA" }, B = { .tag = "rbenchB" };
-static char secrets[64];
 
 static void chain_tokens(uint32_t chain, uint32_t n, uint32_t *tok)
 {
@@ -86,22 +83,11 @@ static kvq_client *open_pool(const struct node *n, const char *pool, const struc
 	struct kvq_attach_params a = { .pool = pool, .model_id = MODEL, .layers = o->layers,
 		.kv_heads = o->kv_heads, .head_dim = o->head_dim, .block_tokens = o->block_tokens,
 		.policy = o->policy, .act = KVQ_ACT_F16, .device = -1 };
-	kvq_client *c = NULL;
 
-	if (kvq_client_connect(n->sock, "remote-bench", &c) < 0 || kvq_client_attach(c, &a) < 0) {
-		diag("%s: attach %s: %s", n->tag, pool, c ? kvq_client_error(c) : "no connection");
-		kvq_client_free(c);
-		return NULL;
-	}
-	return c;
+	return bench_attach(n->sock, "remote-bench", &a);
 }
 
-static uint64_t figure(kvq_client *c, const char *name)
-{
-	uint64_t v = 0;
-
-	return kvq_client_pool_stat(c, NULL, name, &v) < 0 ? 0 : v;
-}
+#define figure bench_figure
 
 /* Until c's pool wrote want blocks and its queue is empty: true, or false
  * after ms. */
@@ -115,30 +101,6 @@ static bool written(kvq_client *c, uint64_t want, int ms)
 		usleep(2000);
 	}
 	return false;
-}
-
-static bool write_secret(const char *name, const char *content)
-{
-	char p[128];
-	FILE *f;
-
-	snprintf(p, sizeof p, "%s/%s", secrets, name);
-	f = fopen(p, "w");
-	if (!f)
-		return false;
-	fputs(content, f);
-	return fclose(f) == 0 && chmod(p, 0600) == 0;
-}
-
-static void remove_secrets(void)
-{
-	char p[128];
-
-	snprintf(p, sizeof p, "%s/password", secrets);
-	unlink(p);
-	snprintf(p, sizeof p, "%s/hmac", secrets);
-	unlink(p);
-	rmdir(secrets);
 }
 
 /* f16 bytes of one block: what an FP16 tier would move. */
@@ -305,30 +267,32 @@ static double prompt_ms(kvq_client *c, const uint32_t *tok, uint32_t n, const st
 	return r < 0 ? -1 : t0 * 1e3;
 }
 
+/* --name VALUE for each count, --policy NAME, --json; 0, or -1 (usage). */
 static int parse(int argc, char **argv, struct opt *o)
 {
-	static const struct option lo[] = {
-		{ "blocks", required_argument, NULL, 'n' },   { "samples", required_argument, NULL, 's' },
-		{ "prompts", required_argument, NULL, 'P' },  { "layers", required_argument, NULL, 'l' },
-		{ "kv-heads", required_argument, NULL, 'k' }, { "head-dim", required_argument, NULL, 'h' },
-		{ "block-tokens", required_argument, NULL, 'b' }, { "policy", required_argument, NULL, 'p' },
-		{ "json", no_argument, NULL, 'j' },           { NULL, 0, NULL, 0 },
-	};
-	int ch;
+	static const char *const names[] = { "--blocks", "--samples", "--prompts", "--layers", "--kv-heads",
+					     "--head-dim", "--block-tokens" };
+	uint32_t *counts[] = { &o->blocks, &o->samples, &o->prompts, &o->layers, &o->kv_heads, &o->head_dim,
+			       &o->block_tokens };
 
-	while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-		switch (ch) {
-		case 'n': o->blocks = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 's': o->samples = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 'P': o->prompts = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 'l': o->layers = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 'k': o->kv_heads = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 'h': o->head_dim = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 'b': o->block_tokens = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 'p': o->policy = optarg; break;
-		case 'j': o->json = 1; break;
-		default: return -1;
+	for (int i = 1; i < argc; i++) {
+		size_t j = 0;
+
+		if (!strcmp(argv[i], "--json")) {
+			o->json = 1;
+			continue;
 		}
+		if (i + 1 == argc)
+			return -1;
+		if (!strcmp(argv[i], "--policy")) {
+			o->policy = argv[++i];
+			continue;
+		}
+		while (j < sizeof names / sizeof names[0] && strcmp(argv[i], names[j]))
+			j++;
+		if (j == sizeof names / sizeof names[0])
+			return -1;
+		*counts[j] = (uint32_t)strtoul(argv[++i], NULL, 10);
 	}
 	return o->blocks >= CHAIN && o->samples && o->prompts && o->layers && o->kv_heads && o->head_dim &&
 			       o->block_tokens ? 0 : -1;
@@ -359,13 +323,11 @@ int cmd_remote(int argc, char **argv)
 	}
 	o.blocks -= o.blocks % CHAIN;
 	cluster_handlers();
-	snprintf(secrets, sizeof secrets, "/tmp/kvq-rbench-secrets.XXXXXX");
 	if (!cluster_folder() || !pick_ports() || !cluster_start()) {
 		diag("no cluster (redis-server and redis-cli 7 installed?)");
 		return 1;
 	}
-	if (!mkdtemp(secrets) || !write_secret("password", ACL_PASS "\n") ||
-	    !write_secret("hmac", "0123456789abcdef0123456789abcdef-the-bench-key") || !node_up(&A, &o, false) ||
+	if (!secrets_write("0123456789abcdef0123456789abcdef-the-bench-key") || !node_up(&A, &o, false) ||
 	    !node_up(&B, &o, true))
 		goto out;
 	a = open_pool(&A, "shared", &o);
@@ -514,7 +476,7 @@ out:
 		test_daemon_stop(A.pid, A.dir);
 	if (B.pid > 0)
 		test_daemon_stop(B.pid, B.dir);
-	remove_secrets();
+	secrets_remove();
 	cleanup();
 	return r;
 }

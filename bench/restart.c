@@ -65,22 +65,11 @@ static kvq_client *attach(const struct sdmgr *m, const struct opt *o)
 	struct kvq_attach_params a = { .pool = "big", .model_id = "bench/restart@1", .layers = o->layers,
 		.kv_heads = o->kv_heads, .head_dim = o->head_dim, .block_tokens = B_, .policy = "int8",
 		.act = KVQ_ACT_F16, .device = -1 };
-	kvq_client *c = NULL;
 
-	if (kvq_client_connect(m->sock_path, "restart-bench", &c) < 0 || kvq_client_attach(c, &a) < 0) {
-		fprintf(stderr, "kvq-bench restart: attach: %s\n", c ? kvq_client_error(c) : "no connection");
-		kvq_client_free(c);
-		return NULL;
-	}
-	return c;
+	return bench_attach(m->sock_path, "restart-bench", &a);
 }
 
-static uint64_t figure(kvq_client *c, const char *name)
-{
-	uint64_t v = 0;
-
-	return kvq_client_pool_stat(c, NULL, name, &v) < 0 ? 0 : v;
-}
+#define figure bench_figure
 
 /* n blocks published in chains, unreferenced; returns how many. */
 static uint32_t publish(kvq_client *c, uint32_t n)

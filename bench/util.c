@@ -55,3 +55,22 @@ void *map_anon(size_t len)
 
 	return p == MAP_FAILED ? NULL : p;
 }
+
+kvq_client *bench_attach(const char *socket, const char *name, const struct kvq_attach_params *a)
+{
+	kvq_client *c = NULL;
+
+	if (kvq_client_connect(socket, name, &c) < 0 || kvq_client_attach(c, a) < 0) {
+		fprintf(stderr, PROG ": %s: attach %s: %s\n", name, a->pool, c ? kvq_client_error(c) : "no connection");
+		kvq_client_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+uint64_t bench_figure(kvq_client *c, const char *name)
+{
+	uint64_t v = 0;
+
+	return kvq_client_pool_stat(c, NULL, name, &v) < 0 ? 0 : v;
+}

@@ -8,7 +8,7 @@
  * (PR_SET_PDEATHSIG) and killed at exit (cleanup, on_signal).  A test that
  * cannot start the cluster fails.  Blocking admin commands through
  * hiredis's synchronous API (admin, admin_ok), the masters and their
- * slots as a running node sees them.  Include after tap.h (cluster_up, a
+ * slots as a running node sees them; kvqd's secrets for it (secrets_write).  Include after tap.h (cluster_up, a
  * TAP test's start), or after a diag() of the includer's own (kvq-bench
  * remote: cluster_handlers, cluster_folder, pick_ports, cluster_start).
  */
@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -435,6 +436,44 @@ static bool cluster_folder(void)
 		return false;
 	have_dir = true;
 	return true;
+}
+
+/* kvqd's [remote] secrets for this cluster, in a folder of their own:
+ * password (ACL_USER's) and hmac, each mode 0600. */
+__attribute__((unused))
+static char secrets[] = "/tmp/kvq-remote-secrets.XXXXXX";
+
+__attribute__((unused))
+static bool secret_write(const char *name, const char *content)
+{
+	char p[128];
+	FILE *f;
+
+	snprintf(p, sizeof p, "%s/%s", secrets, name);
+	f = fopen(p, "w");
+	if (!f)
+		return false;
+	fputs(content, f);
+	return fclose(f) == 0 && chmod(p, 0600) == 0;
+}
+
+/* The folder, the password and hmac_key. */
+__attribute__((unused))
+static bool secrets_write(const char *hmac_key)
+{
+	return mkdtemp(secrets) && secret_write("password", ACL_PASS "\n") && secret_write("hmac", hmac_key);
+}
+
+__attribute__((unused))
+static void secrets_remove(void)
+{
+	char p[128];
+
+	snprintf(p, sizeof p, "%s/password", secrets);
+	unlink(p);
+	snprintf(p, sizeof p, "%s/hmac", secrets);
+	unlink(p);
+	rmdir(secrets);
 }
 
 #ifdef KVQ_TAP_H

@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,7 +64,6 @@ struct node {
 };
 
 static struct node A = { .tag = "remoteA" }, B = { .tag = "remoteB" };
-static char secrets[300];
 
 static void prompt_tokens(uint32_t p, uint32_t *tok)
 {
@@ -222,19 +220,6 @@ static bool prompt_keys(const struct rkey *before, int nbefore, struct rkey *cha
 
 /* --- the nodes --- */
 
-static bool write_secret(const char *name, const char *content)
-{
-	char p[400];
-	FILE *f;
-
-	snprintf(p, sizeof p, "%s/%s", secrets, name);
-	f = fopen(p, "w");
-	if (!f)
-		return false;
-	fputs(content, f);
-	return fclose(f) == 0 && chmod(p, 0600) == 0;
-}
-
 /* Node n with pools, its remote's seeds the cluster's first two nodes, or
  * port (not 0). */
 static bool node_start_kvqd(struct node *n, const char *pools, int port)
@@ -280,9 +265,7 @@ int main(void)
 
 	if (!cluster_up())
 		return done_testing();
-	snprintf(secrets, sizeof secrets, "/tmp/kvq-remote-secrets.XXXXXX");
-	if (!ok(mkdtemp(secrets) && write_secret("password", ACL_PASS "\n") &&
-		write_secret("hmac", "0123456789abcdef0123456789abcdef-the-cluster-key"), "secrets (mode 0600)"))
+	if (!ok(secrets_write("0123456789abcdef0123456789abcdef-the-cluster-key"), "secrets (mode 0600)"))
 		return done_testing();
 	/* a cluster that does not answer does not stop kvqd */
 	{
@@ -476,14 +459,6 @@ out:
 		test_daemon_stop(A.pid, A.dir);
 	if (B.pid > 0)
 		test_daemon_stop(B.pid, B.dir);
-	{
-		char p[400];
-
-		snprintf(p, sizeof p, "%s/password", secrets);
-		unlink(p);
-		snprintf(p, sizeof p, "%s/hmac", secrets);
-		unlink(p);
-		rmdir(secrets);
-	}
+	secrets_remove();
 	return done_testing();
 }
