@@ -154,6 +154,57 @@ static int run_prompt(kvq_client *c, uint32_t p, uint32_t *ret_hit, att_t out, k
 	return prompt_run(c, tok, ret_hit, out, ret_seq);
 }
 
+/* A wrong hit's evidence, for whoever reads the log: prompt p looked up
+ * again in pool and in the reference pool, each block the two hit compared
+ * slice by slice (host pools: the client's mapping), and the tail of
+ * kvqd's log. */
+static void diag_wrong_hit(const char *pool, uint32_t p)
+{
+	kvq_client *c[2] = { open_pool(pool), open_pool("ref") };
+	kvq_seq *s[2] = { NULL, NULL };
+	const int32_t *sealed[2] = { NULL, NULL }, *open;
+	uint32_t tok[NTOK], hit[2] = { 0, 0 }, ns[2] = { 0, 0 }, no;
+	char line[512];
+	FILE *f;
+
+	prompt_tokens(p, tok);
+	for (int i = 0; i < 2; i++)
+		if (!c[i] || kvq_seq_new(c[i], NULL, 0, &s[i]) < 0 || kvq_seq_from_prompt(s[i], tok, NTOK, &hit[i]) < 0 ||
+		    kvq_seq_blocks(s[i], &sealed[i], &ns[i], &open, &no) < 0)
+			ns[i] = 0;
+	diag("%s: prompt %u again: hit %u in %s (blocks %u), %u in ref (blocks %u)", pool, p, hit[0], pool, ns[0],
+	     hit[1], ns[1]);
+#ifndef KVQ_TEST_CUDA
+	for (uint32_t b = 0; b < ns[0] && b < ns[1]; b++) {
+		const struct kvq_layout *L = kvq_client_layout(c[0]);
+		const uint8_t *base[2] = { kvq_client_base(c[0]), kvq_client_base(c[1]) };
+
+		for (uint32_t l = 0; L && l < L->layers; l++) {
+			const uint8_t *x = base[0] + kvq_layout_off(L, KVQ_SEALED, (uint32_t)sealed[0][b], l, 0, KVQ_K_CODES);
+			const uint8_t *y = base[1] + kvq_layout_off(kvq_client_layout(c[1]), KVQ_SEALED,
+								    (uint32_t)sealed[1][b], l, 0, KVQ_K_CODES);
+
+			if (memcmp(x, y, L->layer[l].sealed_slice))
+				diag("  block %u (id %d in %s, %d in ref), layer %u: bytes differ", b, sealed[0][b], pool,
+				     sealed[1][b], l);
+		}
+	}
+#endif
+	for (int i = 0; i < 2; i++) {
+		kvq_seq_free(s[i]);
+		kvq_client_free(c[i]);
+	}
+	f = fopen(logp, "r");
+	if (f && fseek(f, -4096, SEEK_END) < 0)
+		rewind(f);
+	while (f && fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = 0;
+		diag("  log: %s", line);
+	}
+	if (f)
+		fclose(f);
+}
+
 /* Every prompt in pool: whole hits (want_whole) or hits of whole blocks,
  * each attending as the reference.  Returns the tokens hit, or -1 on a
  * mismatch or error (diagnosed). */
@@ -173,6 +224,8 @@ static long check_prompts(const char *pool, uint32_t from, uint32_t to, bool wan
 			diag("%s: prompt %u: hit %u, attention %s (%s)", pool, p, hit,
 			     memcmp(out, ref[p], sizeof out) ? "differs" : "equal", kvq_client_error(c));
 			kvq_client_free(c);
+			if (memcmp(out, ref[p], sizeof out))
+				diag_wrong_hit(pool, p);
 			return -1;
 		}
 		hits += hit;
