@@ -289,12 +289,21 @@ int kvq_rtier_chain(struct kvq_rtier *t, const uint8_t *parent, const uint32_t *
 	return kvq_chainkey_make(&t->ck, parent, tokens, salt, salt_len, ret);
 }
 
-void kvq_rtier_learn(struct kvq_rtier *t, uint32_t id, const uint8_t chain[KVQ_CHAINKEY_LEN])
+/* Block id, cached under local key lkey, has remote chain key chain. */
+static void rtier_learn_as(struct kvq_rtier *t, uint32_t id, const uint8_t lkey[KVQ_CHAINKEY_LEN],
+			   const uint8_t chain[KVQ_CHAINKEY_LEN])
 {
-	if (!t->attached || id >= t->nb || kvq_prefix_block_key(t->p.prefix, id, t->lkey[id]) < 0)
-		return;
+	memcpy(t->lkey[id], lkey, KVQ_CHAINKEY_LEN);
 	memcpy(t->rkey[id], chain, KVQ_CHAINKEY_LEN);
 	t->known[id] = true;
+}
+
+void kvq_rtier_learn(struct kvq_rtier *t, uint32_t id, const uint8_t chain[KVQ_CHAINKEY_LEN])
+{
+	uint8_t lkey[KVQ_CHAINKEY_LEN];
+
+	if (t->attached && id < t->nb && kvq_prefix_block_key(t->p.prefix, id, lkey) == 0)
+		rtier_learn_as(t, id, lkey, chain);
 }
 
 /* Block id's remote chain key, if it was learnt under the key it is cached
@@ -399,7 +408,8 @@ void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const
 	struct rtier_write w = { .id = id, .has_parent = parent >= 0 };
 	const uint8_t *prk = NULL;
 
-	if (!t->attached || id >= t->nb)
+	/* its local key, looked up once: learnt with it, and written under it */
+	if (!t->attached || id >= t->nb || kvq_prefix_block_key(t->p.prefix, id, w.lkey) < 0)
 		return;
 	if (w.has_parent && rtier_rkey(t, (uint32_t)parent, w.lparent, &prk) < 0) {
 		/* its parent's remote key is not known: neither is its own */
@@ -411,10 +421,10 @@ void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const
 		memcpy(w.parent, prk, sizeof w.parent);
 	if (kvq_rtier_chain(t, prk, tokens, salt, salt_len, w.chain) < 0)
 		return;
-	kvq_rtier_learn(t, id, w.chain);
+	rtier_learn_as(t, id, w.lkey, w.chain);
 	if (t->write != KVQ_REMOTE_WRITE_THROUGH)
 		return;
-	if (t->qlen == t->qcap || kvq_prefix_block_key(t->p.prefix, id, w.lkey) < 0) {
+	if (t->qlen == t->qcap) {
 		t->st.dropped++;
 		rtier_error(t, KVQ_RTIER_E_FULL, "the write queue");
 		return;
