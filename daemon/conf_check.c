@@ -93,10 +93,6 @@ int conf_check_pool(const struct conf_check_section *sec, struct conf_check_erro
 		return fail(e, seen[K_POOL_remote_namespace] ? seen[K_POOL_remote_namespace] : seen[K_POOL_remote_write],
 			    "pool '%s': %s without remote", pl->name,
 			    seen[K_POOL_remote_namespace] ? "remote_namespace" : "remote_write");
-	/* not built yet: refused rather than silently written through or not at all */
-	if (seen[K_POOL_remote_write] && pl->remote_write == KVQ_REMOTE_WRITE_BACK)
-		return fail(e, seen[K_POOL_remote_write],
-			    "pool '%s': remote_write = back is not supported yet (use through or off)", pl->name);
 
 	/* the smallest useful pool: one sealed block and one window of open
 	 * blocks (and as many sink slots) */

@@ -53,6 +53,9 @@ struct kvq_prefix {
 	/* told each block's key that goes without a copy (kvq_prefix_set_drop_hook) */
 	void (*drop_hook)(void *arg, const uint8_t *key);
 	void *drop_arg;
+	/* told each block that goes without a copy, with its slot (kvq_prefix_set_leave_hook) */
+	void (*leave_hook)(void *arg, uint32_t id, int32_t parent);
+	void *leave_arg;
 	/* told each block that enters or leaves the index (kvq_prefix_set_record_hook) */
 	void (*record_hook)(void *arg, uint32_t id, const uint8_t *key, int32_t parent);
 	void *record_arg;
@@ -243,6 +246,8 @@ static uint32_t evict_block_to(struct kvq_prefix *x, uint32_t b, int demote)
 		x->evict_hook(x->evict_arg, x->key[b], demote);
 	if (!demote && x->drop_hook)
 		x->drop_hook(x->drop_arg, x->key[b]);
+	if (!demote && x->leave_hook)
+		x->leave_hook(x->leave_arg, b, p);
 	heap_remove(x, b);
 	hash_remove(x, b);
 	x->flags[b] = 0;
@@ -319,6 +324,12 @@ void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8
 {
 	x->drop_hook = hook;
 	x->drop_arg = arg;
+}
+
+void kvq_prefix_set_leave_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, int32_t parent), void *arg)
+{
+	x->leave_hook = hook;
+	x->leave_arg = arg;
 }
 
 void kvq_prefix_set_record_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, const uint8_t *key,

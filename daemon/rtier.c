@@ -17,6 +17,7 @@
 #include "seterr.h"
 
 #define RTIER_QUEUE_MAX 4096u    /* blocks waiting to be written, per pool */
+#define RTIER_QUEUE_BYTES (64u << 20)   /* their values made at eviction (write-back), per pool */
 
 /* One [remote]: its client and what its values need, copied (a reload
  * keeps the running remote). */
@@ -36,13 +37,16 @@ struct kvq_rtiers {
 	struct rtier_remote *r;
 };
 
-/* A block to write: its id and local key (it is written only if still
- * cached so), its remote chain key and its parent's. */
+/* A block to write: its id and local key (written through: only if still
+ * cached so), its remote chain key and its parent's; written back, its
+ * value, made when it left the pool. */
 struct rtier_write {
 	uint32_t id;
 	bool has_parent;
 	uint8_t lkey[KVQ_CHAINKEY_LEN], lparent[KVQ_CHAINKEY_LEN];
 	uint8_t chain[KVQ_CHAINKEY_LEN], parent[KVQ_CHAINKEY_LEN];
+	uint8_t *val;
+	size_t vlen;
 };
 
 struct kvq_rtier {
@@ -58,8 +62,10 @@ struct kvq_rtier {
 	uint8_t (*lkey)[KVQ_CHAINKEY_LEN];  /* per block id: the local key its remote key was learnt under */
 	uint8_t (*rkey)[KVQ_CHAINKEY_LEN];
 	bool *known;
+	uint32_t rank, world;               /* in a tensor-parallel group; else 0 of 1 */
 	struct rtier_write *q;              /* the write queue, a ring */
 	uint32_t qhead, qlen, qcap;
+	uint64_t qbytes;                    /* of the values in it */
 	uint32_t writing, max_writing;      /* SETs in flight, their bound */
 	struct event *drain;
 	uint32_t refs;                      /* the pool's, and one per request or fetch in flight */
@@ -187,6 +193,7 @@ static enum kvq_rtier_error status_error(int status)
 }
 
 static void drain_cb(evutil_socket_t fd, short what, void *arg);
+static void on_leave(void *arg, uint32_t id, int32_t parent);
 
 int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const struct kvq_rtier_pool *p,
 		  struct kvq_rtier **ret, char *err, size_t errlen)
@@ -207,6 +214,9 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 				  cp->remote), -ENOENT;
 	if (!p->map)
 		return kvq_seterr(err, errlen, "pool %s: the remote tier takes host pools only", p->name), -EOPNOTSUPP;
+	if (p->host_tier && cp->remote_write == KVQ_REMOTE_WRITE_BACK)
+		return kvq_seterr(err, errlen, "pool %s: remote_write = back with a host tier is not built (use through "
+				  "or off, or no host_capacity)", p->name), -EOPNOTSUPP;
 	t = calloc(1, sizeof *t);
 	if (!t)
 		return -ENOMEM;
@@ -216,6 +226,7 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 	t->p = *p;
 	t->attached = true;
 	t->write = cp->remote_write;
+	t->world = 1;
 	t->nb = p->L->n_sealed + p->L->n_sink;
 	t->qcap = t->nb < RTIER_QUEUE_MAX ? t->nb + 1 : RTIER_QUEUE_MAX;
 	t->max_writing = rm->max_inflight / 2 ? rm->max_inflight / 2 : 1;
@@ -240,6 +251,8 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 		kvq_rtier_free(t);
 		return r;
 	}
+	if (t->write == KVQ_REMOTE_WRITE_BACK)
+		kvq_prefix_set_leave_hook(p->prefix, on_leave, t);
 	kvq_log(LOG_INFO, "pool %s: remote %s, namespace %s, write %s", p->name, rm->name, cp->remote_namespace,
 		t->write == KVQ_REMOTE_WRITE_THROUGH ? "through" : t->write == KVQ_REMOTE_WRITE_BACK ? "back" : "off");
 	*ret = t;
@@ -250,7 +263,11 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
  * request. */
 static void rtier_detach(struct kvq_rtier *t)
 {
+	if (t->attached && t->write == KVQ_REMOTE_WRITE_BACK)
+		kvq_prefix_set_leave_hook(t->p.prefix, NULL, NULL);
 	t->attached = false;
+	for (uint32_t i = 0; t->q && i < t->qlen; i++)
+		free(t->q[(t->qhead + i) % t->qcap].val);
 	if (t->drain)
 		event_free(t->drain);
 	t->drain = NULL;
@@ -269,6 +286,12 @@ void kvq_rtier_free(struct kvq_rtier *t)
 {
 	if (t)
 		rtier_detach(t);
+}
+
+void kvq_rtier_set_rank(struct kvq_rtier *t, uint32_t rank, uint32_t world)
+{
+	t->rank = world > 1 ? rank : 0;
+	t->world = world > 1 ? world : 1;
 }
 
 void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret)
@@ -335,55 +358,77 @@ static void write_cb(void *ctx, int status, struct redisReply *reply)
 	rtier_unref(t);
 }
 
-/* Packs w's block, still cached under its key, and SETs it: 0, or a
- * negative code (counted). */
-static int write_one(struct kvq_rtier *t, const struct rtier_write *w)
+/* w's value into a new buffer (*ret, *ret_len; free it): its block packed
+ * from the pool (a summed record: it leaves the process,
+ * kernels/blockrec.h), the header and the HMAC.  0, or a negative code
+ * (logged). */
+static int value_make(struct kvq_rtier *t, const struct rtier_write *w, uint8_t **ret, size_t *ret_len)
 {
 	const struct kvq_layout *L = t->p.L;
 	struct kvq_block_ref ref = kvq_layout_block_ref(L, w->id);
 	const uint64_t rlen = kvq_blockrec_size(L, ref.cls);
 	const size_t vlen = kvq_remote_value_size(rlen);
-	struct kvq_remote_value_head h = { .has_parent = w->has_parent, .rank = 0, .world = 1 };
-	char key[KVQ_REMOTE_KEY_MAX], why[160];
-	uint8_t *buf;
-	size_t len = 0;
-	int klen, r;
+	struct kvq_remote_value_head h = { .has_parent = w->has_parent, .rank = t->rank, .world = t->world };
+	char why[160] = "";
+	uint8_t *buf = malloc(vlen);
+	int r;
 
-	if (kvq_prefix_find(t->p.prefix, w->lkey) != (int64_t)w->id) {
-		t->st.dropped++;   /* evicted (or demoted) before its turn */
-		return -ENOENT;
-	}
-	buf = malloc(vlen);
 	if (!buf)
 		return -ENOMEM;
 	memcpy(h.identity, t->identity, sizeof h.identity);
 	memcpy(h.chain, w->chain, sizeof h.chain);
 	if (w->has_parent)
 		memcpy(h.parent, w->parent, sizeof h.parent);
-	/* a summed record: it leaves the process (kernels/blockrec.h) */
 	r = kvq_blockrec_pack(L, t->p.map, ref, w->lkey, w->has_parent ? w->lparent : NULL, NULL, 1,
 			      kvq_remote_value_payload(buf), rlen, why, sizeof why);
 	if (r == 0)
-		r = kvq_remote_value_encode(t->codec, &h, kvq_remote_value_payload(buf), rlen, buf, vlen, &len);
-	klen = r == 0 ? kvq_remote_redis_key(t->identity, w->chain, 0, 1, key, sizeof key) : -EINVAL;
-	if (r == 0 && klen < 0)
-		r = klen;
-	if (r == 0) {
-		r = kvq_rcluster_set(t->rm->rc, key, (size_t)klen, buf, len, t->rm->ttl_ms, write_cb, t);
-		if (r == 0) {
-			t->refs++;
-			t->writing++;
-			t->st.bytes_out += len;
-		} else {
-			rtier_error(t, status_error(r), "a write");
-		}
-	} else {
+		r = kvq_remote_value_encode(t->codec, &h, kvq_remote_value_payload(buf), rlen, buf, vlen, ret_len);
+	if (r < 0) {
 		kvq_log(LOG_ERR, "pool %s: block %u not written to remote %s: %s", t->p.name, w->id, t->rm->name,
-			r == -EFBIG ? "over max_value_bytes" : strerror(-r));
+			r == -EFBIG ? "over max_value_bytes" : why[0] ? why : strerror(-r));
+		free(buf);
+		return r;
 	}
+	*ret = buf;
+	return 0;
+}
+
+/* SETs value buf[len] under w's key: 0, or a negative code (counted). */
+static int value_send(struct kvq_rtier *t, const struct rtier_write *w, const uint8_t *buf, size_t len)
+{
+	char key[KVQ_REMOTE_KEY_MAX];
+	int klen = kvq_remote_redis_key(t->identity, w->chain, t->rank, t->world, key, sizeof key), r;
+
+	r = klen < 0 ? klen : kvq_rcluster_set(t->rm->rc, key, (size_t)klen, buf, len, t->rm->ttl_ms, write_cb, t);
+	if (r < 0) {
+		rtier_error(t, status_error(r), "a write");
+		return r;
+	}
+	t->refs++;
+	t->writing++;
+	t->st.bytes_out += len;
+	return 0;
+}
+
+/* Writes w: its value made at eviction (write-back), or its block packed
+ * now if it is still cached under its key (write-through).  0, or a
+ * negative code (counted). */
+static int write_one(struct kvq_rtier *t, struct rtier_write *w)
+{
+	uint8_t *buf = w->val;
+	size_t len = w->vlen;
+	int r = 0;
+
+	if (!buf && kvq_prefix_find(t->p.prefix, w->lkey) != (int64_t)w->id)
+		r = -ENOENT;   /* evicted (or demoted) before its turn */
+	else if (!buf)
+		r = value_make(t, w, &buf, &len);
+	if (r == 0)
+		r = value_send(t, w, buf, len);
 	if (r < 0)
 		t->st.dropped++;
 	free(buf);
+	w->val = NULL;
 	return r;
 }
 
@@ -398,8 +443,25 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
 
 		t->qhead = (t->qhead + 1) % t->qcap;
 		t->qlen--;
+		t->qbytes -= w.vlen;
 		write_one(t, &w);
 	}
+}
+
+/* w into the write queue: false when it is full (w's value is then the
+ * caller's). */
+static bool queue_add(struct kvq_rtier *t, const struct rtier_write *w)
+{
+	if (t->qlen == t->qcap || t->qbytes + w->vlen > RTIER_QUEUE_BYTES) {
+		t->st.dropped++;
+		rtier_error(t, KVQ_RTIER_E_FULL, "the write queue");
+		return false;
+	}
+	t->q[(t->qhead + t->qlen++) % t->qcap] = *w;
+	t->qbytes += w->vlen;
+	if (t->qlen == 1)
+		event_active(t->drain, EV_TIMEOUT, 0);
+	return true;
 }
 
 void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const uint32_t *tokens,
@@ -422,16 +484,38 @@ void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const
 	if (kvq_rtier_chain(t, prk, tokens, salt, salt_len, w.chain) < 0)
 		return;
 	rtier_learn_as(t, id, w.lkey, w.chain);
-	if (t->write != KVQ_REMOTE_WRITE_THROUGH)
-		return;
-	if (t->qlen == t->qcap) {
-		t->st.dropped++;
-		rtier_error(t, KVQ_RTIER_E_FULL, "the write queue");
+	if (t->write == KVQ_REMOTE_WRITE_THROUGH)
+		queue_add(t, &w);
+}
+
+/* Write-back: block id leaves the pool without a copy (the prefix index's
+ * leave hook), its bytes still in its slot: packed now into its value,
+ * queued, so that the slot may be reused at once. */
+static void on_leave(void *arg, uint32_t id, int32_t parent)
+{
+	struct kvq_rtier *t = arg;
+	struct rtier_write w = { .id = id, .has_parent = parent >= 0 };
+	const uint8_t *rk, *prk;
+
+	if (!t->attached || rtier_rkey(t, id, w.lkey, &rk) < 0 ||
+	    (w.has_parent && rtier_rkey(t, (uint32_t)parent, w.lparent, &prk) < 0)) {
+		t->st.dropped++;   /* its remote key (or its parent's) is not known */
 		return;
 	}
-	t->q[(t->qhead + t->qlen++) % t->qcap] = w;
-	if (t->qlen == 1)
-		event_active(t->drain, EV_TIMEOUT, 0);
+	memcpy(w.chain, rk, sizeof w.chain);
+	if (w.has_parent)
+		memcpy(w.parent, prk, sizeof w.parent);
+	if (t->qlen == t->qcap || t->qbytes + kvq_remote_value_size(kvq_blockrec_size(t->p.L,
+			kvq_layout_block_ref(t->p.L, id).cls)) > RTIER_QUEUE_BYTES) {
+		queue_add(t, &w);   /* counts it, refused */
+		return;
+	}
+	if (value_make(t, &w, &w.val, &w.vlen) < 0) {
+		t->st.dropped++;
+		return;
+	}
+	if (!queue_add(t, &w))
+		free(w.val);
 }
 
 /* ----------------------------------------------------------------- fetch */

@@ -26,7 +26,11 @@
  * drains from the loop after the request, each block packed from the pool
  * (a summed record: it leaves the process) only if it is still cached
  * under its key, then SET with the remote's TTL, at most a bound in
- * flight.  remote_write = back is refused at load for now (conf_check).
+ * flight.  remote_write = back: a block is packed into its value when it
+ * leaves the pool without a copy (the prefix index's leave hook), before
+ * its slot can be reused, and that value queued (bounded in blocks and
+ * bytes: full, dropped and counted); a pool with a host tier does not take
+ * it (not built: the tier's evictions have no hook).
  *
  * Fetch: kvq_rtier_fetch GETs a list of blocks (pipelined by the cluster
  * client, one connection per master); each reply is verified at once
@@ -59,6 +63,7 @@ struct kvq_rtier_pool {
 	kvq_prefix *prefix;
 	void *map;                        /* the pool's memory as kvqd maps it; NULL: not a host pool */
 	const uint8_t *codebooks_sha256;  /* NULL: no codebooks */
+	bool host_tier;                   /* the pool has a host tier */
 };
 struct kvq_rtiers;
 struct kvq_rtier;
@@ -112,6 +117,10 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 /* Detaches from the pool (nothing of it is touched again) and frees once
  * the last request in flight ended (NULL is fine). */
 void kvq_rtier_free(struct kvq_rtier *t);
+
+/* The pool is rank of world in a tensor-parallel group (world 0 or 1:
+ * none): its records are written and asked for under that rank's keys. */
+void kvq_rtier_set_rank(struct kvq_rtier *t, uint32_t rank, uint32_t world);
 
 void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret);
 

@@ -163,6 +163,11 @@ static void test_accepted(void)
 	accepted("a pool before the remote it names",
 		 fmt(POOL "remote = r\nremote_namespace = n\n[remote r]\nnodes = 127.0.0.1:1\nhmac_key_file = %s\n",
 		     key32));
+	c = parse(fmt("[remote r]\nnodes = 127.0.0.1:1\nhmac_key_file = %s\n" POOL
+		      "remote = r\nremote_namespace = n\nremote_write = back\n", key32), err, sizeof err);
+	pl = c ? kvq_config_find_pool(c, "p") : NULL;
+	ok(pl && pl->remote_write == KVQ_REMOTE_WRITE_BACK, "remote_write = back (%s)", c ? "ok" : err);
+	kvq_config_free(c);
 	accepted("remote_write through, off",
 		 fmt("[remote r]\nnodes = 127.0.0.1:1\nhmac_key_file = %s\n" POOL
 		     "remote = r\nremote_namespace = n\nremote_write = off\n"
@@ -278,8 +283,6 @@ static void test_refused(void)
 		"12: remote_namespace longer than 64 bytes");
 	refused(fmt("%s" POOL "remote = r\nremote_namespace = n\nremote_write = sometimes\n", Rc),
 		"13: remote_write 'sometimes' is not through, back or off");
-	refused(fmt("%s" POOL "remote = r\nremote_namespace = n\nremote_write = back\n", Rc),
-		"13: pool 'p': remote_write = back is not supported yet (use through or off)");
 	refused(fmt("%s" POOL "remote = R\nremote_namespace = n\n", Rc), "4: pool 'p': remote 'R' names no [remote R] section");
 }
 
