@@ -8,22 +8,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "group_fetch.h"
 #include "groups.h"
 #include "kvq_wire.h"
 #include "log.h"
 #include "seterr.h"
+#include "rtier.h"
 #include "tiering.h"
 
-/* A lookup whose references wait for the ranks that have not asked yet. */
+/* A lookup whose references wait for the ranks that have not asked yet;
+ * or, while fetch is set, whose hit waits for the remote (no references
+ * yet, the ranks that asked in waiters). */
 struct pending {
 	struct pending *next;
+	struct kvq_group *g;
 	uint8_t rid[KVQ_GROUP_MAX_REQUEST_ID];
 	size_t rid_len;
 	uint32_t n;              /* blocks, the same for every rank */
 	uint64_t claimed;        /* ranks that took theirs */
 	int64_t expires_ms;
 	uint32_t *ids;           /* [rank][n] */
+	/* the fetch, and what fixing the hit after it needs */
+	struct kvq_group_fetch *fetch;
+	struct kvq_group_waiter *waiters;
+	uint32_t *tok, n_tokens, max_tokens, max_ids;
+	uint8_t salt[KVQ_PREFIX_MAX_SALT];
+	size_t salt_len;
+	uint64_t timeout_ms;
 };
 
 struct kvq_group {
@@ -90,7 +103,8 @@ int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const stru
 		return kvq_seterr(err, errlen, "rank %u of group %s is pool %s", a->rank, g->name,
 				  g->member[a->rank]->name),
 		       -EEXIST;
-	if (p && (strcmp(p->group, a->group) || p->glink.rank != a->rank))
+	/* a configured pool not yet allocated (create_on_attach) joins at its first attach */
+	if (p && (p->allocated || p->group[0]) && (strcmp(p->group, a->group) || p->glink.rank != a->rank))
 		return kvq_seterr(err, errlen, "pool %s is not rank %u of group %s", p->name, a->rank, a->group),
 		       KVQ_ELAYOUT;
 	*ret_heads = heads;
@@ -98,8 +112,27 @@ int kvq_group_check(const struct kvq_pools *ps, const Kvq__Attach *a, const stru
 	return 0;
 }
 
+/* q's waiters off its list; woken when wake (their lookups then run again
+ * and may free q: the list is taken first), else left to their bound. */
+static void waiters_off(struct pending *q, bool wake)
+{
+	struct kvq_group_waiter *w = q->waiters, *nx;
+
+	q->waiters = NULL;
+	for (; w; w = nx) {
+		nx = w->next;
+		w->next = NULL;
+		w->on = NULL;
+		if (wake)
+			w->wake(w);
+	}
+}
+
 static void drop_pending(struct kvq_group *g, struct pending *q)
 {
+	kvq_group_fetch_end(q->fetch);
+	q->fetch = NULL;
+	waiters_off(q, false);
 	for (uint32_t r = 0; r < g->world; r++)
 		if (!(q->claimed >> r & 1) && g->member[r])
 			for (uint32_t i = 0; i < q->n; i++)
@@ -111,6 +144,7 @@ static void drop_pending(struct kvq_group *g, struct pending *q)
 		}
 	g->n_pending--;
 	free(q->ids);
+	free(q->tok);
 	free(q);
 }
 
@@ -192,6 +226,9 @@ int kvq_group_join(struct kvq_pools *ps, const Kvq__Attach *a, struct kvq_pools_
 	p->glink.list = &ps->groups;
 	p->glink.leave = kvq_group_leave;
 	kvq_prefix_set_evict_hook(p->prefix, evict_hook, &p->glink);
+	/* its records on the remote under its rank's keys */
+	if (p->rtier)
+		kvq_rtier_set_rank(p->rtier, a->rank, g->world);
 	kvq_log(LOG_INFO, "pool %s: rank %u of group %s (%u of %u ranks)", p->name, a->rank, g->name, g->n_members,
 		g->world);
 	return 0;
@@ -210,6 +247,8 @@ void kvq_group_leave(struct kvq_pools_rec *p)
 		kvq_prefix_set_evict_hook(p->prefix, NULL, NULL);
 	g->member[p->glink.rank] = NULL;
 	p->glink.g = NULL;
+	if (p->rtier)
+		kvq_rtier_set_rank(p->rtier, 0, 1);
 	if (--g->n_members == 0) {
 		for (struct kvq_group **pp = p->glink.list; *pp; pp = &(*pp)->next)
 			if (*pp == g) {
@@ -270,26 +309,169 @@ out:
 	free(rec);
 }
 
+/* The blocks of tokens' chain every member caches (a missing member:
+ * none) into *ret_n: 0 or a negative code. */
+static int group_visible(struct kvq_group *g, const uint32_t *tokens, uint32_t n_tokens, uint32_t max_tokens,
+			 const void *salt, size_t salt_len, uint32_t max_ids, uint32_t *ret_n)
+{
+	uint32_t n = UINT32_MAX;
+
+	for (uint32_t m = 0; m < g->world && n; m++) {
+		uint32_t c = 0;
+		int r;
+
+		if (!g->member[m])
+			return *ret_n = 0, 0;
+		r = kvq_prefix_match(g->member[m]->prefix, tokens, n_tokens, max_tokens, salt, salt_len, max_ids, &c);
+		if (r < 0)
+			return r;
+		n = c < n ? c : n;
+	}
+	*ret_n = n;
+	return 0;
+}
+
+/* q's hit: n blocks, one reference on every member's n blocks in q->ids,
+ * or none at all (a negative code). */
+static int group_take(struct kvq_group *g, struct pending *q, uint32_t n, const uint32_t *tokens,
+		      uint32_t n_tokens, const void *salt, size_t salt_len)
+{
+	int r = 0;
+
+	if (!(q->ids = calloc((size_t)g->world * n + 1, sizeof(*q->ids))))
+		return -ENOMEM;
+	q->n = n;
+	for (uint32_t m = 0; m < g->world && n; m++) {
+		uint32_t got = 0;
+
+		r = kvq_prefix_lookup(g->member[m]->prefix, tokens, n_tokens, n * g->block_tokens, salt, salt_len,
+				      q->ids + (size_t)m * n, n, &got);
+		if (r == 0 && got != n)
+			r = -EIO;   /* every member matched n just now */
+		if (r < 0) {
+			for (uint32_t k = 0; k < m; k++)
+				for (uint32_t i = 0; i < n; i++)
+					kvq_pool_unref(g->member[k]->pool, q->ids[(size_t)k * n + i]);
+			for (uint32_t i = 0; i < got; i++)
+				kvq_pool_unref(g->member[m]->pool, q->ids[(size_t)m * n + i]);
+			free(q->ids);
+			q->ids = NULL;
+			q->n = 0;
+			return r;
+		}
+	}
+	return 0;
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* q's fetch came back (or its waiters' bound passed): what came placed in
+ * every member, then the hit fixed as a first rank's, no rank's claimed
+ * yet, and the waiters woken to claim theirs. */
+static void group_fetched(void *arg)
+{
+	struct pending *q = arg;
+	struct kvq_group *g = q->g;
+	uint32_t n = 0;
+
+	kvq_group_fetch_place(q->fetch);
+	if (group_visible(g, q->tok, q->n_tokens, q->max_tokens, q->salt, q->salt_len, q->max_ids, &n) < 0 ||
+	    group_take(g, q, n, q->tok, q->n_tokens, q->salt, q->salt_len) < 0)
+		group_take(g, q, 0, q->tok, q->n_tokens, q->salt, q->salt_len);
+	kvq_group_fetch_end(q->fetch);
+	q->fetch = NULL;
+	free(q->tok);
+	q->tok = NULL;
+	q->expires_ms = mono_ms() + (int64_t)q->timeout_ms;
+	waiters_off(q, true);
+}
+
+void kvq_group_unwait(struct kvq_group_waiter *w, bool settle)
+{
+	struct pending *q = w->on;
+
+	if (!q)
+		return;
+	for (struct kvq_group_waiter **pw = &q->waiters; *pw; pw = &(*pw)->next)
+		if (*pw == w) {
+			*pw = w->next;
+			break;
+		}
+	w->next = NULL;
+	w->on = NULL;
+	if (settle && q->fetch)
+		group_fetched(q);
+}
+
+/* A first rank's lookup whose chain may go on in the remote: q waits for
+ * every member's fetch of the blocks after n, w on it.  0, or a negative
+ * code (nothing started). */
+static int group_fetch(struct kvq_group *g, struct pending *q, uint32_t n, const uint32_t *tokens,
+		       uint32_t n_tokens, uint32_t max_tokens, const void *salt, size_t salt_len, uint32_t max_ids,
+		       uint64_t timeout_ms, struct kvq_group_waiter *w)
+{
+	uint32_t end = (max_tokens < n_tokens ? max_tokens : n_tokens) / g->block_tokens;
+	int r;
+
+	end = end < max_ids ? end : max_ids;
+	if (!w || !kvq_group_fetch_wanted(g->member, g->world, tokens, n, end, salt, salt_len))
+		return -ENOENT;
+	if (!(q->tok = malloc((size_t)n_tokens * sizeof(*q->tok) + 1)))
+		return -ENOMEM;
+	r = kvq_group_fetch_start(g->member, g->world, tokens, n, end, salt, salt_len, group_fetched, q, &q->fetch);
+	if (r < 0) {
+		free(q->tok);
+		q->tok = NULL;
+		return r;
+	}
+	memcpy(q->tok, tokens, (size_t)n_tokens * sizeof(*q->tok));
+	q->n_tokens = n_tokens;
+	q->max_tokens = max_tokens;
+	q->max_ids = max_ids;
+	memcpy(q->salt, salt, salt_len);
+	q->salt_len = salt_len;
+	q->timeout_ms = timeout_ms;
+	w->on = q;
+	q->waiters = w;
+	return 0;
+}
+
 int kvq_group_lookup(struct kvq_pools_rec *p, const uint8_t *rid, size_t rid_len, const uint32_t *tokens,
 		     uint32_t n_tokens, uint32_t max_tokens, const void *salt, size_t salt_len, uint32_t *ret_ids,
-		     uint32_t max_ids, uint32_t *ret_n, int64_t now_ms, uint64_t timeout_ms, uint64_t max_pending)
+		     uint32_t max_ids, uint32_t *ret_n, int64_t now_ms, uint64_t timeout_ms, uint64_t max_pending,
+		     struct kvq_group_waiter *w)
 {
 	struct kvq_group *g = p->glink.g;
 	const uint32_t me = p->glink.rank;
 	struct pending *q, *nx;
-	uint32_t n = UINT32_MAX;
+	uint32_t n = 0;
 	int r = 0;
 
 	if (!rid_len || rid_len > KVQ_GROUP_MAX_REQUEST_ID)
 		return -EINVAL;
 	for (q = g->pending; q; q = nx) {
 		nx = q->next;
-		if (q->expires_ms <= now_ms)
+		if (!q->fetch && q->expires_ms <= now_ms)
 			drop_pending(g, q);
 	}
 	for (q = g->pending; q; q = q->next)
 		if (q->rid_len == rid_len && !memcmp(q->rid, rid, rid_len))
 			break;
+	if (q && q->fetch) {
+		/* the hit waits for the remote: so does this rank */
+		if (!w)
+			return -EAGAIN;
+		w->on = q;
+		w->next = q->waiters;
+		q->waiters = w;
+		return 1;
+	}
 	if (q) {
 		if (q->claimed >> me & 1)
 			return -EALREADY;
@@ -306,45 +488,28 @@ int kvq_group_lookup(struct kvq_pools_rec *p, const uint8_t *rid, size_t rid_len
 	if (g->n_pending >= max_pending)
 		return -EBUSY;
 	/* visible: cached on every member (a missing member: nothing is) */
-	for (uint32_t m = 0; m < g->world && n; m++) {
-		uint32_t c = 0;
-
-		if (!g->member[m]) {
-			n = 0;
-			break;
-		}
-		r = kvq_prefix_match(g->member[m]->prefix, tokens, n_tokens, max_tokens, salt, salt_len, max_ids, &c);
-		if (r < 0)
-			return r;
-		n = c < n ? c : n;
-	}
+	r = group_visible(g, tokens, n_tokens, max_tokens, salt, salt_len, max_ids, &n);
+	if (r < 0)
+		return r;
 	q = calloc(1, sizeof(*q));
-	if (!q || !(q->ids = calloc((size_t)g->world * n + 1, sizeof(*q->ids)))) {
-		free(q);
+	if (!q)
 		return -ENOMEM;
-	}
+	q->g = g;
 	memcpy(q->rid, rid, rid_len);
 	q->rid_len = rid_len;
-	q->n = n;
 	q->expires_ms = now_ms + (int64_t)timeout_ms;
+	/* the chain may go on in the remote: every rank's hit waits for it */
+	if (group_fetch(g, q, n, tokens, n_tokens, max_tokens, salt, salt_len, max_ids, timeout_ms, w) == 0) {
+		q->next = g->pending;
+		g->pending = q;
+		g->n_pending++;
+		return 1;
+	}
 	/* one reference on every member's n blocks, or none at all */
-	for (uint32_t m = 0; m < g->world && n; m++) {
-		uint32_t got = 0;
-
-		r = kvq_prefix_lookup(g->member[m]->prefix, tokens, n_tokens, n * g->block_tokens, salt, salt_len,
-				      q->ids + (size_t)m * n, n, &got);
-		if (r == 0 && got != n)
-			r = -EIO;   /* every member matched n just now */
-		if (r < 0) {
-			for (uint32_t k = 0; k < m; k++)
-				for (uint32_t i = 0; i < n; i++)
-					kvq_pool_unref(g->member[k]->pool, q->ids[(size_t)k * n + i]);
-			for (uint32_t i = 0; i < got; i++)
-				kvq_pool_unref(g->member[m]->pool, q->ids[(size_t)m * n + i]);
-			free(q->ids);
-			free(q);
-			return r;
-		}
+	r = group_take(g, q, n, tokens, n_tokens, salt, salt_len);
+	if (r < 0) {
+		free(q);
+		return r;
 	}
 	memcpy(ret_ids, q->ids + (size_t)me * n, n * sizeof(*ret_ids));
 	*ret_n = n;

@@ -32,6 +32,7 @@
 #ifndef KVQD_GROUPS_H
 #define KVQD_GROUPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,18 +70,38 @@ void kvq_group_leave(struct kvq_pools_rec *p);
  * (its restart computes them again, and so, missing, do the others). */
 void kvq_group_rank_lost(struct kvq_pools_rec *p);
 
+/* A rank's lookup waiting for its group's fetch from the remote tier
+ * (kvq_group_lookup returned 1): wake(w) is called on the loop once the
+ * hit is fixed (w->on NULL again), and the lookup is then made again. */
+struct kvq_group_waiter {
+	struct kvq_group_waiter *next;
+	void *on;                              /* the group lookup it waits on; NULL: none */
+	void (*wake)(struct kvq_group_waiter *w);
+	void *arg;                             /* the waiter's own */
+};
+
 /*
  * The lookup of member pool p (p->glink.g set) for request rid[rid_len]:
  * up to max_ids ids into ret_ids (*ret_n of them), each with one reference
  * taken for the caller, as kvq_prefix_lookup; the same count for every
  * rank of the request.  now_ms: CLOCK_MONOTONIC; timeout_ms and
- * max_pending: kvqd.conf's.  Returns 0, -EINVAL (bad request id),
- * -EALREADY (this rank looked the request up already), -EBUSY (max_pending
- * lookups wait), -EOVERFLOW (a block at its reference limit; nothing
- * taken), -ENOMEM or -EIO.
+ * max_pending: kvqd.conf's.  When every member has a remote tier and the
+ * chain may go on there (daemon/group_fetch.h), the first rank's lookup
+ * starts the members' fetch and every rank's lookup of that request
+ * waits on it in w (NULL: -EAGAIN instead): 1 is returned, nothing taken.
+ * Returns 0, 1, -EINVAL (bad request id), -EALREADY (this rank looked the
+ * request up already), -EBUSY (max_pending lookups wait), -EOVERFLOW (a
+ * block at its reference limit; nothing taken), -EAGAIN, -ENOMEM or -EIO.
  */
 int kvq_group_lookup(struct kvq_pools_rec *p, const uint8_t *rid, size_t rid_len, const uint32_t *tokens,
 		     uint32_t n_tokens, uint32_t max_tokens, const void *salt, size_t salt_len, uint32_t *ret_ids,
-		     uint32_t max_ids, uint32_t *ret_n, int64_t now_ms, uint64_t timeout_ms, uint64_t max_pending);
+		     uint32_t max_ids, uint32_t *ret_n, int64_t now_ms, uint64_t timeout_ms, uint64_t max_pending,
+		     struct kvq_group_waiter *w);
+
+/* w waits no more (its connection went, or its bound passed); with settle,
+ * the fetch it waits on ends now: what came is placed and the hit fixed
+ * (the other waiters woken), as when every reply came.  w itself is not
+ * woken.  Nothing when w waits on nothing. */
+void kvq_group_unwait(struct kvq_group_waiter *w, bool settle);
 
 #endif

@@ -49,7 +49,7 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	struct kvq_codebooks cb = { 0 };
 	struct kvq_policy pol;
 	Kvq__Attach member;
-	bool created = false;
+	bool created = false, named = false;
 	int ret;
 
 	if (c->pool)
@@ -110,6 +110,14 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 		kvq_seterr(err, errlen, "layout version %u, this daemon has %u", a->layout_version, KVQ_LAYOUT_VERSION);
 		ret = KVQ_ELAYOUT;
 		goto fail;
+	}
+	/* a configured pool allocated at its first attach: a group's member if
+	 * that attach names one (kvq_group_check let it), its keys in the
+	 * group's namespace from the start */
+	if (!created && !p->allocated && a->group[0] && !p->group[0]) {
+		snprintf(p->group, sizeof(p->group), "%s", a->group);
+		p->glink.rank = a->rank;
+		named = true;
 	}
 	/* checked (and, joining, compared) before any memory is allocated */
 	ret = kvq_pools_codebooks(p, created, a, r->req_fd, &cb, err, errlen);
@@ -176,6 +184,8 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	return 0;
 fail:
 	kvq_codebooks_close(&cb);
+	if (named && !p->allocated)
+		p->group[0] = '\0';
 	if (created)
 		kvq_pools_rec_free(p);
 	return ret;

@@ -97,9 +97,12 @@ fail:
 	return NULL;
 }
 
-/* Prompt q's hit into q->ids[0..q->n), references taken in the pool: 0, or
- * a negative code with err set. */
-static int lookup_one(struct kvq_conn *c, struct lookup_prompt *q, char *err, size_t errlen)
+/* Prompt q's hit into q->ids[0..q->n), references taken in the pool: 0, 1
+ * when a group member's hit waits in w for the group's fetch from the
+ * remote (daemon/groups.h; w NULL: it may not), or a negative code with
+ * err set. */
+static int lookup_one(struct kvq_conn *c, struct lookup_prompt *q, struct kvq_group_waiter *w, char *err,
+		      size_t errlen)
 {
 	struct kvq_pools_rec *p = c->pool;
 	int ret;
@@ -112,7 +115,7 @@ static int lookup_one(struct kvq_conn *c, struct lookup_prompt *q, char *err, si
 	/* a group's member: the hit the request's first rank fixed */
 	ret = kvq_group_lookup(p, q->rid.data, q->rid.len, q->tokens, q->n_tokens, q->max_tokens, q->salt.data,
 			       q->salt.len, q->ids, q->max_ids, &q->n, c->active_ms,
-			       c->st->cfg->group_lookup_timeout_ms, c->st->cfg->group_pending_lookups);
+			       c->st->cfg->group_lookup_timeout_ms, c->st->cfg->group_pending_lookups, w);
 	if (ret == -EINVAL)
 		return kvq_seterr(err, errlen, "pool %s is rank %u of group %s: a lookup needs a request_id of 1 to "
 				  "%u bytes, its other ranks' and no more tokens", p->name, p->glink.rank, p->group,
@@ -120,8 +123,9 @@ static int lookup_one(struct kvq_conn *c, struct lookup_prompt *q, char *err, si
 	if (ret < 0)
 		return kvq_seterr(err, errlen, "group lookup failed: %s", ret == -EALREADY ?
 				  "this rank looked the request up already" : ret == -EBUSY ?
-				  "too many requests wait for ranks (group_pending_lookups)" : strerror(-ret)), ret;
-	return 0;
+				  "too many requests wait for ranks (group_pending_lookups)" : ret == -EAGAIN ?
+				  "the group's fetch from the remote is still out" : strerror(-ret)), ret;
+	return ret;
 }
 
 /* The hits of a Lookup of prompts (version 8) into rep->hits, from
@@ -174,6 +178,10 @@ struct lookup_state {
 	struct kvq_rtier_fetch *rf;
 	uint32_t *rfirst, *rcount;
 	bool detached;                    /* the reply went (or the connection): nothing waits for it */
+	/* a group member's prompts whose hit waits for the group's fetch (per
+	 * prompt; on NULL: not, or no more), how many still wait */
+	struct kvq_group_waiter *gw;
+	uint32_t gwaits;
 };
 
 static void state_free(struct lookup_state *s)
@@ -192,6 +200,9 @@ static void state_free(struct lookup_state *s)
 	kvq_rtier_fetch_end(s->rf);
 	free(s->rfirst);
 	free(s->rcount);
+	for (size_t i = 0; s->gw && i < s->n; i++)
+		kvq_group_unwait(&s->gw[i], false);
+	free(s->gw);
 	free(s);
 }
 
@@ -428,6 +439,39 @@ static void remote_fetched(void *arg)
 		s->c->resume(s->c);
 }
 
+/* A prompt's group fetch fixed its hit (daemon/groups.h). */
+static void group_woken(struct kvq_group_waiter *w)
+{
+	struct lookup_state *s = w->arg;
+
+	if (--s->gwaits || s->detached)
+		return;
+	s->wait.ready = true;
+	if (s->c && s->c->resume)
+		s->c->resume(s->c);
+}
+
+/* The reply of a group member's Lookup whose prompts waited for the
+ * group's fetch: each such prompt looked up again (it claims the hit the
+ * fetch fixed; past the bound the fetch ends first with what came). */
+static int group_finish(struct lookup_state *s, struct kvq_conn *c, struct kvq_reply *r, char *err, size_t errlen)
+{
+	int ret = 0;
+
+	s->detached = true;
+	for (size_t i = 0; i < s->n; i++)
+		kvq_group_unwait(&s->gw[i], c != NULL);
+	for (size_t i = 0; c && ret == 0 && i < s->n; i++)
+		if (s->gw[i].wake && (ret = lookup_one(c, &s->q[i], NULL, err, errlen)) > 0)
+			ret = -EAGAIN;
+	if (c && ret == 0)
+		ret = lookup_reply(c, s->l, s, r, err, errlen);
+	else
+		lookup_unref(s->p, s->q, s->n);
+	state_free(s);
+	return ret;
+}
+
 /* The remote keys of each prompt's blocks (its hit's learnt on the way)
  * and a fetch of those after its hit, at most KVQ_RTIER_FETCH_MAX in all: 1
  * when s now waits for it, 0 when there is nothing to fetch. */
@@ -488,6 +532,8 @@ static int lookup_finish(struct kvq_wait *w, struct kvq_conn *c, struct kvq_repl
 	struct lookup_state *s = (struct lookup_state *)w;
 	int ret = 0;
 
+	if (s->gw)
+		return group_finish(s, c, r, err, errlen);
 	if (s->rf) {
 		/* what came is a hit, the rest a miss (timed_out: may be all) */
 		if (c)
@@ -583,19 +629,37 @@ int kvq_req_lookup(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	s->ids = calloc((size_t)s->max_ids + 1, sizeof(*s->ids));
 	if (!s->ids)
 		goto out;
+	if (p->glink.g && p->rtier && !(s->gw = calloc(s->n, sizeof(*s->gw))))
+		goto out;
 	/* all or nothing: a prompt that fails drops what the earlier ones got */
 	for (uint32_t *at = s->ids; done < s->n; at += s->q[done++].max_ids) {
+		struct kvq_group_waiter *gw = s->gw ? &s->gw[done] : NULL;
+
 		s->q[done].ids = at;
-		ret = lookup_one(c, &s->q[done], err, errlen);
+		if (gw)
+			*gw = (struct kvq_group_waiter){ .wake = group_woken, .arg = s };
+		ret = lookup_one(c, &s->q[done], gw, err, errlen);
 		if (ret < 0)
 			goto out;
+		if (ret == 0 && gw)
+			gw->wake = NULL;   /* its hit is in: no second lookup */
+		s->gwaits += ret;
 	}
+	/* a group member's hits that wait for the group's fetch from the remote */
+	if (s->gwaits) {
+		s->c = c;
+		s->wait.finish = lookup_finish;
+		r->wait = &s->wait;
+		return 0;
+	}
+	free(s->gw);
+	s->gw = NULL;
 	/* a group's members promote together or not at all: not yet */
 	if (p->tiering && !p->glink.g && promote(c, s)) {
 		r->wait = &s->wait;
 		return 0;
 	}
-	/* a group's members fetch together or not at all: not yet */
+	/* a group's members fetch together: kvq_group_lookup */
 	if (p->rtier && !p->glink.g && remote_fetch(c, s)) {
 		r->wait = &s->wait;
 		return 0;

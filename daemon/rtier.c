@@ -533,7 +533,7 @@ static void fetch_free(struct kvq_rtier_fetch *f)
 /* The value of get g in reply: its record, verified, into g. */
 static void fetch_take(struct kvq_rtier *t, struct kvq_rtier_get *g, const struct redisReply *reply)
 {
-	struct kvq_remote_value_head want = { .rank = 0, .world = 1 }, got;
+	struct kvq_remote_value_head want = { .rank = t->rank, .world = t->world }, got;
 	const void *payload;
 	size_t plen;
 	int r;
@@ -609,7 +609,7 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 		f->g[i].rec = NULL;
 		f->g[i].done = false;
 		f->req[i] = (struct fetch_req){ f, i };
-		klen = kvq_remote_redis_key(t->identity, g[i].chain, 0, 1, key, sizeof key);
+		klen = kvq_remote_redis_key(t->identity, g[i].chain, t->rank, t->world, key, sizeof key);
 		r = klen < 0 ? klen : kvq_rcluster_get(t->rm->rc, key, (size_t)klen, fetch_cb, &f->req[i]);
 		if (r < 0) {
 			f->g[i].done = true;
