@@ -388,10 +388,11 @@ void kvq_pools_release(struct kvq_pools_rec *p)
 	kvq_restart_release(&p->kept, &pt);
 	if (p->glink.g)
 		p->glink.leave(p);
-	kvq_tiering_free(p->tiering);
-	p->tiering = NULL;
+	/* the remote tier first: it unhooks from the host tier's records */
 	kvq_rtier_free(p->rtier);
 	p->rtier = NULL;
+	kvq_tiering_free(p->tiering);
+	p->tiering = NULL;
 	kvq_attn_free(p->attn);
 	p->attn = NULL;
 	kvq_prefix_free(p->prefix);
@@ -460,7 +461,8 @@ static void remote_tier(const struct kvq_pools *ps, const struct kvq_config *cfg
 {
 	const struct kvq_rtier_pool rp = { .name = p->name, .model = p->model, .policy = &p->policy, .L = p->L,
 		.prefix = p->prefix, .map = p->backend == &kvq_backend_host ? p->mem.map : NULL,
-		.codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL, .host_tier = p->tiering != NULL };
+		.codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL,
+		.tier = p->tiering ? kvq_tiering_tier(p->tiering) : NULL };
 	char why[256] = "";
 
 	if (ps->rtiers && !p->rtier &&

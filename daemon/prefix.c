@@ -53,8 +53,8 @@ struct kvq_prefix {
 	/* told each block's key that goes without a copy (kvq_prefix_set_drop_hook) */
 	void (*drop_hook)(void *arg, const uint8_t *key);
 	void *drop_arg;
-	/* told each block that goes without a copy, with its slot (kvq_prefix_set_leave_hook) */
-	void (*leave_hook)(void *arg, uint32_t id, int32_t parent);
+	/* told each block that leaves, with its slot (kvq_prefix_set_leave_hook) */
+	void (*leave_hook)(void *arg, uint32_t id, int32_t parent, int demote);
 	void *leave_arg;
 	/* told each block that enters or leaves the index (kvq_prefix_set_record_hook) */
 	void (*record_hook)(void *arg, uint32_t id, const uint8_t *key, int32_t parent);
@@ -246,8 +246,8 @@ static uint32_t evict_block_to(struct kvq_prefix *x, uint32_t b, int demote)
 		x->evict_hook(x->evict_arg, x->key[b], demote);
 	if (!demote && x->drop_hook)
 		x->drop_hook(x->drop_arg, x->key[b]);
-	if (!demote && x->leave_hook)
-		x->leave_hook(x->leave_arg, b, p);
+	if (x->leave_hook)
+		x->leave_hook(x->leave_arg, b, p, demote);
 	heap_remove(x, b);
 	hash_remove(x, b);
 	x->flags[b] = 0;
@@ -326,7 +326,8 @@ void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8
 	x->drop_arg = arg;
 }
 
-void kvq_prefix_set_leave_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, int32_t parent), void *arg)
+void kvq_prefix_set_leave_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, int32_t parent, int demote),
+			       void *arg)
 {
 	x->leave_hook = hook;
 	x->leave_arg = arg;

@@ -154,11 +154,13 @@ void kvq_prefix_set_evict_hook(kvq_prefix *x, void (*hook)(void *arg, const uint
  * before it goes: the tier drops the records below it (daemon/tiering.h). */
 void kvq_prefix_set_drop_hook(kvq_prefix *x, void (*hook)(void *arg, const uint8_t *key), void *arg);
 
-/* hook (NULL: none) is told each block the index evicts without a copy to
- * the host tier (as the drop hook), by its id and its parent's (-1: none),
- * while both are still cached and the block's bytes still in its slot: the
- * remote tier's write-back packs it there (daemon/rtier.h). */
-void kvq_prefix_set_leave_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, int32_t parent), void *arg);
+/* hook (NULL: none) is told each block the index evicts, by its id and its
+ * parent's (-1: none), and whether it goes to the host tier (demote) or
+ * without a copy, while both are still cached and the block's bytes still
+ * in its slot: the remote tier's write-back packs it there, or keeps its
+ * remote key for the tier's record (daemon/rtier.h). */
+void kvq_prefix_set_leave_hook(kvq_prefix *x, void (*hook)(void *arg, uint32_t id, int32_t parent, int demote),
+			       void *arg);
 
 /* hook (NULL: none) is told each block that enters the index (publish,
  * restore: its id, key and parent id, -1 for none) and each that leaves it

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/random.h>
+
 #include <event2/event.h>
 #include <hiredis.h>
 #include <openssl/crypto.h>
@@ -15,6 +17,7 @@
 #include "remote_value.h"
 #include "rtier.h"
 #include "seterr.h"
+#include "tier.h"
 
 #define RTIER_QUEUE_MAX 4096u    /* blocks waiting to be written, per pool */
 #define RTIER_QUEUE_BYTES (64u << 20)   /* their values made at eviction (write-back), per pool */
@@ -49,6 +52,15 @@ struct rtier_write {
 	size_t vlen;
 };
 
+/* Write-back in a pool with a host tier: a block demoted there, its remote
+ * keys kept (by its local key) for when its record leaves the tier; kept
+ * too while the record is promoted back, for when the pool evicts it. */
+struct rtier_demoted {
+	bool used, has_parent;
+	uint8_t lkey[KVQ_CHAINKEY_LEN], lparent[KVQ_CHAINKEY_LEN];
+	uint8_t chain[KVQ_CHAINKEY_LEN], parent[KVQ_CHAINKEY_LEN];
+};
+
 struct kvq_rtier {
 	struct rtier_remote *rm;            /* borrowed: the daemon's remotes outlive the pools */
 	struct event_base *base;
@@ -66,6 +78,10 @@ struct kvq_rtier {
 	struct rtier_write *q;              /* the write queue, a ring */
 	uint32_t qhead, qlen, qcap;
 	uint64_t qbytes;                    /* of the values in it */
+	struct rtier_demoted *dm;           /* open addressing, dm_bits of slots; NULL: no host tier */
+	unsigned dm_bits;
+	uint32_t dm_len;
+	uint64_t dm_mult;                   /* random odd multiplier of the slot */
 	uint32_t writing, max_writing;      /* SETs in flight, their bound */
 	struct event *drain;
 	uint32_t refs;                      /* the pool's, and one per request or fetch in flight */
@@ -193,7 +209,8 @@ static enum kvq_rtier_error status_error(int status)
 }
 
 static void drain_cb(evutil_socket_t fd, short what, void *arg);
-static void on_leave(void *arg, uint32_t id, int32_t parent);
+static void on_leave(void *arg, uint32_t id, int32_t parent, int demote);
+static void tier_leave(void *arg, uint32_t r, bool gone);
 
 int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const struct kvq_rtier_pool *p,
 		  struct kvq_rtier **ret, char *err, size_t errlen)
@@ -214,9 +231,6 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 				  cp->remote), -ENOENT;
 	if (!p->map)
 		return kvq_seterr(err, errlen, "pool %s: the remote tier takes host pools only", p->name), -EOPNOTSUPP;
-	if (p->host_tier && cp->remote_write == KVQ_REMOTE_WRITE_BACK)
-		return kvq_seterr(err, errlen, "pool %s: remote_write = back with a host tier is not built (use through "
-				  "or off, or no host_capacity)", p->name), -EOPNOTSUPP;
 	t = calloc(1, sizeof *t);
 	if (!t)
 		return -ENOMEM;
@@ -247,12 +261,26 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 		kvq_seterr(err, errlen, "pool %s: the remote's codec: %s", p->name, strerror(-r));
 	if (r == 0 && (r = kvq_chainkey_init(&t->ck, p->L->block_tokens, cp->remote_namespace, p->model)) < 0)
 		kvq_seterr(err, errlen, "pool %s: remote keys: %s", p->name, strerror(-r));
+	if (r == 0 && t->write == KVQ_REMOTE_WRITE_BACK && p->tier) {
+		/* room for every record of the tier and every block of the pool */
+		uint64_t want = ((uint64_t)kvq_tier_slots(p->tier) + t->nb) * 2;
+
+		for (t->dm_bits = 4; ((uint64_t)1 << t->dm_bits) < want; t->dm_bits++)
+			;
+		t->dm = calloc((size_t)1 << t->dm_bits, sizeof *t->dm);
+		if (!t->dm || getrandom(&t->dm_mult, sizeof t->dm_mult, 0) != sizeof t->dm_mult)
+			r = -ENOMEM;
+		t->dm_mult |= 1;
+	}
 	if (r < 0) {
 		kvq_rtier_free(t);
 		return r;
 	}
-	if (t->write == KVQ_REMOTE_WRITE_BACK)
+	if (t->write == KVQ_REMOTE_WRITE_BACK) {
 		kvq_prefix_set_leave_hook(p->prefix, on_leave, t);
+		if (p->tier)
+			kvq_tier_set_leave_hook(p->tier, tier_leave, t);
+	}
 	kvq_log(LOG_INFO, "pool %s: remote %s, namespace %s, write %s", p->name, rm->name, cp->remote_namespace,
 		t->write == KVQ_REMOTE_WRITE_THROUGH ? "through" : t->write == KVQ_REMOTE_WRITE_BACK ? "back" : "off");
 	*ret = t;
@@ -263,8 +291,13 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
  * request. */
 static void rtier_detach(struct kvq_rtier *t)
 {
-	if (t->attached && t->write == KVQ_REMOTE_WRITE_BACK)
+	if (t->attached && t->write == KVQ_REMOTE_WRITE_BACK) {
 		kvq_prefix_set_leave_hook(t->p.prefix, NULL, NULL);
+		if (t->p.tier)
+			kvq_tier_set_leave_hook(t->p.tier, NULL, NULL);
+	}
+	free(t->dm);
+	t->dm = NULL;
 	t->attached = false;
 	for (uint32_t i = 0; t->q && i < t->qlen; i++)
 		free(t->q[(t->qhead + i) % t->qcap].val);
@@ -359,16 +392,18 @@ static void write_cb(void *ctx, int status, struct redisReply *reply)
 }
 
 /* w's value into a new buffer (*ret, *ret_len; free it): its block packed
- * from the pool (a summed record: it leaves the process,
- * kernels/blockrec.h), the header and the HMAC.  0, or a negative code
- * (logged). */
-static int value_make(struct kvq_rtier *t, const struct rtier_write *w, uint8_t **ret, size_t *ret_len)
+ * from the pool, or its record copied from the host tier's (rec, NULL:
+ * none), summed (it leaves the process, kernels/blockrec.h); the header
+ * and the HMAC.  0, or a negative code (logged). */
+static int value_make(struct kvq_rtier *t, const struct rtier_write *w, const void *rec, uint32_t cls,
+		      uint8_t **ret, size_t *ret_len)
 {
 	const struct kvq_layout *L = t->p.L;
-	struct kvq_block_ref ref = kvq_layout_block_ref(L, w->id);
+	struct kvq_block_ref ref = rec ? (struct kvq_block_ref){ .cls = cls } : kvq_layout_block_ref(L, w->id);
 	const uint64_t rlen = kvq_blockrec_size(L, ref.cls);
 	const size_t vlen = kvq_remote_value_size(rlen);
 	struct kvq_remote_value_head h = { .has_parent = w->has_parent, .rank = t->rank, .world = t->world };
+	const uint8_t *lparent = w->has_parent ? w->lparent : NULL;
 	char why[160] = "";
 	uint8_t *buf = malloc(vlen);
 	int r;
@@ -379,8 +414,14 @@ static int value_make(struct kvq_rtier *t, const struct rtier_write *w, uint8_t 
 	memcpy(h.chain, w->chain, sizeof h.chain);
 	if (w->has_parent)
 		memcpy(h.parent, w->parent, sizeof h.parent);
-	r = kvq_blockrec_pack(L, t->p.map, ref, w->lkey, w->has_parent ? w->lparent : NULL, NULL, 1,
-			      kvq_remote_value_payload(buf), rlen, why, sizeof why);
+	if (rec) {
+		/* the tier's record is unsummed: sealed again, summed */
+		memcpy(kvq_remote_value_payload(buf), rec, rlen);
+		r = kvq_blockrec_seal(L, ref.cls, w->lkey, lparent, NULL, 1, kvq_remote_value_payload(buf), rlen);
+	} else {
+		r = kvq_blockrec_pack(L, t->p.map, ref, w->lkey, lparent, NULL, 1, kvq_remote_value_payload(buf), rlen,
+				      why, sizeof why);
+	}
 	if (r == 0)
 		r = kvq_remote_value_encode(t->codec, &h, kvq_remote_value_payload(buf), rlen, buf, vlen, ret_len);
 	if (r < 0) {
@@ -422,7 +463,7 @@ static int write_one(struct kvq_rtier *t, struct rtier_write *w)
 	if (!buf && kvq_prefix_find(t->p.prefix, w->lkey) != (int64_t)w->id)
 		r = -ENOENT;   /* evicted (or demoted) before its turn */
 	else if (!buf)
-		r = value_make(t, w, &buf, &len);
+		r = value_make(t, w, NULL, 0, &buf, &len);
 	if (r == 0)
 		r = value_send(t, w, buf, len);
 	if (r < 0)
@@ -488,34 +529,151 @@ void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const
 		queue_add(t, &w);
 }
 
-/* Write-back: block id leaves the pool without a copy (the prefix index's
- * leave hook), its bytes still in its slot: packed now into its value,
- * queued, so that the slot may be reused at once. */
-static void on_leave(void *arg, uint32_t id, int32_t parent)
-{
-	struct kvq_rtier *t = arg;
-	struct rtier_write w = { .id = id, .has_parent = parent >= 0 };
-	const uint8_t *rk, *prk;
+/* ------------------------------------------------------------ write-back */
 
-	if (!t->attached || rtier_rkey(t, id, w.lkey, &rk) < 0 ||
-	    (w.has_parent && rtier_rkey(t, (uint32_t)parent, w.lparent, &prk) < 0)) {
-		t->st.dropped++;   /* its remote key (or its parent's) is not known */
+static struct rtier_demoted *dm_at(struct kvq_rtier *t, const uint8_t *lkey)
+{
+	uint64_t v;
+
+	memcpy(&v, lkey, sizeof v);
+	return &t->dm[(v * t->dm_mult) >> (64 - t->dm_bits)];
+}
+
+static struct rtier_demoted *dm_next(struct kvq_rtier *t, struct rtier_demoted *e)
+{
+	return e + 1 == t->dm + ((size_t)1 << t->dm_bits) ? t->dm : e + 1;
+}
+
+/* The entry of lkey, or NULL. */
+static struct rtier_demoted *dm_find(struct kvq_rtier *t, const uint8_t *lkey)
+{
+	for (struct rtier_demoted *e = t->dm ? dm_at(t, lkey) : NULL; e && e->used; e = dm_next(t, e))
+		if (!memcmp(e->lkey, lkey, KVQ_CHAINKEY_LEN))
+			return e;
+	return NULL;
+}
+
+/* w's keys kept under its local key: 0, or -ENOSPC (the map is full). */
+static int dm_put(struct kvq_rtier *t, const struct rtier_write *w)
+{
+	struct rtier_demoted *e = dm_find(t, w->lkey);
+
+	if (!e) {
+		if ((uint64_t)(t->dm_len + 1) * 4 > ((uint64_t)3 << t->dm_bits))
+			return -ENOSPC;
+		for (e = dm_at(t, w->lkey); e->used; e = dm_next(t, e))
+			;
+		t->dm_len++;
+	}
+	*e = (struct rtier_demoted){ .used = true, .has_parent = w->has_parent };
+	memcpy(e->lkey, w->lkey, KVQ_CHAINKEY_LEN);
+	memcpy(e->lparent, w->lparent, KVQ_CHAINKEY_LEN);
+	memcpy(e->chain, w->chain, KVQ_CHAINKEY_LEN);
+	memcpy(e->parent, w->parent, KVQ_CHAINKEY_LEN);
+	return 0;
+}
+
+/* e out of the map (linear probing: the entries after it move up). */
+static void dm_del(struct kvq_rtier *t, struct rtier_demoted *e)
+{
+	struct rtier_demoted *hole = e;
+
+	hole->used = false;
+	t->dm_len--;
+	for (e = dm_next(t, e); e->used; e = dm_next(t, e)) {
+		struct rtier_demoted *home = dm_at(t, e->lkey);
+		/* e stays unless the hole lies between its home and it */
+		bool stays = hole < e ? home > hole && home <= e : home > hole || home <= e;
+
+		if (!stays) {
+			*hole = *e;
+			e->used = false;
+			hole = e;
+		}
+	}
+}
+
+/* w's value made (from the pool, or rec of class cls from the tier) and
+ * queued; full, dropped and counted. */
+static void back_queue(struct kvq_rtier *t, struct rtier_write *w, const void *rec, uint32_t cls)
+{
+	const uint64_t vlen = kvq_remote_value_size(kvq_blockrec_size(t->p.L,
+		rec ? cls : kvq_layout_block_ref(t->p.L, w->id).cls));
+
+	if (t->qlen == t->qcap || t->qbytes + vlen > RTIER_QUEUE_BYTES) {
+		queue_add(t, w);   /* counts it, refused */
 		return;
 	}
-	memcpy(w.chain, rk, sizeof w.chain);
-	if (w.has_parent)
-		memcpy(w.parent, prk, sizeof w.parent);
-	if (t->qlen == t->qcap || t->qbytes + kvq_remote_value_size(kvq_blockrec_size(t->p.L,
-			kvq_layout_block_ref(t->p.L, id).cls)) > RTIER_QUEUE_BYTES) {
-		queue_add(t, &w);   /* counts it, refused */
-		return;
-	}
-	if (value_make(t, &w, &w.val, &w.vlen) < 0) {
+	if (value_make(t, w, rec, cls, &w->val, &w->vlen) < 0) {
 		t->st.dropped++;
 		return;
 	}
-	if (!queue_add(t, &w))
-		free(w.val);
+	if (!queue_add(t, w))
+		free(w->val);
+}
+
+/* Write-back: block id leaves the pool (the prefix index's leave hook),
+ * its bytes still in its slot.  Without a copy it leaves every local
+ * tier: packed now into its value, queued, so that the slot may be reused
+ * at once.  Demoted to the host tier, its remote keys are kept for when
+ * its record leaves the tier (tier_leave). */
+static void on_leave(void *arg, uint32_t id, int32_t parent, int demote)
+{
+	struct kvq_rtier *t = arg;
+	struct rtier_write w = { .id = id, .has_parent = parent >= 0 };
+	struct rtier_demoted *e = NULL;
+	const uint8_t *rk, *prk;
+
+	if (!t->attached)
+		return;
+	if (rtier_rkey(t, id, w.lkey, &rk) == 0 &&
+	    (!w.has_parent || rtier_rkey(t, (uint32_t)parent, w.lparent, &prk) == 0)) {
+		memcpy(w.chain, rk, sizeof w.chain);
+		if (w.has_parent)
+			memcpy(w.parent, prk, sizeof w.parent);
+	} else if ((e = dm_find(t, w.lkey))) {
+		/* promoted from the host tier: its keys kept from its demotion */
+		memcpy(w.lparent, e->lparent, sizeof w.lparent);
+		memcpy(w.chain, e->chain, sizeof w.chain);
+		memcpy(w.parent, e->parent, sizeof w.parent);
+		w.has_parent = e->has_parent;
+	} else {
+		t->st.dropped++;   /* its remote key (or its parent's) is not known */
+		return;
+	}
+	if (demote) {
+		if (dm_put(t, &w) < 0) {
+			t->st.dropped++;
+			rtier_error(t, KVQ_RTIER_E_FULL, "the write-back's keys of the host tier");
+		}
+		return;
+	}
+	if (e)
+		dm_del(t, e);
+	back_queue(t, &w, NULL, 0);
+}
+
+/* Write-back: record r leaves the host tier (the tier's leave hook): gone,
+ * its block leaves every local tier and its record is written; else its
+ * copy failed and its keys are forgotten. */
+static void tier_leave(void *arg, uint32_t r, bool gone)
+{
+	struct kvq_rtier *t = arg;
+	struct rtier_demoted *e = t->attached ? dm_find(t, kvq_tier_rec_key(t->p.tier, r)) : NULL;
+	struct rtier_write w = { .id = r };
+
+	if (!e) {
+		t->st.dropped += gone && t->attached;
+		return;
+	}
+	w.has_parent = e->has_parent;
+	memcpy(w.lkey, e->lkey, sizeof w.lkey);
+	memcpy(w.lparent, e->lparent, sizeof w.lparent);
+	memcpy(w.chain, e->chain, sizeof w.chain);
+	memcpy(w.parent, e->parent, sizeof w.parent);
+	dm_del(t, e);
+	if (gone)
+		back_queue(t, &w, kvq_tier_rec(t->p.tier, r, NULL), kvq_tier_rec_cls(t->p.tier, r));
 }
 
 /* ----------------------------------------------------------------- fetch */

@@ -26,11 +26,13 @@
  * drains from the loop after the request, each block packed from the pool
  * (a summed record: it leaves the process) only if it is still cached
  * under its key, then SET with the remote's TTL, at most a bound in
- * flight.  remote_write = back: a block is packed into its value when it
- * leaves the pool without a copy (the prefix index's leave hook), before
- * its slot can be reused, and that value queued (bounded in blocks and
- * bytes: full, dropped and counted); a pool with a host tier does not take
- * it (not built: the tier's evictions have no hook).
+ * flight.  remote_write = back: a block is written when it leaves the last
+ * local tier, its value made at once, before its bytes can be reused, and
+ * queued (bounded in blocks and bytes: full, dropped and counted): when
+ * the pool evicts it without a copy (the prefix index's leave hook: packed
+ * from its slot), or when the host tier evicts or drops its record (the
+ * tier's leave hook: the record copied and summed); a block demoted to the
+ * tier has its remote keys kept, by its local key, until then.
  *
  * Fetch: kvq_rtier_fetch GETs a list of blocks (pipelined by the cluster
  * client, one connection per master); each reply is verified at once
@@ -53,6 +55,7 @@
 #include "prefix.h"
 
 struct event_base;
+struct kvq_tier;
 /* What the remote tier sees of a pool (daemon/pools.c fills it; the tier
  * keeps a copy until it is freed). */
 struct kvq_rtier_pool {
@@ -63,7 +66,7 @@ struct kvq_rtier_pool {
 	kvq_prefix *prefix;
 	void *map;                        /* the pool's memory as kvqd maps it; NULL: not a host pool */
 	const uint8_t *codebooks_sha256;  /* NULL: no codebooks */
-	bool host_tier;                   /* the pool has a host tier */
+	struct kvq_tier *tier;            /* its host tier's records (daemon/tier.h), or NULL */
 };
 struct kvq_rtiers;
 struct kvq_rtier;

@@ -44,6 +44,9 @@ struct kvq_tier {
 	/* told each record that becomes READY and each that goes (kvq_tier_set_record_hook) */
 	void (*record_hook)(void *arg, uint32_t r, uint32_t cls, const uint8_t *key, const uint8_t *parent);
 	void *record_arg;
+	/* told each record that goes but into the pool (kvq_tier_set_leave_hook) */
+	void (*leave_hook)(void *arg, uint32_t r, bool gone);
+	void *leave_arg;
 };
 
 /* ------------------------------------------------------------ hashing */
@@ -160,6 +163,14 @@ static void leaf_check(struct kvq_tier *t, uint32_t r)
 
 /* ------------------------------------------------------------ records */
 
+/* r is about to go: the block it holds leaves every local tier (gone), or
+ * its copy failed. */
+static void rec_leaves(struct kvq_tier *t, uint32_t r, bool gone)
+{
+	if (t->leave_hook)
+		t->leave_hook(t->leave_arg, r, gone);
+}
+
 /* r out of every list, its parent told, its slot free. */
 static void rec_free(struct kvq_tier *t, uint32_t r)
 {
@@ -198,6 +209,7 @@ int64_t kvq_tier_reserve(kvq_tier *t, uint32_t cls, const uint8_t *key, const ui
 	while (t->n_free[cls] == 0) {
 		if (t->heap_len[cls] == 0)
 			return -ENOSPC;
+		rec_leaves(t, t->heap[cls][0], true);
 		rec_free(t, t->heap[cls][0]);
 		t->evictions++;
 	}
@@ -243,6 +255,7 @@ static void place(struct kvq_tier *t, uint32_t r, uint8_t state, const uint8_t *
 bool kvq_tier_commit(kvq_tier *t, uint32_t r)
 {
 	if (t->doomed[r]) {
+		rec_leaves(t, r, false);
 		rec_free(t, r);
 		t->dropped++;
 		return false;
@@ -256,6 +269,7 @@ bool kvq_tier_commit(kvq_tier *t, uint32_t r)
 
 void kvq_tier_abort(kvq_tier *t, uint32_t r)
 {
+	rec_leaves(t, r, false);
 	rec_free(t, r);
 	t->dropped++;
 }
@@ -278,6 +292,8 @@ void kvq_tier_taken(kvq_tier *t, uint32_t r, bool consumed)
 	if (consumed || t->doomed[r]) {
 		if (t->doomed[r])
 			t->dropped++;
+		if (!consumed)
+			rec_leaves(t, r, false);
 		rec_free(t, r);
 		return;
 	}
@@ -310,6 +326,7 @@ uint32_t kvq_tier_drop_under(kvq_tier *t, const uint8_t *key)
 
 		n++;
 		if (t->state[r] == R_READY) {
+			rec_leaves(t, r, true);
 			rec_free(t, r);
 			t->dropped++;
 		}
@@ -495,6 +512,12 @@ void kvq_tier_free(kvq_tier *t)
 	free(t->bucket);
 	free(t->pbucket);
 	free(t);
+}
+
+void kvq_tier_set_leave_hook(kvq_tier *t, void (*hook)(void *arg, uint32_t r, bool gone), void *arg)
+{
+	t->leave_hook = hook;
+	t->leave_arg = arg;
 }
 
 void kvq_tier_set_record_hook(kvq_tier *t, void (*hook)(void *arg, uint32_t r, uint32_t cls, const uint8_t *key,

@@ -128,6 +128,13 @@ const uint8_t *kvq_tier_rec_key(const kvq_tier *t, uint32_t rec);
 /* Current counters. */
 void kvq_tier_stats(const kvq_tier *t, struct kvq_tier_stats *ret);
 
+/* hook (NULL: none) is told each record that goes other than back into
+ * the pool, before its slot is freed (its bytes, key and class still
+ * there): gone when the block leaves every local tier (evicted for room,
+ * dropped below a block the pool dropped), else its copy failed (the
+ * remote tier's write-back, daemon/rtier.h). */
+void kvq_tier_set_leave_hook(kvq_tier *t, void (*hook)(void *arg, uint32_t r, bool gone), void *arg);
+
 /* hook (NULL: none) is told each record that becomes READY (its class,
  * key and parent, NULL for none) and each that goes (key NULL), before its
  * slot can be reused: the pool's books keep them (daemon/books.h). */

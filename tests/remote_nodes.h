@@ -21,19 +21,20 @@ struct node {
 	char dir[64], sock[108], bin[256];
 };
 
-/* Node n with the kvqd.conf lines conf (pools, a global or two) and the
- * remote "shared", seeded with the cluster's first two nodes. */
+/* Node n with the [kvqd] lines globals, the remote "shared" (seeded with
+ * the cluster's first two nodes) and the kvqd.conf sections conf (its
+ * pools). */
 __attribute__((unused))
-static bool node_up(struct node *n, const char *conf)
+static bool node_up(struct node *n, const char *globals, const char *conf)
 {
 	char extra[4096];
 
 	snprintf(extra, sizeof extra,
-		 "host_tier_wait_ms = 3000\n"
+		 "host_tier_wait_ms = 3000\n%s"
 		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
 		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 500\n"
 		 "connect_timeout_ms = 300\n%s",
-		 ports[0], ports[1], secrets, secrets, conf);
+		 globals, ports[0], ports[1], secrets, secrets, conf);
 	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
 					sizeof n->bin);
 	return n->pid > 0;

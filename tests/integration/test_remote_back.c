@@ -10,6 +10,10 @@
  *    chain was evicted whole from A is a whole hit on node B, whose pool
  *    never saw it, with attention bit-equal to A's and to a cold recompute
  *    on B (a pool without a remote);
+ *  - with a host tier, a block the pool demotes is not written either; it
+ *    is written when the tier evicts its record (copied from the tier's
+ *    record), and node B hits such prompts whole, attention bit-equal to
+ *    A's; a prompt still in A's pool is no hit on B;
  *  - every slot of every pool is accounted for at the end.
  * A Redis that cannot be started fails the test.
  */
@@ -100,12 +104,16 @@ int main(void)
 		return done_testing();
 	if (!ok(secrets_write("fedcba9876543210fedcba9876543210-the-cluster-key"), "secrets (mode 0600)"))
 		return done_testing();
-	/* A's pool: a little more than two prompts' blocks */
-	if (!ok(node_up(&A, POOL("back", "capacity = 80K\nremote = shared\nremote_namespace = ns1\n"
-					    "remote_write = back\n")) &&
-		node_up(&B, POOL("shared", "capacity = 1M\nremote = shared\nremote_namespace = ns1\n"
-					      "remote_write = off\n") POOL("cold", "capacity = 1M\n")),
-		"node A (a small pool, remote_write = back) and node B (remote_write = off, and a pool without a remote)"))
+	/* A's pools: a little more than two prompts' blocks; one with a host
+	 * tier of a few records, demoting as early as it may */
+	if (!ok(node_up(&A, "host_tier_reserve = 50\n",
+			POOL("back", "capacity = 80K\nremote = shared\nremote_namespace = ns1\nremote_write = back\n")
+			POOL("tiered", "capacity = 80K\nhost_capacity = 24K\nremote = shared\nremote_namespace = ns1\n"
+				       "remote_write = back\n")) &&
+		node_up(&B, "", POOL("shared", "capacity = 1M\nremote = shared\nremote_namespace = ns1\n"
+					       "remote_write = off\n") POOL("cold", "capacity = 1M\n")),
+		"node A (small pools, remote_write = back, one with a host tier) and node B (remote_write = off, and a "
+		"pool without a remote)"))
 		goto out;
 	a = open_pool(&A, "back");
 	b = open_pool(&B, "shared");
@@ -155,6 +163,48 @@ int main(void)
 	r = run_prompt(b, 0, &hit, again);
 	ok(r == 0 && hit == HIT && memcmp(again, cold, sizeof again) == 0,
 	   "node B's second lookup of prompt 0 hits its pool, attention equal to the recompute");
+
+	/* with a host tier: written when the tier lets the record go */
+	{
+		static attn_t tfirst[NPROMPT];
+		kvq_client *t = open_pool(&A, "tiered");
+		uint64_t gone, local;
+
+		r = t ? run_prompt(t, 100, &hit, tfirst[0]) : -1;
+		usleep(300 * 1000);
+		ok(r == 0 && hit == 0 && figure(t, "remote_written") == 0 && figure(t, "remote_queue") == 0,
+		   "node A, a pool with a host tier: a prompt published is not written");
+		all = r == 0;
+		for (uint32_t p = 1; all && p < NPROMPT; p++) {
+			all &= run_prompt(t, 100 + p, &hit, tfirst[p]) == 0 && hit == 0;
+			usleep(50 * 1000);   /* the demotions' copies come back */
+		}
+		usleep(300 * 1000);
+		gone = figure(t, "evictions") + figure(t, "tier_evictions");
+		all &= node_written(t, gone, 5000);
+		written = figure(t, "remote_written");
+		local = figure(t, "tier_records") + figure(t, "cached");
+		ok(all && figure(t, "tier_demotions") > 0 && figure(t, "tier_evictions") > 0 && written >= gone &&
+		   written + local <= NPROMPT * NBLK,
+		   "node A, host tier: %llu blocks demoted; %llu written, at least every one that left the tier or the "
+		   "pool (%llu tier evictions, %llu pool evictions), none of the %llu still local",
+		   (unsigned long long)figure(t, "tier_demotions"), (unsigned long long)written,
+		   (unsigned long long)figure(t, "tier_evictions"), (unsigned long long)figure(t, "evictions"),
+		   (unsigned long long)local);
+		whole = 0;
+		all = true;
+		for (uint32_t p = 0; p < NPROMPT; p++) {
+			r = run_prompt(b, 100 + p, &hit, again);
+			all &= r == 0 && (hit != HIT || memcmp(again, tfirst[p], sizeof again) == 0);
+			whole += r == 0 && hit == HIT;
+			if (p == NPROMPT - 1)
+				all &= hit == 0;
+		}
+		ok(all && whole >= 1, "node B: %u of those prompts whole hits from the remote, attention equal to A's bit "
+		   "for bit; the last one, still in A's pool, no hit", whole);
+		node_accounted(t, "node A, tiered");
+		kvq_client_free(t);
+	}
 
 	node_accounted(a, "node A, back");
 	node_accounted(b, "node B, shared");

@@ -239,7 +239,7 @@ int main(void)
 		return done_testing();
 	if (!ok(secrets_write("0011223344556677889900112233445566-the-cluster-key"), "secrets (mode 0600)"))
 		return done_testing();
-	if (!ok(node_up(&A, MEMBER("tp.r0") MEMBER("tp.r1")) && node_up(&B, MEMBER("tp.r0") MEMBER("tp.r1")),
+	if (!ok(node_up(&A, "", MEMBER("tp.r0") MEMBER("tp.r1")) && node_up(&B, "", MEMBER("tp.r0") MEMBER("tp.r1")),
 		"two kvqd nodes, each with pools tp.r0 and tp.r1 sharing remote 'shared', namespace ns1"))
 		goto out;
 	for (uint32_t r = 0; r < WORLD; r++) {
