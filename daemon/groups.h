@@ -22,6 +22,11 @@
  *    member's promotion of its part, with nobody waiting: the group's next
  *    lookup counts those blocks (daemon/tiering.h,
  *    kvq_tiering_promote_chain);
+ *  - with a remote tier on every member, a first rank's lookup whose chain
+ *    goes on there has every member fetch its own rank's records, and
+ *    every rank's lookup of the request waits for it: a block is placed
+ *    in every member only when every rank's record came, then the hit is
+ *    fixed as above (daemon/group_fetch.h);
  *  - a rank that dies in a write has the others release what it does not
  *    hold (kvq_group_rank_lost, from the daemon's lease drop).
  * A member pool leaves its group when its memory is released (PoolDrop,
