@@ -9,23 +9,23 @@
 
 #include "blockrec.h"
 #include "group_fetch.h"
-#include "groups.h"
 #include "rtier.h"
 #include "tiering.h"
 
 struct kvq_group_fetch {
-	struct kvq_pools_rec *m[KVQ_GROUP_MAX_RANKS];
+	struct kvq_pools_rec **m;
 	uint32_t world, n, end;               /* blocks [n, end) asked, of the chain from its first */
 	uint32_t *tok;                        /* the chain's tokens, end * B */
 	uint8_t salt[KVQ_PREFIX_MAX_SALT];
 	size_t salt_len;
 	uint8_t (*chain)[KVQ_CHAINKEY_LEN];   /* per member, per block: its remote chain key */
-	struct kvq_rtier_fetch *rf[KVQ_GROUP_MAX_RANKS];   /* NULL: that member's GETs all failed */
+	struct kvq_rtier_fetch **rf;          /* per member; NULL: its GETs all failed */
 	uint32_t pending;                     /* members whose GETs are out */
 	void (*done)(void *arg);
 	void *arg;
 	uint32_t *held;                       /* per member, end ids: its chain, the fetch's references */
-	uint32_t nheld[KVQ_GROUP_MAX_RANKS];
+	uint32_t *nheld;                      /* per member */
+	struct kvq_rtier_get **got;           /* per member: its fetch's gets, while placing */
 };
 
 bool kvq_group_fetch_wanted(struct kvq_pools_rec *const *m, uint32_t world, const uint32_t *tokens, uint32_t n,
@@ -74,7 +74,9 @@ int kvq_group_fetch_start(struct kvq_pools_rec *const *m, uint32_t world, const 
 
 	if (end - n > KVQ_RTIER_FETCH_MAX)
 		end = n + KVQ_RTIER_FETCH_MAX;
-	if (!f || !g || !(f->tok = malloc((size_t)end * B * sizeof *f->tok + 1)) ||
+	if (!f || !g || !(f->m = calloc(world, sizeof *f->m)) || !(f->rf = calloc(world, sizeof *f->rf)) ||
+	    !(f->nheld = calloc(world, sizeof *f->nheld)) || !(f->got = calloc(world, sizeof *f->got)) ||
+	    !(f->tok = malloc((size_t)end * B * sizeof *f->tok + 1)) ||
 	    !(f->chain = calloc((size_t)world * end + 1, sizeof *f->chain)) ||
 	    !(f->held = calloc((size_t)world * end + 1, sizeof *f->held))) {
 		free(g);
@@ -155,7 +157,7 @@ static bool place_one(struct kvq_group_fetch *f, uint32_t r, uint32_t k, const s
 
 uint32_t kvq_group_fetch_place(struct kvq_group_fetch *f)
 {
-	struct kvq_rtier_get *g[KVQ_GROUP_MAX_RANKS];
+	struct kvq_rtier_get **g = f->got;
 	const uint32_t B = f->m[0]->L->block_tokens;
 	uint32_t k = f->n;
 
@@ -194,6 +196,10 @@ void kvq_group_fetch_end(struct kvq_group_fetch *f)
 		for (uint32_t i = 0; f->held && i < f->nheld[r]; i++)
 			kvq_pool_unref(f->m[r]->pool, f->held[(size_t)r * f->end + i]);
 	}
+	free(f->m);
+	free(f->rf);
+	free(f->nheld);
+	free(f->got);
 	free(f->tok);
 	free(f->chain);
 	free(f->held);

@@ -20,7 +20,8 @@
 #include "tier.h"
 
 #define RTIER_QUEUE_MAX 4096u    /* blocks waiting to be written, per pool */
-#define RTIER_QUEUE_BYTES (64u << 20)   /* their values made at eviction (write-back), per pool */
+#define RTIER_QUEUE_BYTES (64u << 20)   /* their values made at eviction (write-back), per pool;
+					   an empty queue takes one of any size */
 
 /* One [remote]: its client and what its values need, copied (a reload
  * keeps the running remote). */
@@ -493,7 +494,7 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
  * caller's). */
 static bool queue_add(struct kvq_rtier *t, const struct rtier_write *w)
 {
-	if (t->qlen == t->qcap || t->qbytes + w->vlen > RTIER_QUEUE_BYTES) {
+	if (t->qlen == t->qcap || (t->qbytes && t->qbytes + w->vlen > RTIER_QUEUE_BYTES)) {
 		t->st.dropped++;
 		rtier_error(t, KVQ_RTIER_E_FULL, "the write queue");
 		return false;
@@ -600,7 +601,7 @@ static void back_queue(struct kvq_rtier *t, struct rtier_write *w, const void *r
 	const uint64_t vlen = kvq_remote_value_size(kvq_blockrec_size(t->p.L,
 		rec ? cls : kvq_layout_block_ref(t->p.L, w->id).cls));
 
-	if (t->qlen == t->qcap || t->qbytes + vlen > RTIER_QUEUE_BYTES) {
+	if (t->qlen == t->qcap || (t->qbytes && t->qbytes + vlen > RTIER_QUEUE_BYTES)) {
 		queue_add(t, w);   /* counts it, refused */
 		return;
 	}
