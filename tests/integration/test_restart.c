@@ -331,9 +331,34 @@ static void test_clean_restart(void)
 	ok(hits >= (long)(before[2] + before[3]) / 2 * B_, "made, which an Attach created: the same (%ld)", hits);
 }
 
+/* The test's children are this program again (exec, not only fork: a
+ * CUDA process's fork cannot use CUDA), told what to be in argv:
+ * "--child worker SOCKET SEED" or "--child holder SOCKET PROMPT UP DOWN". */
+static pid_t spawn_child(const char *kind, uint32_t n, int up, int down, int close_up, int close_down)
+{
+	char a[16], u[16], d[16];
+	char *argv[] = { "test_restart", "--child", (char *)kind, m.sock_path, a, u, d, NULL };
+	pid_t pid;
+
+	snprintf(a, sizeof a, "%u", n);
+	snprintf(u, sizeof u, "%d", up);
+	snprintf(d, sizeof d, "%d", down);
+	pid = fork();
+	if (pid == 0) {
+		/* the ends the parent keeps closed here: a parent that dies is EOF */
+		if (close_up >= 0)
+			close(close_up);
+		if (close_down >= 0)
+			close(close_down);
+		execv("/proc/self/exe", argv);
+		_exit(127);
+	}
+	return pid;
+}
+
 /* A worker: prompts at random, forever (until the daemon or the test
  * kills it). */
-static void worker(unsigned seed)
+static int worker(unsigned seed)
 {
 	kvq_client *c = open_pool("warm");
 	att_t out;
@@ -342,7 +367,7 @@ static void worker(unsigned seed)
 	srand(seed);
 	while (c && run_prompt(c, (uint32_t)rand() % NP, &hit, out, NULL) == 0)
 		;
-	_exit(0);
+	return 0;
 }
 
 static void test_kill9(void)
@@ -352,11 +377,9 @@ static void test_kill9(void)
 
 	srand(12345);
 	for (int round = 0; round < ROUNDS; round++) {
-		pid_t w = fork();
+		pid_t w = spawn_child("worker", (uint32_t)round + 1, -1, -1, -1, -1);
 		long hits;
 
-		if (w == 0)
-			worker((unsigned)round + 1);
 		usleep(5000 + (useconds_t)(rand() % 40000));
 		sdmgr_kill9(&m, WAIT_MS);
 		kill(w, SIGKILL);
@@ -379,12 +402,29 @@ static void test_kill9(void)
 }
 
 /* A worker that keeps prompt p's sequence across a kill -9: it reports
- * on up, waits on down, then exits 0 when its attention over its own slots
- * is as before and as the reference. */
+ * on up ('y': it holds it), waits on down, attends again over its own
+ * slots and sends its attention before and after; the test compares them
+ * with each other and with the reference. */
 struct holder {
 	pid_t pid;
+	uint32_t p;
 	int up, down;
 };
+
+static int holder(uint32_t p, int up, int down)
+{
+	kvq_client *c = open_pool("warm");
+	kvq_seq *s = NULL;
+	att_t att[2];
+	uint32_t hit;
+	int r = c ? run_prompt(c, p, &hit, att[0], &s) : -1;
+	char byte = r == 0 ? 'y' : 'n';
+
+	if (write(up, &byte, 1) != 1 || read(down, &byte, 1) != 1)
+		return 3;
+	r = attend(s, att[1]);
+	return r == 0 && write(up, att, sizeof att) == (ssize_t)sizeof att ? 0 : 1;
+}
 
 static bool holder_start(struct holder *w, uint32_t p)
 {
@@ -393,39 +433,36 @@ static bool holder_start(struct holder *w, uint32_t p)
 
 	if (pipe(up) < 0 || pipe(down) < 0)
 		return false;
-	w->pid = fork();
-	if (w->pid == 0) {
-		kvq_client *c = open_pool("warm");
-		kvq_seq *s = NULL;
-		att_t before, after;
-		uint32_t hit;
-		int r = c ? run_prompt(c, p, &hit, before, &s) : -1;
-
-		byte = r == 0 ? 'y' : 'n';
-		if (write(up[1], &byte, 1) != 1 || read(down[0], &byte, 1) != 1)
-			_exit(3);
-		r = attend(s, after);
-		_exit(r == 0 && !memcmp(before, after, sizeof before) && !memcmp(before, ref[p], sizeof before) ? 0 : 1);
-	}
+	w->p = p;
+	w->pid = spawn_child("holder", p, up[1], down[0], up[0], down[1]);
 	/* the ends this side does not use closed: a worker that dies is EOF */
 	close(up[1]);
 	close(down[0]);
 	w->up = up[0];
 	w->down = down[1];
-	return read(w->up, &byte, 1) == 1 && byte == 'y';
+	return w->pid > 0 && read(w->up, &byte, 1) == 1 && byte == 'y';
 }
 
-/* Tells the worker to attend again; its exit status. */
+/* Tells the worker to attend again: 0 when it exited 0 and its attention
+ * after is as before and as the reference, else its wait status (or -1). */
 static int holder_end(struct holder *w)
 {
 	char byte = 'x';
+	att_t att[2];
+	size_t got = 0;
+	ssize_t n = 0;
 	int st = -1;
 
 	if (write(w->down, &byte, 1) != 1)
 		kill(w->pid, SIGKILL);
+	while (got < sizeof att && (n = read(w->up, (char *)att + got, sizeof att - got)) > 0)
+		got += (size_t)n;
 	waitpid(w->pid, &st, 0);
 	close(w->up);
 	close(w->down);
+	if (st == 0 && (got != sizeof att || memcmp(att[0], att[1], sizeof att[0]) ||
+			memcmp(att[0], ref[w->p], sizeof att[0])))
+		st = -1;
 	return st;
 }
 
@@ -690,9 +727,15 @@ static void test_reconnect_cold(void)
 	kvq_client_free(c);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	int fds2 = -1, fds;
+
+	if (argc == 7 && !strcmp(argv[1], "--child")) {
+		snprintf(m.sock_path, sizeof m.sock_path, "%s", argv[3]);
+		return !strcmp(argv[2], "worker") ? worker((unsigned)atoi(argv[4]))
+						  : holder((uint32_t)atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+	}
 
 #ifndef HAVE_SYSTEMD
 	printf("1..0 # SKIP kvqd is built without libsystemd\n");
