@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "groups.h"
-#include "blockrec.h"
 #include "request.h"
 #include "seterr.h"
 #include "tiering.h"
@@ -370,31 +369,22 @@ static void promoted_append(struct lookup_state *s)
 static int lookup_finish(struct kvq_wait *w, struct kvq_conn *c, struct kvq_reply *r, bool timed_out, char *err,
 			 size_t errlen);
 
-/* Places prompt i's fetched blocks, in chain order from its hit, up to the
- * first that did not come or does not fit: each into a new slot (its
- * reference the caller's), unpacked and published after the one before. */
+/* Publishes prompt i's fetched blocks (unpacked by the fetch into slots
+ * of their own), in chain order from its hit, up to the first that did not
+ * come or does not publish, each after the one before; their references
+ * become the caller's, the others stay the fetch's (it drops them). */
 static void remote_place_one(struct lookup_state *s, size_t i, struct kvq_rtier_get *g)
 {
 	struct kvq_pools_rec *p = s->p;
 	struct lookup_prompt *q = &s->q[i];
 	const uint32_t B = p->L->block_tokens;
 	int32_t parent = q->n ? (int32_t)q->ids[q->n - 1] : -1;
-	char why[160];
 
-	for (uint32_t e = 0; e < s->rcount[i] && g[e].rec; e++) {
-		const bool sink = q->n == 0 && p->L->n_sink;
-		uint32_t slot, got;
-		int r = sink ? kvq_pool_alloc_sink(p->pool, 1, &slot) : kvq_pool_alloc_sealed(p->pool, 1, &slot);
+	for (uint32_t e = 0; e < s->rcount[i] && g[e].slot != UINT32_MAX; e++) {
+		uint32_t slot = g[e].slot, got;
+		int r;
 
-		if (r < 0)
-			return;
-		r = kvq_blockrec_unpack(p->L, p->mem.map, kvq_layout_block_ref(p->L, slot), g[e].rec, g[e].len, NULL,
-					why, sizeof why);
-		if (r < 0) {
-			kvq_rtier_count_error(p->rtier, KVQ_RTIER_E_RECORD);
-			kvq_pool_unref(p->pool, slot);
-			return;
-		}
+		g[e].slot = UINT32_MAX;
 		r = kvq_prefix_publish(p->prefix, slot, parent, q->tokens + (size_t)q->n * B, q->salt.data, q->salt.len,
 				       &got);
 		if (r == 0 && got != slot && kvq_pool_ref(p->pool, got) < 0)
@@ -461,10 +451,13 @@ static int remote_fetch(struct kvq_conn *c, struct lookup_state *s)
 			if (kvq_rtier_chain(p->rtier, k ? parent : NULL, q->tokens + (size_t)k * B, q->salt.data,
 					    q->salt.len, key) < 0)
 				break;
-			if (k < q->n)
+			if (k < q->n) {
 				kvq_rtier_learn(p->rtier, q->ids[k], key);
-			else
+			} else {
+				/* a chain's first block takes a sink slot (daemon/prefix.h) */
+				g[total].sink = k == 0 && p->L->n_sink;
 				memcpy(g[total++].chain, key, sizeof key);
+			}
 			memcpy(parent, key, sizeof key);
 		}
 		s->rcount[i] = total - s->rfirst[i];

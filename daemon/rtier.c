@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <hiredis.h>
@@ -51,6 +53,7 @@ struct kvq_rtier {
 	struct kvq_rtier_pool p;            /* the pool's, while attached */
 	bool attached;                      /* false once detached */
 	kvq_remote_codec *codec;
+	kvq_remote_codec *vcodec;           /* the copy thread's: it verifies fetched values */
 	struct kvq_chainkey ck;
 	uint8_t identity[KVQ_REMOTE_DIGEST_LEN];
 	int write;                          /* enum kvq_remote_write */
@@ -63,13 +66,19 @@ struct kvq_rtier {
 	uint32_t writing, max_writing;      /* SETs in flight, their bound */
 	struct event *drain;
 	uint32_t refs;                      /* the pool's, and one per request or fetch in flight */
+	uint32_t jobs;                      /* fetched values on the copy engine */
 	struct kvq_rtier_stats st;
 	struct kvq_log_limit lim[KVQ_RTIER_NERRORS];
 };
 
+/* A get's request, then its value's job on the copy engine. */
 struct fetch_req {
+	struct kvq_copy_job job;            /* first: the job is the request */
 	struct kvq_rtier_fetch *f;
 	uint32_t i;
+	char *val;                          /* the value, taken from its reply */
+	size_t len;
+	enum kvq_rtier_error err;           /* the job's failure */
 };
 
 struct kvq_rtier_fetch {
@@ -152,6 +161,7 @@ static void rtier_unref(struct kvq_rtier *t)
 	if (--t->refs)
 		return;
 	kvq_remote_codec_free(t->codec);
+	kvq_remote_codec_free(t->vcodec);
 	kvq_chainkey_fini(&t->ck);
 	free(t);
 }
@@ -232,7 +242,8 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 	r = !t->lkey || !t->rkey || !t->known || !t->q || !t->drain ? -ENOMEM : 0;
 	if (r == 0 && (r = kvq_remote_identity_digest(&id, t->identity)) < 0)
 		kvq_seterr(err, errlen, "pool %s: its identity digest: %s", p->name, strerror(-r));
-	if (r == 0 && (r = kvq_remote_codec_new(rm->key, rm->key_len, rm->max_value, &t->codec)) < 0)
+	if (r == 0 && ((r = kvq_remote_codec_new(rm->key, rm->key_len, rm->max_value, &t->codec)) < 0 ||
+		       (r = kvq_remote_codec_new(rm->key, rm->key_len, rm->max_value, &t->vcodec)) < 0))
 		kvq_seterr(err, errlen, "pool %s: the remote's codec: %s", p->name, strerror(-r));
 	if (r == 0 && (r = kvq_chainkey_init(&t->ck, p->L->block_tokens, cp->remote_namespace, p->model)) < 0)
 		kvq_seterr(err, errlen, "pool %s: remote keys: %s", p->name, strerror(-r));
@@ -250,6 +261,9 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
  * request. */
 static void rtier_detach(struct kvq_rtier *t)
 {
+	/* the copy thread writes no slot of the pool after this */
+	if (t->jobs)
+		kvq_copier_drain(*t->p.copier);
 	t->attached = false;
 	if (t->drain)
 		event_free(t->drain);
@@ -438,67 +452,153 @@ void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const
 
 static void fetch_free(struct kvq_rtier_fetch *f)
 {
-	for (uint32_t i = 0; i < f->n; i++)
-		free(f->g[i].rec);
+	for (uint32_t i = 0; f->t->attached && i < f->n; i++)
+		if (f->g[i].slot != UINT32_MAX)
+			kvq_pool_unref(f->t->p.pool, f->g[i].slot);
 	free(f->g);
 	free(f->req);
 	rtier_unref(f->t);
 	free(f);
 }
 
-/* The value of get g in reply: its record, verified, into g. */
-static void fetch_take(struct kvq_rtier *t, struct kvq_rtier_get *g, const struct redisReply *reply)
+/* One get of f ended: done once all have, or f freed if it was ended. */
+static void fetch_settle(struct kvq_rtier_fetch *f)
 {
-	struct kvq_remote_value_head want = { .rank = 0, .world = 1 }, got;
-	const void *payload;
-	size_t plen;
-	int r;
-
-	if (reply->type == REDIS_REPLY_NIL) {
-		t->st.absent++;
-		return;
-	}
-	if (reply->type != REDIS_REPLY_STRING) {
-		rtier_error(t, KVQ_RTIER_E_REPLY, "a fetch");
-		return;
-	}
-	t->st.bytes_in += (uint64_t)reply->len;
-	memcpy(want.identity, t->identity, sizeof want.identity);
-	memcpy(want.chain, g->chain, sizeof want.chain);
-	r = kvq_remote_value_verify(t->codec, &want, reply->str, (size_t)reply->len, &got, &payload, &plen);
-	if (r < 0) {
-		int k = kvq_remote_refusal_index(r);
-
-		rtier_error(t, k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY,
-			    "a fetched value");
-		return;
-	}
-	g->rec = malloc(plen ? plen : 1);
-	if (!g->rec)
-		return;
-	memcpy(g->rec, payload, plen);
-	g->len = plen;
-}
-
-static void fetch_cb(void *ctx, int status, struct redisReply *reply)
-{
-	struct fetch_req *q = ctx;
-	struct kvq_rtier_fetch *f = q->f;
-	struct kvq_rtier_get *g = &f->g[q->i];
-
-	g->done = true;
-	if (!f->ended && f->t->attached) {
-		if (status < 0)
-			rtier_error(f->t, status_error(status), "a fetch");
-		else
-			fetch_take(f->t, g, reply);
-	}
 	if (--f->pending)
 		return;
 	if (f->ended)
 		fetch_free(f);
 	else
 		f->done(f->arg);
+}
+
+/* Maps slot's pages of the pool's memory in one call per layer's slice,
+ * before the unpack writes them, instead of a fault per page (the first
+ * write into a slot; later ones find them mapped).  Advice only: an older
+ * kernel without MADV_POPULATE_WRITE takes the faults. */
+static void slot_populate(const struct kvq_rtier *t, uint32_t slot)
+{
+#ifdef MADV_POPULATE_WRITE
+	const struct kvq_layout *L = t->p.L;
+	const struct kvq_block_ref r = kvq_layout_block_ref(L, slot);
+	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+
+	for (uint32_t l = 0; l < L->layers; l++) {
+		uintptr_t at = (uintptr_t)t->p.map + (uintptr_t)kvq_layout_slice_off(L, r, l);
+		uintptr_t end = at + (uintptr_t)kvq_layout_slice_bytes(L, r.cls, l);
+
+		at &= ~(page - 1);
+		(void)madvise((void *)at, end - at, MADV_POPULATE_WRITE);
+	}
+#else
+	(void)t;
+	(void)slot;
+#endif
+}
+
+/* On the copy thread: q's value verified, its record unpacked into its
+ * get's slot.  0, or -1 with q->err set. */
+static int fetch_run(struct kvq_copy_job *j)
+{
+	struct fetch_req *q = (struct fetch_req *)j;
+	struct kvq_rtier *t = q->f->t;
+	const struct kvq_rtier_get *g = &q->f->g[q->i];
+	struct kvq_remote_value_head want = { .rank = 0, .world = 1 }, got;
+	const void *payload;
+	size_t plen;
+	char why[160];
+	int r, k;
+
+	memcpy(want.identity, t->identity, sizeof want.identity);
+	memcpy(want.chain, g->chain, sizeof want.chain);
+	r = kvq_remote_value_verify(t->vcodec, &want, q->val, q->len, &got, &payload, &plen);
+	if (r < 0) {
+		k = kvq_remote_refusal_index(r);
+		q->err = k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY;
+		return -1;
+	}
+	slot_populate(t, g->slot);
+	r = kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, g->slot), payload, plen, NULL, why,
+				sizeof why);
+	if (r < 0) {
+		q->err = KVQ_RTIER_E_RECORD;
+		return -1;
+	}
+	j->bytes = plen;
+	return 0;
+}
+
+/* On the loop, q's job ran: a hit, or a miss and an error of its kind. */
+static void fetch_ran(struct kvq_copy_job *j, int result)
+{
+	struct fetch_req *q = (struct fetch_req *)j;
+	struct kvq_rtier_fetch *f = q->f;
+	struct kvq_rtier_get *g = &f->g[q->i];
+
+	free(q->val);
+	q->val = NULL;
+	f->t->jobs--;
+	if (result < 0) {
+		kvq_pool_unref(f->t->p.pool, g->slot);
+		g->slot = UINT32_MAX;
+		rtier_error(f->t, q->err, "a fetched value");
+	}
+	fetch_settle(f);
+}
+
+/* q's reply: its value taken, a slot allocated for it and both on the
+ * copy engine (0: fetch_ran comes), or a miss (-1). */
+static int fetch_take(struct fetch_req *q, struct redisReply *reply)
+{
+	struct kvq_rtier *t = q->f->t;
+	struct kvq_rtier_get *g = &q->f->g[q->i];
+	int r;
+
+	if (reply->type == REDIS_REPLY_NIL) {
+		t->st.absent++;
+		return -1;
+	}
+	if (reply->type != REDIS_REPLY_STRING) {
+		rtier_error(t, KVQ_RTIER_E_REPLY, "a fetch");
+		return -1;
+	}
+	t->st.bytes_in += (uint64_t)reply->len;
+	if ((size_t)reply->len > t->rm->max_value) {
+		/* refused before a slot is taken */
+		rtier_error(t, KVQ_RTIER_E_OVERSIZE, "a fetched value");
+		return -1;
+	}
+	r = g->sink ? kvq_pool_alloc_sink(t->p.pool, 1, &g->slot) : kvq_pool_alloc_sealed(t->p.pool, 1, &g->slot);
+	if (r < 0) {
+		g->slot = UINT32_MAX;   /* the pool is full of referenced blocks: a miss */
+		return -1;
+	}
+	q->len = (size_t)reply->len;
+	q->val = kvq_rcluster_take_str(reply);
+	if (!q->val) {
+		kvq_pool_unref(t->p.pool, g->slot);
+		g->slot = UINT32_MAX;
+		return -1;
+	}
+	q->job = (struct kvq_copy_job){ .run = fetch_run, .done = fetch_ran };
+	t->jobs++;
+	kvq_copier_submit(*t->p.copier, &q->job);
+	return 0;
+}
+
+static void fetch_cb(void *ctx, int status, struct redisReply *reply)
+{
+	struct fetch_req *q = ctx;
+	struct kvq_rtier_fetch *f = q->f;
+
+	f->g[q->i].done = true;
+	if (!f->ended && f->t->attached) {
+		if (status < 0)
+			rtier_error(f->t, status_error(status), "a fetch");
+		else if (fetch_take(q, reply) == 0)
+			return;   /* fetch_ran settles it (maybe done already) */
+	}
+	fetch_settle(f);
 }
 
 int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t n, void (*done)(void *arg),
@@ -522,9 +622,9 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 		int klen, r;
 
 		f->g[i] = g[i];
-		f->g[i].rec = NULL;
+		f->g[i].slot = UINT32_MAX;
 		f->g[i].done = false;
-		f->req[i] = (struct fetch_req){ f, i };
+		f->req[i] = (struct fetch_req){ .f = f, .i = i };
 		klen = kvq_remote_redis_key(t->identity, g[i].chain, 0, 1, key, sizeof key);
 		r = klen < 0 ? klen : kvq_rcluster_get(t->rm->rc, key, (size_t)klen, fetch_cb, &f->req[i]);
 		if (r < 0) {
