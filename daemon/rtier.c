@@ -3,8 +3,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <event2/event.h>
 #include <hiredis.h>
@@ -472,30 +470,6 @@ static void fetch_settle(struct kvq_rtier_fetch *f)
 		f->done(f->arg);
 }
 
-/* Maps slot's pages of the pool's memory in one call per layer's slice,
- * before the unpack writes them, instead of a fault per page (the first
- * write into a slot; later ones find them mapped).  Advice only: an older
- * kernel without MADV_POPULATE_WRITE takes the faults. */
-static void slot_populate(const struct kvq_rtier *t, uint32_t slot)
-{
-#ifdef MADV_POPULATE_WRITE
-	const struct kvq_layout *L = t->p.L;
-	const struct kvq_block_ref r = kvq_layout_block_ref(L, slot);
-	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-
-	for (uint32_t l = 0; l < L->layers; l++) {
-		uintptr_t at = (uintptr_t)t->p.map + (uintptr_t)kvq_layout_slice_off(L, r, l);
-		uintptr_t end = at + (uintptr_t)kvq_layout_slice_bytes(L, r.cls, l);
-
-		at &= ~(page - 1);
-		(void)madvise((void *)at, end - at, MADV_POPULATE_WRITE);
-	}
-#else
-	(void)t;
-	(void)slot;
-#endif
-}
-
 /* On the copy thread: q's value verified, its record unpacked into its
  * get's slot.  0, or -1 with q->err set. */
 static int fetch_run(struct kvq_copy_job *j)
@@ -517,7 +491,6 @@ static int fetch_run(struct kvq_copy_job *j)
 		q->err = k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY;
 		return -1;
 	}
-	slot_populate(t, g->slot);
 	r = kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, g->slot), payload, plen, NULL, why,
 				sizeof why);
 	if (r < 0) {
