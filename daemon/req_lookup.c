@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Lookup: the longest cached prefix of each prompt, with references taken;
  * in a pool with a host tier, the chain's continuation there promoted
- * first (daemon/tiering.h), the reply waiting for it; else, in a pool with
- * a remote tier, the continuation fetched from the remote (daemon/rtier.h),
- * the reply waiting for it as long. */
+ * first (daemon/tiering.h), the reply waiting for it; then, in a pool with
+ * a remote tier, the continuation of what the pool and the host tier hit
+ * fetched from the remote (daemon/rtier.h), the same reply waiting for it
+ * within the same bound. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -315,6 +316,9 @@ static void promoted_publish(struct lookup_state *s, bool *consumed)
 	}
 }
 
+static void promoted_append(struct lookup_state *s);
+static int remote_fetch(struct kvq_conn *c, struct lookup_state *s);
+
 /* The promotion came back (on the loop). */
 static void promoted(struct kvq_promotion *pr, void *arg)
 {
@@ -338,17 +342,23 @@ static void promoted(struct kvq_promotion *pr, void *arg)
 		state_free(s);
 		return;
 	}
+	/* the hits now end where the tier's chains ended; the remote may
+	 * continue them, within the same bound (the reply waits for it) */
+	promoted_append(s);
+	if (s->c && s->p->rtier && !s->p->glink.g && remote_fetch(s->c, s))
+		return;
 	s->wait.ready = true;
 	if (s->c && s->c->resume)
 		s->c->resume(s->c);
 }
 
-/* The promoted blocks after each prompt's hit, up to the first missing. */
+/* The promoted blocks after each prompt's hit, up to the first missing;
+ * once (each prompt's count of them is cleared). */
 static void promoted_append(struct lookup_state *s)
 {
 	uint32_t k = 0;
 
-	for (size_t i = 0; i < s->n; i++) {
+	for (size_t i = 0; s->extra && i < s->n; i++) {
 		bool whole = true;
 
 		for (uint32_t e = 0; e < s->extra[i]; e++, k++) {
@@ -361,6 +371,7 @@ static void promoted_append(struct lookup_state *s)
 					kvq_pool_unref(s->p->pool, s->got[k]);
 			}
 		}
+		s->extra[i] = 0;
 	}
 }
 

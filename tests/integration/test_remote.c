@@ -13,6 +13,10 @@
  *    them, each refusal counted by kind, no client sees an error;
  *  - a node whose cluster does not answer starts and serves its pool;
  *  - a pool with remote_write = off reads the remote and never writes;
+ *  - a pool with a host tier and a remote: a prompt whose first blocks
+ *    are in the host tier and the rest only on the remote is a whole hit
+ *    in one lookup (promoted, then fetched), attention equal to node A's
+ *    and to a cold recompute, bit for bit;
  *  - a master stopped (SIGSTOP): B's lookups end within the remote's
  *    request_timeout_ms (timeouts counted), no client error;
  *  - a master killed mid-run: lookups and publishes on both nodes go on
@@ -258,7 +262,7 @@ int main(void)
 	static attn_t first[NPROMPT], again, cold;
 	static struct rkey before[MAXKEYS];
 	struct rkey chain[NBLK];
-	kvq_client *a, *b, *bro, *bcold;
+	kvq_client *a, *b, *bro, *bcold, *btier;
 	uint32_t hit;
 	int nbefore, r, bad;
 	bool all;
@@ -285,6 +289,7 @@ int main(void)
 	if (!ok(node_start_kvqd(&A, POOL("shared", "remote = shared\nremote_namespace = ns1\n"), 0) &&
 		node_start_kvqd(&B, POOL("shared", "remote = shared\nremote_namespace = ns1\n")
 				    POOL("reader", "remote = shared\nremote_namespace = ns1\nremote_write = off\n")
+				    POOL("tiered", "remote = shared\nremote_namespace = ns1\nhost_capacity = 1M\n")
 				    POOL("cold", ""), 0),
 		"two kvqd nodes with host pools sharing remote 'shared', namespace ns1"))
 		goto out;
@@ -292,7 +297,8 @@ int main(void)
 	b = open_pool(&B, "shared");
 	bro = open_pool(&B, "reader");
 	bcold = open_pool(&B, "cold");
-	if (!ok(a && b && bro && bcold, "attached to the pools"))
+	btier = open_pool(&B, "tiered");
+	if (!ok(a && b && bro && bcold && btier, "attached to the pools"))
 		goto out;
 
 	/* write through on A, fetch on B */
@@ -329,6 +335,41 @@ int main(void)
 	   figure(bro, "remote_bytes_out") == 0, "remote_write = off: a new prompt published there is not written");
 	r = run_prompt(a, 50, &hit, again);
 	ok(r == 0 && hit == 0, "node A: that prompt is no hit (it is not on the remote)");
+
+	/* the host tier, then the remote, in one lookup */
+	{
+		const uint32_t p = 70, head = 2;
+		uint32_t tok[NTOK], ids[NBLK], n = 0;
+		uint64_t prom, fetched, w = figure(a, "remote_written");
+		char out[4096];
+
+		r = run_prompt(a, p, &hit, first[0]);
+		ok(r == 0 && hit == 0 && written(a, w + NBLK, 3000),
+		   "prompt %u cold on A, written through", p);
+		/* its first blocks fetched into B's pool, then sent to its host tier */
+		prompt_tokens(p, tok);
+		r = kvq_client_lookup(btier, tok, head * B_, head * B_, NULL, 0, ids, &n);
+		r = r < 0 ? r : kvq_client_release(btier, n, ids, 0, NULL);
+		r |= test_daemon_ctl(B.sock, out, sizeof out, "demote tiered");
+		for (int i = 0; i < 200 && figure(btier, "demoting") != 0; i++)
+			usleep(5000);
+		ok(r == 0 && n == head && figure(btier, "cached") == 0 && figure(btier, "tier_records") == head,
+		   "node B, tiered: the prompt's first %u blocks in its host tier (%llu records), none cached: %s",
+		   head, (unsigned long long)figure(btier, "tier_records"), out);
+		prom = figure(btier, "tier_promotions");
+		fetched = figure(btier, "remote_fetched");
+		r = run_prompt(btier, p, &hit, again);
+		ok(r == 0 && hit == HIT && figure(btier, "tier_promotions") == prom + head &&
+		   figure(btier, "remote_fetched") == fetched + NBLK - head,
+		   "one lookup hits the whole prompt (%u tokens): %llu blocks promoted from the host tier, then %llu "
+		   "fetched from the remote", hit, (unsigned long long)(figure(btier, "tier_promotions") - prom),
+		   (unsigned long long)(figure(btier, "remote_fetched") - fetched));
+		ok(r == 0 && memcmp(again, first[0], sizeof again) == 0,
+		   "attention over it equals node A's, bit for bit");
+		r = run_prompt(bcold, p, &hit, cold);
+		ok(r == 0 && hit == 0 && memcmp(again, cold, sizeof cold) == 0,
+		   "and a cold recompute's on node B, bit for bit");
+	}
 
 	/* damaged values: refused, counted, a shorter hit, no error */
 	{
@@ -450,10 +491,12 @@ int main(void)
 	accounted(b, "node B, shared");
 	accounted(bro, "node B, reader");
 	accounted(bcold, "node B, cold");
+	accounted(btier, "node B, tiered");
 	kvq_client_free(a);
 	kvq_client_free(b);
 	kvq_client_free(bro);
 	kvq_client_free(bcold);
+	kvq_client_free(btier);
 out:
 	if (A.pid > 0)
 		test_daemon_stop(A.pid, A.dir);
