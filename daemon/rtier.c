@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/event.h>
 #include <hiredis.h>
@@ -81,6 +82,7 @@ struct fetch_req {
 
 struct kvq_rtier_fetch {
 	struct kvq_rtier *t;
+	double t0;                          /* its GETs sent */
 	uint32_t n, pending;
 	bool ended;
 	void (*done)(void *arg);
@@ -88,6 +90,14 @@ struct kvq_rtier_fetch {
 	struct kvq_rtier_get *g;
 	struct fetch_req *req;
 };
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static const char *const error_names[] = {
 #define KVQ_RTIER_N(id, name) name,
@@ -287,6 +297,7 @@ void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret)
 {
 	*ret = t->st;
 	ret->queue = (uint64_t)t->qlen + t->writing;
+	ret->on = true;
 }
 
 void kvq_rtier_count_placed(struct kvq_rtier *t, uint64_t tokens)
@@ -464,6 +475,7 @@ static void fetch_settle(struct kvq_rtier_fetch *f)
 {
 	if (--f->pending)
 		return;
+	kvq_hist_observe(&f->t->st.fetch_time, now_s() - f->t0);
 	if (f->ended)
 		fetch_free(f);
 	else
@@ -586,6 +598,7 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 		return -ENOMEM;
 	}
 	f->t = t;
+	f->t0 = now_s();
 	t->refs++;
 	f->n = n;
 	f->done = done;

@@ -51,6 +51,7 @@
 #include "chainkey.h"
 #include "conf.h"
 #include "copier.h"
+#include "hist.h"
 #include "layout.h"
 #include "pool.h"
 #include "prefix.h"
@@ -101,6 +102,10 @@ struct kvq_rtier_stats {
 	uint64_t bytes_in, bytes_out;  /* of values */
 	uint64_t queue;                /* blocks waiting to be written, and SETs in flight */
 	uint64_t errors[KVQ_RTIER_NERRORS];
+	/* each fetch's time: from its GETs to its last value unpacked or
+	 * refused (what a Lookup waits for the remote, its bound aside) */
+	struct kvq_hist fetch_time;
+	bool on;                       /* the pool has a remote tier */
 };
 
 /* The cluster clients of cfg's [remote] sections on base.  Returns 0 and

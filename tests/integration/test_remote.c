@@ -13,6 +13,9 @@
  *    them, each refusal counted by kind, no client sees an error;
  *  - a node whose cluster does not answer starts and serves its pool;
  *  - a pool with remote_write = off reads the remote and never writes;
+ *  - each fetch is timed: node B's fetches counted once per lookup that
+ *    asked the remote, their time within the lookups' own, the same in
+ *    the metrics' kvq_remote_fetch_seconds and kvqctl's "remote" object;
  *  - a pool with a host tier and a remote: a prompt whose first blocks
  *    are in the host tier and the rest only on the remote is a whole hit
  *    in one lookup (promoted, then fetched), attention equal to node A's
@@ -37,6 +40,7 @@
 
 #include "../tap.h"
 #include "../daemon.h"
+#include "../metrics.h"
 #include "../redis_cluster.h"
 #include "../synth.h"
 #include "kvq.h"
@@ -68,6 +72,7 @@ struct node {
 };
 
 static struct node A = { .tag = "remoteA" }, B = { .tag = "remoteB" };
+static int metrics_port;   /* node B's */
 
 static void prompt_tokens(uint32_t p, uint32_t *tok)
 {
@@ -231,11 +236,12 @@ static bool node_start_kvqd(struct node *n, const char *pools, int port)
 	char extra[4096];
 
 	snprintf(extra, sizeof extra,
-		 "host_tier_wait_ms = 3000\n"
+		 "host_tier_wait_ms = 3000\nmetrics_listen = 127.0.0.1:%d\n"
 		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
 		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 500\n"
 		 "connect_timeout_ms = 300\n%s",
-		 port ? port : ports[0], port ? port : ports[1], secrets, secrets, pools);
+		 n == &B ? metrics_port : free_port(), port ? port : ports[0], port ? port : ports[1], secrets, secrets,
+		 pools);
 	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
 					sizeof n->bin);
 	return n->pid > 0;
@@ -257,6 +263,51 @@ static void accounted(kvq_client *c, const char *what)
 	   what, (unsigned long long)n, (unsigned long long)fr, (unsigned long long)ca);
 }
 
+/* Node B's fetch times in pool (c's): n fetches, one per lookup that asked
+ * the remote, within the spent_ms those lookups took in all; the buckets
+ * cumulative; the metrics' histogram and kvqctl's "remote" object agree
+ * with the figures. */
+static void fetch_times(kvq_client *c, const char *pool, uint64_t n, double spent_ms)
+{
+	static const char *const le[] = { "250us", "500us", "1ms", "2_5ms", "10ms", "50ms", "250ms", "1s" };
+	static char body[1 << 20], doc[1 << 16];
+	const char *ctl = getenv("KVQ_TEST_KVQCTL"), *top = getenv("top_builddir");
+	uint64_t fetches = figure(c, "remote_fetches"), us = figure(c, "remote_fetch_us"), prev = 0;
+	char prefix[128], name[64], path[512];
+	bool mono = true;
+	double count, sum;
+
+	for (size_t k = 0; k < sizeof le / sizeof le[0]; k++) {
+		uint64_t v;
+
+		snprintf(name, sizeof name, "remote_fetch_le_%s", le[k]);
+		v = figure(c, name);
+		mono &= v >= prev && v <= fetches;
+		prev = v;
+	}
+	ok(fetches == n && us > 0 && us <= spent_ms * 1e3 && mono && figure(c, "remote_fetch_le_1s") == n,
+	   "node B: %llu fetches timed (one per lookup that asked the remote), %.2f ms in all within the lookups' "
+	   "%.2f ms, cumulative buckets rising to %llu at 1 s", (unsigned long long)fetches, (double)us / 1e3,
+	   spent_ms, (unsigned long long)figure(c, "remote_fetch_le_1s"));
+	snprintf(prefix, sizeof prefix, "kvq_remote_fetch_seconds_count{pool=\"%s\"} ", pool);
+	count = http_get(metrics_port, "/metrics", body, sizeof body) > 0 ? metric(body, prefix) : -1;
+	snprintf(prefix, sizeof prefix, "kvq_remote_fetch_seconds_sum{pool=\"%s\"} ", pool);
+	sum = metric(body, prefix);
+	snprintf(prefix, sizeof prefix, "kvq_remote_fetch_seconds_bucket{pool=\"%s\",le=\"+Inf\"} ", pool);
+	ok(count == (double)fetches && metric(body, prefix) == count && sum * 1e6 > (double)us - 1 &&
+	   sum * 1e6 < (double)us + 1,
+	   "the metrics' kvq_remote_fetch_seconds agrees: count %g, +Inf %g, sum %.6f s", count, metric(body, prefix), sum);
+	snprintf(path, sizeof path, "%s%s", ctl ? ctl : top ? top : ".", ctl ? "" : "/kvqctl/kvqctl");
+	if (ctl_stats_json(path, B.sock, pool, doc, sizeof doc) != 0)
+		doc[0] = 0;
+	count = jnum(doc, "\"remote\"", "fetches");
+	sum = jnum(doc, "\"fetch_le\"", "1s");
+	ok(count == (double)n && sum == (double)n &&
+	   jnum(doc, "\"remote\"", "fetched") == (double)figure(c, "remote_fetched"),
+	   "kvqctl --json stats: the remote object has the fetches (%g), their buckets (%g at 1 s) and the blocks "
+	   "fetched", count, sum);
+}
+
 int main(void)
 {
 	static attn_t first[NPROMPT], again, cold;
@@ -265,8 +316,10 @@ int main(void)
 	kvq_client *a, *b, *bro, *bcold, *btier;
 	uint32_t hit;
 	int nbefore, r, bad;
+	double spent_ms = 0;
 	bool all;
 
+	metrics_port = free_port();
 	if (!cluster_up())
 		return done_testing();
 	if (!ok(secrets_write("0123456789abcdef0123456789abcdef-the-cluster-key"), "secrets (mode 0600)"))
@@ -312,7 +365,10 @@ int main(void)
 	all = true;
 	bad = 0;
 	for (uint32_t p = 0; p < NPROMPT; p++) {
+		double t0 = now_ms();
+
 		r = run_prompt(b, p, &hit, again);
+		spent_ms += now_ms() - t0;
 		all &= r == 0 && hit == HIT;
 		bad += r == 0 && memcmp(again, first[p], sizeof again) != 0;
 	}
@@ -321,6 +377,7 @@ int main(void)
 	   "(%llu blocks fetched, %llu bytes in)", HIT, (unsigned long long)figure(b, "remote_fetched"),
 	   (unsigned long long)figure(b, "remote_bytes_in"));
 	ok(bad == 0, "node B: attention over the fetched blocks equals node A's, bit for bit");
+	fetch_times(b, "shared", NPROMPT, spent_ms);
 	r = run_prompt(bcold, 0, &hit, cold);
 	ok(r == 0 && hit == 0 && memcmp(cold, first[0], sizeof cold) == 0,
 	   "and equals a cold recompute on node B (a pool without a remote), bit for bit");
