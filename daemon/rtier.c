@@ -77,6 +77,7 @@ struct fetch_req {
 	uint32_t i;
 	char *val;                          /* the value, taken from its reply */
 	size_t len;
+	uint32_t slot;                      /* the slot it goes to (the get's once it is there) */
 	enum kvq_rtier_error err;           /* the job's failure */
 };
 
@@ -503,7 +504,7 @@ static int fetch_run(struct kvq_copy_job *j)
 		q->err = k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY;
 		return -1;
 	}
-	r = kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, g->slot), payload, plen, NULL, why,
+	r = kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, q->slot), payload, plen, NULL, why,
 				sizeof why);
 	if (r < 0) {
 		q->err = KVQ_RTIER_E_RECORD;
@@ -523,9 +524,10 @@ static void fetch_ran(struct kvq_copy_job *j, int result)
 	free(q->val);
 	q->val = NULL;
 	f->t->jobs--;
-	if (result < 0) {
-		kvq_pool_unref(f->t->p.pool, g->slot);
-		g->slot = UINT32_MAX;
+	if (result == 0) {
+		g->slot = q->slot;   /* only now may the caller publish it */
+	} else {
+		kvq_pool_unref(f->t->p.pool, q->slot);
 		rtier_error(f->t, q->err, "a fetched value");
 	}
 	fetch_settle(f);
@@ -553,16 +555,13 @@ static int fetch_take(struct fetch_req *q, struct redisReply *reply)
 		rtier_error(t, KVQ_RTIER_E_OVERSIZE, "a fetched value");
 		return -1;
 	}
-	r = g->sink ? kvq_pool_alloc_sink(t->p.pool, 1, &g->slot) : kvq_pool_alloc_sealed(t->p.pool, 1, &g->slot);
-	if (r < 0) {
-		g->slot = UINT32_MAX;   /* the pool is full of referenced blocks: a miss */
-		return -1;
-	}
+	r = g->sink ? kvq_pool_alloc_sink(t->p.pool, 1, &q->slot) : kvq_pool_alloc_sealed(t->p.pool, 1, &q->slot);
+	if (r < 0)
+		return -1;   /* the pool is full of referenced blocks: a miss */
 	q->len = (size_t)reply->len;
 	q->val = kvq_rcluster_take_str(reply);
 	if (!q->val) {
-		kvq_pool_unref(t->p.pool, g->slot);
-		g->slot = UINT32_MAX;
+		kvq_pool_unref(t->p.pool, q->slot);
 		return -1;
 	}
 	q->job = (struct kvq_copy_job){ .run = fetch_run, .done = fetch_ran };

@@ -156,7 +156,8 @@ struct kvq_rtier_get {
 	bool done;                     /* its reply came (or it failed) */
 	/* the slot its record was unpacked into, verified (a reference the
 	 * fetch holds until it ends: the caller takes it by setting
-	 * UINT32_MAX here), or UINT32_MAX: a miss */
+	 * UINT32_MAX here), or UINT32_MAX: a miss, or not there yet (a copy
+	 * still running when the caller stops waiting stays the fetch's) */
 	uint32_t slot;
 };
 

@@ -16,6 +16,10 @@
  *  - each fetch is timed: node B's fetches counted once per lookup that
  *    asked the remote, their time within the lookups' own, the same in
  *    the metrics' kvq_remote_fetch_seconds and kvqctl's "remote" object;
+ *  - a node whose lookups wait 1 ms at most (host_tier_wait_ms), then with
+ *    a master hung: what its fetches placed by then is a hit, attention
+ *    over each prompt still equals node A's, and what came or was copied
+ *    after the bound is neither published nor left held;
  *  - a pool with a host tier and a remote: a prompt whose first blocks
  *    are in the host tier and the rest only on the remote is a whole hit
  *    in one lookup (promoted, then fetched), attention equal to node A's
@@ -73,6 +77,7 @@ struct node {
 
 static struct node A = { .tag = "remoteA" }, B = { .tag = "remoteB" };
 static int metrics_port;   /* node B's */
+static unsigned wait_ms = 3000;   /* host_tier_wait_ms of the next node */
 
 static void prompt_tokens(uint32_t p, uint32_t *tok)
 {
@@ -236,11 +241,11 @@ static bool node_start_kvqd(struct node *n, const char *pools, int port)
 	char extra[4096];
 
 	snprintf(extra, sizeof extra,
-		 "host_tier_wait_ms = 3000\nmetrics_listen = 127.0.0.1:%d\n"
+		 "host_tier_wait_ms = %u\nmetrics_listen = 127.0.0.1:%d\n"
 		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
 		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 500\n"
 		 "connect_timeout_ms = 300\n%s",
-		 n == &B ? metrics_port : free_port(), port ? port : ports[0], port ? port : ports[1], secrets, secrets,
+		 wait_ms, n == &B ? metrics_port : free_port(), port ? port : ports[0], port ? port : ports[1], secrets, secrets,
 		 pools);
 	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
 					sizeof n->bin);
@@ -261,6 +266,24 @@ static void accounted(kvq_client *c, const char *what)
 	ok(n != UINT64_MAX && fr + ca + he + re == n && he == 0 && re == 0 && rf == 0,
 	   "%s: every slot accounted for: %llu sealed = %llu free + %llu cached, none held, reserved or referenced",
 	   what, (unsigned long long)n, (unsigned long long)fr, (unsigned long long)ca);
+}
+
+/* Prompts 1 .. NPROMPT-1 again on c: the tokens they hit; *all false on
+ * a failure, *bad counts those whose attention is not first[p]'s. */
+static uint64_t prompts_again(kvq_client *c, attn_t *first, bool *all, int *bad)
+{
+	static attn_t again;
+	uint64_t hits = 0;
+	uint32_t hit;
+
+	for (uint32_t p = 1; p < NPROMPT; p++) {
+		int r = run_prompt(c, p, &hit, again);
+
+		*all &= r == 0;
+		hits += r == 0 ? hit : 0;
+		*bad += r == 0 && memcmp(again, first[p], sizeof again) != 0;
+	}
+	return hits;
 }
 
 /* Node B's fetch times in pool (c's): n fetches, one per lookup that asked
@@ -426,6 +449,44 @@ int main(void)
 		r = run_prompt(bcold, p, &hit, cold);
 		ok(r == 0 && hit == 0 && memcmp(again, cold, sizeof cold) == 0,
 		   "and a cold recompute's on node B, bit for bit");
+	}
+
+	/* a bound that passes while values are still coming or being copied */
+	{
+		struct node D = { .tag = "remoteD" };
+		kvq_client *d = NULL, *late = NULL;
+		uint64_t hits = 0, late_hits = 0;
+		int m[3], nm = masters(m, 3), victim = nm > 0 ? node_index(m[0]) : -1;
+
+		wait_ms = 1;
+		all = node_start_kvqd(&D, POOL("shared", "remote = shared\nremote_namespace = ns1\n")
+					  POOL("late", "remote = shared\nremote_namespace = ns1\n"), 0);
+		wait_ms = 3000;
+		d = all ? open_pool(&D, "shared") : NULL;
+		late = all ? open_pool(&D, "late") : NULL;
+		bad = 0;
+		hits = d ? prompts_again(d, first, &all, &bad) : 0;
+		/* a master hung: its GETs outlive the lookups, the others' values
+		 * come and are copied around the bound */
+		if (victim >= 0)
+			kill(pids[victim], SIGSTOP);
+		late_hits = late ? prompts_again(late, first, &all, &bad) : 0;
+		if (victim >= 0)
+			kill(pids[victim], SIGCONT);
+		usleep(800 * 1000);   /* the late replies (request_timeout_ms 500) and copies come back */
+		ok(d && late && all && victim >= 0 && bad == 0 && late_hits < (uint64_t)(NPROMPT - 1) * HIT,
+		   "host_tier_wait_ms = 1: %d prompts hit %llu of %d tokens, with a master hung %llu; attention over "
+		   "each equals node A's", NPROMPT - 1, (unsigned long long)hits, (NPROMPT - 1) * HIT,
+		   (unsigned long long)late_hits);
+		if (d)
+			accounted(d, "node D (1 ms bound), shared");
+		if (late)
+			accounted(late, "node D (1 ms bound, a master hung), late");
+		kvq_client_free(d);
+		kvq_client_free(late);
+		if (D.pid > 0)
+			test_daemon_stop(D.pid, D.dir);
+		ok(wait_cluster_ok(20000), "the hung master serves again");
 	}
 
 	/* damaged values: refused, counted, a shorter hit, no error */
