@@ -4,8 +4,9 @@
  * blocks written to and fetched from a Redis Cluster (daemon/rcluster.h),
  * named by their remote chain keys (daemon/remote_key.h), stored as signed
  * values (daemon/remote_value.h) around packed block records
- * (kernels/blockrec.h).  Host pools only: the daemon packs and unpacks
- * through its own mapping of the pool, on the loop.
+ * (kernels/blockrec.h).  Host pools only: the daemon packs (on the loop)
+ * and unpacks (on the copy engine's thread) through its own mapping of the
+ * pool.
  *
  * The daemon keeps one cluster client per [remote] section
  * (kvq_rtiers_new, on its event base: a cluster down at start only means
