@@ -13,6 +13,11 @@
  *      GET loop of the same keys on the same cluster, 64 in flight at a
  *      time, pipelined per master (one blocking connection each, every
  *      connection's requests sent before any reply is read): the ratio;
+ *      then W workers of node B (--workers, each its own connection and
+ *      thread, as a serving node's workers look up at once) look the
+ *      chains up in a second pool of B (same remote, namespace and
+ *      identity: the same keys), W lookups in flight, against the hiredis
+ *      loop with as many GETs in flight (64 W): that ratio too;
  *  (b) write-through latency: a one-block chain published on A, timed from
  *      before the Publish to A's remote_written counting it (the SET's
  *      reply: the record is readable on its master), median and p99;
@@ -23,16 +28,19 @@
  *      remote, and the bytes per token the remote moved beside an FP16
  *      tier's.
  *
- *   kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--layers L]
- *                    [--kv-heads H] [--head-dim D] [--block-tokens B]
- *                    [--policy NAME] [--json]
+ *   kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--workers W]
+ *                    [--layers L] [--kv-heads H] [--head-dim D]
+ *                    [--block-tokens B] [--policy NAME] [--json]
  */
 #include "config.h"
 
+#include <dirent.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "kvq.h"
@@ -59,7 +67,7 @@ static void diag(const char *fmt, ...)
 #define WAIT_MS 60000
 
 struct opt {
-	uint32_t blocks, samples, prompts, layers, kv_heads, head_dim, block_tokens;
+	uint32_t blocks, samples, prompts, workers, layers, kv_heads, head_dim, block_tokens;
 	const char *policy;
 	int json;
 };
@@ -120,6 +128,10 @@ static bool node_up(struct node *n, const struct opt *o, bool cold)
 		"policy = %s\ncapacity = %llu\n%s"
 	w = snprintf(pools, sizeof pools, POOLFMT, "shared", o->layers, o->kv_heads, o->head_dim, o->block_tokens,
 		     o->policy, cap, "remote = shared\nremote_namespace = bench\n");
+	/* node B: the workers' pool, of the same identity (the same keys) */
+	if (cold)
+		w += snprintf(pools + w, sizeof pools - (size_t)w, POOLFMT, "again", o->layers, o->kv_heads,
+			      o->head_dim, o->block_tokens, o->policy, cap, "remote = shared\nremote_namespace = bench\n");
 	if (cold)
 		snprintf(pools + w, sizeof pools - (size_t)w, POOLFMT, "cold", o->layers, o->kv_heads, o->head_dim,
 			 o->block_tokens, o->policy, cold_cap, "");
@@ -129,7 +141,7 @@ static bool node_up(struct node *n, const struct opt *o, bool cold)
 		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
 		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 5000\n"
 		 "connect_timeout_ms = 1000\n%s",
-		 cap + cold_cap + (256ull << 20), ports[0], ports[1], secrets, secrets, pools);
+		 2 * cap + cold_cap + (256ull << 20), ports[0], ports[1], secrets, secrets, pools);
 	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock,
 					n->bin, sizeof n->bin);
 	if (n->pid <= 0)
@@ -197,15 +209,16 @@ static uint32_t list_keys(redisContext **cs, int *nc, struct rkey **out)
 	return n;
 }
 
-/* GETs of k[0, n), CHAIN in flight at a time, pipelined per master: the
+/* GETs of k[0, n), inflight at a time, pipelined per master: the
  * seconds, the bytes in *bytes; -1 on a failure. */
-static double hiredis_loop(redisContext **cs, int nc, const struct rkey *k, uint32_t n, uint64_t *bytes)
+static double hiredis_loop(redisContext **cs, int nc, const struct rkey *k, uint32_t n, uint32_t inflight,
+			   uint64_t *bytes)
 {
 	double t0 = now_s();
 
 	*bytes = 0;
-	for (uint32_t g = 0; g < n; g += CHAIN) {
-		uint32_t m = n - g < CHAIN ? n - g : CHAIN;
+	for (uint32_t g = 0; g < n; g += inflight) {
+		uint32_t m = n - g < inflight ? n - g : inflight;
 
 		for (uint32_t i = 0; i < m; i++)
 			if (redisAppendCommand(cs[k[g + i].conn], "GET %s", k[g + i].name) != REDIS_OK)
@@ -230,6 +243,131 @@ static double hiredis_loop(redisContext **cs, int nc, const struct rkey *k, uint
 		}
 	}
 	return now_s() - t0;
+}
+
+/* --- where the CPU went --- */
+
+/* Seconds on a CPU of process pid's threads so far (their schedstat), 0
+ * when it cannot be read. */
+static double cpu_s(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+	double ns = 0;
+
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	while (d && (e = readdir(d))) {
+		char f[64 + 256 + 16];
+		unsigned long long run = 0;
+		FILE *fp;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(f, sizeof f, "%s/%s/schedstat", path, e->d_name);
+		fp = fopen(f, "r");
+		if (fp && fscanf(fp, "%llu", &run) == 1)
+			ns += (double)run;
+		if (fp)
+			fclose(fp);
+	}
+	if (d)
+		closedir(d);
+	return ns * 1e-9;
+}
+
+/* The CPU seconds of node B, the cluster's nodes and this process. */
+struct cpu {
+	double kvqd, cluster, bench;
+};
+
+static struct cpu cpu_now(void)
+{
+	struct cpu c = { cpu_s(B.pid), 0, cpu_s(getpid()) };
+
+	for (int i = 0; i < NODES; i++)
+		c.cluster += pids[i] > 0 ? cpu_s(pids[i]) : 0;
+	return c;
+}
+
+static struct cpu cpu_since(struct cpu c0)
+{
+	struct cpu c = cpu_now();
+
+	return (struct cpu){ c.kvqd - c0.kvqd, c.cluster - c0.cluster, c.bench - c0.bench };
+}
+
+/* --- (a) node B's workers --- */
+
+struct worker {
+	pthread_t th;
+	kvq_client *c;
+	uint32_t first, step, chains, bt;
+	pthread_barrier_t *go;
+	int whole, err;
+};
+
+/* Worker w's chains (first, first + step, ...) looked up and released. */
+static void *worker_run(void *arg)
+{
+	struct worker *w = arg;
+	const uint32_t ptok = CHAIN * w->bt;
+	uint32_t *tok = malloc(sizeof(uint32_t) * ptok);
+
+	w->whole = 1;
+	pthread_barrier_wait(w->go);
+	for (uint32_t ch = w->first; tok && ch < w->chains; ch += w->step) {
+		uint32_t ids[CHAIN], n = 0;
+
+		chain_tokens(ch, ptok, tok);
+		if (kvq_client_lookup(w->c, tok, ptok, ptok, NULL, 0, ids, &n) < 0) {
+			w->err = 1;
+			break;
+		}
+		w->whole &= n == CHAIN;
+		kvq_client_release(w->c, n, ids, 0, NULL);
+	}
+	w->err |= !tok;
+	free(tok);
+	return NULL;
+}
+
+/* chains looked up by nw workers at once on their own connections to
+ * node B's pool; the seconds, or -1; *whole: every lookup a whole hit. */
+static double workers_fetch(struct worker *ws, uint32_t nw, uint32_t chains, uint32_t bt, int *whole)
+{
+	pthread_barrier_t go;
+	uint32_t started = 0;
+	double t0;
+	int err = 0;
+
+	pthread_barrier_init(&go, NULL, nw + 1);
+	for (uint32_t i = 0; i < nw; i++) {
+		ws[i].first = i;
+		ws[i].step = nw;
+		ws[i].chains = chains;
+		ws[i].bt = bt;
+		ws[i].go = &go;
+		if (pthread_create(&ws[i].th, NULL, worker_run, &ws[i]) != 0)
+			break;
+		started++;
+	}
+	if (started < nw) {
+		/* the barrier never opens: nothing can be timed */
+		diag("%u of %u worker threads started", started, nw);
+		exit(1);
+	}
+	pthread_barrier_wait(&go);
+	t0 = now_s();
+	for (uint32_t i = 0; i < nw; i++) {
+		pthread_join(ws[i].th, NULL);
+		err |= ws[i].err;
+		*whole &= ws[i].whole;
+	}
+	t0 = now_s() - t0;
+	pthread_barrier_destroy(&go);
+	return err ? -1 : t0;
 }
 
 /* --- (c) a worker's prompt --- */
@@ -270,10 +408,10 @@ static double prompt_ms(kvq_client *c, const uint32_t *tok, uint32_t n, const st
 /* --name VALUE for each count, --policy NAME, --json; 0, or -1 (usage). */
 static int parse(int argc, char **argv, struct opt *o)
 {
-	static const char *const names[] = { "--blocks", "--samples", "--prompts", "--layers", "--kv-heads",
-					     "--head-dim", "--block-tokens" };
-	uint32_t *counts[] = { &o->blocks, &o->samples, &o->prompts, &o->layers, &o->kv_heads, &o->head_dim,
-			       &o->block_tokens };
+	static const char *const names[] = { "--blocks", "--samples", "--prompts", "--workers", "--layers",
+					     "--kv-heads", "--head-dim", "--block-tokens" };
+	uint32_t *counts[] = { &o->blocks, &o->samples, &o->prompts, &o->workers, &o->layers, &o->kv_heads,
+			       &o->head_dim, &o->block_tokens };
 
 	for (int i = 1; i < argc; i++) {
 		size_t j = 0;
@@ -294,7 +432,7 @@ static int parse(int argc, char **argv, struct opt *o)
 			return -1;
 		*counts[j] = (uint32_t)strtoul(argv[++i], NULL, 10);
 	}
-	return o->blocks >= CHAIN && o->samples && o->prompts && o->layers && o->kv_heads && o->head_dim &&
+	return o->blocks >= CHAIN && o->samples && o->prompts && o->workers && o->workers <= 64 && o->layers && o->kv_heads && o->head_dim &&
 			       o->block_tokens ? 0 : -1;
 }
 
@@ -306,19 +444,21 @@ static double pct(double *v, uint32_t n, double p)
 
 int cmd_remote(int argc, char **argv)
 {
-	struct opt o = { .blocks = 1024, .samples = 200, .prompts = 4, .layers = 4, .kv_heads = 8, .head_dim = 128,
+	struct opt o = { .blocks = 1024, .samples = 200, .prompts = 4, .workers = 4, .layers = 4, .kv_heads = 8, .head_dim = 128,
 		.block_tokens = 16, .policy = "int8" };
 	redisContext *cs[3] = { 0 };
 	struct rkey *keys = NULL;
 	kvq_client *a = NULL, *b = NULL, *bcold = NULL;
+	struct worker ws[64] = { 0 };
+	struct cpu c0, cpu_h = { 0 }, cpu_k = { 0 }, cpu_hw = { 0 }, cpu_kw = { 0 };
 	uint32_t published, nkeys = 0, ptok = 0, *tok = NULL, hit;
-	uint64_t fetched0, bytes0, fetched = 0, bytes_in = 0, hbytes[2];
-	double fetch_s = 0, hs[2] = { -1, -1 }, hbest, *lat = NULL, *cold = NULL, *warm = NULL, t0;
+	uint64_t fetched0, bytes0, fetched = 0, bytes_in = 0, hbytes[2], wfetched = 0, wbytes = 0;
+	double fetch_s = 0, hs[2] = { -1, -1 }, hbest, wfetch_s = 0, hw[2] = { -1, -1 }, hwbest, *lat = NULL, *cold = NULL, *warm = NULL, t0;
 	int nc = 0, r = 1, hits_whole = 1;
 
 	if (parse(argc, argv, &o) < 0) {
-		fprintf(stderr, "usage: kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--layers L] "
-				"[--kv-heads H] [--head-dim D] [--block-tokens B] [--policy NAME] [--json]\n");
+		fprintf(stderr, "usage: kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--workers W (1-64)] "
+				"[--layers L] [--kv-heads H] [--head-dim D] [--block-tokens B] [--policy NAME] [--json]\n");
 		return 2;
 	}
 	o.blocks -= o.blocks % CHAIN;
@@ -335,6 +475,9 @@ int cmd_remote(int argc, char **argv)
 	bcold = open_pool(&B, "cold", &o);
 	if (!a || !b || !bcold)
 		goto out;
+	for (uint32_t i = 0; i < o.workers; i++)
+		if (!(ws[i].c = open_pool(&B, "again", &o)))
+			goto out;
 
 	/* (a) */
 	t0 = now_s();
@@ -351,11 +494,14 @@ int cmd_remote(int argc, char **argv)
 		diag("%u keys on %d masters, %u blocks written", nkeys, nc, published);
 		goto out;
 	}
-	hs[0] = hiredis_loop(cs, nc, keys, nkeys, &hbytes[0]);
+	c0 = cpu_now();
+	hs[0] = hiredis_loop(cs, nc, keys, nkeys, CHAIN, &hbytes[0]);
+	cpu_h = cpu_since(c0);
 	ptok = CHAIN * o.block_tokens;
 	tok = malloc(sizeof(uint32_t) * (ptok + 1));
 	fetched0 = figure(b, "remote_fetched");
 	bytes0 = figure(b, "remote_bytes_in");
+	c0 = cpu_now();
 	t0 = now_s();
 	for (uint32_t ch = 0; tok && ch < published / CHAIN; ch++) {
 		uint32_t ids[CHAIN], n = 0;
@@ -369,14 +515,32 @@ int cmd_remote(int argc, char **argv)
 		kvq_client_release(b, n, ids, 0, NULL);
 	}
 	fetch_s = now_s() - t0;
+	cpu_k = cpu_since(c0);
 	fetched = figure(b, "remote_fetched") - fetched0;
 	bytes_in = figure(b, "remote_bytes_in") - bytes0;
-	hs[1] = hiredis_loop(cs, nc, keys, nkeys, &hbytes[1]);
-	if (hs[0] <= 0 || hs[1] <= 0) {
+	hs[1] = hiredis_loop(cs, nc, keys, nkeys, CHAIN, &hbytes[1]);
+	/* the same chains again, by W workers at once in pool "again" */
+	c0 = cpu_now();
+	hw[0] = hiredis_loop(cs, nc, keys, nkeys, CHAIN * o.workers, &hbytes[1]);
+	cpu_hw = cpu_since(c0);
+	fetched0 = figure(ws[0].c, "remote_fetched");
+	bytes0 = figure(ws[0].c, "remote_bytes_in");
+	c0 = cpu_now();
+	wfetch_s = workers_fetch(ws, o.workers, published / CHAIN, o.block_tokens, &hits_whole);
+	cpu_kw = cpu_since(c0);
+	wfetched = figure(ws[0].c, "remote_fetched") - fetched0;
+	wbytes = figure(ws[0].c, "remote_bytes_in") - bytes0;
+	hw[1] = hiredis_loop(cs, nc, keys, nkeys, CHAIN * o.workers, &hbytes[1]);
+	if (hs[0] <= 0 || hs[1] <= 0 || hw[0] <= 0 || hw[1] <= 0) {
 		diag("the hiredis loop failed");
 		goto out;
 	}
+	if (wfetch_s <= 0) {
+		diag("node B's workers: a lookup failed");
+		goto out;
+	}
 	hbest = hs[0] < hs[1] ? hs[0] : hs[1];
+	hwbest = hw[0] < hw[1] ? hw[0] : hw[1];
 
 	/* (b) */
 	lat = calloc(o.samples, sizeof *lat);
@@ -420,6 +584,7 @@ int cmd_remote(int argc, char **argv)
 		uint64_t cf = figure(b, "remote_fetched") - fetched0, cb = figure(b, "remote_bytes_in") - bytes0;
 		double value = fetched ? (double)bytes_in / (double)fetched : 0, f16 = (double)f16_block_bytes(&o);
 		double kv_bps = (double)fetched / fetch_s, h_bps = (double)nkeys / hbest;
+		double w_bps = (double)wfetched / wfetch_s, hw_bps = (double)nkeys / hwbest;
 		double lmed = pct(lat, o.samples, 0.5), l99 = pct(lat, o.samples, 0.99), lmax = pct(lat, o.samples, 1);
 		double cmed = median(cold, o.prompts), wmed = median(warm, o.prompts);
 
@@ -428,13 +593,23 @@ int cmd_remote(int argc, char **argv)
 			       "\"policy\": \"%s\"}, \"fetch\": {\"blocks\": %llu, \"s\": %.4f, \"blocks_per_s\": %.1f, "
 			       "\"mb_per_s\": %.1f, \"value_bytes\": %.0f, \"whole_hits\": %s}, \"hiredis\": {\"gets\": %u, "
 			       "\"s\": [%.4f, %.4f], \"blocks_per_s\": %.1f, \"mb_per_s\": %.1f}, \"ratio\": %.3f, "
+			       "\"workers\": {\"n\": %u, \"blocks\": %llu, \"s\": %.4f, \"blocks_per_s\": %.1f, "
+			       "\"mb_per_s\": %.1f, \"hiredis\": {\"in_flight\": %u, \"s\": [%.4f, %.4f], "
+			       "\"blocks_per_s\": %.1f}, \"ratio\": %.3f}, \"cpu_s\": {\"fetch\": {\"kvqd\": %.4f, "
+			       "\"cluster\": %.4f, \"bench\": %.4f}, \"hiredis\": {\"cluster\": %.4f, \"bench\": %.4f}, "
+			       "\"workers_fetch\": {\"kvqd\": %.4f, \"cluster\": %.4f, \"bench\": %.4f}, "
+			       "\"workers_hiredis\": {\"cluster\": %.4f, \"bench\": %.4f}}, "
 			       "\"write_through_ms\": {\"samples\": %u, \"median\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
 			       "\"prompt\": {\"tokens\": %u, \"cold_ms\": %.2f, \"remote_hit_ms\": %.2f, \"saved_ms\": %.2f, "
 			       "\"fetched\": %llu, \"bytes_in\": %llu}, \"bytes_per_token\": {\"remote\": %.1f, "
 			       "\"f16\": %.1f}}\n",
 			       o.layers, o.kv_heads, o.head_dim, o.block_tokens, o.policy, (unsigned long long)fetched,
 			       fetch_s, kv_bps, (double)bytes_in / fetch_s / 1e6, value, hits_whole ? "true" : "false",
-			       nkeys, hs[0], hs[1], h_bps, (double)hbytes[0] / hbest / 1e6, kv_bps / h_bps, o.samples,
+			       nkeys, hs[0], hs[1], h_bps, (double)hbytes[0] / hbest / 1e6, kv_bps / h_bps, o.workers,
+			       (unsigned long long)wfetched, wfetch_s, w_bps, (double)wbytes / wfetch_s / 1e6,
+			       CHAIN * o.workers, hw[0], hw[1], hw_bps, w_bps / hw_bps, cpu_k.kvqd, cpu_k.cluster,
+			       cpu_k.bench, cpu_h.cluster, cpu_h.bench, cpu_kw.kvqd, cpu_kw.cluster, cpu_kw.bench,
+			       cpu_hw.cluster, cpu_hw.bench, o.samples,
 			       lmed, l99, lmax, ptok + 1, cmed, wmed, cmed - wmed, (unsigned long long)cf,
 			       (unsigned long long)cb, value / o.block_tokens, f16 / o.block_tokens);
 		} else {
@@ -448,6 +623,19 @@ int cmd_remote(int argc, char **argv)
 			       "%.3f, %.3f): %.0f blocks/s, %.1f MB/s\n", CHAIN, nkeys, hbest, hs[0], hs[1], h_bps,
 			       (double)hbytes[0] / hbest / 1e6);
 			printf("    kvqd's fetch at %.1f %% of the hiredis loop\n", 100 * kv_bps / h_bps);
+			printf("    CPU seconds: the fetch's: kvqd (node B, all threads) %.3f, the cluster's nodes %.3f, "
+			       "this process %.3f; the first hiredis loop's: the cluster's nodes %.3f, the loop %.3f\n",
+			       cpu_k.kvqd, cpu_k.cluster, cpu_k.bench, cpu_h.cluster, cpu_h.bench);
+			printf("(a) fetch, %u workers of node B at once (their own connections and threads, a second pool "
+			       "of the same keys): %llu blocks in %.3f s: %.0f blocks/s, %.1f MB/s\n", o.workers,
+			       (unsigned long long)wfetched, wfetch_s, w_bps, (double)wbytes / wfetch_s / 1e6);
+			printf("    hiredis GET loop, %u in flight, pipelined per master: %u GETs in %.3f s (best of "
+			       "%.3f, %.3f): %.0f blocks/s\n", CHAIN * o.workers, nkeys, hwbest, hw[0], hw[1], hw_bps);
+			printf("    kvqd's fetch with %u workers at %.1f %% of the hiredis loop with as many GETs in flight\n",
+			       o.workers, 100 * w_bps / hw_bps);
+			printf("    CPU seconds: the fetch's: kvqd %.3f, the cluster's nodes %.3f, this process %.3f; "
+			       "the first hiredis loop's: the cluster's nodes %.3f, the loop %.3f\n", cpu_kw.kvqd,
+			       cpu_kw.cluster, cpu_kw.bench, cpu_hw.cluster, cpu_hw.bench);
 			printf("(b) write-through, node A's publish to remote_written (%u one-block chains): median "
 			       "%.3f ms, p99 %.3f ms, max %.3f ms\n", o.samples, lmed, l99, lmax);
 			printf("(c) a prompt of %u tokens on node B: cold (no remote: its K/V written, quantized, sealed; no model run) %.2f ms, "
@@ -472,6 +660,8 @@ out:
 	kvq_client_free(a);
 	kvq_client_free(b);
 	kvq_client_free(bcold);
+	for (uint32_t i = 0; i < o.workers && i < 64; i++)
+		kvq_client_free(ws[i].c);
 	if (A.pid > 0)
 		test_daemon_stop(A.pid, A.dir);
 	if (B.pid > 0)

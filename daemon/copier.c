@@ -49,6 +49,7 @@ static void *worker(void *arg)
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		struct kvq_copy_job *j;
+		bool wake;
 
 		while (!c->queue && !c->stop)
 			pthread_cond_wait(&c->cv, &c->mu);
@@ -63,12 +64,14 @@ static void *worker(void *arg)
 		run_one(j);
 		pthread_mutex_lock(&c->mu);
 		j->next = NULL;
+		wake = !c->ran;
 		*c->ran_tail = j;
 		c->ran_tail = &j->next;
 		c->busy--;
 		pthread_cond_broadcast(&c->idle);
-		/* a full counter only means the loop has a wake-up waiting */
-		if (write(c->efd, &one, sizeof one) < 0 && errno != EAGAIN)
+		/* one wake-up per batch: while jobs wait on ran, the loop has one
+		 * coming and takes them all (a full counter means as much) */
+		if (wake && write(c->efd, &one, sizeof one) < 0 && errno != EAGAIN)
 			break;
 	}
 	pthread_mutex_unlock(&c->mu);

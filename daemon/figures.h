@@ -200,7 +200,26 @@
 	X(remote_errors_hmac, "remote_errors_hmac", COUNTER, "kvq_remote_errors_total", "hmac", "Remote failures: hmac (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_HMAC]) \
 	X(remote_errors_record, "remote_errors_record", COUNTER, "kvq_remote_errors_total", "record", "Remote failures: record (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_RECORD]) \
 	X(remote_errors_reply, "remote_errors_reply", COUNTER, "kvq_remote_errors_total", "reply", "Remote failures: reply (each a miss or a dropped write).", i->remote.errors[KVQ_RTIER_E_REPLY]) \
+	X(remote_on, "remote_on", GAUGE, NULL, NULL, "1: the pool has a remote tier (kvqd.conf remote).",        \
+	  (uint64_t)i->remote.on)                                                                                  \
+	/* the remote's fetch times: the metrics' histogram kvq_remote_fetch_seconds (daemon/metrics.c) */        \
+	X(remote_fetches, "remote_fetches", COUNTER, NULL, NULL,                                                   \
+	  "Fetches from the remote timed: a lookup's GETs, sent until each value was unpacked or refused.",       \
+	  i->remote.fetch_time.count)                                                                              \
+	X(remote_fetch_us, "remote_fetch_us", COUNTER, NULL, NULL, "Time of those fetches, microseconds.",         \
+	  (uint64_t)(i->remote.fetch_time.sum * 1e6))                                                              \
+	KVQ_REMOTE_FETCH_LE(X, 250us, 0.00025, "250 us") KVQ_REMOTE_FETCH_LE(X, 500us, 0.0005, "500 us")            \
+	KVQ_REMOTE_FETCH_LE(X, 1ms, 0.001, "1 ms") KVQ_REMOTE_FETCH_LE(X, 2_5ms, 0.0025, "2.5 ms")                   \
+	KVQ_REMOTE_FETCH_LE(X, 10ms, 0.01, "10 ms") KVQ_REMOTE_FETCH_LE(X, 50ms, 0.05, "50 ms")                      \
+	KVQ_REMOTE_FETCH_LE(X, 250ms, 0.25, "250 ms") KVQ_REMOTE_FETCH_LE(X, 1s, 1.0, "1 s")                         \
 	KVQ_POOL_FIGURES_EXTRA(X)
+
+/* A cumulative bucket of the remote's fetch times as a row: the fetches of
+ * at most le seconds (a bound of kvq_hist_bucket_le, daemon/hist.h). */
+#define KVQ_REMOTE_FETCH_LE(X, tag, le, text)                                                                      \
+	X(remote_fetch_le_##tag, "remote_fetch_le_" #tag, COUNTER, NULL, NULL,                                     \
+	  "Fetches from the remote that took at most " text " (cumulative).",                                     \
+	  kvq_hist_le(&i->remote.fetch_time, le))
 
 /* The labelled families of the rows: F(FAMILY, KEY, HELP), KEY the label
  * whose value is a row's LABEL. */

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blockrec.h"
 #include "group_fetch.h"
 #include "rtier.h"
 #include "tiering.h"
@@ -100,8 +99,11 @@ int kvq_group_fetch_start(struct kvq_pools_rec *const *m, uint32_t world, const 
 			if (kvq_rtier_chain(m[r]->rtier, k ? chain_at(f, r, k - 1) : NULL, f->tok + (size_t)k * B, f->salt,
 					    f->salt_len, chain_at(f, r, k)) < 0)
 				break;
-			if (k >= n)
+			if (k >= n) {
 				memcpy(g[k - n].chain, chain_at(f, r, k), KVQ_CHAINKEY_LEN);
+				/* a chain's first block takes a sink slot (daemon/prefix.h) */
+				g[k - n].sink = k == 0 && m[r]->L->n_sink;
+			}
 		}
 		if (k == end && kvq_rtier_fetch(m[r]->rtier, g, end - n, member_done, f, &f->rf[r]) == 0) {
 			f->pending++;
@@ -119,29 +121,20 @@ int kvq_group_fetch_start(struct kvq_pools_rec *const *m, uint32_t world, const 
 	return 0;
 }
 
-/* Block k of the chain into member r from its verified record rec: a new
- * slot, unpacked, published after the member's block k - 1 (another's
- * copy taken where one was published meanwhile), held by the fetch.
- * true when it is in place. */
-static bool place_one(struct kvq_group_fetch *f, uint32_t r, uint32_t k, const struct kvq_rtier_get *rec)
+/* Block k of the chain into member r: the slot its fetch unpacked the
+ * verified record into (taken from rec), published after the member's
+ * block k - 1 (another's copy taken where one was published meanwhile),
+ * held by the group's fetch.  true when it is in place. */
+static bool place_one(struct kvq_group_fetch *f, uint32_t r, uint32_t k, struct kvq_rtier_get *rec)
 {
 	struct kvq_pools_rec *p = f->m[r];
 	const uint32_t B = p->L->block_tokens;
 	uint32_t *held = f->held + (size_t)r * f->end;
 	int32_t parent = k ? (int32_t)held[k - 1] : -1;
-	uint32_t slot, got;
-	char why[160];
-	int e = k == 0 && p->L->n_sink ? kvq_pool_alloc_sink(p->pool, 1, &slot) : kvq_pool_alloc_sealed(p->pool, 1, &slot);
+	uint32_t slot = rec->slot, got;
+	int e;
 
-	if (e < 0)
-		return false;
-	e = kvq_blockrec_unpack(p->L, p->mem.map, kvq_layout_block_ref(p->L, slot), rec->rec, rec->len, NULL, why,
-				sizeof why);
-	if (e < 0) {
-		kvq_rtier_count_error(p->rtier, KVQ_RTIER_E_RECORD);
-		kvq_pool_unref(p->pool, slot);
-		return false;
-	}
+	rec->slot = UINT32_MAX;
 	e = kvq_prefix_publish(p->prefix, slot, parent, f->tok + (size_t)k * B, f->salt, f->salt_len, &got);
 	if (e == 0 && got != slot && kvq_pool_ref(p->pool, got) < 0)
 		e = -EBUSY;
@@ -178,7 +171,7 @@ uint32_t kvq_group_fetch_place(struct kvq_group_fetch *f)
 		bool all = true;
 
 		for (uint32_t r = 0; r < f->world && all; r++)
-			all = g[r][k - f->n].rec != NULL;
+			all = g[r][k - f->n].slot != UINT32_MAX;
 		for (uint32_t r = 0; r < f->world && all; r++)
 			all = place_one(f, r, k, &g[r][k - f->n]);
 		if (!all)

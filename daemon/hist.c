@@ -16,3 +16,12 @@ void kvq_hist_observe(struct kvq_hist *h, double seconds)
 	h->count++;
 	h->sum += seconds;
 }
+
+uint64_t kvq_hist_le(const struct kvq_hist *h, double le)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < KVQ_HIST_BUCKETS && kvq_hist_bucket_le[i] <= le; i++)
+		n += h->bucket[i];
+	return n;
+}

@@ -23,4 +23,8 @@ struct kvq_hist {
 /* Counts one observation of seconds. */
 void kvq_hist_observe(struct kvq_hist *h, double seconds);
 
+/* The observations of at most le seconds (cumulative, as the metrics'
+ * buckets): the buckets whose bound is le or less. */
+uint64_t kvq_hist_le(const struct kvq_hist *h, double le);
+
 #endif

@@ -273,24 +273,38 @@ static void write_pool_work(kvq_server *s, struct evbuffer *b)
 	evbuffer_free(lb);
 }
 
-/* The time of each pool's host-tier copy jobs (pools with a tier). */
-static void write_pool_tiers(kvq_server *s, struct evbuffer *b)
+/* A histogram family of the pools: fam with help, one set of samples per
+ * pool that has one (h gives it, or NULL). */
+static void write_pool_hist(kvq_server *s, struct evbuffer *b, const char *fam, const char *help,
+			    const struct kvq_hist *(*h)(const struct kvq_pools_info *i))
 {
 	struct kvq_pools_info i;
 	struct evbuffer *lb = evbuffer_new();
 	char labels[256];
 
-	family(b, "kvq_tier_copy_seconds", "histogram", "Copy jobs of each pool's host tier (a demotion batch or a "
-	       "lookup's promotion) by their time on kvqd's copy thread.");
+	family(b, fam, "histogram", help);
 	for (uint32_t k = 0; lb && kvq_server_pool_info(s, k, &i) == 0; k++) {
-		if (!i.tier.tier.capacity)
+		const struct kvq_hist *x = h(&i);
+
+		if (!x)
 			continue;
 		pool_labels(lb, i.name, "", labels, sizeof(labels));
-		histogram(b, "kvq_tier_copy_seconds", labels, kvq_hist_bucket_le, KVQ_HIST_BUCKETS,
-			  i.tier.copy_time.bucket, i.tier.copy_time.count, i.tier.copy_time.sum);
+		histogram(b, fam, labels, kvq_hist_bucket_le, KVQ_HIST_BUCKETS, x->bucket, x->count, x->sum);
 	}
 	if (lb)
 		evbuffer_free(lb);
+}
+
+/* The time of each pool's host-tier copy jobs (pools with a tier). */
+static const struct kvq_hist *tier_copy_time(const struct kvq_pools_info *i)
+{
+	return i->tier.tier.capacity ? &i->tier.copy_time : NULL;
+}
+
+/* The time of each pool's remote fetches (pools with a remote tier). */
+static const struct kvq_hist *remote_fetch_time(const struct kvq_pools_info *i)
+{
+	return i->remote.on ? &i->remote.fetch_time : NULL;
 }
 
 /* The counters of what the limits did (KVQ_SERVER_COUNTERS). */
@@ -329,7 +343,10 @@ static void write_metrics(kvq_server *s, struct evbuffer *b)
 
 	write_figures(s, b);
 	write_pool_work(s, b);
-	write_pool_tiers(s, b);
+	write_pool_hist(s, b, "kvq_tier_copy_seconds", "Copy jobs of each pool's host tier (a demotion batch or a "
+			"lookup's promotion) by their time on kvqd's copy thread.", tier_copy_time);
+	write_pool_hist(s, b, "kvq_remote_fetch_seconds", "Fetches from each pool's remote tier (a lookup's GETs, "
+			"sent until each value was verified and unpacked or refused) by their time.", remote_fetch_time);
 	write_devices(s, b);
 
 	family(b, "kvq_request_duration_seconds", "histogram",

@@ -460,7 +460,8 @@ static void resident_of(const struct kvq_pools_info *i, uint64_t f16_block_bytes
 static void remote_tier(const struct kvq_pools *ps, const struct kvq_config *cfg, struct kvq_pools_rec *p)
 {
 	const struct kvq_rtier_pool rp = { .name = p->name, .model = p->model, .policy = &p->policy, .L = p->L,
-		.prefix = p->prefix, .map = p->backend == &kvq_backend_host ? p->mem.map : NULL,
+		.prefix = p->prefix, .pool = p->pool, .copier = &ps->copier,
+		.map = p->backend == &kvq_backend_host ? p->mem.map : NULL,
 		.codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL,
 		.tier = p->tiering ? kvq_tiering_tier(p->tiering) : NULL };
 	char why[256] = "";

@@ -1061,6 +1061,28 @@ void kvq_rcluster_stats(const kvq_rcluster *rc, struct kvq_rcluster_stats *ret)
 		ret->connections += n->ac != NULL;
 }
 
+char *kvq_rcluster_take_str(struct redisReply *reply)
+{
+	char *s;
+
+	if (!reply || reply->type != REDIS_REPLY_STRING)
+		return NULL;
+#if HIREDIS_MAJOR == 0
+	/* hiredis 0.14 allocates a reply's string with malloc and frees it with
+	 * free, NULL included (freeReplyObject) */
+	s = reply->str;
+	reply->str = NULL;
+#else
+	/* later hiredis may use allocators of its own: a copy */
+	s = malloc((size_t)reply->len + 1);
+	if (s) {
+		memcpy(s, reply->str, (size_t)reply->len);
+		s[reply->len] = 0;
+	}
+#endif
+	return s;
+}
+
 /* --- one-key commands --- */
 
 static int key_command(kvq_rcluster *rc, const char *cmd, const void *key, size_t keylen, kvq_rcluster_cb *cb,

@@ -110,6 +110,12 @@ int kvq_rcluster_set(kvq_rcluster *rc, const void *key, size_t keylen, const voi
 int kvq_rcluster_exists(kvq_rcluster *rc, const void *key, size_t keylen, kvq_rcluster_cb *cb, void *ctx);
 int kvq_rcluster_del(kvq_rcluster *rc, const void *key, size_t keylen, kvq_rcluster_cb *cb, void *ctx);
 
+/* A string reply's bytes (reply->len of them and a terminator), taken out
+ * of the reply within its callback: the caller frees them with free(3);
+ * the reply goes without them.  Saves a copy of a large value.  NULL for
+ * another type or -ENOMEM. */
+char *kvq_rcluster_take_str(struct redisReply *reply);
+
 /* The counters now. */
 void kvq_rcluster_stats(const kvq_rcluster *rc, struct kvq_rcluster_stats *ret);
 

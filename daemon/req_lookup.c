@@ -1,16 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Lookup: the longest cached prefix of each prompt, with references taken;
  * in a pool with a host tier, the chain's continuation there promoted
- * first (daemon/tiering.h), the reply waiting for it; else, in a pool with
- * a remote tier, the continuation fetched from the remote (daemon/rtier.h),
- * the reply waiting for it as long. */
+ * first (daemon/tiering.h), the reply waiting for it; then, in a pool with
+ * a remote tier, the continuation of what the pool and the host tier hit
+ * fetched from the remote (daemon/rtier.h), the same reply waiting for it
+ * within the same bound. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "groups.h"
-#include "blockrec.h"
 #include "request.h"
 #include "seterr.h"
 #include "tiering.h"
@@ -327,6 +327,9 @@ static void promoted_publish(struct lookup_state *s, bool *consumed)
 	}
 }
 
+static void promoted_append(struct lookup_state *s);
+static int remote_fetch(struct kvq_conn *c, struct lookup_state *s);
+
 /* The promotion came back (on the loop). */
 static void promoted(struct kvq_promotion *pr, void *arg)
 {
@@ -350,17 +353,23 @@ static void promoted(struct kvq_promotion *pr, void *arg)
 		state_free(s);
 		return;
 	}
+	/* the hits now end where the tier's chains ended; the remote may
+	 * continue them, within the same bound (the reply waits for it) */
+	promoted_append(s);
+	if (s->c && s->p->rtier && !s->p->glink.g && remote_fetch(s->c, s))
+		return;
 	s->wait.ready = true;
 	if (s->c && s->c->resume)
 		s->c->resume(s->c);
 }
 
-/* The promoted blocks after each prompt's hit, up to the first missing. */
+/* The promoted blocks after each prompt's hit, up to the first missing;
+ * once (each prompt's count of them is cleared). */
 static void promoted_append(struct lookup_state *s)
 {
 	uint32_t k = 0;
 
-	for (size_t i = 0; i < s->n; i++) {
+	for (size_t i = 0; s->extra && i < s->n; i++) {
 		bool whole = true;
 
 		for (uint32_t e = 0; e < s->extra[i]; e++, k++) {
@@ -373,6 +382,7 @@ static void promoted_append(struct lookup_state *s)
 					kvq_pool_unref(s->p->pool, s->got[k]);
 			}
 		}
+		s->extra[i] = 0;
 	}
 }
 
@@ -381,31 +391,22 @@ static void promoted_append(struct lookup_state *s)
 static int lookup_finish(struct kvq_wait *w, struct kvq_conn *c, struct kvq_reply *r, bool timed_out, char *err,
 			 size_t errlen);
 
-/* Places prompt i's fetched blocks, in chain order from its hit, up to the
- * first that did not come or does not fit: each into a new slot (its
- * reference the caller's), unpacked and published after the one before. */
+/* Publishes prompt i's fetched blocks (unpacked by the fetch into slots
+ * of their own), in chain order from its hit, up to the first that did not
+ * come or does not publish, each after the one before; their references
+ * become the caller's, the others stay the fetch's (it drops them). */
 static void remote_place_one(struct lookup_state *s, size_t i, struct kvq_rtier_get *g)
 {
 	struct kvq_pools_rec *p = s->p;
 	struct lookup_prompt *q = &s->q[i];
 	const uint32_t B = p->L->block_tokens;
 	int32_t parent = q->n ? (int32_t)q->ids[q->n - 1] : -1;
-	char why[160];
 
-	for (uint32_t e = 0; e < s->rcount[i] && g[e].rec; e++) {
-		const bool sink = q->n == 0 && p->L->n_sink;
-		uint32_t slot, got;
-		int r = sink ? kvq_pool_alloc_sink(p->pool, 1, &slot) : kvq_pool_alloc_sealed(p->pool, 1, &slot);
+	for (uint32_t e = 0; e < s->rcount[i] && g[e].slot != UINT32_MAX; e++) {
+		uint32_t slot = g[e].slot, got;
+		int r;
 
-		if (r < 0)
-			return;
-		r = kvq_blockrec_unpack(p->L, p->mem.map, kvq_layout_block_ref(p->L, slot), g[e].rec, g[e].len, NULL,
-					why, sizeof why);
-		if (r < 0) {
-			kvq_rtier_count_error(p->rtier, KVQ_RTIER_E_RECORD);
-			kvq_pool_unref(p->pool, slot);
-			return;
-		}
+		g[e].slot = UINT32_MAX;
 		r = kvq_prefix_publish(p->prefix, slot, parent, q->tokens + (size_t)q->n * B, q->salt.data, q->salt.len,
 				       &got);
 		if (r == 0 && got != slot && kvq_pool_ref(p->pool, got) < 0)
@@ -505,10 +506,13 @@ static int remote_fetch(struct kvq_conn *c, struct lookup_state *s)
 			if (kvq_rtier_chain(p->rtier, k ? parent : NULL, q->tokens + (size_t)k * B, q->salt.data,
 					    q->salt.len, key) < 0)
 				break;
-			if (k < q->n)
+			if (k < q->n) {
 				kvq_rtier_learn(p->rtier, q->ids[k], key);
-			else
+			} else {
+				/* a chain's first block takes a sink slot (daemon/prefix.h) */
+				g[total].sink = k == 0 && p->L->n_sink;
 				memcpy(g[total++].chain, key, sizeof key);
+			}
 			memcpy(parent, key, sizeof key);
 		}
 		s->rcount[i] = total - s->rfirst[i];

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <sys/random.h>
 
@@ -68,6 +69,7 @@ struct kvq_rtier {
 	struct kvq_rtier_pool p;            /* the pool's, while attached */
 	bool attached;                      /* false once detached */
 	kvq_remote_codec *codec;
+	kvq_remote_codec *vcodec;           /* the copy thread's: it verifies fetched values */
 	struct kvq_chainkey ck;
 	uint8_t identity[KVQ_REMOTE_DIGEST_LEN];
 	int write;                          /* enum kvq_remote_write */
@@ -86,17 +88,25 @@ struct kvq_rtier {
 	uint32_t writing, max_writing;      /* SETs in flight, their bound */
 	struct event *drain;
 	uint32_t refs;                      /* the pool's, and one per request or fetch in flight */
+	uint32_t jobs;                      /* fetched values on the copy engine */
 	struct kvq_rtier_stats st;
 	struct kvq_log_limit lim[KVQ_RTIER_NERRORS];
 };
 
+/* A get's request, then its value's job on the copy engine. */
 struct fetch_req {
+	struct kvq_copy_job job;            /* first: the job is the request */
 	struct kvq_rtier_fetch *f;
 	uint32_t i;
+	char *val;                          /* the value, taken from its reply */
+	size_t len;
+	uint32_t slot;                      /* the slot it goes to (the get's once it is there) */
+	enum kvq_rtier_error err;           /* the job's failure */
 };
 
 struct kvq_rtier_fetch {
 	struct kvq_rtier *t;
+	double t0;                          /* its GETs sent */
 	uint32_t n, pending;
 	bool ended;
 	void (*done)(void *arg);
@@ -104,6 +114,14 @@ struct kvq_rtier_fetch {
 	struct kvq_rtier_get *g;
 	struct fetch_req *req;
 };
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static const char *const error_names[] = {
 #define KVQ_RTIER_N(id, name) name,
@@ -175,6 +193,7 @@ static void rtier_unref(struct kvq_rtier *t)
 	if (--t->refs)
 		return;
 	kvq_remote_codec_free(t->codec);
+	kvq_remote_codec_free(t->vcodec);
 	kvq_chainkey_fini(&t->ck);
 	free(t);
 }
@@ -258,7 +277,8 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 	r = !t->lkey || !t->rkey || !t->known || !t->q || !t->drain ? -ENOMEM : 0;
 	if (r == 0 && (r = kvq_remote_identity_digest(&id, t->identity)) < 0)
 		kvq_seterr(err, errlen, "pool %s: its identity digest: %s", p->name, strerror(-r));
-	if (r == 0 && (r = kvq_remote_codec_new(rm->key, rm->key_len, rm->max_value, &t->codec)) < 0)
+	if (r == 0 && ((r = kvq_remote_codec_new(rm->key, rm->key_len, rm->max_value, &t->codec)) < 0 ||
+		       (r = kvq_remote_codec_new(rm->key, rm->key_len, rm->max_value, &t->vcodec)) < 0))
 		kvq_seterr(err, errlen, "pool %s: the remote's codec: %s", p->name, strerror(-r));
 	if (r == 0 && (r = kvq_chainkey_init(&t->ck, p->L->block_tokens, cp->remote_namespace, p->model)) < 0)
 		kvq_seterr(err, errlen, "pool %s: remote keys: %s", p->name, strerror(-r));
@@ -299,6 +319,9 @@ static void rtier_detach(struct kvq_rtier *t)
 	}
 	free(t->dm);
 	t->dm = NULL;
+	/* the copy thread writes no slot of the pool after this */
+	if (t->jobs)
+		kvq_copier_drain(*t->p.copier);
 	t->attached = false;
 	for (uint32_t i = 0; t->q && i < t->qlen; i++)
 		free(t->q[(t->qhead + i) % t->qcap].val);
@@ -332,6 +355,7 @@ void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret)
 {
 	*ret = t->st;
 	ret->queue = (uint64_t)t->qlen + t->writing;
+	ret->on = true;
 }
 
 void kvq_rtier_count_placed(struct kvq_rtier *t, uint64_t tokens)
@@ -681,67 +705,127 @@ static void tier_leave(void *arg, uint32_t r, bool gone)
 
 static void fetch_free(struct kvq_rtier_fetch *f)
 {
-	for (uint32_t i = 0; i < f->n; i++)
-		free(f->g[i].rec);
+	for (uint32_t i = 0; f->t->attached && i < f->n; i++)
+		if (f->g[i].slot != UINT32_MAX)
+			kvq_pool_unref(f->t->p.pool, f->g[i].slot);
 	free(f->g);
 	free(f->req);
 	rtier_unref(f->t);
 	free(f);
 }
 
-/* The value of get g in reply: its record, verified, into g. */
-static void fetch_take(struct kvq_rtier *t, struct kvq_rtier_get *g, const struct redisReply *reply)
+/* One get of f ended: done once all have, or f freed if it was ended. */
+static void fetch_settle(struct kvq_rtier_fetch *f)
 {
+	if (--f->pending)
+		return;
+	kvq_hist_observe(&f->t->st.fetch_time, now_s() - f->t0);
+	if (f->ended)
+		fetch_free(f);
+	else
+		f->done(f->arg);
+}
+
+/* On the copy thread: q's value verified, its record unpacked into its
+ * get's slot.  0, or -1 with q->err set. */
+static int fetch_run(struct kvq_copy_job *j)
+{
+	struct fetch_req *q = (struct fetch_req *)j;
+	struct kvq_rtier *t = q->f->t;
+	const struct kvq_rtier_get *g = &q->f->g[q->i];
 	struct kvq_remote_value_head want = { .rank = t->rank, .world = t->world }, got;
 	const void *payload;
 	size_t plen;
+	char why[160];
+	int r, k;
+
+	memcpy(want.identity, t->identity, sizeof want.identity);
+	memcpy(want.chain, g->chain, sizeof want.chain);
+	r = kvq_remote_value_verify(t->vcodec, &want, q->val, q->len, &got, &payload, &plen);
+	if (r < 0) {
+		k = kvq_remote_refusal_index(r);
+		q->err = k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY;
+		return -1;
+	}
+	r = kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, q->slot), payload, plen, NULL, why,
+				sizeof why);
+	if (r < 0) {
+		q->err = KVQ_RTIER_E_RECORD;
+		return -1;
+	}
+	j->bytes = plen;
+	return 0;
+}
+
+/* On the loop, q's job ran: a hit, or a miss and an error of its kind. */
+static void fetch_ran(struct kvq_copy_job *j, int result)
+{
+	struct fetch_req *q = (struct fetch_req *)j;
+	struct kvq_rtier_fetch *f = q->f;
+	struct kvq_rtier_get *g = &f->g[q->i];
+
+	free(q->val);
+	q->val = NULL;
+	f->t->jobs--;
+	if (result == 0) {
+		g->slot = q->slot;   /* only now may the caller publish it */
+	} else {
+		kvq_pool_unref(f->t->p.pool, q->slot);
+		rtier_error(f->t, q->err, "a fetched value");
+	}
+	fetch_settle(f);
+}
+
+/* q's reply: its value taken, a slot allocated for it and both on the
+ * copy engine (0: fetch_ran comes), or a miss (-1). */
+static int fetch_take(struct fetch_req *q, struct redisReply *reply)
+{
+	struct kvq_rtier *t = q->f->t;
+	struct kvq_rtier_get *g = &q->f->g[q->i];
 	int r;
 
 	if (reply->type == REDIS_REPLY_NIL) {
 		t->st.absent++;
-		return;
+		return -1;
 	}
 	if (reply->type != REDIS_REPLY_STRING) {
 		rtier_error(t, KVQ_RTIER_E_REPLY, "a fetch");
-		return;
+		return -1;
 	}
 	t->st.bytes_in += (uint64_t)reply->len;
-	memcpy(want.identity, t->identity, sizeof want.identity);
-	memcpy(want.chain, g->chain, sizeof want.chain);
-	r = kvq_remote_value_verify(t->codec, &want, reply->str, (size_t)reply->len, &got, &payload, &plen);
-	if (r < 0) {
-		int k = kvq_remote_refusal_index(r);
-
-		rtier_error(t, k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY,
-			    "a fetched value");
-		return;
+	if ((size_t)reply->len > t->rm->max_value) {
+		/* refused before a slot is taken */
+		rtier_error(t, KVQ_RTIER_E_OVERSIZE, "a fetched value");
+		return -1;
 	}
-	g->rec = malloc(plen ? plen : 1);
-	if (!g->rec)
-		return;
-	memcpy(g->rec, payload, plen);
-	g->len = plen;
+	r = g->sink ? kvq_pool_alloc_sink(t->p.pool, 1, &q->slot) : kvq_pool_alloc_sealed(t->p.pool, 1, &q->slot);
+	if (r < 0)
+		return -1;   /* the pool is full of referenced blocks: a miss */
+	q->len = (size_t)reply->len;
+	q->val = kvq_rcluster_take_str(reply);
+	if (!q->val) {
+		kvq_pool_unref(t->p.pool, q->slot);
+		return -1;
+	}
+	q->job = (struct kvq_copy_job){ .run = fetch_run, .done = fetch_ran };
+	t->jobs++;
+	kvq_copier_submit(*t->p.copier, &q->job);
+	return 0;
 }
 
 static void fetch_cb(void *ctx, int status, struct redisReply *reply)
 {
 	struct fetch_req *q = ctx;
 	struct kvq_rtier_fetch *f = q->f;
-	struct kvq_rtier_get *g = &f->g[q->i];
 
-	g->done = true;
+	f->g[q->i].done = true;
 	if (!f->ended && f->t->attached) {
 		if (status < 0)
 			rtier_error(f->t, status_error(status), "a fetch");
-		else
-			fetch_take(f->t, g, reply);
+		else if (fetch_take(q, reply) == 0)
+			return;   /* fetch_ran settles it (maybe done already) */
 	}
-	if (--f->pending)
-		return;
-	if (f->ended)
-		fetch_free(f);
-	else
-		f->done(f->arg);
+	fetch_settle(f);
 }
 
 int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t n, void (*done)(void *arg),
@@ -756,6 +840,7 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 		return -ENOMEM;
 	}
 	f->t = t;
+	f->t0 = now_s();
 	t->refs++;
 	f->n = n;
 	f->done = done;
@@ -765,9 +850,9 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 		int klen, r;
 
 		f->g[i] = g[i];
-		f->g[i].rec = NULL;
+		f->g[i].slot = UINT32_MAX;
 		f->g[i].done = false;
-		f->req[i] = (struct fetch_req){ f, i };
+		f->req[i] = (struct fetch_req){ .f = f, .i = i };
 		klen = kvq_remote_redis_key(t->identity, g[i].chain, t->rank, t->world, key, sizeof key);
 		r = klen < 0 ? klen : kvq_rcluster_get(t->rm->rc, key, (size_t)klen, fetch_cb, &f->req[i]);
 		if (r < 0) {

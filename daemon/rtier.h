@@ -4,8 +4,9 @@
  * blocks written to and fetched from a Redis Cluster (daemon/rcluster.h),
  * named by their remote chain keys (daemon/remote_key.h), stored as signed
  * values (daemon/remote_value.h) around packed block records
- * (kernels/blockrec.h).  Host pools only: the daemon packs and unpacks
- * through its own mapping of the pool, on the loop.
+ * (kernels/blockrec.h).  Host pools only: the daemon packs (on the loop)
+ * and unpacks (on the copy engine's thread) through its own mapping of the
+ * pool.
  *
  * The daemon keeps one cluster client per [remote] section
  * (kvq_rtiers_new, on its event base: a cluster down at start only means
@@ -35,12 +36,17 @@
  * tier has its remote keys kept, by its local key, until then.
  *
  * Fetch: kvq_rtier_fetch GETs a list of blocks (pipelined by the cluster
- * client, one connection per master); each reply is verified at once
- * (kvq_remote_value_verify: any refusal is a miss and an error of its
- * kind) and its record kept; the caller places the longest run of verified
- * records when all came back or its bound passed (daemon/req_lookup.c).
+ * client, one connection per master); as each value arrives, the loop
+ * takes it from its reply (no copy), allocates a pool slot for it and
+ * hands both to the copy engine (daemon/copier.h), whose thread verifies
+ * the value (kvq_remote_value_verify, with a codec of its own: any refusal
+ * is a miss and an error of its kind) and unpacks its record into the
+ * slot, while the loop receives the next values.  The caller publishes the
+ * longest run of unpacked blocks when all came back or its bound passed
+ * (daemon/req_lookup.c).
  *
- * Not thread-safe: the loop's.
+ * Not thread-safe: the loop's; the copy thread runs only the fetch jobs'
+ * verification and unpacking.
  */
 #ifndef KVQD_RTIER_H
 #define KVQD_RTIER_H
@@ -51,7 +57,10 @@
 
 #include "chainkey.h"
 #include "conf.h"
+#include "copier.h"
+#include "hist.h"
 #include "layout.h"
+#include "pool.h"
 #include "prefix.h"
 
 struct event_base;
@@ -64,6 +73,8 @@ struct kvq_rtier_pool {
 	const struct kvq_policy *policy;
 	const struct kvq_layout *L;
 	kvq_prefix *prefix;
+	kvq_pool *pool;                   /* its books: fetched blocks' slots */
+	kvq_copier *const *copier;        /* the copy engine (read at each fetch: the daemon swaps it once) */
 	void *map;                        /* the pool's memory as kvqd maps it; NULL: not a host pool */
 	const uint8_t *codebooks_sha256;  /* NULL: no codebooks */
 	struct kvq_tier *tier;            /* its host tier's records (daemon/tier.h), or NULL */
@@ -100,6 +111,10 @@ struct kvq_rtier_stats {
 	uint64_t bytes_in, bytes_out;  /* of values */
 	uint64_t queue;                /* blocks waiting to be written, and SETs in flight */
 	uint64_t errors[KVQ_RTIER_NERRORS];
+	/* each fetch's time: from its GETs to its last value unpacked or
+	 * refused (what a Lookup waits for the remote, its bound aside) */
+	struct kvq_hist fetch_time;
+	bool on;                       /* the pool has a remote tier */
 };
 
 /* The cluster clients of cfg's [remote] sections on base.  Returns 0 and
@@ -147,20 +162,23 @@ void kvq_rtier_learn(struct kvq_rtier *t, uint32_t id, const uint8_t chain[KVQ_C
 void kvq_rtier_published(struct kvq_rtier *t, uint32_t id, int32_t parent, const uint32_t *tokens,
 			 const void *salt, size_t salt_len);
 
-/* One block of a fetch: what to ask (filled by the caller), then what came
- * (a verified record, owned by the fetch). */
+/* One block of a fetch: what to ask (filled by the caller), then what came. */
 struct kvq_rtier_get {
 	uint8_t chain[KVQ_CHAINKEY_LEN];
+	bool sink;                     /* its slot a sink block's (a chain's first block, in a pool with sinks) */
 	bool done;                     /* its reply came (or it failed) */
-	void *rec;                     /* the verified record, or NULL: a miss */
-	size_t len;
+	/* the slot its record was unpacked into, verified (a reference the
+	 * fetch holds until it ends: the caller takes it by setting
+	 * UINT32_MAX here), or UINT32_MAX: a miss, or not there yet (a copy
+	 * still running when the caller stops waiting stays the fetch's) */
+	uint32_t slot;
 };
 
 struct kvq_rtier_fetch;
 
 /* GETs g[0..n) (copied into the fetch; read them back with
  * kvq_rtier_fetch_gets); done(arg) is called on the loop once every one
- * came back, never from within this call.  Returns 0 and *ret, 1 and *ret
+ * came back and was unpacked or refused, never from within this call.  Returns 0 and *ret, 1 and *ret
  * when every request failed at once (done will not be called: end it), or
  * -ENOMEM. */
 int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t n, void (*done)(void *arg),
@@ -169,8 +187,9 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 /* The fetch's blocks, in the order asked. */
 struct kvq_rtier_get *kvq_rtier_fetch_gets(struct kvq_rtier_fetch *f);
 
-/* The caller is done with f: freed now, or when its last reply comes (done
- * is then never called). */
+/* The caller is done with f: freed now, or when its last reply and copy
+ * come (done is then never called); the slots the caller did not take are
+ * dropped. */
 void kvq_rtier_fetch_end(struct kvq_rtier_fetch *f);
 
 #endif

@@ -95,6 +95,99 @@ static void print_tier(const struct figs *fs)
 	       us ? (double)fig(fs, "tier_copy_bytes") / (double)us / 1e3 : 0.0);
 }
 
+/* The figures of fs whose names start with prefix, in the table's order:
+ * each name after the prefix and its value to f (marked shown). */
+static void figs_prefixed(const struct figs *fs, const char *prefix,
+			  void (*f)(const char *rest, uint64_t v, void *arg), void *arg)
+{
+	const size_t n = strlen(prefix);
+
+	for (size_t k = 0; k < fs->p->n_figures; k++) {
+		const Kvq__Figure *x = fs->p->figures[k];
+
+		if (strncmp(x->name, prefix, n))
+			continue;
+		if (fs->shown)
+			fs->shown[k] = true;
+		f(x->name + n, x->value, arg);
+	}
+}
+
+static void json_member(const char *rest, uint64_t v, void *arg)
+{
+	(void)arg;
+	j_u64(rest, v);
+}
+
+/* The remote tier's figures (kvqd.conf remote), as one object: errors by
+ * kind and the fetch times' cumulative buckets (le_...) as objects of
+ * their own. */
+static void json_remote(const struct figs *fs)
+{
+	/* members named as the figures after "remote_" */
+	static const char *const plain[] = { "hit_tokens", "fetched", "absent", "written", "dropped", "bytes_in",
+					     "bytes_out", "queue" };
+	char name[64];
+
+	j_open("remote", '{');
+	j_bool("on", fig(fs, "remote_on") != 0);
+	for (size_t k = 0; k < sizeof(plain) / sizeof(plain[0]); k++) {
+		snprintf(name, sizeof(name), "remote_%s", plain[k]);
+		j_u64(plain[k], fig(fs, name));
+	}
+	j_open("errors", '{');
+	figs_prefixed(fs, "remote_errors_", json_member, NULL);
+	j_close('}');
+	j_u64("fetches", fig(fs, "remote_fetches"));
+	j_u64("fetch_us", fig(fs, "remote_fetch_us"));
+	j_open("fetch_le", '{');
+	figs_prefixed(fs, "remote_fetch_le_", json_member, NULL);
+	j_close('}');
+	j_close('}');
+}
+
+/* "kind n" for each figure of a prefix that is not 0, after sep. */
+struct nonzero {
+	const char *sep;
+	bool any;
+};
+
+static void print_nonzero(const char *rest, uint64_t v, void *arg)
+{
+	struct nonzero *z = arg;
+
+	if (!v)
+		return;
+	printf("%s%s %llu", z->any ? ", " : z->sep, rest, (unsigned long long)v);
+	z->any = true;
+}
+
+/* The remote tier in three lines, or "none". */
+static void print_remote(const struct figs *fs)
+{
+	uint64_t n = fig(fs, "remote_fetches"), us = fig(fs, "remote_fetch_us");
+	struct nonzero le = { "; at most ", false }, errs = { "errors: ", false };
+	char a[32], b[32];
+
+	if (!fig(fs, "remote_on")) {
+		printf("  remote          none\n");
+		return;
+	}
+	printf("  remote          %llu tokens of hits served: fetched %llu blocks (%llu absent), %s in; written "
+	       "%llu (%llu dropped, %llu queued), %s out\n", (unsigned long long)fig(fs, "remote_hit_tokens"),
+	       (unsigned long long)fig(fs, "remote_fetched"), (unsigned long long)fig(fs, "remote_absent"),
+	       human_bytes((double)fig(fs, "remote_bytes_in"), a, sizeof(a)),
+	       (unsigned long long)fig(fs, "remote_written"),
+	       (unsigned long long)fig(fs, "remote_dropped"), (unsigned long long)fig(fs, "remote_queue"),
+	       human_bytes((double)fig(fs, "remote_bytes_out"), b, sizeof(b)));
+	printf("                  %llu fetches, mean %.2f ms", (unsigned long long)n,
+	       n ? (double)us / (double)n / 1e3 : 0.0);
+	figs_prefixed(fs, "remote_fetch_le_", print_nonzero, &le);
+	printf("\n                  ");
+	figs_prefixed(fs, "remote_errors_", print_nonzero, &errs);
+	printf("%s\n", errs.any ? "" : "no errors");
+}
+
 /* What this start took back of the pool after a restart, as one object. */
 static void json_restart(const Kvq__PoolStats *p, const struct figs *fs)
 {
@@ -264,6 +357,7 @@ void json_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	j_close('}');
 	j_u64("attention_report_ms", fig(&fs, "attention_report_ms"));
 	json_tier(&fs);
+	json_remote(&fs);
 	json_restart(p, &fs);
 	/* figures this layout has no place for, under their own names */
 	json_other_figures(&fs);
@@ -444,6 +538,7 @@ void print_pool(const Kvq__PoolStats *p, const Kvq__StatsReply *sr)
 	printf("  evictions       %llu\n", (unsigned long long)fig(&fs, "evictions"));
 	printf("  alloc failures  %llu\n", (unsigned long long)fig(&fs, "alloc_failures"));
 	print_tier(&fs);
+	print_remote(&fs);
 	print_restart(p, &fs);
 	/* figures this layout has no place for, under their own names */
 	print_other_figures(&fs);

@@ -135,6 +135,31 @@ static void test_daemon_stop(pid_t pid, const char *dir)
 	rmdir(dir);
 }
 
+/* kvqctl ARGS... ($KVQ_TEST_KVQCTL, else $top_builddir's) against the kvqd
+ * of socket sock: its exit status, its output (stderr with it, the last
+ * newlines cut) in out[len]. */
+__attribute__((unused))
+static int test_daemon_ctl(const char *sock, char *out, size_t len, const char *args)
+{
+	const char *top = getenv("top_builddir"), *env = getenv("KVQ_TEST_KVQCTL");
+	char cmd[1024];
+	size_t n = 0;
+	FILE *f;
+	int st;
+
+	snprintf(cmd, sizeof cmd, "%s%s --socket %s %s 2>&1", env ? env : top ? top : ".", env ? "" : "/kvqctl/kvqctl",
+		 sock, args);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	n = fread(out, 1, len - 1, f);
+	while (n > 0 && out[n - 1] == '\n')
+		n--;
+	out[n] = 0;
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* The resident set of process pid in KiB (VmRSS), or -1. */
 __attribute__((unused))
 static long test_rss_kib(pid_t pid)

@@ -4,7 +4,8 @@ libkvq reports them (kvq_client_stats, kvq_client_sink_stats), under
 kvqctl's names: the text has kvqctl stats' labels, --json its keys (blocks
 free/open/sealed/cached/referenced/reserved and the sink slots', prefix
 lookup/hit tokens and hit rate, evictions, alloc failures, clients, live
-sequences).  kvqctl shows more (policy, bytes per token, resident tokens
+sequences, the remote tier: hits, blocks and bytes each way, queue, errors
+by kind, the fetch times' buckets).  kvqctl shows more (policy, bytes per token, resident tokens
 and bytes, clients' names), which libkvq's stats do not carry."""
 import argparse
 import json
@@ -32,7 +33,25 @@ def pool_doc(s, k):
         "resident": {"sequences": k["sequences"],
                      "sequences_max": k["sequences"] if k["sink_blocks"] else s["open_used"],
                      "sink_tokens_max": k["sink_tokens"]},
+        "remote": remote_doc(s),
     }
+
+
+def remote_doc(s):
+    """The remote tier's figures of s (Client.stats) as kvqctl --json stats'
+    "remote" object: errors by kind and the fetch times' cumulative buckets
+    come from the figures' names (remote_errors_KIND, remote_fetch_le_BOUND),
+    so a kind or bound kvqd adds shows without a change here."""
+    def prefixed(prefix):
+        return {k[len(prefix):]: v for k, v in s.items() if k.startswith(prefix)}
+
+    g = s.get
+    return {"on": bool(g("remote_on", 0)), "hit_tokens": g("remote_hit_tokens", 0),
+            "fetched": g("remote_fetched", 0), "absent": g("remote_absent", 0), "written": g("remote_written", 0),
+            "dropped": g("remote_dropped", 0), "bytes_in": g("remote_bytes_in", 0),
+            "bytes_out": g("remote_bytes_out", 0), "queue": g("remote_queue", 0),
+            "errors": prefixed("remote_errors_"), "fetches": g("remote_fetches", 0),
+            "fetch_us": g("remote_fetch_us", 0), "fetch_le": prefixed("remote_fetch_le_")}
 
 
 def print_pool(d):
@@ -56,6 +75,18 @@ def print_pool(d):
     print(f"  clients         {d['clients_attached']}")
     r = d["resident"]
     print(f"  resident        {r['sequences']} sequences (at most {r['sequences_max']})")
+    m = d["remote"]
+    if not m["on"]:
+        print("  remote          none")
+        return
+    print(f"  remote          {m['hit_tokens']} tokens of hits served: fetched {m['fetched']} blocks "
+          f"({m['absent']} absent), {m['bytes_in']} bytes in; written {m['written']} ({m['dropped']} dropped, "
+          f"{m['queue']} queued), {m['bytes_out']} bytes out")
+    mean = m["fetch_us"] / m["fetches"] / 1e3 if m["fetches"] else 0.0
+    le = ", ".join(f"{b} {n}" for b, n in m["fetch_le"].items() if n)
+    print(f"                  {m['fetches']} fetches, mean {mean:.2f} ms" + (f"; at most {le}" if le else ""))
+    errs = ", ".join(f"{k} {n}" for k, n in m["errors"].items() if n)
+    print(f"                  {('errors: ' + errs) if errs else 'no errors'}")
 
 
 def main(argv=None):

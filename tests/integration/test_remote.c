@@ -13,6 +13,17 @@
  *    them, each refusal counted by kind, no client sees an error;
  *  - a node whose cluster does not answer starts and serves its pool;
  *  - a pool with remote_write = off reads the remote and never writes;
+ *  - each fetch is timed: node B's fetches counted once per lookup that
+ *    asked the remote, their time within the lookups' own, the same in
+ *    the metrics' kvq_remote_fetch_seconds and kvqctl's "remote" object;
+ *  - a node whose lookups wait 1 ms at most (host_tier_wait_ms), then with
+ *    a master hung: what its fetches placed by then is a hit, attention
+ *    over each prompt still equals node A's, and what came or was copied
+ *    after the bound is neither published nor left held;
+ *  - a pool with a host tier and a remote: a prompt whose first blocks
+ *    are in the host tier and the rest only on the remote is a whole hit
+ *    in one lookup (promoted, then fetched), attention equal to node A's
+ *    and to a cold recompute, bit for bit;
  *  - a master stopped (SIGSTOP): B's lookups end within the remote's
  *    request_timeout_ms (timeouts counted), no client error;
  *  - a master killed mid-run: lookups and publishes on both nodes go on
@@ -33,6 +44,7 @@
 
 #include "../tap.h"
 #include "../daemon.h"
+#include "../metrics.h"
 #include "../redis_cluster.h"
 #include "../synth.h"
 #include "kvq.h"
@@ -64,6 +76,8 @@ struct node {
 };
 
 static struct node A = { .tag = "remoteA" }, B = { .tag = "remoteB" };
+static int metrics_port;   /* node B's */
+static unsigned wait_ms = 3000;   /* host_tier_wait_ms of the next node */
 
 static void prompt_tokens(uint32_t p, uint32_t *tok)
 {
@@ -227,11 +241,12 @@ static bool node_start_kvqd(struct node *n, const char *pools, int port)
 	char extra[4096];
 
 	snprintf(extra, sizeof extra,
-		 "host_tier_wait_ms = 3000\n"
+		 "host_tier_wait_ms = %u\nmetrics_listen = 127.0.0.1:%d\n"
 		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
 		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 500\n"
 		 "connect_timeout_ms = 300\n%s",
-		 port ? port : ports[0], port ? port : ports[1], secrets, secrets, pools);
+		 wait_ms, n == &B ? metrics_port : free_port(), port ? port : ports[0], port ? port : ports[1], secrets, secrets,
+		 pools);
 	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
 					sizeof n->bin);
 	return n->pid > 0;
@@ -253,16 +268,81 @@ static void accounted(kvq_client *c, const char *what)
 	   what, (unsigned long long)n, (unsigned long long)fr, (unsigned long long)ca);
 }
 
+/* Prompts 1 .. NPROMPT-1 again on c: the tokens they hit; *all false on
+ * a failure, *bad counts those whose attention is not first[p]'s. */
+static uint64_t prompts_again(kvq_client *c, attn_t *first, bool *all, int *bad)
+{
+	static attn_t again;
+	uint64_t hits = 0;
+	uint32_t hit;
+
+	for (uint32_t p = 1; p < NPROMPT; p++) {
+		int r = run_prompt(c, p, &hit, again);
+
+		*all &= r == 0;
+		hits += r == 0 ? hit : 0;
+		*bad += r == 0 && memcmp(again, first[p], sizeof again) != 0;
+	}
+	return hits;
+}
+
+/* Node B's fetch times in pool (c's): n fetches, one per lookup that asked
+ * the remote, within the spent_ms those lookups took in all; the buckets
+ * cumulative; the metrics' histogram and kvqctl's "remote" object agree
+ * with the figures. */
+static void fetch_times(kvq_client *c, const char *pool, uint64_t n, double spent_ms)
+{
+	static const char *const le[] = { "250us", "500us", "1ms", "2_5ms", "10ms", "50ms", "250ms", "1s" };
+	static char body[1 << 20], doc[1 << 16];
+	const char *ctl = getenv("KVQ_TEST_KVQCTL"), *top = getenv("top_builddir");
+	uint64_t fetches = figure(c, "remote_fetches"), us = figure(c, "remote_fetch_us"), prev = 0;
+	char prefix[128], name[64], path[512];
+	bool mono = true;
+	double count, sum;
+
+	for (size_t k = 0; k < sizeof le / sizeof le[0]; k++) {
+		uint64_t v;
+
+		snprintf(name, sizeof name, "remote_fetch_le_%s", le[k]);
+		v = figure(c, name);
+		mono &= v >= prev && v <= fetches;
+		prev = v;
+	}
+	ok(fetches == n && us > 0 && us <= spent_ms * 1e3 && mono && figure(c, "remote_fetch_le_1s") == n,
+	   "node B: %llu fetches timed (one per lookup that asked the remote), %.2f ms in all within the lookups' "
+	   "%.2f ms, cumulative buckets rising to %llu at 1 s", (unsigned long long)fetches, (double)us / 1e3,
+	   spent_ms, (unsigned long long)figure(c, "remote_fetch_le_1s"));
+	snprintf(prefix, sizeof prefix, "kvq_remote_fetch_seconds_count{pool=\"%s\"} ", pool);
+	count = http_get(metrics_port, "/metrics", body, sizeof body) > 0 ? metric(body, prefix) : -1;
+	snprintf(prefix, sizeof prefix, "kvq_remote_fetch_seconds_sum{pool=\"%s\"} ", pool);
+	sum = metric(body, prefix);
+	snprintf(prefix, sizeof prefix, "kvq_remote_fetch_seconds_bucket{pool=\"%s\",le=\"+Inf\"} ", pool);
+	ok(count == (double)fetches && metric(body, prefix) == count && sum * 1e6 > (double)us - 1 &&
+	   sum * 1e6 < (double)us + 1,
+	   "the metrics' kvq_remote_fetch_seconds agrees: count %g, +Inf %g, sum %.6f s", count, metric(body, prefix), sum);
+	snprintf(path, sizeof path, "%s%s", ctl ? ctl : top ? top : ".", ctl ? "" : "/kvqctl/kvqctl");
+	if (ctl_stats_json(path, B.sock, pool, doc, sizeof doc) != 0)
+		doc[0] = 0;
+	count = jnum(doc, "\"remote\"", "fetches");
+	sum = jnum(doc, "\"fetch_le\"", "1s");
+	ok(count == (double)n && sum == (double)n &&
+	   jnum(doc, "\"remote\"", "fetched") == (double)figure(c, "remote_fetched"),
+	   "kvqctl --json stats: the remote object has the fetches (%g), their buckets (%g at 1 s) and the blocks "
+	   "fetched", count, sum);
+}
+
 int main(void)
 {
 	static attn_t first[NPROMPT], again, cold;
 	static struct rkey before[MAXKEYS];
 	struct rkey chain[NBLK];
-	kvq_client *a, *b, *bro, *bcold;
+	kvq_client *a, *b, *bro, *bcold, *btier;
 	uint32_t hit;
 	int nbefore, r, bad;
+	double spent_ms = 0;
 	bool all;
 
+	metrics_port = free_port();
 	if (!cluster_up())
 		return done_testing();
 	if (!ok(secrets_write("0123456789abcdef0123456789abcdef-the-cluster-key"), "secrets (mode 0600)"))
@@ -285,6 +365,7 @@ int main(void)
 	if (!ok(node_start_kvqd(&A, POOL("shared", "remote = shared\nremote_namespace = ns1\n"), 0) &&
 		node_start_kvqd(&B, POOL("shared", "remote = shared\nremote_namespace = ns1\n")
 				    POOL("reader", "remote = shared\nremote_namespace = ns1\nremote_write = off\n")
+				    POOL("tiered", "remote = shared\nremote_namespace = ns1\nhost_capacity = 1M\n")
 				    POOL("cold", ""), 0),
 		"two kvqd nodes with host pools sharing remote 'shared', namespace ns1"))
 		goto out;
@@ -292,7 +373,8 @@ int main(void)
 	b = open_pool(&B, "shared");
 	bro = open_pool(&B, "reader");
 	bcold = open_pool(&B, "cold");
-	if (!ok(a && b && bro && bcold, "attached to the pools"))
+	btier = open_pool(&B, "tiered");
+	if (!ok(a && b && bro && bcold && btier, "attached to the pools"))
 		goto out;
 
 	/* write through on A, fetch on B */
@@ -306,7 +388,10 @@ int main(void)
 	all = true;
 	bad = 0;
 	for (uint32_t p = 0; p < NPROMPT; p++) {
+		double t0 = now_ms();
+
 		r = run_prompt(b, p, &hit, again);
+		spent_ms += now_ms() - t0;
 		all &= r == 0 && hit == HIT;
 		bad += r == 0 && memcmp(again, first[p], sizeof again) != 0;
 	}
@@ -315,6 +400,7 @@ int main(void)
 	   "(%llu blocks fetched, %llu bytes in)", HIT, (unsigned long long)figure(b, "remote_fetched"),
 	   (unsigned long long)figure(b, "remote_bytes_in"));
 	ok(bad == 0, "node B: attention over the fetched blocks equals node A's, bit for bit");
+	fetch_times(b, "shared", NPROMPT, spent_ms);
 	r = run_prompt(bcold, 0, &hit, cold);
 	ok(r == 0 && hit == 0 && memcmp(cold, first[0], sizeof cold) == 0,
 	   "and equals a cold recompute on node B (a pool without a remote), bit for bit");
@@ -329,6 +415,79 @@ int main(void)
 	   figure(bro, "remote_bytes_out") == 0, "remote_write = off: a new prompt published there is not written");
 	r = run_prompt(a, 50, &hit, again);
 	ok(r == 0 && hit == 0, "node A: that prompt is no hit (it is not on the remote)");
+
+	/* the host tier, then the remote, in one lookup */
+	{
+		const uint32_t p = 70, head = 2;
+		uint32_t tok[NTOK], ids[NBLK], n = 0;
+		uint64_t prom, fetched, w = figure(a, "remote_written");
+		char out[4096];
+
+		r = run_prompt(a, p, &hit, first[0]);
+		ok(r == 0 && hit == 0 && written(a, w + NBLK, 3000),
+		   "prompt %u cold on A, written through", p);
+		/* its first blocks fetched into B's pool, then sent to its host tier */
+		prompt_tokens(p, tok);
+		r = kvq_client_lookup(btier, tok, head * B_, head * B_, NULL, 0, ids, &n);
+		r = r < 0 ? r : kvq_client_release(btier, n, ids, 0, NULL);
+		r |= test_daemon_ctl(B.sock, out, sizeof out, "demote tiered");
+		for (int i = 0; i < 200 && figure(btier, "demoting") != 0; i++)
+			usleep(5000);
+		ok(r == 0 && n == head && figure(btier, "cached") == 0 && figure(btier, "tier_records") == head,
+		   "node B, tiered: the prompt's first %u blocks in its host tier (%llu records), none cached: %s",
+		   head, (unsigned long long)figure(btier, "tier_records"), out);
+		prom = figure(btier, "tier_promotions");
+		fetched = figure(btier, "remote_fetched");
+		r = run_prompt(btier, p, &hit, again);
+		ok(r == 0 && hit == HIT && figure(btier, "tier_promotions") == prom + head &&
+		   figure(btier, "remote_fetched") == fetched + NBLK - head,
+		   "one lookup hits the whole prompt (%u tokens): %llu blocks promoted from the host tier, then %llu "
+		   "fetched from the remote", hit, (unsigned long long)(figure(btier, "tier_promotions") - prom),
+		   (unsigned long long)(figure(btier, "remote_fetched") - fetched));
+		ok(r == 0 && memcmp(again, first[0], sizeof again) == 0,
+		   "attention over it equals node A's, bit for bit");
+		r = run_prompt(bcold, p, &hit, cold);
+		ok(r == 0 && hit == 0 && memcmp(again, cold, sizeof cold) == 0,
+		   "and a cold recompute's on node B, bit for bit");
+	}
+
+	/* a bound that passes while values are still coming or being copied */
+	{
+		struct node D = { .tag = "remoteD" };
+		kvq_client *d = NULL, *late = NULL;
+		uint64_t hits = 0, late_hits = 0;
+		int m[3], nm = masters(m, 3), victim = nm > 0 ? node_index(m[0]) : -1;
+
+		wait_ms = 1;
+		all = node_start_kvqd(&D, POOL("shared", "remote = shared\nremote_namespace = ns1\n")
+					  POOL("late", "remote = shared\nremote_namespace = ns1\n"), 0);
+		wait_ms = 3000;
+		d = all ? open_pool(&D, "shared") : NULL;
+		late = all ? open_pool(&D, "late") : NULL;
+		bad = 0;
+		hits = d ? prompts_again(d, first, &all, &bad) : 0;
+		/* a master hung: its GETs outlive the lookups, the others' values
+		 * come and are copied around the bound */
+		if (victim >= 0)
+			kill(pids[victim], SIGSTOP);
+		late_hits = late ? prompts_again(late, first, &all, &bad) : 0;
+		if (victim >= 0)
+			kill(pids[victim], SIGCONT);
+		usleep(800 * 1000);   /* the late replies (request_timeout_ms 500) and copies come back */
+		ok(d && late && all && victim >= 0 && bad == 0 && late_hits < (uint64_t)(NPROMPT - 1) * HIT,
+		   "host_tier_wait_ms = 1: %d prompts hit %llu of %d tokens, with a master hung %llu; attention over "
+		   "each equals node A's", NPROMPT - 1, (unsigned long long)hits, (NPROMPT - 1) * HIT,
+		   (unsigned long long)late_hits);
+		if (d)
+			accounted(d, "node D (1 ms bound), shared");
+		if (late)
+			accounted(late, "node D (1 ms bound, a master hung), late");
+		kvq_client_free(d);
+		kvq_client_free(late);
+		if (D.pid > 0)
+			test_daemon_stop(D.pid, D.dir);
+		ok(wait_cluster_ok(20000), "the hung master serves again");
+	}
 
 	/* damaged values: refused, counted, a shorter hit, no error */
 	{
@@ -450,10 +609,12 @@ int main(void)
 	accounted(b, "node B, shared");
 	accounted(bro, "node B, reader");
 	accounted(bcold, "node B, cold");
+	accounted(btier, "node B, tiered");
 	kvq_client_free(a);
 	kvq_client_free(b);
 	kvq_client_free(bro);
 	kvq_client_free(bcold);
+	kvq_client_free(btier);
 out:
 	if (A.pid > 0)
 		test_daemon_stop(A.pid, A.dir);

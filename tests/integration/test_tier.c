@@ -189,23 +189,7 @@ static void test_tier(const char *pool, bool small, uint32_t sinks)
  * out[len]. */
 static int ctl(char *out, size_t len, const char *args)
 {
-	const char *top = getenv("top_builddir"), *env = getenv("KVQ_TEST_KVQCTL");
-	char cmd[1024];
-	size_t n = 0;
-	FILE *f;
-	int st;
-
-	snprintf(cmd, sizeof cmd, "%s%s --socket %s %s 2>&1", env ? env : top ? top : ".", env ? "" : "/kvqctl/kvqctl",
-		 sock_path, args);
-	f = popen(cmd, "r");
-	if (!f)
-		return -1;
-	n = fread(out, 1, len - 1, f);
-	while (n > 0 && out[n - 1] == '\n')
-		n--;
-	out[n] = 0;
-	st = pclose(f);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return test_daemon_ctl(sock_path, out, len, args);
 }
 
 /* kvqctl demote: a prompt's blocks sent to the tier on an admin's word (no
