@@ -87,7 +87,8 @@ int kvq_group_fetch_start(struct kvq_pools_rec *const *m, uint32_t world, const 
 	f->n = n;
 	f->end = end;
 	memcpy(f->tok, tokens, (size_t)end * B * sizeof *f->tok);
-	memcpy(f->salt, salt, salt_len);
+	if (salt_len)
+		memcpy(f->salt, salt, salt_len);
 	f->salt_len = salt_len;
 	f->done = done;
 	f->arg = arg;

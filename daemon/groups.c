@@ -434,7 +434,8 @@ static int group_fetch(struct kvq_group *g, struct pending *q, uint32_t n, const
 	q->n_tokens = n_tokens;
 	q->max_tokens = max_tokens;
 	q->max_ids = max_ids;
-	memcpy(q->salt, salt, salt_len);
+	if (salt_len)
+		memcpy(q->salt, salt, salt_len);
 	q->salt_len = salt_len;
 	q->timeout_ms = timeout_ms;
 	w->on = q;

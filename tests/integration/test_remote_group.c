@@ -195,9 +195,13 @@ static bool prompt_keys(char (*before)[256], int nbefore, char (*name)[WORLD][25
 	/* each block's rank-1 record: the same key but for its rank */
 	for (int k = 0; k < NBLK; k++) {
 		char want[256];
+		size_t len = strnlen(name[k][0], sizeof want - 1);
 
-		snprintf(want, sizeof want, "%s", name[k][0]);
-		want[strlen(want) - 3] = '1';
+		memcpy(want, name[k][0], len);
+		want[len] = 0;
+		if (len < 3)
+			return false;
+		want[len - 3] = '1';
 		for (int i = 0; i < n; i++)
 			if (!strcmp(now[i], want)) {
 				snprintf(name[k][1], 256, "%s", want);

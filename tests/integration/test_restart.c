@@ -733,8 +733,9 @@ int main(int argc, char **argv)
 
 	if (argc == 7 && !strcmp(argv[1], "--child")) {
 		snprintf(m.sock_path, sizeof m.sock_path, "%s", argv[3]);
-		return !strcmp(argv[2], "worker") ? worker((unsigned)atoi(argv[4]))
-						  : holder((uint32_t)atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+		/* _exit: what a child holds is held until it exits, on purpose */
+		_exit(!strcmp(argv[2], "worker") ? worker((unsigned)atoi(argv[4]))
+						 : holder((uint32_t)atoi(argv[4]), atoi(argv[5]), atoi(argv[6])));
 	}
 
 #ifndef HAVE_SYSTEMD
