@@ -34,6 +34,8 @@ struct gen_figs {
 	uint64_t kv_peak;      /* bytes the live sequences' blocks held, the most after a step */
 	uint64_t kv_peak_tokens;  /* the tokens they held then */
 	double t_prefilled;    /* seconds until the last prompt was in (its first token chosen) */
+	double t_lookup;       /* seconds of the prompts' prefix lookups before the steps (a remote
+	                        * tier's fetch among them: kvqd answers a lookup once it holds the hit) */
 	double t_total;
 	uint64_t generated;
 };

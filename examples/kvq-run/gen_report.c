@@ -81,11 +81,11 @@ static void text(const struct kv *k, const struct gen_seq *seq, uint32_t n, uint
 		printf("\n");
 	fflush(stdout);
 	fprintf(stderr, "kvq-run: kv %s (window %u, %.2f bits/value sealed); %u sequence%s, prompt%s %llu tokens: %llu "
-		"from the prefix cache%s, %llu computed; prefill %.2f s; %llu tokens generated in %.2f s (%.1f tok/s); "
+		"from the prefix cache%s, %llu computed; prefix lookup %.3f s, prefill %.2f s; %llu tokens generated in %.2f s (%.1f tok/s); "
 		"matmul path %s, %u thread(s)\n",
 		k->canon, k->window, k->bits, n, n > 1 ? "s" : "", n > 1 ? "s" : "", (unsigned long long)s->prompt,
 		(unsigned long long)s->hit, o.no_cache ? " (disabled)" : "", (unsigned long long)(s->prompt - s->hit),
-		f->t_prefilled, (unsigned long long)f->generated, s->gen_secs, s->tok_s,
+		f->t_lookup, f->t_prefilled, (unsigned long long)f->generated, s->gen_secs, s->tok_s,
 		o.gpu ? "cuBLAS (GPU)" : mm_path(), o.threads);
 	fprintf(stderr, "kvq-run: %llu steps of at most %u rows (%u prefill, %u decode, %u mixed); decode step %.2f ms "
 		"(p50 %.2f, p99 %.2f): %.1f tok/s; attention %.1f %% of the steps (%.1f %% of decode steps), K/V "
@@ -119,14 +119,14 @@ static void json(const struct kv *k, const struct gen_seq *seq, uint32_t n, uint
 	printf(",\"window\":%u,\"bits_per_value\":%.4f,\"path\":\"%s\",\"threads\":%u,\"seqs\":%u,\"prefill_chunk\":%u,"
 	       "\"step_rows\":%u,\"max_tokens\":%u,\"ignore_eos\":%s,\"prompt_tokens\":%llu,\"hit_tokens\":%llu,"
 	       "\"generated\":%llu,"
-	       "\"seconds\":%.4f,\"prefill_seconds\":%.4f,\"tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
+	       "\"seconds\":%.4f,\"lookup_seconds\":%.4f,\"prefill_seconds\":%.4f,\"tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
 	       "\"steps\":{\"prefill\":%u,\"decode\":%u,\"mixed\":%u},\"decode_step_ms\":{\"mean\":%.4f,\"p50\":%.4f,"
 	       "\"p99\":%.4f},\"attention_share\":%.4f,\"attention_share_decode\":%.4f,\"write_share\":%.4f,"
 	       "\"kv_bytes_peak\":%llu,\"kv_tokens_peak\":%llu,\"sequences\":[",
 	       k->window, k->bits, o.gpu ? "gpu" : "cpu", o.threads, n, o.batch, budget, o.max_tokens,
 	       o.ignore_eos ? "true" : "false",
 	       (unsigned long long)s->prompt, (unsigned long long)s->hit, (unsigned long long)f->generated, f->t_total,
-	       f->t_prefilled, s->tok_s, s->decode_tok_s, f->steps[GEN_PREFILL], f->steps[GEN_DECODE],
+	       f->t_lookup, f->t_prefilled, s->tok_s, s->decode_tok_s, f->steps[GEN_PREFILL], f->steps[GEN_DECODE],
 	       f->steps[GEN_MIXED], s->ms_mean, s->ms_p50, s->ms_p99, share(s->attention, s->secs) / 100,
 	       share(f->attention[GEN_DECODE], f->secs[GEN_DECODE]) / 100, share(s->write, s->secs) / 100,
 	       (unsigned long long)f->kv_peak, (unsigned long long)f->kv_peak_tokens);

@@ -193,6 +193,7 @@ int cmd_generate(void)
 	char nocache[64];
 	size_t np = 1;
 	uint32_t seqs, budget, longest;
+	double t_lookup;
 
 	if (!!o.prompt + !!o.prompts + !!o.file != 1)
 		die("generate needs one of --prompt TEXT, --prompts FILE or FILE (with --ctx N)");
@@ -217,8 +218,11 @@ int cmd_generate(void)
 		snprintf(nocache, sizeof(nocache), "no-prefix-cache-%ld-%.0f", (long)getpid(), now_s() * 1e6);
 		o.salt = nocache;
 	}
+	t_lookup = now_s();
 	start_seqs(&k, seq, seqs);
+	t_lookup = now_s() - t_lookup;
 	gen_run(&k, seq, seqs, budget, o.file ? -1 : chat_stop(), seqs == 1 && !o.json, &f);
+	f.t_lookup = t_lookup;
 	gen_report(&k, seq, seqs, budget, &f);
 	if (o.stats)
 		print_stats(&k);
