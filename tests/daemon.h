@@ -38,7 +38,8 @@ static void test_daemon_bin(char *bin, size_t binlen)
 }
 
 /* Writes the tests' kvqd.conf to path: the backend, create on attach, 256
- * MiB budget (unless extra sets memory_budget), 8 MiB per created pool,
+ * MiB budget (unless extra sets memory_budget), 8 MiB per created pool
+ * (unless extra sets create_capacity),
  * log_level (NULL: warning, debug with $KVQ_TEST_VERBOSE) and extra lines
  * for its [kvqd] section (NULL for none).  Returns 0 or -1. */
 __attribute__((unused))
@@ -50,9 +51,10 @@ static int test_daemon_conf(const char *path, const char *backend, const char *l
 		return -1;
 	if (!log_level)
 		log_level = getenv("KVQ_TEST_VERBOSE") ? "debug" : "warning";
-	fprintf(f, "[kvqd]\nbackend = %s\n%screate_on_attach = yes\ncreate_capacity = 8M\n"
-		   "log_level = %s\n%s", backend,
-		extra && strstr(extra, "memory_budget =") ? "" : "memory_budget = 256M\n", log_level, extra ? extra : "");
+	fprintf(f, "[kvqd]\nbackend = %s\n%screate_on_attach = yes\n%slog_level = %s\n%s", backend,
+		extra && strstr(extra, "memory_budget =") ? "" : "memory_budget = 256M\n",
+		extra && strstr(extra, "create_capacity =") ? "" : "create_capacity = 8M\n", log_level,
+		extra ? extra : "");
 	return fclose(f) ? -1 : 0;
 }
 
