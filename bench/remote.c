@@ -26,11 +26,17 @@
  *      written, quantized and sealed: no model's forward pass, so the
  *      saving is a lower bound) against a whole hit fetched from the
  *      remote, and the bytes per token the remote moved beside an FP16
- *      tier's.
+ *      tier's;
+ *  (d) the same on a real model: kvq-run on the CPU path, cold on node A
+ *      (its blocks written through), on node B from the remote and cold on
+ *      a node without a remote: what node B's worker saves against
+ *      recomputing the prefix (bench/remote_model.c; skipped, with a line
+ *      saying why, when the model, kvq-run or the prompt's text is not
+ *      there).
  *
  *   kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--workers W]
  *                    [--layers L] [--kv-heads H] [--head-dim D]
- *                    [--block-tokens B] [--policy NAME] [--json]
+ *                    [--block-tokens B] [--policy NAME] [--model PATH] [--json]
  */
 #include "config.h"
 
@@ -45,6 +51,7 @@
 #include "bench.h"
 #include "kvq.h"
 #include "kvq_format.h"
+#include "remote_model.h"
 
 /* tests/redis_cluster.h tells its failures here */
 __attribute__((format(printf, 1, 2), unused))
@@ -69,6 +76,7 @@ static void diag(const char *fmt, ...)
 struct opt {
 	uint32_t blocks, samples, prompts, workers, layers, kv_heads, head_dim, block_tokens;
 	const char *policy;
+	const char *model;   /* (d): the model's file, NULL: found as remote_model.h says */
 	int json;
 };
 
@@ -405,6 +413,17 @@ static double prompt_ms(kvq_client *c, const uint32_t *tok, uint32_t n, const st
 	return r < 0 ? -1 : t0 * 1e3;
 }
 
+/* --- (d) --- */
+
+/* The [remote shared] section of (d)'s nodes: this cluster's, as node_up's. */
+static void remote_conf(char *buf, size_t len)
+{
+	snprintf(buf, len,
+		 "[remote shared]\nnodes = 127.0.0.1:%d,127.0.0.1:%d\nuser = " ACL_USER "\n"
+		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 5000\n"
+		 "connect_timeout_ms = 1000\n", ports[0], ports[1], secrets, secrets);
+}
+
 /* --name VALUE for each count, --policy NAME, --json; 0, or -1 (usage). */
 static int parse(int argc, char **argv, struct opt *o)
 {
@@ -424,6 +443,10 @@ static int parse(int argc, char **argv, struct opt *o)
 			return -1;
 		if (!strcmp(argv[i], "--policy")) {
 			o->policy = argv[++i];
+			continue;
+		}
+		if (!strcmp(argv[i], "--model")) {
+			o->model = argv[++i];
 			continue;
 		}
 		while (j < sizeof names / sizeof names[0] && strcmp(argv[i], names[j]))
@@ -455,10 +478,12 @@ int cmd_remote(int argc, char **argv)
 	uint64_t fetched0, bytes0, fetched = 0, bytes_in = 0, hbytes[2], wfetched = 0, wbytes = 0;
 	double fetch_s = 0, hs[2] = { -1, -1 }, hbest, wfetch_s = 0, hw[2] = { -1, -1 }, hwbest, *lat = NULL, *cold = NULL, *warm = NULL, t0;
 	int nc = 0, r = 1, hits_whole = 1;
+	struct rmodel rm;
+	char rconf[1024];
 
 	if (parse(argc, argv, &o) < 0) {
 		fprintf(stderr, "usage: kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--workers W (1-64)] "
-				"[--layers L] [--kv-heads H] [--head-dim D] [--block-tokens B] [--policy NAME] [--json]\n");
+				"[--layers L] [--kv-heads H] [--head-dim D] [--block-tokens B] [--policy NAME] [--model PATH] [--json]\n");
 		return 2;
 	}
 	o.blocks -= o.blocks % CHAIN;
@@ -580,6 +605,9 @@ int cmd_remote(int argc, char **argv)
 		warm[p] = ms;
 		hits_whole &= hit == ptok;
 	}
+	/* (d) */
+	remote_conf(rconf, sizeof rconf);
+	rmodel_run(o.model, rconf, o.policy, &rm);
 	{
 		uint64_t cf = figure(b, "remote_fetched") - fetched0, cb = figure(b, "remote_bytes_in") - bytes0;
 		double value = fetched ? (double)bytes_in / (double)fetched : 0, f16 = (double)f16_block_bytes(&o);
@@ -602,7 +630,7 @@ int cmd_remote(int argc, char **argv)
 			       "\"write_through_ms\": {\"samples\": %u, \"median\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
 			       "\"prompt\": {\"tokens\": %u, \"cold_ms\": %.2f, \"remote_hit_ms\": %.2f, \"saved_ms\": %.2f, "
 			       "\"fetched\": %llu, \"bytes_in\": %llu}, \"bytes_per_token\": {\"remote\": %.1f, "
-			       "\"f16\": %.1f}}\n",
+			       "\"f16\": %.1f}",
 			       o.layers, o.kv_heads, o.head_dim, o.block_tokens, o.policy, (unsigned long long)fetched,
 			       fetch_s, kv_bps, (double)bytes_in / fetch_s / 1e6, value, hits_whole ? "true" : "false",
 			       nkeys, hs[0], hs[1], h_bps, (double)hbytes[0] / hbest / 1e6, kv_bps / h_bps, o.workers,
@@ -645,8 +673,11 @@ int cmd_remote(int argc, char **argv)
 			printf("    bytes per token moved: %.1f (the remote's values) against %.1f (f16): %.2fx\n",
 			       value / o.block_tokens, f16 / o.block_tokens, f16 / (value ? value : 1));
 		}
+		rmodel_print(&rm, o.policy, o.json);
+		if (o.json)
+			printf("}\n");
 	}
-	r = hits_whole ? 0 : 1;
+	r = hits_whole && rm.state != RMODEL_FAILED ? 0 : 1;
 out:
 	for (int i = 0; i < nc; i++)
 		redisFree(cs[i]);
