@@ -447,6 +447,7 @@ static void test_late_arrival(void)
 int main(void)
 {
 	char extra[512];
+	int st;
 
 #ifndef HAVE_SYSTEMD
 	printf("1..0 # SKIP kvqd is built without libsystemd\n");
@@ -470,7 +471,8 @@ int main(void)
 	test_stalled_manager();
 	test_late_arrival();
 	test_overflow();
-	ok(sdmgr_stop(&m, WAIT_MS) >= 0, "kvqd stops");
+	st = sdmgr_stop(&m, WAIT_MS);
+	ok(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGTERM: kvqd exits 0 (%#x)", st);
 	ok(sdmgr_log_lines(logp, "<3>") == 0, "kvqd logged no error");
 	sdmgr_fini(&m);
 	return done_testing();
