@@ -609,10 +609,9 @@ void kvq_restart_done(struct kvq_restart *rs)
 		for (size_t i = 0; names && i < n; i++)
 			snprintf(names[i], sizeof names[i], "%s", rs->keep->name_at(rs->keep->arg, i));
 		for (size_t i = 0; names && i < n; i++) {
-			int fd;
-
 			uint64_t start;
 			pid_t pid;
+			int fd;
 
 			if (strncmp(names[i], "kvq.", 4) || (fd = rs->keep->take(rs->keep->arg, names[i])) < 0)
 				continue;
