@@ -18,6 +18,7 @@
 #include "conf.h"
 #include "conf_parse.h"
 #include "conf_schema.h"
+#include "fdq.h"
 #include "frame.h"
 #include "kvq_wire.h"
 #include "log.h"
@@ -48,6 +49,8 @@ struct daemon {
 	 * store's descriptors, each taken by whoever uses it, the rest closed
 	 * once the server is set up */
 	struct kvq_sd_fds sd_fds;
+	/* the fd store's messages, never waiting on the manager */
+	kvq_fdq *fdq;
 };
 
 static void usage(FILE *f)
@@ -224,28 +227,34 @@ static void sd_fds_close_unused(struct kvq_sd_fds *s)
 	kvq_sd_fds_free(s);
 }
 
-/* The service manager as daemon/restart.h sees it: the descriptors passed
- * at start (arg: the set) and the fd store. */
+/* The service manager as daemon/restart.h sees it (arg: the daemon): the
+ * descriptors passed at start and the fd store. */
 static int keep_take(void *arg, const char *name)
 {
-	return kvq_sd_fds_take(arg, name);
+	struct daemon *d = arg;
+
+	return kvq_sd_fds_take(&d->sd_fds, name);
 }
 
 static const char *keep_name_at(void *arg, size_t i)
 {
-	const struct kvq_sd_fds *s = arg;
+	const struct daemon *d = arg;
 
-	return i < s->n ? s->name[i] : NULL;
+	return i < d->sd_fds.n ? d->sd_fds.name[i] : NULL;
 }
 
-static int keep_store(void *arg, const char *name, int fd)
+static int keep_store(void *arg, const char *name, int fd, bool may_drop)
 {
-	return kvq_sd_fdstore_add(name, fd);
+	struct daemon *d = arg;
+
+	return kvq_fdq_store(d->fdq, name, fd, may_drop);
 }
 
-static int keep_remove(void *arg, const char *name)
+static int keep_remove(void *arg, const char *name, bool may_drop)
 {
-	return kvq_sd_fdstore_remove(name);
+	struct daemon *d = arg;
+
+	return kvq_fdq_remove(d->fdq, name, may_drop);
 }
 
 /* The socket path: --socket, else a socket the config file names, else the
@@ -268,7 +277,7 @@ int main(int argc, char **argv)
 	struct opts o = { .device = -1, .log_level = -1 };
 	struct daemon d = { 0 };
 	struct event *ev_term = NULL, *ev_int = NULL, *ev_hup = NULL;
-	struct kvq_keep keep = { &d.sd_fds, keep_take, keep_name_at, keep_store, keep_remove };
+	struct kvq_keep keep = { &d, keep_take, keep_name_at, keep_store, keep_remove, NULL };
 	char err[512], path[108], status[128];
 	uint64_t wd_usec;
 	int r, ret = EXIT_FAILURE;
@@ -298,9 +307,14 @@ int main(int argc, char **argv)
 		kvq_log(LOG_ERR, "cannot create the event loop");
 		goto out;
 	}
+	if (kvq_sd_fdstore_available()) {
+		r = kvq_fdq_new(d.base, &d.fdq);
+		if (r < 0)
+			kvq_log(LOG_WARNING, "fd store: no socket to the service manager (%s): a restart starts cold",
+				strerror(-r));
+	}
 	r = kvq_server_new(d.base, d.cfg, o.backend ? o.backend : d.cfg->backend,
-			   o.device >= 0 ? o.device : d.cfg->device, kvq_sd_fdstore_available() ? &keep : NULL, &d.srv,
-			   err, sizeof(err));
+			   o.device >= 0 ? o.device : d.cfg->device, d.fdq ? &keep : NULL, &d.srv, err, sizeof(err));
 	if (r < 0) {
 		kvq_log(LOG_ERR, "%s", err);
 		goto out;
@@ -382,6 +396,10 @@ out:
 		event_free(ev_term);
 	kvq_metrics_free(d.metrics);
 	kvq_server_free(d.srv);
+	/* what waits (a pool made just before the stop) before the manager
+	 * sees the process go; never longer than a second */
+	kvq_fdq_drain(d.fdq, 1000);
+	kvq_fdq_free(d.fdq);
 	if (d.base)
 		event_base_free(d.base);
 	kvq_config_free(d.cfg);

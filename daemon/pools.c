@@ -801,12 +801,12 @@ void kvq_pools_keep(struct kvq_pools *ps)
 			kvq_restart_stop(&p->kept, &pt);
 	}
 	/* nothing is recorded or dropped from the store from here on */
-	ps->restart->stopping = true;
+	kvq_restart_stopping(ps->restart);
 }
 
-int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid, uint64_t holder)
+int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid, int pidfd, uint64_t holder)
 {
-	return kvq_restart_attached(&p->kept, pid, holder);
+	return kvq_restart_attached(&p->kept, pid, pidfd, holder);
 }
 
 uint64_t kvq_pools_replaced(struct kvq_pools_rec *p, pid_t pid, uint64_t holder)
@@ -833,6 +833,19 @@ uint64_t kvq_pools_random_id(void)
 void kvq_pools_detached(struct kvq_pools_rec *p, int entry)
 {
 	kvq_restart_detached(&p->kept, entry);
+}
+
+uint32_t kvq_pools_holds_exited(struct kvq_pools *ps, pid_t pid, uint64_t start)
+{
+	uint32_t n = 0;
+
+	for (struct kvq_pools_rec *p = ps->head; p; p = p->next) {
+		struct kvq_restart_parts pt = parts_of(p);
+
+		if (p->allocated)
+			n += (uint32_t)kvq_restart_holds_exited(&p->kept, &pt, pid, start);
+	}
+	return n;
 }
 
 uint32_t kvq_pools_holds_check(struct kvq_pools *ps)

@@ -232,10 +232,10 @@ void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg);
  * hold now is held at the next start. */
 void kvq_pools_keep(struct kvq_pools *ps);
 
-/* A connection of process pid attached to p as holder (AttachReply
- * holder): its entry in p's books (-1: none), for kvq_pools_detached when
- * it goes. */
-int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid, uint64_t holder);
+/* A connection of process pid (pidfd: the connection's, borrowed, or -1)
+ * attached to p as holder (AttachReply holder): its entry in p's books
+ * (-1: none), for kvq_pools_detached when it goes. */
+int kvq_pools_attached(struct kvq_pools_rec *p, pid_t pid, int pidfd, uint64_t holder);
 void kvq_pools_detached(struct kvq_pools_rec *p, int entry);
 
 /* Attach.replaces: what p held since a restart for holder, a connection
@@ -249,6 +249,10 @@ uint64_t kvq_pools_random_id(void);
 /* Releases what restored pools hold for processes all gone; returns how
  * many pools still hold. */
 uint32_t kvq_pools_holds_check(struct kvq_pools *ps);
+
+/* Releases what restored pools hold for process (pid, start), whose
+ * pidfd said it exited; returns how many pools still hold. */
+uint32_t kvq_pools_holds_exited(struct kvq_pools *ps, pid_t pid, uint64_t start);
 
 /* What an allocated p is and holds (strings valid while p lives). */
 void kvq_pools_info(const struct kvq_pools_rec *p, struct kvq_pools_info *ret);

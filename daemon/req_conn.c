@@ -144,7 +144,7 @@ int kvq_req_attach(struct kvq_conn *c, const Kvq__Envelope *req, struct kvq_repl
 	c->pool = p;
 	p->clients++;
 	c->holder = kvq_pools_random_id();
-	c->kept = kvq_pools_attached(p, c->pid, c->holder);
+	c->kept = kvq_pools_attached(p, c->pid, c->pidfd, c->holder);
 	/* its holds name it in the pool's books, so a restart holds them for it */
 	kvq_lease_set_tag(c->lease, c->kept >= 0 ? (uint16_t)(c->kept + 1) : 0);
 

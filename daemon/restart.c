@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "procs.h"
 #include "restart.h"
 
 struct kvq_restart_found {
@@ -70,8 +71,13 @@ static void forget(const struct kvq_restart *rs, uint32_t serial)
 		if (fd >= 0)
 			close(fd);
 		name_of(name, sizeof name, what[i], serial);
-		rs->keep->remove(rs->keep->arg, name);
+		rs->keep->remove(rs->keep->arg, name, false);
 	}
+}
+
+static kvq_procs *procs_of(const struct kvq_restart *rs)
+{
+	return rs && rs->keep ? rs->keep->procs : NULL;
 }
 
 static void holds_free(struct kvq_restart_holds *h)
@@ -544,8 +550,13 @@ void kvq_restart_apply(struct kvq_restart *rs, struct kvq_restart_pool *kept, co
 	if (pt->tier)
 		records -= kvq_tier_restore_end(pt->tier, key_in_pool, pt->prefix);
 	kept->books = pl->b;
+	kept->rs = rs;
 	kept->serial = pl->serial;
 	kept->stored = true;
+	/* each connection held for counts for its process: its stored pidfd
+	 * (if the manager passed one) tells of its exit */
+	for (uint32_t k = 0; pl->holds && k < pl->holds->n_pids; k++)
+		kvq_procs_adopt(procs_of(rs), pl->holds->pids[k], pl->holds->starts[k]);
 	kept->restored = 1;
 	kept->blocks = pl->n_order;
 	kept->records = records;
@@ -598,12 +609,23 @@ void kvq_restart_done(struct kvq_restart *rs)
 		for (size_t i = 0; names && i < n; i++)
 			snprintf(names[i], sizeof names[i], "%s", rs->keep->name_at(rs->keep->arg, i));
 		for (size_t i = 0; names && i < n; i++) {
+			uint64_t start;
+			pid_t pid;
 			int fd;
 
 			if (strncmp(names[i], "kvq.", 4) || (fd = rs->keep->take(rs->keep->arg, names[i])) < 0)
 				continue;
 			close(fd);
-			rs->keep->remove(rs->keep->arg, names[i]);
+			if (kvq_procs_parse(names[i], &pid, &start)) {
+				/* a second copy of one taken stays with it */
+				if (kvq_procs_known(procs_of(rs), pid, start))
+					continue;
+				rs->keep->remove(rs->keep->arg, names[i], false);
+				kvq_log(LOG_INFO, "restart: stored pidfd of pid %d: no pool holds for that process: "
+					"dropped", (int)pid);
+				continue;
+			}
+			rs->keep->remove(rs->keep->arg, names[i], false);
 			kvq_log(LOG_INFO, "restart: stored %s belongs to no pool: dropped", names[i]);
 		}
 		free(names);
@@ -668,15 +690,15 @@ void kvq_restart_keep(struct kvq_restart *rs, struct kvq_restart_pool *kept, con
 	}
 	kept->serial = rs->next_serial++;
 	name_of(name, sizeof name, "pool", kept->serial);
-	if (rs->keep->store(rs->keep->arg, name, pt->mem_fd) < 0)
+	if (rs->keep->store(rs->keep->arg, name, pt->mem_fd, false) < 0)
 		goto fail;
 	if (pt->tier_fd >= 0) {
 		name_of(name, sizeof name, "tier", kept->serial);
-		if (rs->keep->store(rs->keep->arg, name, pt->tier_fd) < 0)
+		if (rs->keep->store(rs->keep->arg, name, pt->tier_fd, false) < 0)
 			goto fail;
 	}
 	name_of(name, sizeof name, "books", kept->serial);
-	if (rs->keep->store(rs->keep->arg, name, kvq_books_fd(b)) < 0)
+	if (rs->keep->store(rs->keep->arg, name, kvq_books_fd(b), false) < 0)
 		goto fail;
 	kept->books = b;
 	kept->stored = true;
@@ -697,6 +719,9 @@ void kvq_restart_release(struct kvq_restart_pool *kept, const struct kvq_restart
 	if (rs && kept->stored && !rs->stopping)
 		forget(rs, kept->serial);
 	kvq_books_free(kept->books);
+	for (uint32_t k = 0; kept->holds && k < kept->holds->n_pids; k++)
+		if (!kept->holds->gone[k])
+			kvq_procs_put(procs_of(rs), kept->holds->pids[k], kept->holds->starts[k], true);
 	holds_free(kept->holds);
 	memset(kept, 0, sizeof *kept);
 }
@@ -738,14 +763,31 @@ static void holds_release(struct kvq_restart_holds *h, const struct kvq_restart_
 			(unsigned long long)n);
 }
 
-int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid, uint64_t holder)
+int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid, int pidfd, uint64_t holder)
 {
-	return kept->books && !kept->detached ? kvq_books_client(kept->books, pid, holder) : -1;
+	uint64_t start = 0, who;
+	int entry;
+
+	if (!kept->books || kept->detached)
+		return -1;
+	entry = kvq_books_client(kept->books, pid, holder);
+	if (entry >= 0 && kvq_books_client_pid(kept->books, (uint32_t)entry, &start, &who) == pid)
+		kvq_procs_hold(procs_of(kept->rs), pid, start, pidfd);
+	return entry;
 }
 
 void kvq_restart_detached(struct kvq_restart_pool *kept, int entry)
 {
-	if (kept->books && entry >= 0 && !kept->detached)
+	uint64_t start = 0, who;
+	pid_t pid;
+
+	if (!kept->books || entry < 0)
+		return;
+	/* a stop keeps the entry (the next start holds for it), not the count */
+	pid = kvq_books_client_pid(kept->books, (uint32_t)entry, &start, &who);
+	if (pid > 0)
+		kvq_procs_put(procs_of(kept->rs), pid, start, false);
+	if (!kept->detached)
 		kvq_books_client_gone(kept->books, entry);
 }
 
@@ -761,6 +803,7 @@ static void holds_end(struct kvq_restart_pool *kept, const struct kvq_restart_pa
 	holds_release(h, pt, (int32_t)k);
 	if (kept->books && !kept->detached)
 		kvq_books_client_gone(kept->books, (int)h->entries[k]);
+	kvq_procs_put(procs_of(kept->rs), h->pids[k], h->starts[k], true);
 }
 
 /* The holds of the last connection gone released too; whether any is
@@ -788,6 +831,28 @@ int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_rest
 		if (!h->gone[k] && kvq_books_start_time(h->pids[k]) != h->starts[k])
 			holds_end(kept, pt, k);
 	return holds_over(kept, pt);
+}
+
+int kvq_restart_holds_exited(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid,
+			     uint64_t start)
+{
+	struct kvq_restart_holds *h = kept->holds;
+	bool ended = false;
+
+	if (!h)
+		return 0;
+	for (uint32_t k = 0; k < h->n_pids; k++)
+		if (!h->gone[k] && h->pids[k] == pid && h->starts[k] == start) {
+			holds_end(kept, pt, k);
+			ended = true;
+		}
+	return ended ? holds_over(kept, pt) : 1;
+}
+
+void kvq_restart_stopping(struct kvq_restart *rs)
+{
+	rs->stopping = true;
+	kvq_procs_stop(procs_of(rs));
 }
 
 uint64_t kvq_restart_replaced(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid,

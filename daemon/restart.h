@@ -24,9 +24,11 @@
  * Workers that outlive the daemon: slots a client held at the restart
  * (open slots, private blocks, references on cached blocks) stay held, by
  * the restored pool itself, while the process the books name as their
- * holder (pid and start time) is alive, and are released when it exits
- * (kvq_restart_holds_check); slots the books name no single holder of are
- * held until every process alive at the start has exited.
+ * holder (pid and start time) is alive, and are released when it exits:
+ * at once when the store kept its pidfd (kvq.pidfd.PID.START,
+ * daemon/procs.h; kvq_restart_holds_exited), else at the next second's
+ * look (kvq_restart_holds_check); slots the books name no single holder
+ * of are held until every process alive at the start has exited.
  *
  * Not thread-safe: the event loop's.
  */
@@ -39,23 +41,11 @@
 #include <sys/types.h>
 
 #include "books.h"
+#include "keep.h"
 #include "layout.h"
 #include "pool.h"
 #include "prefix.h"
 #include "tier.h"
-
-/* The service manager's side, as kvqd sees it (daemon/main.c gives one
- * over daemon/sd.h; tests none). */
-struct kvq_keep {
-	void *arg;
-	/* the descriptor passed at start under name, taken (-1: none) */
-	int (*take)(void *arg, const char *name);
-	/* the i-th name passed at start, NULL past the last */
-	const char *(*name_at)(void *arg, size_t i);
-	/* keep fd (a copy) under name for the next start; forget name */
-	int (*store)(void *arg, const char *name, int fd);
-	int (*remove)(void *arg, const char *name);
-};
 
 /* Slots a restored pool holds for connections whose processes may still
  * use them: each slot for the connection the books say holds it (its index
@@ -177,17 +167,27 @@ void kvq_restart_release(struct kvq_restart_pool *kept, const struct kvq_restart
  * sealed.  The caller sets the daemon's stopping. */
 void kvq_restart_stop(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
 
-/* A connection of process pid attached as holder: its books entry (for
- * kvq_restart_detached; -1 when none is recorded).  What a restored pool
+/* A connection of process pid (pidfd: the connection's, borrowed, or -1)
+ * attached as holder: its books entry (for kvq_restart_detached; -1 when
+ * none is recorded); the process's pidfd is stored at its first entry.  What a restored pool
  * holds for a connection from before the restart stays held until its
  * process exits, or a new connection of that process replaces it
  * (kvq_restart_replaced): its old sequences may still write until then. */
-int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid, uint64_t holder);
+int kvq_restart_attached(struct kvq_restart_pool *kept, pid_t pid, int pidfd, uint64_t holder);
 void kvq_restart_detached(struct kvq_restart_pool *kept, int entry);
 
 /* Releases the pool's holds of processes that exited (all, once the last
  * did).  Returns whether it still holds. */
 int kvq_restart_holds_check(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt);
+
+/* Process (pid, start) exited (its pidfd said so): what the pool held
+ * for its connections released, as kvq_restart_holds_check would.
+ * Returns whether the pool still holds. */
+int kvq_restart_holds_exited(struct kvq_restart_pool *kept, const struct kvq_restart_parts *pt, pid_t pid,
+			     uint64_t start);
+
+/* The stop begins: nothing leaves the store from now on. */
+void kvq_restart_stopping(struct kvq_restart *rs);
 
 /* A connection of process pid (its peer credentials') replaces the one
  * from before the restart that was holder (Attach.replaces): what was

@@ -2,10 +2,12 @@
 #include <config.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "sd.h"
@@ -56,6 +58,21 @@ static bool fdname_valid(const char *name)
 		if (*p < ' ' || *p > '~' || *p == ':')
 			return false;
 	return true;
+}
+
+bool kvq_sd_fdname_valid(const char *name)
+{
+	return fdname_valid(name);
+}
+
+int kvq_sd_fdstore_msg(char *buf, size_t len, bool remove, const char *name)
+{
+	int n;
+
+	if (!fdname_valid(name))
+		return -EINVAL;
+	n = snprintf(buf, len, "%s=1\nFDNAME=%s", remove ? "FDSTOREREMOVE" : "FDSTORE", name);
+	return n >= 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
 }
 
 /* what=1 for the descriptors fd (n_fd of them) under name */
@@ -140,6 +157,59 @@ static int fdstore_notify(const char *msg, const int *fd, unsigned n_fd)
 	return r > 0 ? 0 : -ENOTCONN;
 }
 
+int kvq_sd_notify_open(void)
+{
+	const char *e = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t len = e ? strlen(e) : 0;
+	int fd, r;
+
+	if (!len)
+		return -ENOTCONN;
+	/* a path, or '@' for an abstract name; systemd's vsock addresses are
+	 * for machines, not services */
+	if ((e[0] != '/' && e[0] != '@') || len >= sizeof(sa.sun_path))
+		return -EAFNOSUPPORT;
+	memcpy(sa.sun_path, e, len);
+	if (e[0] == '@')
+		sa.sun_path[0] = '\0';
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+int kvq_sd_notify_send(int sock, const char *msg, const int *fd, unsigned n_fd)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int) * KVQ_SD_MSG_FDS)];
+	} ctl;
+	struct iovec iov = { (void *)msg, strlen(msg) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (n_fd > KVQ_SD_MSG_FDS)
+		return -E2BIG;
+	if (n_fd) {
+		memset(&ctl, 0, sizeof(ctl));
+		mh.msg_control = &ctl;
+		mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_fd);
+		ctl.h.cmsg_level = SOL_SOCKET;
+		ctl.h.cmsg_type = SCM_RIGHTS;
+		ctl.h.cmsg_len = CMSG_LEN(sizeof(int) * n_fd);
+		memcpy(CMSG_DATA(&ctl.h), fd, sizeof(int) * n_fd);
+	}
+	/* the kernel adds the credentials the manager asks for (SO_PASSCRED) */
+	if (sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	return 0;
+}
+
 void kvq_sd_ready(const char *status)
 {
 	sd_notifyf(0, "READY=1\nSTATUS=%s", status);
@@ -191,6 +261,16 @@ bool kvq_sd_fdstore_available(void)
 }
 
 static int fdstore_notify(const char *msg, const int *fd, unsigned n_fd)
+{
+	return -ENOTCONN;
+}
+
+int kvq_sd_notify_open(void)
+{
+	return -ENOTCONN;
+}
+
+int kvq_sd_notify_send(int sock, const char *msg, const int *fd, unsigned n_fd)
 {
 	return -ENOTCONN;
 }

@@ -64,6 +64,31 @@ int kvq_sd_fdstore_add(const char *name, int fd);
  * kvq_sd_fdstore_add(). */
 int kvq_sd_fdstore_remove(const char *name);
 
+/* Whether name may name stored descriptors: 1 to 255 printable ASCII
+ * characters without ':' (systemd's fdname_is_valid, less the empty
+ * name). */
+bool kvq_sd_fdname_valid(const char *name);
+
+/* The most descriptors one notify message carries (SCM_MAX_FD is more). */
+#define KVQ_SD_MSG_FDS 4u
+
+/* The fd store's message for name into buf: FDSTORE=1 (remove false: the
+ * descriptors go with it) or FDSTOREREMOVE=1.  Returns 0, -EINVAL for a
+ * bad name or -ENAMETOOLONG when buf is short. */
+int kvq_sd_fdstore_msg(char *buf, size_t len, bool remove, const char *name);
+
+/* A socket of the daemon's own to the service manager (NOTIFY_SOCKET),
+ * connected, non-blocking and close-on-exec, for messages that must never
+ * wait on the manager (daemon/fdq.h).  Returns it, -ENOTCONN when no
+ * manager listens (or this build has no libsystemd), -EAFNOSUPPORT for
+ * an address that is not a Unix socket's, or a socket error. */
+int kvq_sd_notify_open(void);
+
+/* Sends msg with n_fd descriptors (copies; at most KVQ_SD_MSG_FDS) on
+ * sock without waiting.  Returns 0, -EAGAIN when the manager's queue is
+ * full, or a send error (-ECONNREFUSED: the manager's socket went). */
+int kvq_sd_notify_send(int sock, const char *msg, const int *fd, unsigned n_fd);
+
 /* READY=1 with a STATUS= line. */
 void kvq_sd_ready(const char *status);
 

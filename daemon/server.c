@@ -27,6 +27,7 @@
 #include "frame_io.h"
 #include "log.h"
 #include "peer.h"
+#include "procs.h"
 #include "request.h"
 #include "server.h"
 #include "seterr.h"
@@ -55,6 +56,8 @@ struct kvq_server {
 	bool paused;
 	uint64_t counters[KVQ_SERVER_N_COUNTERS];
 	struct event *holds;                                       /* while restored holds last */
+	struct kvq_keep keep;                                      /* the manager's, with procs */
+	kvq_procs *procs;                                          /* NULL without a manager */
 };
 
 static void conn_on_frame(kvq_peer *peer, const uint8_t *payload, size_t len, int fd, void *arg);
@@ -632,6 +635,17 @@ static void srv_on_holds(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* A process a restored pool held for exited: its holds go now. */
+static void srv_on_proc_exit(void *arg, pid_t pid, uint64_t start)
+{
+	kvq_server *s = arg;
+
+	if (kvq_pools_holds_exited(&s->st.pools, pid, start) == 0 && s->holds) {
+		event_free(s->holds);
+		s->holds = NULL;
+	}
+}
+
 int kvq_server_new(struct event_base *base, const struct kvq_config *config, const char *backend, int device,
 		   const struct kvq_keep *keep, kvq_server **ret, char *err, size_t errlen)
 {
@@ -650,7 +664,15 @@ int kvq_server_new(struct event_base *base, const struct kvq_config *config, con
 		kvq_server_free(s);
 		return -ENOMEM;
 	}
-	r = kvq_state_init(&s->st, config, backend, device, keep, err, errlen);
+	if (keep) {
+		s->keep = *keep;
+		if (kvq_procs_new(base, &s->keep, srv_on_proc_exit, s, &s->procs) < 0) {
+			kvq_server_free(s);
+			return -ENOMEM;
+		}
+		s->keep.procs = s->procs;
+	}
+	r = kvq_state_init(&s->st, config, backend, device, keep ? &s->keep : NULL, err, errlen);
 	if (r == 0)
 		r = server_copier(s, err, errlen);
 	if (r == 0)
@@ -763,6 +785,7 @@ void kvq_server_free(kvq_server *s)
 		unlink(s->path);
 	if (s->st.cfg)
 		kvq_state_fini(&s->st);
+	kvq_procs_free(s->procs);
 	free(s->latency);
 	free(s->errors);
 	free(s);

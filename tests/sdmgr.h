@@ -15,7 +15,9 @@
  *    process, a descriptor already in the store (the same open file) is
  *    not stored twice, a stored descriptor that reports POLLHUP or POLLERR
  *    (a socket whose peer closed, the pidfd of a reaped process) is
- *    dropped unless it came with FDPOLL=0, and the store is bounded.
+ *    dropped unless it came with FDPOLL=0, and the store is bounded;
+ *  - a manager that reads late (sdmgr_stall: its queue full), and reads
+ *    again (sdmgr_pump_until) while the daemon sends what waited.
  * Every wait is a poll with a timeout; failures are returned as negative
  * errno, never aborted on.  Not for threaded tests: the child of fork()
  * calls setenv().
@@ -614,6 +616,97 @@ static int sdmgr_count_fds(const char *dir)
 	if (d)
 		closedir(d);
 	return n;
+}
+
+/* A process's start time (field 22 of /proc/PID/stat), 0 when gone: with
+ * the pid, the name kvqd stores its pidfd under (sdmgr_pidfd_name). */
+__attribute__((unused))
+static unsigned long long sdmgr_start_time(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long start = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	p = fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+	fclose(f);
+	/* past the command: fields 3.. ; the start time is the 20th of them */
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+			 &start) != 1)
+		return 0;
+	return start;
+}
+
+/* The name of process pid's stored pidfd (daemon/procs.h) into buf. */
+__attribute__((unused))
+static void sdmgr_pidfd_name(char *buf, size_t len, pid_t pid)
+{
+	snprintf(buf, len, "kvq.pidfd.%d.%llu", (int)pid, sdmgr_start_time(pid));
+}
+
+/* The number stored under names that begin with prefix. */
+__attribute__((unused))
+static size_t sdmgr_count_prefix(const struct sdmgr *m, const char *prefix)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < m->n; i++)
+		k += !strncmp(m->store[i].name, prefix, strlen(prefix));
+	return k;
+}
+
+/* Pumps (the daemon sends what waited once there is room) until done(m,
+ * arg) holds or timeout_ms passed.  Returns 0, -ETIMEDOUT, or a negative
+ * errno. */
+__attribute__((unused))
+static int sdmgr_pump_until(struct sdmgr *m, int timeout_ms, bool (*done)(const struct sdmgr *, const void *),
+			    const void *arg)
+{
+	long deadline = sdmgr_now_ms() + timeout_ms;
+
+	for (;;) {
+		struct pollfd p = { .fd = m->notify_fd, .events = POLLIN };
+		int r = sdmgr_pump(m);
+
+		if (r < 0)
+			return r;
+		if (done(m, arg))
+			return 0;
+		if (sdmgr_now_ms() >= deadline)
+			return -ETIMEDOUT;
+		if (poll(&p, 1, 20) < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+/* A manager that reads late: fills the notify socket's receive queue with
+ * datagrams of the test's own (the next pump reads and drops them: they
+ * are not the main process's), so that the daemon's next message finds no
+ * room.  Returns how many were queued, or a negative errno. */
+__attribute__((unused))
+static int sdmgr_stall(struct sdmgr *m)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), n = 0, r = 0;
+
+	if (fd < 0)
+		return -errno;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", m->notify_path);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		r = -errno;
+	while (r == 0 && n < 1000000) {
+		if (send(fd, "STATUS=stalled", 14, MSG_DONTWAIT) < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				r = -errno;
+			break;
+		}
+		n++;
+	}
+	close(fd);
+	return r < 0 ? r : n;
 }
 
 /* How many lines of the log at path contain what. */

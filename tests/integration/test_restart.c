@@ -234,12 +234,14 @@ static long check_prompts(const char *pool, uint32_t from, uint32_t to, bool wan
 	return hits;
 }
 
+/* The pools' stored descriptors (clients' pidfds not counted:
+ * test_restart_pidfd) */
 static size_t stored_kvq(void)
 {
 	size_t n = 0;
 
 	for (size_t i = 0; i < m.n; i++)
-		n += !strncmp(m.store[i].name, "kvq.", 4);
+		n += !strncmp(m.store[i].name, "kvq.", 4) && strncmp(m.store[i].name, "kvq.pidfd.", 10);
 	return n;
 }
 
