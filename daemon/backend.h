@@ -55,6 +55,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "blockref.h"
+
+struct kvq_layout;
+
 /* Room for a backend's reason or error message; longer ones are cut. */
 #define KVQ_BACKEND_MSG_MAX 256
 
@@ -169,6 +173,12 @@ int kvq_backend_mem_write(struct kvq_backend_mem *mem, uint64_t off, const void 
 /* Destroys mem through its backend and leaves it empty (fd -1, backend NULL);
  * accepts NULL and an empty mem. */
 void kvq_backend_mem_destroy(struct kvq_backend_mem *mem);
+
+/* The runs of block r's slices (L's layers) between the pool and a packed
+ * record at rec laid out as kernels/blockrec.h says (kvq_blockrec_slice_at):
+ * one per layer, into runs[L->layers].  What a channel copies. */
+void kvq_backend_block_runs(const struct kvq_layout *L, struct kvq_block_ref r, uint8_t *rec,
+			    struct kvq_backend_run *runs);
 
 /* size rounded up to a multiple of granularity (a power of two or not);
  * -EOVERFLOW when that exceeds UINT64_MAX, -EINVAL for granularity 0. */
