@@ -11,8 +11,8 @@
  *   kvq-bench batch [--socket PATH] [--format LIST]
  *   kvq-bench tier [--blocks N] [--format LIST] [--json]
  *   kvq-bench restart [--backend host|cuda] [--pool-gib G] [--blocks N] [--tier-gib T] [--demote N] [--json]
- *   kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--layers L] [--kv-heads H] [--head-dim D]
- *                    [--block-tokens B] [--policy NAME] [--model PATH] [--json]
+ *   kvq-bench remote [--backend host|cuda] [--blocks N] [--samples M] [--prompts P] [--layers L]
+ *                    [--kv-heads H] [--head-dim D] [--block-tokens B] [--policy NAME] [--model PATH] [--json]
  *
  * This file: the command table and the usage text of every command.
  * formats: bench/formats.c (with workload.c, memory.c, team.c, report.c);
@@ -55,14 +55,15 @@ void usage(FILE *f)
 		"            stopped (SIGTERM) and killed (kill -9), each start timed to READY and to its first\n"
 		"            hit (kvq-bench restart [--backend host|cuda] [--pool-gib G] [--blocks N] [--tier-gib T]\n"
 		"            [--demote N] [--layers L] [--kv-heads H] [--head-dim D] [--json])\n"
-		"  remote    the remote tier of host pools: a Redis Cluster (3 masters, 3 replicas) started on\n"
+		"  remote    the remote tier of host or cuda pools: a Redis Cluster (3 masters, 3 replicas) started on\n"
 		"            loopback and two kvqd nodes; node B's fetch of N blocks node A wrote through against\n"
 		"            a pipelined hiredis GET loop of the same values, write-through latency (M samples),\n"
 		"            a prompt's remote hit against its cold run, bytes per token against f16; kvq-run on\n"
 		"            a real model (--model PATH, else $KVQ_MODEL or tools/fetch-model.sh's copy; skipped\n"
 		"            without one): its prefill from the remote against recomputing the prefix (kvq-bench\n"
-		"            remote [--blocks N] [--samples M] [--prompts P] [--layers L] [--kv-heads H]\n"
-		"            [--head-dim D] [--block-tokens B] [--policy NAME] [--model PATH] [--json])\n"
+		"            remote [--backend host|cuda] [--blocks N] [--samples M] [--prompts P] [--layers L]\n"
+		"            [--kv-heads H] [--head-dim D] [--block-tokens B] [--policy NAME] [--model PATH]\n"
+		"            [--json])\n"
 		"options of formats:\n"
 		"  --json          print the results as one JSON object on the last line of stdout\n"
 		"  --quick         small working set and few runs (a smoke test, not a measurement)\n"

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvq-bench remote: the remote tier of host pools (docs/DESIGN.md, "The
- * remote tier") on loopback against a real Redis Cluster of three masters
+ * kvq-bench remote: the remote tier of host or cuda pools (--backend;
+ * docs/DESIGN.md, "The remote tier") on loopback against a real Redis Cluster of three masters
  * and three replicas (tests/redis_cluster.h), two kvqd nodes with the same
  * [remote] and namespace (tests/daemon.h).  One run prints:
  *
@@ -34,8 +34,8 @@
  *      saying why, when the model, kvq-run or the prompt's text is not
  *      there).
  *
- *   kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--workers W]
- *                    [--layers L] [--kv-heads H] [--head-dim D]
+ *   kvq-bench remote [--backend host|cuda] [--blocks N] [--samples M]
+ *                    [--prompts P] [--workers W] [--layers L] [--kv-heads H] [--head-dim D]
  *                    [--block-tokens B] [--policy NAME] [--model PATH] [--json]
  */
 #include "config.h"
@@ -77,6 +77,7 @@ struct opt {
 	uint32_t blocks, samples, prompts, workers, layers, kv_heads, head_dim, block_tokens;
 	const char *policy;
 	const char *model;   /* (d): the model's file, NULL: found as remote_model.h says */
+	const char *backend;   /* the nodes' pools: "host" or "cuda" */
 	int json;
 };
 
@@ -150,7 +151,7 @@ static bool node_up(struct node *n, const struct opt *o, bool cold)
 		 "password_file = %s/password\nhmac_key_file = %s/hmac\nrequest_timeout_ms = 5000\n"
 		 "connect_timeout_ms = 1000\n%s",
 		 2 * cap + cold_cap + (256ull << 20), ports[0], ports[1], secrets, secrets, pools);
-	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock,
+	n->pid = test_daemon_start_conf(o->backend, n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock,
 					n->bin, sizeof n->bin);
 	if (n->pid <= 0)
 		diag("%s: kvqd did not start", n->tag);
@@ -424,7 +425,8 @@ static void remote_conf(char *buf, size_t len)
 		 "connect_timeout_ms = 1000\n", ports[0], ports[1], secrets, secrets);
 }
 
-/* --name VALUE for each count, --policy NAME, --json; 0, or -1 (usage). */
+/* --name VALUE for each count, --policy NAME, --backend host|cuda,
+ * --model PATH, --json; 0, or -1 (usage). */
 static int parse(int argc, char **argv, struct opt *o)
 {
 	static const char *const names[] = { "--blocks", "--samples", "--prompts", "--workers", "--layers",
@@ -449,6 +451,12 @@ static int parse(int argc, char **argv, struct opt *o)
 			o->model = argv[++i];
 			continue;
 		}
+		if (!strcmp(argv[i], "--backend")) {
+			o->backend = argv[++i];
+			if (strcmp(o->backend, "host") && strcmp(o->backend, "cuda"))
+				return -1;
+			continue;
+		}
 		while (j < sizeof names / sizeof names[0] && strcmp(argv[i], names[j]))
 			j++;
 		if (j == sizeof names / sizeof names[0])
@@ -468,7 +476,7 @@ static double pct(double *v, uint32_t n, double p)
 int cmd_remote(int argc, char **argv)
 {
 	struct opt o = { .blocks = 1024, .samples = 200, .prompts = 4, .workers = 4, .layers = 4, .kv_heads = 8, .head_dim = 128,
-		.block_tokens = 16, .policy = "int8" };
+		.block_tokens = 16, .policy = "int8", .backend = "host" };
 	redisContext *cs[3] = { 0 };
 	struct rkey *keys = NULL;
 	kvq_client *a = NULL, *b = NULL, *bcold = NULL;
@@ -482,8 +490,9 @@ int cmd_remote(int argc, char **argv)
 	char rconf[1024];
 
 	if (parse(argc, argv, &o) < 0) {
-		fprintf(stderr, "usage: kvq-bench remote [--blocks N] [--samples M] [--prompts P] [--workers W (1-64)] "
-				"[--layers L] [--kv-heads H] [--head-dim D] [--block-tokens B] [--policy NAME] [--model PATH] [--json]\n");
+		fprintf(stderr, "usage: kvq-bench remote [--backend host|cuda] [--blocks N] [--samples M] [--prompts P] "
+				"[--workers W (1-64)] [--layers L] [--kv-heads H] [--head-dim D] [--block-tokens B] "
+				"[--policy NAME] [--model PATH] [--json]\n");
 		return 2;
 	}
 	o.blocks -= o.blocks % CHAIN;
@@ -617,8 +626,8 @@ int cmd_remote(int argc, char **argv)
 		double cmed = median(cold, o.prompts), wmed = median(warm, o.prompts);
 
 		if (o.json) {
-			printf("{\"geometry\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"block_tokens\": %u, "
-			       "\"policy\": \"%s\"}, \"fetch\": {\"blocks\": %llu, \"s\": %.4f, \"blocks_per_s\": %.1f, "
+			printf("{\"backend\": \"%s\", \"geometry\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, "
+			       "\"block_tokens\": %u, \"policy\": \"%s\"}, \"fetch\": {\"blocks\": %llu, \"s\": %.4f, \"blocks_per_s\": %.1f, "
 			       "\"mb_per_s\": %.1f, \"value_bytes\": %.0f, \"whole_hits\": %s}, \"hiredis\": {\"gets\": %u, "
 			       "\"s\": [%.4f, %.4f], \"blocks_per_s\": %.1f, \"mb_per_s\": %.1f}, \"ratio\": %.3f, "
 			       "\"workers\": {\"n\": %u, \"blocks\": %llu, \"s\": %.4f, \"blocks_per_s\": %.1f, "
@@ -631,8 +640,9 @@ int cmd_remote(int argc, char **argv)
 			       "\"prompt\": {\"tokens\": %u, \"cold_ms\": %.2f, \"remote_hit_ms\": %.2f, \"saved_ms\": %.2f, "
 			       "\"fetched\": %llu, \"bytes_in\": %llu}, \"bytes_per_token\": {\"remote\": %.1f, "
 			       "\"f16\": %.1f}",
-			       o.layers, o.kv_heads, o.head_dim, o.block_tokens, o.policy, (unsigned long long)fetched,
-			       fetch_s, kv_bps, (double)bytes_in / fetch_s / 1e6, value, hits_whole ? "true" : "false",
+			       o.backend, o.layers, o.kv_heads, o.head_dim, o.block_tokens, o.policy,
+			       (unsigned long long)fetched, fetch_s, kv_bps, (double)bytes_in / fetch_s / 1e6, value,
+			       hits_whole ? "true" : "false",
 			       nkeys, hs[0], hs[1], h_bps, (double)hbytes[0] / hbest / 1e6, kv_bps / h_bps, o.workers,
 			       (unsigned long long)wfetched, wfetch_s, w_bps, (double)wbytes / wfetch_s / 1e6,
 			       CHAIN * o.workers, hw[0], hw[1], hw_bps, w_bps / hw_bps, cpu_k.kvqd, cpu_k.cluster,
@@ -641,8 +651,8 @@ int cmd_remote(int argc, char **argv)
 			       lmed, l99, lmax, ptok + 1, cmed, wmed, cmed - wmed, (unsigned long long)cf,
 			       (unsigned long long)cb, value / o.block_tokens, f16 / o.block_tokens);
 		} else {
-			printf("remote: host pools, %u layers x %u KV heads x D %u, B %u, %s; a cluster of 3 masters + 3 "
-			       "replicas on loopback\n", o.layers, o.kv_heads, o.head_dim, o.block_tokens, o.policy);
+			printf("remote: %s pools, %u layers x %u KV heads x D %u, B %u, %s; a cluster of 3 masters + 3 "
+			       "replicas on loopback\n", o.backend, o.layers, o.kv_heads, o.head_dim, o.block_tokens, o.policy);
 			printf("(a) fetch, node B's lookups (%u chains of %u): %llu blocks in %.3f s: %.0f blocks/s, "
 			       "%.1f MB/s (values of %.0f B)%s\n", published / CHAIN, CHAIN, (unsigned long long)fetched,
 			       fetch_s, kv_bps, (double)bytes_in / fetch_s / 1e6, value,

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "blockrec.h"
+#include "layout.h"
 #include "seterr.h"
 
 const struct kvq_backend *kvq_backend_by_name(const char *name)
@@ -124,4 +126,12 @@ void kvq_backend_mem_destroy(struct kvq_backend_mem *mem)
 	mem->backend->destroy(mem);
 	memset(mem, 0, sizeof *mem);
 	mem->fd = -1;
+}
+
+void kvq_backend_block_runs(const struct kvq_layout *L, struct kvq_block_ref r, uint8_t *rec,
+			    struct kvq_backend_run *runs)
+{
+	for (uint32_t l = 0; l < L->layers; l++)
+		runs[l] = (struct kvq_backend_run){ .pool_off = kvq_layout_slice_off(L, r, l),
+			.host = rec + kvq_blockrec_slice_at(L, r.cls, l), .len = kvq_layout_slice_bytes(L, r.cls, l) };
 }

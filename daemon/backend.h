@@ -5,8 +5,8 @@
  * A backend creates one memory object per pool and hands out a file
  * descriptor for it; the daemon sends that descriptor to each worker with the
  * attach reply (SCM_RIGHTS) and touches KV bytes only for a pool's host
- * tier (daemon/tiering.h: whole blocks, copied through the mapping): it
- * writes otherwise only a pool's codebooks (kernels/codebook.h), once, at its creation
+ * tier and remote tier (daemon/tiering.h, daemon/rtier.h: whole blocks,
+ * copied through the mapping or a channel): it writes otherwise only a pool's codebooks (kernels/codebook.h), once, at its creation
  * (write).  Both backends serve the same layout (kernels/layout.h): only the
  * memory differs.
  *
@@ -42,9 +42,10 @@
  * process.  Figures: bench/RESULTS.md, "CUDA backend in the daemon".  The
  * one exception is a pool with codebooks: write retains the device's primary
  * context for the copy (a temporary mapping of the pool, cuMemcpyHtoD) and
- * releases it at once; and a cuda pool with a host tier, whose channel
- * (chan_open) holds that context, the pool mapped and the tier pinned for
- * the tier's life.
+ * releases it at once; and a cuda pool with a host tier or a remote tier,
+ * whose channel (chan_open) holds that context, the pool mapped and the
+ * tier (or the remote tier's staging, daemon/rstage.h) pinned for the
+ * tier's life.
  *
  * Functions return 0 or a negative errno-style code; messages go into a
  * caller's buffer (library code never prints).
@@ -54,6 +55,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "blockref.h"
+
+struct kvq_layout;
 
 /* Room for a backend's reason or error message; longer ones are cut. */
 #define KVQ_BACKEND_MSG_MAX 256
@@ -120,8 +125,8 @@ struct kvq_backend {
 	int (*write)(struct kvq_backend_mem *mem, uint64_t off, const void *src, size_t len, char *err,
 		     size_t errlen);
 
-	/* The host tier's copies of a pool the daemon does not map (NULL: a
-	 * backend whose mem->map serves them).  chan_open, on the loop: what
+	/* The host tier's and the remote tier's copies of a pool the daemon
+	 * does not map (NULL: a backend whose mem->map serves them).  chan_open, on the loop: what
 	 * copies between mem and the host memory host[host_len] need (cuda:
 	 * the device's primary context retained, the pool mapped in the
 	 * daemon, host pinned with cuMemHostRegister, a stream); 0 and *ret,
@@ -169,6 +174,13 @@ int kvq_backend_mem_write(struct kvq_backend_mem *mem, uint64_t off, const void 
 /* Destroys mem through its backend and leaves it empty (fd -1, backend NULL);
  * accepts NULL and an empty mem. */
 void kvq_backend_mem_destroy(struct kvq_backend_mem *mem);
+
+/* The runs of block r's slices (L's layers) between the pool and a packed
+ * record at rec laid out as kernels/blockrec.h says (kvq_blockrec_slice_at):
+ * one per layer, into runs[L->layers].  What a channel copies for the host
+ * tier and the remote tier. */
+void kvq_backend_block_runs(const struct kvq_layout *L, struct kvq_block_ref r, uint8_t *rec,
+			    struct kvq_backend_run *runs);
 
 /* size rounded up to a multiple of granularity (a power of two or not);
  * -EOVERFLOW when that exceeds UINT64_MAX, -EINVAL for granularity 0. */

@@ -462,6 +462,7 @@ static void remote_tier(const struct kvq_pools *ps, const struct kvq_config *cfg
 	const struct kvq_rtier_pool rp = { .name = p->name, .model = p->model, .policy = &p->policy, .L = p->L,
 		.prefix = p->prefix, .pool = p->pool, .copier = &ps->copier,
 		.map = p->backend == &kvq_backend_host ? p->mem.map : NULL,
+		.mem = &p->mem,
 		.codebooks_sha256 = p->has_codebooks ? p->codebooks_sha256 : NULL,
 		.tier = p->tiering ? kvq_tiering_tier(p->tiering) : NULL };
 	char why[256] = "";

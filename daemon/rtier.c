@@ -70,6 +70,7 @@ struct kvq_rtier {
 	bool attached;                      /* false once detached */
 	kvq_remote_codec *codec;
 	kvq_remote_codec *vcodec;           /* the copy thread's: it verifies fetched values */
+	struct kvq_rstage *stage;           /* a pool kvqd does not map: its copies; else NULL */
 	struct kvq_chainkey ck;
 	uint8_t identity[KVQ_REMOTE_DIGEST_LEN];
 	int write;                          /* enum kvq_remote_write */
@@ -249,8 +250,8 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 	if (!rm)
 		return kvq_seterr(err, errlen, "pool %s: remote %s is not running (a reload added it?)", p->name,
 				  cp->remote), -ENOENT;
-	if (!p->map)
-		return kvq_seterr(err, errlen, "pool %s: the remote tier takes host pools only", p->name), -EOPNOTSUPP;
+	if (!p->map && !p->mem)
+		return kvq_seterr(err, errlen, "pool %s: its memory cannot be copied by kvqd", p->name), -EOPNOTSUPP;
 	t = calloc(1, sizeof *t);
 	if (!t)
 		return -ENOMEM;
@@ -282,6 +283,16 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 		kvq_seterr(err, errlen, "pool %s: the remote's codec: %s", p->name, strerror(-r));
 	if (r == 0 && (r = kvq_chainkey_init(&t->ck, p->L->block_tokens, cp->remote_namespace, p->model)) < 0)
 		kvq_seterr(err, errlen, "pool %s: remote keys: %s", p->name, strerror(-r));
+	if (r == 0 && !p->map) {
+		char why[KVQ_BACKEND_MSG_MAX] = "";
+
+		r = kvq_rstage_open(p->mem, p->L, &t->stage, why, sizeof why);
+		if (r < 0) {
+			kvq_seterr(err, errlen, "pool %s: remote tier not started: its %s memory's copy channel: %s",
+				   p->name, p->mem->backend->name, why);
+			r = -EOPNOTSUPP;
+		}
+	}
 	if (r == 0 && t->write == KVQ_REMOTE_WRITE_BACK && p->tier) {
 		/* room for every record of the tier and every block of the pool */
 		uint64_t want = ((uint64_t)kvq_tier_slots(p->tier) + t->nb) * 2;
@@ -322,6 +333,8 @@ static void rtier_detach(struct kvq_rtier *t)
 	/* the copy thread writes no slot of the pool after this */
 	if (t->jobs)
 		kvq_copier_drain(*t->p.copier);
+	kvq_rstage_close(t->stage);
+	t->stage = NULL;
 	t->attached = false;
 	for (uint32_t i = 0; t->q && i < t->qlen; i++)
 		free(t->q[(t->qhead + i) % t->qcap].val);
@@ -417,9 +430,10 @@ static void write_cb(void *ctx, int status, struct redisReply *reply)
 }
 
 /* w's value into a new buffer (*ret, *ret_len; free it): its block packed
- * from the pool, or its record copied from the host tier's (rec, NULL:
- * none), summed (it leaves the process, kernels/blockrec.h); the header
- * and the HMAC.  0, or a negative code (logged). */
+ * from the pool (a pool kvqd does not map: its slices DMA'd into the
+ * staging), or its record copied from the host tier's (rec, NULL: none),
+ * summed (it leaves the process, kernels/blockrec.h); the header and the
+ * HMAC.  0, or a negative code (logged). */
 static int value_make(struct kvq_rtier *t, const struct rtier_write *w, const void *rec, uint32_t cls,
 		      uint8_t **ret, size_t *ret_len)
 {
@@ -435,12 +449,25 @@ static int value_make(struct kvq_rtier *t, const struct rtier_write *w, const vo
 
 	if (!buf)
 		return -ENOMEM;
+	if (!rec && t->stage) {
+		const uint8_t *staged;
+
+		r = kvq_rstage_pull(t->stage, ref, &staged, why, sizeof why);
+		if (r < 0) {
+			kvq_log(LOG_ERR, "pool %s: block %u not written to remote %s: %s", t->p.name, w->id,
+				t->rm->name, why);
+			free(buf);
+			return r;
+		}
+		rec = staged;
+	}
 	memcpy(h.identity, t->identity, sizeof h.identity);
 	memcpy(h.chain, w->chain, sizeof h.chain);
 	if (w->has_parent)
 		memcpy(h.parent, w->parent, sizeof h.parent);
 	if (rec) {
-		/* the tier's record is unsummed: sealed again, summed */
+		/* the tier's record is unsummed, the staged one has no header:
+		 * sealed, summed */
 		memcpy(kvq_remote_value_payload(buf), rec, rlen);
 		r = kvq_blockrec_seal(L, ref.cls, w->lkey, lparent, NULL, 1, kvq_remote_value_payload(buf), rlen);
 	} else {
@@ -726,6 +753,24 @@ static void fetch_settle(struct kvq_rtier_fetch *f)
 		f->done(f->arg);
 }
 
+/* On the copy thread, a pool kvqd does not map: record rec[len] checked
+ * whole (layout, checksum, class of slot), then its slices DMA'd into the
+ * slot; nothing reaches the pool before the checks pass.  0, or a negative
+ * code with why set. */
+static int fetch_push(struct kvq_rtier *t, uint32_t slot, const void *rec, size_t len, char *why, size_t whylen)
+{
+	struct kvq_block_ref ref = kvq_layout_block_ref(t->p.L, slot);
+	struct kvq_blockrec_info info;
+	int r = kvq_blockrec_check(t->p.L, rec, len, &info, why, whylen);
+
+	if (r == 0 && info.cls != ref.cls) {
+		kvq_seterr(why, whylen, "a %s record for a %s slot", kvq_block_class_name(info.cls),
+			   kvq_block_class_name(ref.cls));
+		r = -EINVAL;
+	}
+	return r < 0 ? r : kvq_rstage_push(t->stage, ref, rec, why, whylen);
+}
+
 /* On the copy thread: q's value verified, its record unpacked into its
  * get's slot.  0, or -1 with q->err set. */
 static int fetch_run(struct kvq_copy_job *j)
@@ -747,8 +792,9 @@ static int fetch_run(struct kvq_copy_job *j)
 		q->err = k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY;
 		return -1;
 	}
-	r = kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, q->slot), payload, plen, NULL, why,
-				sizeof why);
+	r = t->stage ? fetch_push(t, q->slot, payload, plen, why, sizeof why)
+		     : kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, q->slot), payload, plen,
+					   NULL, why, sizeof why);
 	if (r < 0) {
 		q->err = KVQ_RTIER_E_RECORD;
 		return -1;

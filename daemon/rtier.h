@@ -4,9 +4,14 @@
  * blocks written to and fetched from a Redis Cluster (daemon/rcluster.h),
  * named by their remote chain keys (daemon/remote_key.h), stored as signed
  * values (daemon/remote_value.h) around packed block records
- * (kernels/blockrec.h).  Host pools only: the daemon packs (on the loop)
- * and unpacks (on the copy engine's thread) through its own mapping of the
- * pool.
+ * (kernels/blockrec.h).  A host pool's records are packed (on the loop)
+ * and unpacked (on the copy engine's thread) through kvqd's own mapping of
+ * the pool; a cuda pool's, which kvqd does not map, go through a pinned
+ * staging and a channel of its backend (daemon/rstage.h): a block's slices
+ * DMA'd to the host on the loop and sealed there, a fetched record checked
+ * whole (layout, class, checksum) on the copy thread before its slices are
+ * DMA'd into the slot.  A pool whose channel cannot open (no driver) runs
+ * without its remote tier.
  *
  * The daemon keeps one cluster client per [remote] section
  * (kvq_rtiers_new, on its event base: a cluster down at start only means
@@ -46,7 +51,8 @@
  * (daemon/req_lookup.c).
  *
  * Not thread-safe: the loop's; the copy thread runs only the fetch jobs'
- * verification and unpacking.
+ * verification and unpacking (a cuda pool's: the check, the staging's
+ * copy and the DMA into the slot).
  */
 #ifndef KVQD_RTIER_H
 #define KVQD_RTIER_H
@@ -62,6 +68,7 @@
 #include "layout.h"
 #include "pool.h"
 #include "prefix.h"
+#include "rstage.h"
 
 struct event_base;
 struct kvq_tier;
@@ -76,6 +83,7 @@ struct kvq_rtier_pool {
 	kvq_pool *pool;                   /* its books: fetched blocks' slots */
 	kvq_copier *const *copier;        /* the copy engine (read at each fetch: the daemon swaps it once) */
 	void *map;                        /* the pool's memory as kvqd maps it; NULL: not a host pool */
+	struct kvq_backend_mem *mem;      /* the pool's memory: copied through a channel where map is NULL */
 	const uint8_t *codebooks_sha256;  /* NULL: no codebooks */
 	struct kvq_tier *tier;            /* its host tier's records (daemon/tier.h), or NULL */
 };
@@ -127,8 +135,9 @@ int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct
 void kvq_rtiers_free(struct kvq_rtiers *rs);
 
 /* Pool p's remote tier, when its section cp names a remote (else 0 and
- * *ret NULL).  p must be allocated, on the host backend.  Returns 0 or a
- * negative code with err set. */
+ * *ret NULL).  p must be allocated.  Returns 0 or a
+ * negative code with err set (-EOPNOTSUPP: a pool kvqd neither maps nor
+ * copies through a channel, or whose channel did not open). */
 int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const struct kvq_rtier_pool *p,
 		  struct kvq_rtier **ret, char *err, size_t errlen);
 

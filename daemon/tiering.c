@@ -51,17 +51,6 @@ static void count_copy(struct kvq_tiering *tg, const struct kvq_copy_job *j)
 
 /* ------------------------------------------------------------ demotion */
 
-/* The runs of block id's slices between the pool and record rec: one per
- * layer, into runs[]. */
-static void block_runs(const struct kvq_layout *L, uint32_t id, uint8_t *rec, struct kvq_backend_run *runs)
-{
-	struct kvq_block_ref r = kvq_layout_block_ref(L, id);
-
-	for (uint32_t l = 0; l < L->layers; l++)
-		runs[l] = (struct kvq_backend_run){ .pool_off = kvq_layout_slice_off(L, r, l),
-			.host = rec + kvq_blockrec_slice_at(L, r.cls, l), .len = kvq_layout_slice_bytes(L, r.cls, l) };
-}
-
 /* Copies between blocks ids[n] and records recs[n] through the backend's
  * channel, all in one wait. */
 static int chan_blocks(const struct kvq_tiering *tg, int to_host, const uint32_t *ids, uint8_t *const *recs,
@@ -75,7 +64,7 @@ static int chan_blocks(const struct kvq_tiering *tg, int to_host, const uint32_t
 	if (!runs)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < n; i++)
-		block_runs(L, ids[i], recs[i], runs + (size_t)i * L->layers);
+		kvq_backend_block_runs(L, kvq_layout_block_ref(L, ids[i]), recs[i], runs + (size_t)i * L->layers);
 	r = tg->p.mem->backend->chan_copy(tg->chan, to_host, runs, n * L->layers, err, sizeof err);
 	if (r < 0)
 		kvq_log(LOG_ERR, "pool %s: %s", tg->p.name, err);

@@ -54,6 +54,8 @@ step cudaseq env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_seq"
 step cudabatch env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_batch"
 step cudatier env KVQ_TEST_KVQD="$b/daemon/kvqd" "$b/tests/gpu/test_cuda_tier"
 step cudarestart env KVQ_TEST_KVQD="$b/daemon/kvqd" KVQ_TEST_KVQCTL="$b/kvqctl/kvqctl" "$b/tests/gpu/test_cuda_restart"
+# the remote tier with cuda pools: a Redis Cluster of six redis-server found on PATH (redis-cli too)
+step cudaremote env KVQ_TEST_KVQD="$b/daemon/kvqd" KVQ_TEST_KVQCTL="$b/kvqctl/kvqctl" "$b/tests/gpu/test_cuda_remote"
 # again with the Hopper decode kernel (KVQ_CUDA_KERNELS=sm90): on a Hopper GPU
 # it takes the decode steps of a pair that has it (decode_sm90.cuh: the rows
 # of kernels/cuda/instances.h with sm90); the runs above keep the kernels

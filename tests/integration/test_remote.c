@@ -31,6 +31,12 @@
  *    over, a new prompt of A is a whole hit on B again;
  *  - at the end every slot of every pool on both nodes is accounted for.
  * A Redis that cannot be started fails the test.
+ *
+ * Built again as tests/gpu/test_cuda_remote (KVQ_TEST_CUDA): the same with
+ * cuda pools on every node, whose records kvqd DMAs through a pinned
+ * staging (D = 64, the CUDA kernels' smallest head dim, and twice the
+ * capacity for the same slots; one KV split, so that attention over the
+ * same bytes is the same bits).
  */
 #include <config.h>
 
@@ -50,13 +56,25 @@
 #include "kvq.h"
 #include "layout.h"
 
+#ifdef KVQ_TEST_CUDA
+#include <cuda_runtime_api.h>
+#define D_ 64
+#define DS "64"
+#define CAP "2M"
+#define BACKEND "cuda"
+#else
+#define D_ 32
+#define DS "32"
+#define CAP "1M"
+#define BACKEND "host"
+#endif
+
 /* test_tier's geometry: two layers of two KV heads (four query heads) */
 #define L_ 2
 #define H_ 2
 #define QH_ 4
-/* head dim 32, 16-token blocks; a prompt of 83 tokens is 5 sealed blocks
+/* head dim D_, 16-token blocks; a prompt of 83 tokens is 5 sealed blocks
  * (a lookup hits 80 tokens) and 3 more; 2 queries */
-#define D_ 32
 #define B_ 16
 #define NTOK 83
 #define NQ 2
@@ -247,14 +265,14 @@ static bool node_start_kvqd(struct node *n, const char *pools, int port)
 		 "connect_timeout_ms = 300\n%s",
 		 wait_ms, n == &B ? metrics_port : free_port(), port ? port : ports[0], port ? port : ports[1], secrets, secrets,
 		 pools);
-	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
+	n->pid = test_daemon_start_conf(BACKEND, n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock, n->bin,
 					sizeof n->bin);
 	return n->pid > 0;
 }
 
 #define POOL(name, rest) \
-	"[pool " name "]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = 32\nblock_tokens = 16\n" \
-	"policy = int8\ncapacity = 1M\n" rest
+	"[pool " name "]\nmodel = " MODEL "\nlayers = 2\nkv_heads = 2\nhead_dim = " DS "\nblock_tokens = 16\n" \
+	"policy = int8\ncapacity = " CAP "\n" rest
 
 /* Every slot of c's pool accounted for, nothing held: free + cached ==
  * slots. */
@@ -342,6 +360,15 @@ int main(void)
 	double spent_ms = 0;
 	bool all;
 
+#ifdef KVQ_TEST_CUDA
+	int ndev = 0;
+
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+		printf("1..0 # SKIP no usable GPU\n");
+		return 0;
+	}
+	setenv("KVQ_CUDA_SPLITS", "1", 1);
+#endif
 	metrics_port = free_port();
 	if (!cluster_up())
 		return done_testing();
@@ -365,9 +392,9 @@ int main(void)
 	if (!ok(node_start_kvqd(&A, POOL("shared", "remote = shared\nremote_namespace = ns1\n"), 0) &&
 		node_start_kvqd(&B, POOL("shared", "remote = shared\nremote_namespace = ns1\n")
 				    POOL("reader", "remote = shared\nremote_namespace = ns1\nremote_write = off\n")
-				    POOL("tiered", "remote = shared\nremote_namespace = ns1\nhost_capacity = 1M\n")
+				    POOL("tiered", "remote = shared\nremote_namespace = ns1\nhost_capacity = " CAP "\n")
 				    POOL("cold", ""), 0),
-		"two kvqd nodes with host pools sharing remote 'shared', namespace ns1"))
+		"two kvqd nodes with " BACKEND " pools sharing remote 'shared', namespace ns1"))
 		goto out;
 	a = open_pool(&A, "shared");
 	b = open_pool(&B, "shared");
