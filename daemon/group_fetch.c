@@ -123,28 +123,18 @@ int kvq_group_fetch_start(struct kvq_pools_rec *const *m, uint32_t world, const 
 }
 
 /* Block k of the chain into member r: the slot its fetch unpacked the
- * verified record into (taken from rec), published after the member's
- * block k - 1 (another's copy taken where one was published meanwhile),
- * held by the group's fetch.  true when it is in place. */
+ * verified record into, published after the member's block k - 1
+ * (kvq_rtier_place), held by the group's fetch.  true when it is in
+ * place. */
 static bool place_one(struct kvq_group_fetch *f, uint32_t r, uint32_t k, struct kvq_rtier_get *rec)
 {
 	struct kvq_pools_rec *p = f->m[r];
-	const uint32_t B = p->L->block_tokens;
-	uint32_t *held = f->held + (size_t)r * f->end;
+	uint32_t *held = f->held + (size_t)r * f->end, got;
 	int32_t parent = k ? (int32_t)held[k - 1] : -1;
-	uint32_t slot = rec->slot, got;
-	int e;
 
-	rec->slot = UINT32_MAX;
-	e = kvq_prefix_publish(p->prefix, slot, parent, f->tok + (size_t)k * B, f->salt, f->salt_len, &got);
-	if (e == 0 && got != slot && kvq_pool_ref(p->pool, got) < 0)
-		e = -EBUSY;
-	if (e < 0 || got != slot)
-		kvq_pool_unref(p->pool, slot);
-	if (e < 0)
+	if (kvq_rtier_place(p->rtier, rec, parent, f->tok + (size_t)k * p->L->block_tokens, f->salt, f->salt_len,
+			    &got) < 0)
 		return false;
-	kvq_rtier_learn(p->rtier, got, rec->chain);
-	kvq_rtier_count_placed(p->rtier, B);
 	held[f->nheld[r]++] = got;
 	return true;
 }

@@ -403,20 +403,11 @@ static void remote_place_one(struct lookup_state *s, size_t i, struct kvq_rtier_
 	int32_t parent = q->n ? (int32_t)q->ids[q->n - 1] : -1;
 
 	for (uint32_t e = 0; e < s->rcount[i] && g[e].slot != UINT32_MAX; e++) {
-		uint32_t slot = g[e].slot, got;
-		int r;
+		uint32_t got;
 
-		g[e].slot = UINT32_MAX;
-		r = kvq_prefix_publish(p->prefix, slot, parent, q->tokens + (size_t)q->n * B, q->salt.data, q->salt.len,
-				       &got);
-		if (r == 0 && got != slot && kvq_pool_ref(p->pool, got) < 0)
-			r = -EBUSY;
-		if (r < 0 || got != slot)
-			kvq_pool_unref(p->pool, slot);
-		if (r < 0)
+		if (kvq_rtier_place(p->rtier, &g[e], parent, q->tokens + (size_t)q->n * B, q->salt.data, q->salt.len,
+				    &got) < 0)
 			return;
-		kvq_rtier_learn(p->rtier, got, g[e].chain);
-		kvq_rtier_count_placed(p->rtier, B);
 		q->ids[q->n++] = got;
 		parent = (int32_t)got;
 	}

@@ -371,10 +371,25 @@ void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret)
 	ret->on = true;
 }
 
-void kvq_rtier_count_placed(struct kvq_rtier *t, uint64_t tokens)
+int kvq_rtier_place(struct kvq_rtier *t, struct kvq_rtier_get *g, int32_t parent, const uint32_t *tokens,
+		    const void *salt, size_t salt_len, uint32_t *ret_id)
 {
+	uint32_t slot = g->slot, got;
+	int r;
+
+	g->slot = UINT32_MAX;
+	r = kvq_prefix_publish(t->p.prefix, slot, parent, tokens, salt, salt_len, &got);
+	if (r == 0 && got != slot && kvq_pool_ref(t->p.pool, got) < 0)
+		r = -EBUSY;
+	if (r < 0 || got != slot)
+		kvq_pool_unref(t->p.pool, slot);
+	if (r < 0)
+		return r;
+	kvq_rtier_learn(t, got, g->chain);
 	t->st.fetched++;
-	t->st.hit_tokens += tokens;
+	t->st.hit_tokens += t->p.L->block_tokens;
+	*ret_id = got;
+	return 0;
 }
 
 int kvq_rtier_chain(struct kvq_rtier *t, const uint8_t *parent, const uint32_t *tokens, const void *salt,

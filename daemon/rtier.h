@@ -151,8 +151,6 @@ void kvq_rtier_set_rank(struct kvq_rtier *t, uint32_t rank, uint32_t world);
 
 void kvq_rtier_stats(const struct kvq_rtier *t, struct kvq_rtier_stats *ret);
 
-/* Counts a block fetched and placed in the pool, tokens of a lookup's hit. */
-void kvq_rtier_count_placed(struct kvq_rtier *t, uint64_t tokens);
 
 /* Counts an error of kind e (a record that did not unpack, ...). */
 void kvq_rtier_count_error(struct kvq_rtier *t, enum kvq_rtier_error e);
@@ -195,6 +193,15 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 
 /* The fetch's blocks, in the order asked. */
 struct kvq_rtier_get *kvq_rtier_fetch_gets(struct kvq_rtier_fetch *f);
+
+/* Publishes the block g's fetch unpacked into g->slot (taken from g: set
+ * to UINT32_MAX) after parent (-1: none) with tokens and salt; another
+ * copy cached meanwhile is taken instead (referenced, the slot dropped).
+ * Its remote key learnt, it counts as a block placed and a block of hit
+ * tokens.  Returns 0 and *ret_id, holding one reference, or a negative
+ * code (the slot dropped). */
+int kvq_rtier_place(struct kvq_rtier *t, struct kvq_rtier_get *g, int32_t parent, const uint32_t *tokens,
+		    const void *salt, size_t salt_len, uint32_t *ret_id);
 
 /* The caller is done with f: freed now, or when its last reply and copy
  * come (done is then never called); the slots the caller did not take are
