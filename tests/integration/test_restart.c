@@ -372,6 +372,34 @@ static int worker(unsigned seed)
 	return 0;
 }
 
+/* Waits (up to WAIT_MS) until kvqd lists no client of this process
+ * (`kvqctl clients`): the connections it closed are closed for kvqd too,
+ * so that a kill -9 next finds none of them to hold for it. */
+static void settle(void)
+{
+	const char *top = getenv("top_builddir"), *env = getenv("KVQ_TEST_KVQCTL");
+	char cmd[512], line[1024];
+
+	snprintf(cmd, sizeof cmd, "%s%s --socket %s clients 2>&1", env ? env : top ? top : ".",
+		 env ? "" : "/kvqctl/kvqctl", m.sock_path);
+	for (int i = 0; i < WAIT_MS / 10; i++) {
+		FILE *f = popen(cmd, "r");
+		int own = 0;
+
+		while (f && fgets(line, sizeof line, f)) {
+			unsigned long id, pid;
+			char name[64];
+
+			own += sscanf(line, "%lu %63s %lu", &id, name, &pid) == 3 && pid == (unsigned long)getpid();
+		}
+		if (f)
+			pclose(f);
+		if (!own)
+			return;
+		usleep(10000);
+	}
+}
+
 static void test_kill9(void)
 {
 	long total = 0, bad = 0;
@@ -379,9 +407,11 @@ static void test_kill9(void)
 
 	srand(12345);
 	for (int round = 0; round < ROUNDS; round++) {
-		pid_t w = spawn_child("worker", (uint32_t)round + 1, -1, -1, -1, -1);
+		pid_t w;
 		long hits;
 
+		settle();
+		w = spawn_child("worker", (uint32_t)round + 1, -1, -1, -1, -1);
 		usleep(5000 + (useconds_t)(rand() % 40000));
 		sdmgr_kill9(&m, WAIT_MS);
 		kill(w, SIGKILL);
@@ -488,6 +518,7 @@ static void test_holds(void)
 	long hits;
 	int st;
 
+	settle();
 	ok(holder_start(&a, 30) && holder_start(&b, 31), "two workers hold prompts 30 and 31's sequences");
 	sdmgr_kill9(&m, WAIT_MS);
 	if (!ok(start("holds"), "kvqd killed and started again while they live"))
@@ -516,6 +547,7 @@ static void test_holds(void)
 		usleep(100000);
 	ok(sdmgr_log_lines(logp, "every slot held since the restart released") == 1 && held_now() == 0,
 	   "once it exited too, nothing is held");
+	settle();   /* the next test's kill -9 holds only its own clients */
 }
 
 /* The process's own two clients across a kill -9: libkvq connects again. */
