@@ -27,7 +27,8 @@
  *      saving is a lower bound) against a whole hit fetched from the
  *      remote, and the bytes per token the remote moved beside an FP16
  *      tier's;
- *  (d) the same on a real model: kvq-run on the CPU path, cold on node A
+ *  (d) the same on a real model: kvq-run (its GPU path with --backend cuda,
+ *      else its CPU path), cold on node A
  *      (its blocks written through), on node B from the remote and cold on
  *      a node without a remote: what node B's worker saves against
  *      recomputing the prefix (bench/remote_model.c; skipped, with a line
@@ -616,7 +617,7 @@ int cmd_remote(int argc, char **argv)
 	}
 	/* (d) */
 	remote_conf(rconf, sizeof rconf);
-	rmodel_run(o.model, rconf, o.policy, &rm);
+	rmodel_run(o.model, rconf, o.policy, !strcmp(o.backend, "cuda"), &rm);
 	{
 		uint64_t cf = figure(b, "remote_fetched") - fetched0, cb = figure(b, "remote_bytes_in") - bytes0;
 		double value = fetched ? (double)bytes_in / (double)fetched : 0, f16 = (double)f16_block_bytes(&o);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvq-bench remote, part (d): kvq-run (examples/kvq-run: a real model on
- * the CPU path, SmolLM2-135M-Instruct by default) answers a question after
+ * the CPU path, or with cuda pools its GPU path (--gpu);
+ * SmolLM2-135M-Instruct by default) answers a question after
  * a long system prompt (the Artistic License text, as tools/model-demo.sh)
  * on three kvqd nodes whose pools are configured alike for the model's
  * geometry:
@@ -160,9 +161,18 @@ static bool rm_run(struct rm_ctx *x, const struct rm_node *n, bool system, const
 
 		if (fo < 0 || fe < 0 || dup2(fo, STDOUT_FILENO) < 0 || dup2(fe, STDERR_FILENO) < 0)
 			_exit(126);
-		execl(x->run, x->run, "generate", "--model", x->r->file, "--socket", n->sock, "--kv", x->policy,
-		      "--prompt", prompt, "--max-tokens", "4", "--threads", x->threads, "--json", "--stats",
-		      system ? "--system-file" : (char *)NULL, x->r->system, (char *)NULL);
+		const char *argv[24] = { x->run, "generate", "--model", x->r->file, "--socket", n->sock, "--kv",
+					 x->policy, "--prompt", prompt, "--max-tokens", "4", "--threads", x->threads,
+					 "--json", "--stats" };
+		int i = 16;
+
+		if (x->r->gpu)
+			argv[i++] = "--gpu";
+		if (system) {
+			argv[i++] = "--system-file";
+			argv[i++] = x->r->system;
+		}
+		execv(x->run, (char *const *)argv);
 		_exit(127);
 	}
 	if (pid > 0)
@@ -209,7 +219,7 @@ static uint64_t rm_figure(const struct rm_node *n, const char *pool, const char 
  * did not start. */
 static bool rm_up(struct rm_ctx *x, struct rm_node *n, const char *extra)
 {
-	n->pid = test_daemon_start_conf("host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock,
+	n->pid = test_daemon_start_conf(x->r->gpu ? "cuda" : "host", n->tag, extra, n->dir, sizeof n->dir, n->sock, sizeof n->sock,
 					n->bin, sizeof n->bin);
 	if (n->pid <= 0)
 		rm_why(x->r, RMODEL_FAILED, "%s: kvqd did not start", n->tag);
@@ -281,7 +291,7 @@ static uint64_t rm_written(const struct rm_ctx *x, const struct rm_node *n)
 	return 0;
 }
 
-void rmodel_run(const char *path, const char *remote, const char *policy, struct rmodel *r)
+void rmodel_run(const char *path, const char *remote, const char *policy, bool gpu, struct rmodel *r)
 {
 	struct rm_ctx x = { .policy = policy, .r = r };
 	struct rm_node A = { .tag = "rbenchMA" }, B = { .tag = "rbenchMB" }, C = { .tag = "rbenchMC" };
@@ -290,6 +300,7 @@ void rmodel_run(const char *path, const char *remote, const char *policy, struct
 	uint64_t f0, b0;
 
 	memset(r, 0, sizeof *r);
+	r->gpu = gpu;
 	r->threads = cpus > 0 ? (uint32_t)cpus : 1;
 	snprintf(x.threads, sizeof x.threads, "%u", r->threads);
 	snprintf(x.tmp, sizeof x.tmp, "/tmp/kvq-bench-model.XXXXXX");
@@ -342,12 +353,12 @@ void rmodel_print(const struct rmodel *r, const char *policy, bool json)
 		return;
 	}
 	if (json) {
-		printf(", \"model\": {\"file\": \"%s\", \"model_id\": \"%s\", \"policy\": \"%s\", \"threads\": %u, "
+		printf(", \"model\": {\"file\": \"%s\", \"model_id\": \"%s\", \"policy\": \"%s\", \"path\": \"%s\", \"threads\": %u, "
 		       "\"prompt_tokens\": %u, \"a_cold\": {\"lookup_s\": %.4f, \"prefill_s\": %.4f, \"hit\": %u, "
 		       "\"written\": %llu}, \"b_remote\": {\"lookup_s\": %.4f, \"prefill_s\": %.4f, \"hit\": %u, "
 		       "\"fetched\": %llu, \"bytes_in\": %llu}, \"c_cold\": {\"lookup_s\": %.4f, \"prefill_s\": %.4f, "
 		       "\"hit\": %u}, \"saved_s\": %.4f}",
-		       base, r->model_id, policy, r->threads, r->b.prompt, r->a.lookup_s, r->a.prefill_s, r->a.hit,
+		       base, r->model_id, policy, r->gpu ? "gpu" : "cpu", r->threads, r->b.prompt, r->a.lookup_s, r->a.prefill_s, r->a.hit,
 		       (unsigned long long)r->written, r->b.lookup_s, r->b.prefill_s, r->b.hit,
 		       (unsigned long long)r->fetched, (unsigned long long)r->bytes_in, r->c.lookup_s, r->c.prefill_s,
 		       r->c.hit, cold - hit);
@@ -358,8 +369,8 @@ void rmodel_print(const struct rmodel *r, const char *policy, bool json)
 		       r->why);
 		return;
 	}
-	printf("(d) kvq-run (CPU path, %u threads), %s (%s), KV %s, %u layers x %u KV heads x D %u, B %u: the "
-	       "system prompt %s and a question, %u tokens (kvq-run's own figures):\n", r->threads, r->model_id,
+	printf("(d) kvq-run (%s path, %u threads), %s (%s), KV %s, %u layers x %u KV heads x D %u, B %u: the "
+	       "system prompt %s and a question, %u tokens (kvq-run's own figures):\n", r->gpu ? "GPU" : "CPU", r->threads, r->model_id,
 	       base, policy, r->layers, r->kv_heads, r->head_dim, r->block_tokens, r->system, r->b.prompt);
 	printf("    node A (the remote, write-through), cold: lookup %.3f s, prefill %.3f s, %u tokens hit; "
 	       "%llu blocks written through\n", r->a.lookup_s, r->a.prefill_s, r->a.hit,
