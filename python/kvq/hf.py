@@ -8,10 +8,11 @@
                                 prompt_ids=enc.input_ids, attention_mask=enc.attention_mask) as cache:
         out = model.generate(**enc, past_key_values=cache, max_new_tokens=32, do_sample=False)
 
-Versions: transformers 5 (tested with 5.17.0 and torch 2.11.0), whose
-Cache holds one CacheLayerMixin per layer and whose attention functions
-are registered with AttentionInterface; a KvqCache is such a Cache and
-"kvq" such a function.  Llama-architecture attention only (q_heads a
+Versions: transformers 5 (tested with 5.0.0, 5.17.0 and 5.25.0, torch
+2.11.0), whose Cache holds one CacheLayerMixin per layer and whose
+attention functions are registered with AttentionInterface; a KvqCache is
+such a Cache and "kvq" such a function.  From 5.25 the model's keyword is
+cache (past_key_values deprecated); the hooks take either.  Llama-architecture attention only (q_heads a
 multiple of kv_heads, full causal attention, no sliding window), and the
 model is given input_ids, not inputs_embeds.
 
@@ -117,6 +118,9 @@ class KvqLayer(CacheLayerMixin):
         return self.cache.get_seq_length()
 
     def get_max_length(self):
+        return -1
+
+    def get_max_cache_shape(self):   # get_max_length's name before transformers 5.16
         return -1
 
     def reset(self):
@@ -229,7 +233,7 @@ class KvqCache(Cache):
     # --- the model's forward: begin before, commit after
 
     def _pre(self, module, args, kwargs):
-        if kwargs.get("past_key_values") is not self:
+        if kwargs.get("past_key_values") is not self and kwargs.get("cache") is not self:   # "cache" from 5.25 on
             return
         ids = kwargs.get("input_ids")
         if ids is None and args:
