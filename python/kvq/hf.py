@@ -12,9 +12,10 @@ Versions: transformers 5 (tested with 5.0.0, 5.17.0 and 5.25.0, torch
 2.11.0), whose Cache holds one CacheLayerMixin per layer and whose
 attention functions are registered with AttentionInterface; a KvqCache is
 such a Cache and "kvq" such a function.  From 5.25 the model's keyword is
-cache (past_key_values deprecated); the hooks take either.  Llama-architecture attention only (q_heads a
-multiple of kv_heads, full causal attention, no sliding window), and the
-model is given input_ids, not inputs_embeds.
+cache (past_key_values deprecated); the hooks take either.
+Llama-architecture attention only (q_heads a multiple of kv_heads, full
+causal attention, no sliding window), and the model is given input_ids,
+not inputs_embeds.
 
 KvqCache keeps one kvq.Sequence per batch row; a forward is one kvq.Batch
 step over them (begin, per layer one write and one attention for every
@@ -40,8 +41,10 @@ for one cache length for all rows, in columns: the cache reports the
 leading columns every row has cached (cache.hit; for one unpadded prompt
 its lookup's hit), and generate feeds the rest.  A row that found more
 than that gets some of its cached tokens again: they are checked against
-the prompt and not written (their outputs are zeros too: generate reads
-only the last column's logits).  Other processes with the same prompt
+the prompt and not written, and their outputs are zeros too (nothing reads
+them: their K/V are the cached ones, and generate takes only the last
+column's logits; in a caller's own forward those columns' logits mean
+nothing).  Other processes with the same prompt
 prefix (same pool, model id and salt) get the hit.
 
 Not supported: beam search and num_return_sequences > 1 (rows are not
