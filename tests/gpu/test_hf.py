@@ -301,8 +301,8 @@ def main():
     ok_all = True
     tok, m = load(a)
     for part in a.part.split(","):
-        res, ok = {"greedy": lambda: greedy(a, tok, m), "batch": lambda: batch(a, tok, m), "ppl": lambda: ppl(a, tok, m),
-                   "share": lambda: share(a)}[part]()
+        res, ok = {"greedy": lambda: greedy(a, tok, m), "batch": lambda: batch(a, tok, m),
+                   "ppl": lambda: ppl(a, tok, m), "share": lambda: share(a)}[part]()
         res["ok"] = ok
         print(json.dumps(res))
         sys.stdout.flush()
