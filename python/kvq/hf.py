@@ -249,15 +249,19 @@ class KvqCache(Cache):
             raise ValueError(f"KvqCache: batch size {ids.shape[0]}; this cache holds {len(self.seqs)} rows")
         if self._step is not None:   # the last forward raised before its commit
             self._batch.abort()
-            self._batch.clear()
             self._step = None
+        self._batch.clear()
         st = _hfrows.plan(_host(ids), _host(kwargs.get("attention_mask")), _host(kwargs.get("position_ids")),
                           self._cols, self._seen, self._skip, self._prompt)
-        for s, t in zip(self.seqs, st.tokens):
-            if len(t):
-                self._batch.add(s, t)
-        if len(self._batch):
-            self._batch.begin()
+        try:
+            for s, t in zip(self.seqs, st.tokens):
+                if len(t):
+                    self._batch.add(s, t)
+            if len(self._batch):
+                self._batch.begin()   # all or nothing: PoolFull changes no sequence
+        except BaseException:
+            self._batch.clear()
+            raise
         self._step, self._rows, self._q = st, {}, ids.shape[1]
         _active.cache = self
 
