@@ -9,7 +9,8 @@
 # Runs, against a kvqd of BUILD_DIR on a temporary socket:
 #   tests/gpu/test_torch.py  the torch path on cuda pools against the host
 #                            path, data_ptr() against the kernels' pointers
-#   tests/gpu/test_hf.py     transformers with KvqCache: greedy f16 equality,
+#   tests/gpu/test_hf.py     transformers with KvqCache: greedy f16 equality, a
+#                            left-padded batch against DynamicCache and alone,
 #                            int8/kivi4 delta PPL and top-1 against kvq-run ab,
 #                            two processes sharing a system prompt
 # The package is used from this tree (PYTHONPATH); $KVQ_WHEELS, if set, is a

@@ -5,6 +5,13 @@ transformers from the project's GGUF (as tools/model-check-hf.py loads it):
            for token, or its first difference is a near tie: the two
            tokens' logits closer in DynamicCache's run than the two runs'
            logits differ where they agree (both teacher-forced);
+  batch    four prompts of different lengths, left-padded, as one batch
+           through generate (a quarter of --gen new tokens) with f16 and
+           int8 KV: f16 rows equal DynamicCache's on the same batch, every
+           row equal to its prompt generated alone with kvq (each or a near
+           tie), each row's full blocks published and none with a pad token,
+           and the batch again hitting each row's own prompt blocks with the
+           same tokens out;
   ppl      int8 and kivi4 KV: perplexity over TEXT in windows of --ctx
            against DynamicCache (delta PPL %, top-1 agreement); with
            --kvq-run, `kvq-run ab` on the same windows, and the check that
@@ -15,7 +22,7 @@ transformers from the project's GGUF (as tools/model-check-hf.py loads it):
 A running kvqd at $KVQ_SOCKET.  Prints a JSON line per part and exits 1 if a
 check failed.
   python3 test_hf.py --model GGUF --text GPL-3 --share-text Artistic [--device cuda]
-                     [--kvq-run KVQ_RUN] [--ctx 512] [--limit 8192] [--batch 128] [--part greedy,ppl,share]
+                     [--kvq-run KVQ_RUN] [--ctx 512] [--limit 8192] [--batch 128] [--part greedy,batch,ppl,share]
 """
 import argparse
 import json
@@ -49,11 +56,43 @@ def backend(a):
     return "cuda" if a.device == "cuda" else "host"
 
 
-def kvq_cache(a, m, policy, prompt_ids=None, pool=None, salt=None):
+def kvq_cache(a, m, policy, prompt_ids=None, pool=None, salt=None, attention_mask=None):
     # small pools (kvqd's default size is its budget's share): kvq-run ab attaches beside them
     return kvq.hf.KvqCache.attach(m, pool or f"hf-{policy}", "SmolLM2-135M-Instruct.Q4_1", policy=policy,
                                   prompt_ids=prompt_ids, salt=salt, backend=backend(a), block_tokens=BLOCK,
-                                  n_sealed=2048, n_open=64)
+                                  n_sealed=2048, n_open=64, attention_mask=attention_mask)
+
+
+def first_difference(r, o):
+    return next((i for i, (x, y) in enumerate(zip(r, o)) if x != y), None)
+
+
+def near_tie(a, m, ids, r, o, policy="f16"):
+    """Explains the first difference of o (a kvq run) from r (DynamicCache's
+    greedy continuation of the prompt ids [1, n], or another kvq run's):
+    DynamicCache and a kvq cache of policy teacher-forced along r up to
+    it.  Where the two tokens are DynamicCache's top two and their logits
+    closer in its run than the two caches' logits differ on the tokens
+    where the runs agree, the choice is a near tie that attention over
+    float16 (or quantized) KV summed in another order may flip."""
+    first = first_difference(r, o)
+    if first is None:   # one run stopped (its end of text) where the other went on
+        return {"near_tie": False, "lengths": [len(r), len(o)]}
+    n = ids.shape[1]
+    seq = torch.cat([ids, torch.tensor([r[:first + 1]], device=ids.device)], 1)
+    with torch.no_grad():
+        m.set_attn_implementation("eager")
+        lh = m(seq, past_key_values=DynamicCache(config=m.config), use_cache=True).logits[0].double()
+        m.set_attn_implementation("kvq")
+        with kvq_cache(a, m, policy, salt=f"explain-{time.monotonic_ns()}".encode()) as c:
+            lk = m(seq, past_key_values=c, use_cache=True).logits[0].double()
+    at = n - 1 + first   # the position whose logits choose token `first`
+    noise = (lh[n - 1:at] - lk[n - 1:at]).abs().max().item() if first else 0.0
+    margin = (lh[at, r[first]] - lh[at, o[first]]).item()
+    top2 = set(lh[at].topk(2).indices.tolist())
+    return {"margin_at_difference": margin, "logit_noise_before": noise,
+            "kvq_margin_at_difference": (lk[at, o[first]] - lk[at, r[first]]).item(),
+            "near_tie": top2 == {r[first], o[first]} and abs(margin) <= noise}
 
 
 def greedy(a, tok, m):
@@ -64,31 +103,93 @@ def greedy(a, tok, m):
     with kvq_cache(a, m, "f16", salt=b"greedy") as c:
         out = m.generate(ids, past_key_values=c, max_new_tokens=a.gen, do_sample=False)
     r, o = ref[0, ids.shape[1]:].tolist(), out[0, ids.shape[1]:].tolist()
-    first = next((i for i, (x, y) in enumerate(zip(r, o)) if x != y), None)
+    first = first_difference(r, o)
     res = {"part": "greedy", "prompt_tokens": ids.shape[1], "new_tokens": len(r), "equal": r == o,
            "first_difference": first, "hf": tok.decode(r), "kvq": tok.decode(o)}
     if first is None:
         return res, r == o
-    # Explain the first difference: both caches teacher-forced along
-    # DynamicCache's tokens up to it.  Where the two tokens' logits are closer
-    # in DynamicCache's run than the two runs' logits differ on the tokens
-    # where they agree, the choice is a near tie that float16 attention
-    # summed in another order may flip.
-    seq = ref[:, :ids.shape[1] + first + 1]
-    with torch.no_grad():
-        m.set_attn_implementation("eager")
-        lh = m(seq, past_key_values=DynamicCache(config=m.config), use_cache=True).logits[0].double()
-        m.set_attn_implementation("kvq")
-        with kvq_cache(a, m, "f16", salt=b"greedy-explain") as c:
-            lk = m(seq, past_key_values=c, use_cache=True).logits[0].double()
-    at = ids.shape[1] - 1 + first   # the position whose logits choose token `first`
-    noise = (lh[ids.shape[1] - 1:at] - lk[ids.shape[1] - 1:at]).abs().max().item() if first else 0.0
-    margin = (lh[at, r[first]] - lh[at, o[first]]).item()
-    top2 = set(lh[at].topk(2).indices.tolist())
-    res.update({"margin_at_difference": margin, "logit_noise_before": noise,
-                "kvq_margin_at_difference": (lk[at, o[first]] - lk[at, r[first]]).item(),
-                "near_tie": top2 == {r[first], o[first]} and margin <= noise})
+    res.update(near_tie(a, m, ids, r, o))
     return res, res["near_tie"]
+
+
+def batch_prompts(a, tok):
+    """Prompts of different lengths (one the start of another: blocks two
+    rows publish alike), left-padded as generate wants them."""
+    words = open(a.share_text).read().split()
+    texts = [" ".join(words[s:s + n]) for s, n in ((0, 30), (100, 60), (300, 80), (0, 50))]
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    enc = tok(texts, return_tensors="pt", padding=True).to(a.device)
+    real = [row[mk.bool()] for row, mk in zip(enc.input_ids, enc.attention_mask)]
+    return enc, real
+
+
+def batch(a, tok, m):
+    """One padded batch through generate: f16 rows equal DynamicCache's on
+    the same batch, every row equal to its prompt generated alone with kvq,
+    each row's blocks (prompt and generated) published and no block with a
+    pad token; then the same batch again, each row hitting its own prompt's
+    full blocks (so the rows skip different numbers of cached tokens) with
+    the same tokens out."""
+    enc, real = batch_prompts(a, tok)
+    width, gen = enc.input_ids.shape[1], a.gen // 4
+    m.set_attn_implementation("eager")
+    ref = m.generate(**enc, past_key_values=DynamicCache(config=m.config), max_new_tokens=gen, do_sample=False)
+    m.set_attn_implementation("kvq")
+    res, ok = {"part": "batch", "rows": len(real), "width": width, "real": [len(r) for r in real],
+               "new_tokens": gen, "policies": {}}, True
+    for policy in ("f16", "int8"):
+        d, salt = {}, f"batch-{policy}-{time.monotonic_ns()}".encode()
+        with kvq_cache(a, m, policy, prompt_ids=enc.input_ids, attention_mask=enc.attention_mask, salt=salt) as c:
+            out = m.generate(**enc, past_key_values=c, max_new_tokens=gen, do_sample=False)
+            d["first_hits"], d["stored"] = c.hits, c.tokens
+        rows = [out[i, width:].tolist() for i in range(len(real))]
+        # DynamicCache on the same padded batch (f16: token for token, or a near tie)
+        if policy == "f16":
+            d["vs_dynamic"] = []
+            for i, r in enumerate(real):
+                ri = ref[i, width:].tolist()
+                e = {"equal": ri == rows[i]}
+                if not e["equal"]:
+                    e.update(near_tie(a, m, r[None], ri, rows[i]))
+                ok &= e["equal"] or e["near_tie"]
+                d["vs_dynamic"].append(e)
+        # each prompt alone (batch 1, unpadded) with kvq: generate stops a row alone at its end
+        # (or a near tie: the batch's matrix products may round other than the prompt's alone)
+        d["vs_alone"] = []
+        for i, r in enumerate(real):
+            with kvq_cache(a, m, policy, salt=salt + f"-alone-{i}".encode()) as c:
+                alone = m.generate(r[None], past_key_values=c, max_new_tokens=gen, do_sample=False)[0, len(r):].tolist()
+            e = {"equal": alone == rows[i][:len(alone)]}
+            if not e["equal"]:
+                e.update(near_tie(a, m, r[None], alone, rows[i], policy))
+            ok &= e["equal"] or e["near_tie"]
+            d["vs_alone"].append(e)
+        # what the rows published: every full block of each row's real tokens, none with padding
+        with kvq_cache(a, m, policy) as c:
+            d["published_hits"], d["padded_hits"], want = [], [], []
+            for i, r in enumerate(real):
+                toks = r.tolist() + rows[i]   # the last token was never fed back: not stored
+                with c.client.sequence(salt) as s:
+                    d["published_hits"].append(s.lookup(toks))
+                want.append((len(toks) - 1) // BLOCK * BLOCK)
+                if len(r) < width:
+                    with c.client.sequence(salt) as s:
+                        d["padded_hits"].append(s.lookup(out[i].tolist()))
+        ok &= d["published_hits"] == want and not any(d["padded_hits"])
+        ok &= d["stored"] == [len(r) + out.shape[1] - width - 1 for r in real]
+        # again: each row finds its prompt's full blocks; the cache reports the columns all rows have
+        with kvq_cache(a, m, policy, prompt_ids=enc.input_ids, attention_mask=enc.attention_mask, salt=salt) as c:
+            again = m.generate(**enc, past_key_values=c, max_new_tokens=gen, do_sample=False)
+            d["hits"], d["hit_columns"] = c.hits, c.hit
+        pads = [width - len(r) for r in real]
+        ok &= d["hits"] == [(len(r) - 1) // BLOCK * BLOCK for r in real]
+        ok &= d["hit_columns"] == min(p + h for p, h in zip(pads, d["hits"]))
+        d["again_equal"] = again.tolist() == out.tolist()
+        ok &= d["again_equal"]
+        res["policies"][policy] = d
+    return res, ok
 
 
 def window_logits(a, m, ids, cache):
@@ -191,7 +292,7 @@ def main():
                     help="tokens of TEXT scored (GPL-3 holds about 8000; over 2048, one standard error of a 6 %% top-1 disagreement is half a point)")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--batch", type=int, default=128, help="prefill chunk of the ppl part, kvq-run ab's too")
-    ap.add_argument("--part", default="greedy,ppl,share")
+    ap.add_argument("--part", default="greedy,batch,ppl,share")
     ap.add_argument("--worker", action="store_true")
     a = ap.parse_args()
     if a.worker:
@@ -200,7 +301,8 @@ def main():
     ok_all = True
     tok, m = load(a)
     for part in a.part.split(","):
-        res, ok = {"greedy": lambda: greedy(a, tok, m), "ppl": lambda: ppl(a, tok, m), "share": lambda: share(a)}[part]()
+        res, ok = {"greedy": lambda: greedy(a, tok, m), "batch": lambda: batch(a, tok, m),
+                   "ppl": lambda: ppl(a, tok, m), "share": lambda: share(a)}[part]()
         res["ok"] = ok
         print(json.dumps(res))
         sys.stdout.flush()

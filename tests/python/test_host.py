@@ -790,6 +790,68 @@ def test_batch_close_and_collect(ctx):
         assert st["open_used"] == 0 and st["clients"] == 0, st
 
 
+def generate_like(rng, lens, hits, width=None):
+    """A left-padded prompt batch as transformers' generate makes it: ids,
+    mask, the positions (the mask's cumsum), each row's real prompt."""
+    width = width or max(lens)
+    real = [rng.integers(3, 50000, n) for n in lens]
+    ids = np.zeros((len(lens), width), np.int64)   # pad id 0
+    mask = np.zeros((len(lens), width), np.int64)
+    for i, r in enumerate(real):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    pos = np.where(mask == 1, mask.cumsum(1) - 1, 0)
+    return ids, mask, pos, real
+
+
+def test_hf_rows_padded_batch(ctx):
+    """kvq._hfrows (kvq.hf's bookkeeping): a left-padded batch with prompt hits of 32, 48 and 64 tokens: the cached columns are the fewest any row has (pad + hit), each row's first step adds its prompt after its hit, pad columns never, and decode steps add one token a row; wrong positions, masks or prompt ids are refused"""
+    from kvq import _hfrows
+    rng = np.random.default_rng(43)
+    lens, hits = [40, 90, 75], [32, 48, 64]
+    ids, mask, pos, real = generate_like(rng, lens, hits)
+    width = ids.shape[1]
+    got_ids, got_mask = _hfrows.prompts(ids, mask)
+    assert np.array_equal(got_ids, ids) and np.array_equal(got_mask, mask != 0)
+    cols, seen = _hfrows.cached_columns(got_mask, hits)
+    pads = [width - n for n in lens]
+    assert cols == min(p + h for p, h in zip(pads, hits)) == 48, cols
+    assert list(seen) == [max(0, cols - p) for p in pads] == [0, 48, 33], seen
+    skip = np.asarray(hits) - seen
+    prompt = [r.astype(np.int64) for r in real]
+    # the first forward: columns [cols:], as generate slices them; each row
+    # adds its prompt after its own hit, from the column pad + hit on
+    st = _hfrows.plan(ids[:, cols:], mask, pos[:, cols:], cols, seen, skip, prompt)
+    assert [list(t) for t in st.tokens] == [list(r[h:]) for r, h in zip(real, hits)]
+    assert list(st.skipped) == [32, 0, 31] and list(st.real) == [40, 42, 42], (st.skipped, st.real)
+    want = [(i, p + t - cols) for i, (p, h, n) in enumerate(zip(pads, hits, lens)) for t in range(h, n)]
+    assert list(zip(*(list(x) for x in st.rows))) == want
+    seen, skip, cols = seen + st.real, skip - st.skipped, width
+    assert list(seen) == lens and not skip.any()
+    # decode: one column a row, the mask grown by ones, positions one on
+    for step in range(3):
+        new = rng.integers(3, 50000, (3, 1))
+        mask = np.concatenate([mask, np.ones((3, 1), np.int64)], 1)
+        p = (seen + 0)[:, None]
+        st = _hfrows.plan(new, mask, p, cols, seen, skip, prompt)
+        assert st.rows is None and [list(t) for t in st.tokens] == [[int(x)] for x in new[:, 0]]
+        seen, cols = seen + st.real, cols + 1
+    # refusals: positions of the columns (no position_ids), a mask that does
+    # not match the rows, another prompt
+    ids, mask, pos, real = generate_like(rng, [20, 30], [0, 0])
+    zero = np.zeros(2, np.int64)
+    for args, what in (((ids, mask, None, 0, zero, zero), "position_ids"),
+                       ((ids, mask[:, 1:], pos, 0, zero, zero), "attention_mask"),
+                       ((ids[:, 5:], mask, pos[:, 5:], 5, np.asarray([1, 0]), zero), "attention_mask"),
+                       ((ids, mask, pos, 0, zero, zero, [r[::-1].copy() for r in real]), "prompt")):
+        try:
+            _hfrows.plan(*args)
+            raise AssertionError(f"{what}: no error")
+        except ValueError as e:
+            assert what in str(e), e
+    st = _hfrows.plan(ids, mask, pos, 0, zero, zero, real)
+    assert [list(t) for t in st.tokens] == [list(r) for r in real] and len(st.rows[0]) == 50
+
+
 def main():
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_")]
     tmp = tempfile.mkdtemp(prefix="kvqd-python.")
