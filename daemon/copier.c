@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The copy engine: a thread, a queue, an eventfd back to the loop (copier.h). */
+/* The copy engine: threads, a queue, an eventfd back to the loop (copier.h). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -13,7 +13,8 @@
 #include "copier.h"
 
 struct kvq_copier {
-	pthread_t thread;
+	pthread_t *threads;
+	unsigned nthreads;                   /* started */
 	bool started, stop;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;                   /* work queued, or stop */
@@ -106,7 +107,7 @@ static void on_event(evutil_socket_t fd, short what, void *arg)
 	hand_back(arg);
 }
 
-int kvq_copier_new(struct event_base *base, kvq_copier **ret)
+int kvq_copier_new_threads(struct event_base *base, unsigned n, kvq_copier **ret)
 {
 	struct kvq_copier *c = calloc(1, sizeof *c);
 
@@ -121,14 +122,26 @@ int kvq_copier_new(struct event_base *base, kvq_copier **ret)
 	if (base) {
 		c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 		c->ev = c->efd >= 0 ? event_new(base, c->efd, EV_READ | EV_PERSIST, on_event, c) : NULL;
-		if (!c->ev || event_add(c->ev, NULL) < 0 || pthread_create(&c->thread, NULL, worker, c) != 0) {
+		c->threads = calloc(n ? n : 1, sizeof *c->threads);
+		if (!c->ev || !c->threads || event_add(c->ev, NULL) < 0) {
 			kvq_copier_free(c);
 			return -ENOMEM;
 		}
 		c->started = true;
+		while (c->nthreads < (n ? n : 1) && pthread_create(&c->threads[c->nthreads], NULL, worker, c) == 0)
+			c->nthreads++;
+		if (!c->nthreads) {
+			kvq_copier_free(c);
+			return -ENOMEM;
+		}
 	}
 	*ret = c;
 	return 0;
+}
+
+int kvq_copier_new(struct event_base *base, kvq_copier **ret)
+{
+	return kvq_copier_new_threads(base, 1, ret);
 }
 
 void kvq_copier_submit(kvq_copier *c, struct kvq_copy_job *j)
@@ -173,10 +186,12 @@ void kvq_copier_free(kvq_copier *c)
 		kvq_copier_drain(c);
 		pthread_mutex_lock(&c->mu);
 		c->stop = true;
-		pthread_cond_signal(&c->cv);
+		pthread_cond_broadcast(&c->cv);
 		pthread_mutex_unlock(&c->mu);
-		pthread_join(c->thread, NULL);
+		for (unsigned i = 0; i < c->nthreads; i++)
+			pthread_join(c->threads[i], NULL);
 	}
+	free(c->threads);
 	if (c->ev)
 		event_free(c->ev);
 	if (c->efd >= 0)
