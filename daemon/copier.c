@@ -2,6 +2,7 @@
 /* The copy engine: threads, a queue, an eventfd back to the loop (copier.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
@@ -15,6 +16,7 @@
 struct kvq_copier {
 	pthread_t *threads;
 	unsigned nthreads;                   /* started */
+	char name[16];                       /* the threads' (ps, top, /proc/PID/task/TID/comm) */
 	bool started, stop;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;                   /* work queued, or stop */
@@ -47,6 +49,7 @@ static void *worker(void *arg)
 	struct kvq_copier *c = arg;
 	const uint64_t one = 1;
 
+	pthread_setname_np(pthread_self(), c->name);
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		struct kvq_copy_job *j;
@@ -107,12 +110,13 @@ static void on_event(evutil_socket_t fd, short what, void *arg)
 	hand_back(arg);
 }
 
-int kvq_copier_new_threads(struct event_base *base, unsigned n, kvq_copier **ret)
+int kvq_copier_new_threads(struct event_base *base, unsigned n, const char *name, kvq_copier **ret)
 {
 	struct kvq_copier *c = calloc(1, sizeof *c);
 
 	if (!c)
 		return -ENOMEM;
+	snprintf(c->name, sizeof c->name, "%s", name);
 	c->efd = -1;
 	c->queue_tail = &c->queue;
 	c->ran_tail = &c->ran;
@@ -141,7 +145,7 @@ int kvq_copier_new_threads(struct event_base *base, unsigned n, kvq_copier **ret
 
 int kvq_copier_new(struct event_base *base, kvq_copier **ret)
 {
-	return kvq_copier_new_threads(base, 1, ret);
+	return kvq_copier_new_threads(base, 1, "kvqd-copy", ret);
 }
 
 void kvq_copier_submit(kvq_copier *c, struct kvq_copy_job *j)

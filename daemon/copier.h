@@ -33,12 +33,13 @@ struct kvq_copy_job {
  * *ret, or a negative code. */
 int kvq_copier_new(struct event_base *base, kvq_copier **ret);
 
-/* The same with n threads (0: 1) taking the jobs from one queue: jobs
+/* The same with n threads (0: 1) named name (15 characters are kept;
+ * kvq_copier_new's: kvqd-copy) taking the jobs from one queue: jobs
  * start in the order submitted but, n > 1, run side by side and come back
  * in the order they end; for jobs that touch nothing another job does
  * (the remote tier's verification of fetched values into slots of their
  * own: daemon/rtier.h).  With fewer threads when some could not start. */
-int kvq_copier_new_threads(struct event_base *base, unsigned n, kvq_copier **ret);
+int kvq_copier_new_threads(struct event_base *base, unsigned n, const char *name, kvq_copier **ret);
 
 /* Queues j; its done comes later on the loop (at once when synchronous). */
 void kvq_copier_submit(kvq_copier *c, struct kvq_copy_job *j);

@@ -156,7 +156,7 @@ int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct
 	 * longer than its bytes take to come on loopback */
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	r = kvq_copier_new_threads(base, ncpu < 1 ? 1 : ncpu > RTIER_VERIFY_MAX ? RTIER_VERIFY_MAX : (unsigned)ncpu,
-				   &rs->verify);
+				   "kvqd-verify", &rs->verify);
 	if (r < 0) {
 		free(rs->r);
 		free(rs);

@@ -43,6 +43,7 @@ static void *warm_run(void *arg)
 	bool populate = true;
 	sigset_t all;
 
+	pthread_setname_np(pthread_self(), "kvqd-warm");
 	/* the loop's signals are not this thread's */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
