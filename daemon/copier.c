@@ -2,8 +2,8 @@
 /* The copy engine: threads, a queue, an eventfd back to the loop (copier.h). */
 #include <errno.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <time.h>

@@ -798,8 +798,10 @@ void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg)
 void kvq_pools_keep(struct kvq_pools *ps)
 {
 	/* copies in flight end first: a block on its way to a host tier is
-	 * then in the books as the tier's */
+	 * then in the books as the tier's; and no fetched value is being
+	 * unpacked into a slot */
 	kvq_copier_drain(ps->copier);
+	kvq_rtiers_drain(ps->rtiers);
 	for (struct kvq_pools_rec *p = ps->head; p; p = p->next) {
 		struct kvq_restart_parts pt = parts_of(p);
 

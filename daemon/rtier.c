@@ -72,7 +72,7 @@ struct kvq_rtier {
 	struct kvq_rtier_pool p;            /* the pool's, while attached */
 	bool attached;                      /* false once detached */
 	kvq_remote_codec *codec;
-	kvq_remote_codec *vcodec;           /* the copy thread's: it verifies fetched values */
+	kvq_remote_codec *vcodec;           /* the verifying threads': fetched values (shared) */
 	struct kvq_rstage *stage;           /* a pool kvqd does not map: its copies; else NULL */
 	kvq_copier *verify;                 /* the remotes' (a host pool's), or NULL: the daemon's copier */
 	struct kvq_chainkey ck;
@@ -188,6 +188,12 @@ int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct
 	}
 	*ret = rs;
 	return 0;
+}
+
+void kvq_rtiers_drain(struct kvq_rtiers *rs)
+{
+	if (rs)
+		kvq_copier_drain(rs->verify);
 }
 
 void kvq_rtiers_free(struct kvq_rtiers *rs)

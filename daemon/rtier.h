@@ -132,6 +132,10 @@ struct kvq_rtier_stats {
 int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct kvq_rtiers **ret, char *err,
 		   size_t errlen);
 
+/* Waits until every fetched value on the verifying threads was verified
+ * and unpacked, and hands them back (NULL is fine). */
+void kvq_rtiers_drain(struct kvq_rtiers *rs);
+
 /* Ends every request (its callbacks run) and frees; after the pools' tiers
  * (NULL is fine). */
 void kvq_rtiers_free(struct kvq_rtiers *rs);
