@@ -287,6 +287,80 @@ static double cpu_s(pid_t pid)
 	return ns * 1e-9;
 }
 
+/* Node B's CPU seconds by thread name (its loop "kvqd", the copy engine
+ * "kvqd-copy", the remote tier's verifiers "kvqd-verify", ...). */
+#define TNAMES 8
+
+struct tcpu {
+	char name[TNAMES][16];
+	double s[TNAMES];
+	int n;
+};
+
+static struct tcpu tcpu_now(pid_t pid)
+{
+	struct tcpu t = { .n = 0 };
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	while (d && (e = readdir(d))) {
+		char f[64 + 256 + 16], comm[16] = "";
+		unsigned long long run = 0;
+		FILE *fp;
+		int i;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(f, sizeof f, "%s/%s/comm", path, e->d_name);
+		fp = fopen(f, "r");
+		if (fp && fscanf(fp, "%15s", comm) != 1)
+			comm[0] = 0;
+		if (fp)
+			fclose(fp);
+		snprintf(f, sizeof f, "%s/%s/schedstat", path, e->d_name);
+		fp = fopen(f, "r");
+		if (!fp || fscanf(fp, "%llu", &run) != 1)
+			run = 0;
+		if (fp)
+			fclose(fp);
+		for (i = 0; i < t.n && strcmp(t.name[i], comm); i++)
+			;
+		if (i == TNAMES)
+			continue;
+		if (i == t.n)
+			snprintf(t.name[t.n++], sizeof t.name[0], "%s", comm);
+		t.s[i] += (double)run * 1e-9;
+	}
+	if (d)
+		closedir(d);
+	return t;
+}
+
+/* What each thread name of node B took since t0 (a name gone: 0). */
+static struct tcpu tcpu_since(pid_t pid, struct tcpu t0)
+{
+	struct tcpu t = tcpu_now(pid);
+
+	for (int i = 0; i < t.n; i++) {
+		double before = 0;
+
+		for (int j = 0; j < t0.n; j++)
+			if (!strcmp(t0.name[j], t.name[i]))
+				before = t0.s[j];
+		t.s[i] = t.s[i] > before ? t.s[i] - before : 0;
+	}
+	return t;
+}
+
+static void tcpu_print(const struct tcpu *t, bool json)
+{
+	for (int i = 0; i < t->n; i++)
+		printf(json ? "%s\"%s\": %.4f" : "%s%s %.3f", i ? ", " : "", t->name[i], t->s[i]);
+}
+
 /* The CPU seconds of node B, the cluster's nodes and this process. */
 struct cpu {
 	double kvqd, cluster, bench;
@@ -306,6 +380,21 @@ static struct cpu cpu_since(struct cpu c0)
 	struct cpu c = cpu_now();
 
 	return (struct cpu){ c.kvqd - c0.kvqd, c.cluster - c0.cluster, c.bench - c0.bench };
+}
+
+/* Until node B and the cluster's nodes are idle (under 5 ms of CPU in 100
+ * ms; at most 10 s): node B's pools' warm-up (daemon/warm.h) and the
+ * replicas' catching up are not timed with what comes next. */
+static void settle(void)
+{
+	for (int i = 0; i < 100; i++) {
+		struct cpu c0 = cpu_now(), d;
+
+		usleep(100000);
+		d = cpu_since(c0);
+		if (d.kvqd + d.cluster < 0.005)
+			return;
+	}
 }
 
 /* --- (a) node B's workers --- */
@@ -483,6 +572,7 @@ int cmd_remote(int argc, char **argv)
 	kvq_client *a = NULL, *b = NULL, *bcold = NULL;
 	struct worker ws[64] = { 0 };
 	struct cpu c0, cpu_h = { 0 }, cpu_k = { 0 }, cpu_hw = { 0 }, cpu_kw = { 0 };
+	struct tcpu t0b, th_k = { .n = 0 }, th_kw = { .n = 0 };
 	uint32_t published, nkeys = 0, ptok = 0, *tok = NULL, hit;
 	uint64_t fetched0, bytes0, fetched = 0, bytes_in = 0, hbytes[2], wfetched = 0, wbytes = 0;
 	double fetch_s = 0, hs[2] = { -1, -1 }, hbest, wfetch_s = 0, hw[2] = { -1, -1 }, hwbest, *lat = NULL, *cold = NULL, *warm = NULL, t0;
@@ -529,6 +619,7 @@ int cmd_remote(int argc, char **argv)
 		diag("%u keys on %d masters, %u blocks written", nkeys, nc, published);
 		goto out;
 	}
+	settle();
 	c0 = cpu_now();
 	hs[0] = hiredis_loop(cs, nc, keys, nkeys, CHAIN, &hbytes[0]);
 	cpu_h = cpu_since(c0);
@@ -536,6 +627,8 @@ int cmd_remote(int argc, char **argv)
 	tok = malloc(sizeof(uint32_t) * (ptok + 1));
 	fetched0 = figure(b, "remote_fetched");
 	bytes0 = figure(b, "remote_bytes_in");
+	settle();
+	t0b = tcpu_now(B.pid);
 	c0 = cpu_now();
 	t0 = now_s();
 	for (uint32_t ch = 0; tok && ch < published / CHAIN; ch++) {
@@ -551,18 +644,23 @@ int cmd_remote(int argc, char **argv)
 	}
 	fetch_s = now_s() - t0;
 	cpu_k = cpu_since(c0);
+	th_k = tcpu_since(B.pid, t0b);
 	fetched = figure(b, "remote_fetched") - fetched0;
 	bytes_in = figure(b, "remote_bytes_in") - bytes0;
 	hs[1] = hiredis_loop(cs, nc, keys, nkeys, CHAIN, &hbytes[1]);
 	/* the same chains again, by W workers at once in pool "again" */
+	settle();
 	c0 = cpu_now();
 	hw[0] = hiredis_loop(cs, nc, keys, nkeys, CHAIN * o.workers, &hbytes[1]);
 	cpu_hw = cpu_since(c0);
 	fetched0 = figure(ws[0].c, "remote_fetched");
 	bytes0 = figure(ws[0].c, "remote_bytes_in");
+	settle();
+	t0b = tcpu_now(B.pid);
 	c0 = cpu_now();
 	wfetch_s = workers_fetch(ws, o.workers, published / CHAIN, o.block_tokens, &hits_whole);
 	cpu_kw = cpu_since(c0);
+	th_kw = tcpu_since(B.pid, t0b);
 	wfetched = figure(ws[0].c, "remote_fetched") - fetched0;
 	wbytes = figure(ws[0].c, "remote_bytes_in") - bytes0;
 	hw[1] = hiredis_loop(cs, nc, keys, nkeys, CHAIN * o.workers, &hbytes[1]);
@@ -665,6 +763,9 @@ int cmd_remote(int argc, char **argv)
 			printf("    CPU seconds: the fetch's: kvqd (node B, all threads) %.3f, the cluster's nodes %.3f, "
 			       "this process %.3f; the first hiredis loop's: the cluster's nodes %.3f, the loop %.3f\n",
 			       cpu_k.kvqd, cpu_k.cluster, cpu_k.bench, cpu_h.cluster, cpu_h.bench);
+			printf("    node B's threads in the fetch, CPU seconds by name: ");
+			tcpu_print(&th_k, false);
+			printf("\n");
 			printf("(a) fetch, %u workers of node B at once (their own connections and threads, a second pool "
 			       "of the same keys): %llu blocks in %.3f s: %.0f blocks/s, %.1f MB/s\n", o.workers,
 			       (unsigned long long)wfetched, wfetch_s, w_bps, (double)wbytes / wfetch_s / 1e6);
@@ -675,6 +776,9 @@ int cmd_remote(int argc, char **argv)
 			printf("    CPU seconds: the fetch's: kvqd %.3f, the cluster's nodes %.3f, this process %.3f; "
 			       "the first hiredis loop's: the cluster's nodes %.3f, the loop %.3f\n", cpu_kw.kvqd,
 			       cpu_kw.cluster, cpu_kw.bench, cpu_hw.cluster, cpu_hw.bench);
+			printf("    node B's threads in the fetch, CPU seconds by name: ");
+			tcpu_print(&th_kw, false);
+			printf("\n");
 			printf("(b) write-through, node A's publish to remote_written (%u one-block chains): median "
 			       "%.3f ms, p99 %.3f ms, max %.3f ms\n", o.samples, lmed, l99, lmax);
 			printf("(c) a prompt of %u tokens on node B: cold (no remote: its K/V written, quantized, sealed; no model run) %.2f ms, "
@@ -683,6 +787,13 @@ int cmd_remote(int argc, char **argv)
 			       (unsigned long long)cb);
 			printf("    bytes per token moved: %.1f (the remote's values) against %.1f (f16): %.2fx\n",
 			       value / o.block_tokens, f16 / o.block_tokens, f16 / (value ? value : 1));
+		}
+		if (o.json) {
+			printf(", \"threads_s\": {\"fetch\": {");
+			tcpu_print(&th_k, true);
+			printf("}, \"workers_fetch\": {");
+			tcpu_print(&th_kw, true);
+			printf("}}");
 		}
 		rmodel_print(&rm, o.policy, o.json);
 		if (o.json)

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The copy engine: a thread, a queue, an eventfd back to the loop (copier.h). */
+/* The copy engine: threads, a queue, an eventfd back to the loop (copier.h). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -13,7 +14,9 @@
 #include "copier.h"
 
 struct kvq_copier {
-	pthread_t thread;
+	pthread_t *threads;
+	unsigned nthreads;                   /* started */
+	char name[16];                       /* the threads' (ps, top, /proc/PID/task/TID/comm) */
 	bool started, stop;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;                   /* work queued, or stop */
@@ -46,6 +49,7 @@ static void *worker(void *arg)
 	struct kvq_copier *c = arg;
 	const uint64_t one = 1;
 
+	pthread_setname_np(pthread_self(), c->name);
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		struct kvq_copy_job *j;
@@ -106,12 +110,13 @@ static void on_event(evutil_socket_t fd, short what, void *arg)
 	hand_back(arg);
 }
 
-int kvq_copier_new(struct event_base *base, kvq_copier **ret)
+int kvq_copier_new_threads(struct event_base *base, unsigned n, const char *name, kvq_copier **ret)
 {
 	struct kvq_copier *c = calloc(1, sizeof *c);
 
 	if (!c)
 		return -ENOMEM;
+	snprintf(c->name, sizeof c->name, "%s", name);
 	c->efd = -1;
 	c->queue_tail = &c->queue;
 	c->ran_tail = &c->ran;
@@ -121,14 +126,26 @@ int kvq_copier_new(struct event_base *base, kvq_copier **ret)
 	if (base) {
 		c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 		c->ev = c->efd >= 0 ? event_new(base, c->efd, EV_READ | EV_PERSIST, on_event, c) : NULL;
-		if (!c->ev || event_add(c->ev, NULL) < 0 || pthread_create(&c->thread, NULL, worker, c) != 0) {
+		c->threads = calloc(n ? n : 1, sizeof *c->threads);
+		if (!c->ev || !c->threads || event_add(c->ev, NULL) < 0) {
 			kvq_copier_free(c);
 			return -ENOMEM;
 		}
 		c->started = true;
+		while (c->nthreads < (n ? n : 1) && pthread_create(&c->threads[c->nthreads], NULL, worker, c) == 0)
+			c->nthreads++;
+		if (!c->nthreads) {
+			kvq_copier_free(c);
+			return -ENOMEM;
+		}
 	}
 	*ret = c;
 	return 0;
+}
+
+int kvq_copier_new(struct event_base *base, kvq_copier **ret)
+{
+	return kvq_copier_new_threads(base, 1, "kvqd-copy", ret);
 }
 
 void kvq_copier_submit(kvq_copier *c, struct kvq_copy_job *j)
@@ -173,10 +190,12 @@ void kvq_copier_free(kvq_copier *c)
 		kvq_copier_drain(c);
 		pthread_mutex_lock(&c->mu);
 		c->stop = true;
-		pthread_cond_signal(&c->cv);
+		pthread_cond_broadcast(&c->cv);
 		pthread_mutex_unlock(&c->mu);
-		pthread_join(c->thread, NULL);
+		for (unsigned i = 0; i < c->nthreads; i++)
+			pthread_join(c->threads[i], NULL);
 	}
+	free(c->threads);
 	if (c->ev)
 		event_free(c->ev);
 	if (c->efd >= 0)

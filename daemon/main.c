@@ -4,6 +4,9 @@
 
 #include <errno.h>
 #include <getopt.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +298,15 @@ int main(int argc, char **argv)
 	if (o.log_level < 0)
 		kvq_log_set_level(d.cfg->log_level);
 	signal(SIGPIPE, SIG_IGN);
+#ifdef __GLIBC__
+	/* the remote tier's fetched values (a block's record each, 100 KiB to
+	 * a few MiB) come and go a Lookup's 64 at a time: from a heap that
+	 * stays mapped, not from fresh pages each time (glibc trims its heap
+	 * above 128 KiB free, so every Lookup's values faulted their pages in
+	 * again on the loop) */
+	mallopt(M_MMAP_THRESHOLD, 16 << 20);
+	mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
 	raise_nofile();
 	r = kvq_sd_fds_get(&d.sd_fds);
 	if (r < 0) {

@@ -13,6 +13,7 @@
 #include "pools.h"
 #include "seterr.h"
 #include "tiering.h"
+#include "warm.h"
 
 int kvq_pools_init(struct kvq_pools *ps, const char *backend, int device, const struct kvq_keep *keep, char *err,
 		   size_t errlen)
@@ -399,6 +400,8 @@ void kvq_pools_release(struct kvq_pools_rec *p)
 	p->prefix = NULL;
 	kvq_pool_free(p->pool);
 	p->pool = NULL;
+	kvq_warm_stop(p->warm);
+	p->warm = NULL;
 	kvq_backend_mem_destroy(&p->mem);
 	kvq_layout_free(p->L);
 	p->L = NULL;
@@ -618,6 +621,8 @@ int kvq_pools_allocate(const struct kvq_pools *ps, const struct kvq_config *cfg,
 	}
 	if (r < 0)
 		goto fail;
+	if (p->backend == &kvq_backend_host)
+		p->warm = kvq_warm_start(p->mem.map, p->mem.size);
 	r = kvq_pool_new(p->L->n_sealed, p->L->n_open, p->L->n_sink, &p->pool);
 	if (r < 0)
 		goto fail;
@@ -793,8 +798,10 @@ void kvq_pools_restore_rest(struct kvq_pools *ps, const struct kvq_config *cfg)
 void kvq_pools_keep(struct kvq_pools *ps)
 {
 	/* copies in flight end first: a block on its way to a host tier is
-	 * then in the books as the tier's */
+	 * then in the books as the tier's; and no fetched value is being
+	 * unpacked into a slot */
 	kvq_copier_drain(ps->copier);
+	kvq_rtiers_drain(ps->rtiers);
 	for (struct kvq_pools_rec *p = ps->head; p; p = p->next) {
 		struct kvq_restart_parts pt = parts_of(p);
 

@@ -73,6 +73,7 @@ struct kvq_pools_rec {
 	bool allocated;                              /* memory, layout and books exist */
 	struct kvq_layout *L;
 	struct kvq_backend_mem mem;
+	struct kvq_warm *warm;                       /* its memory's first touch (daemon/warm.h), or NULL */
 	kvq_pool *pool;
 	kvq_prefix *prefix;
 	uint64_t lookup_tokens, hit_tokens;

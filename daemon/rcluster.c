@@ -22,9 +22,9 @@
 #include <event2/event.h>
 #include <hiredis.h>
 #include <async.h>
-#include <adapters/libevent.h>
 
 #include "rcluster.h"
+#include "rconn.h"
 
 #define RC_HOST_MAX 256
 #define RC_MAX_SEEDS 64
@@ -205,7 +205,7 @@ static redisAsyncContext *conn_open(kvq_rcluster *rc, const struct rc_addr *a, r
 
 	if (!ac)
 		return NULL;
-	if (ac->err || redisLibeventAttach(ac, rc->base) != REDIS_OK) {
+	if (ac->err || kvq_rconn_attach(ac, rc->base) < 0) {
 		redisAsyncFree(ac);
 		return NULL;
 	}

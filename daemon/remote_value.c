@@ -9,9 +9,11 @@
 
 #include "remote_value.h"
 
+/* Read only once made: threads may share one (each MAC has a context of
+ * its own). */
 struct kvq_remote_codec {
 	EVP_PKEY *key;          /* the HMAC key */
-	EVP_MD_CTX *ctx;
+	EVP_MD *sha256;         /* fetched once: EVP_sha256() is looked up again at each use */
 	size_t max_value;
 };
 
@@ -55,8 +57,8 @@ int kvq_remote_codec_new(const void *key, size_t key_len, size_t max_value, kvq_
 		return -ENOMEM;
 	c->max_value = max_value;
 	c->key = EVP_PKEY_new_raw_private_key(EVP_PKEY_HMAC, NULL, key, key_len);
-	c->ctx = EVP_MD_CTX_new();
-	if (!c->key || !c->ctx) {
+	c->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+	if (!c->key || !c->sha256) {
 		kvq_remote_codec_free(c);
 		return -EIO;
 	}
@@ -68,7 +70,7 @@ void kvq_remote_codec_free(kvq_remote_codec *c)
 {
 	if (!c)
 		return;
-	EVP_MD_CTX_free(c->ctx);
+	EVP_MD_free(c->sha256);
 	EVP_PKEY_free(c->key);   /* OpenSSL cleanses a raw private key as it frees it */
 	free(c);
 }
@@ -87,17 +89,19 @@ static int mac(kvq_remote_codec *c, const struct kvq_remote_value_head *h, const
 	uint8_t klen[4];
 	size_t outlen = KVQ_REMOTE_VALUE_MAC;
 	int n = kvq_remote_redis_key(h->identity, h->chain, h->rank, h->world, key, sizeof key);
+	EVP_MD_CTX *ctx;
 
 	if (n < 0)
 		return n;
 	put_le(klen, (uint64_t)n, 4);
-	if (!EVP_MD_CTX_reset(c->ctx) || EVP_DigestSignInit(c->ctx, NULL, EVP_sha256(), NULL, c->key) != 1 ||
-	    EVP_DigestSignUpdate(c->ctx, klen, sizeof klen) != 1 ||
-	    EVP_DigestSignUpdate(c->ctx, key, (size_t)n) != 1 ||
-	    EVP_DigestSignUpdate(c->ctx, hdr, KVQ_REMOTE_VALUE_HEADER + plen) != 1 ||
-	    EVP_DigestSignFinal(c->ctx, out, &outlen) != 1 || outlen != KVQ_REMOTE_VALUE_MAC)
-		return -EIO;
-	return 0;
+	ctx = EVP_MD_CTX_new();
+	if (!ctx || EVP_DigestSignInit(ctx, NULL, c->sha256, NULL, c->key) != 1 ||
+	    EVP_DigestSignUpdate(ctx, klen, sizeof klen) != 1 || EVP_DigestSignUpdate(ctx, key, (size_t)n) != 1 ||
+	    EVP_DigestSignUpdate(ctx, hdr, KVQ_REMOTE_VALUE_HEADER + plen) != 1 ||
+	    EVP_DigestSignFinal(ctx, out, &outlen) != 1 || outlen != KVQ_REMOTE_VALUE_MAC)
+		n = -EIO;
+	EVP_MD_CTX_free(ctx);
+	return n < 0 ? n : 0;
 }
 
 int kvq_remote_value_encode(kvq_remote_codec *c, const struct kvq_remote_value_head *h, const void *payload,

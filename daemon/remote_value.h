@@ -73,8 +73,9 @@ struct kvq_remote_value_head {
 typedef struct kvq_remote_codec kvq_remote_codec;
 
 /* A codec with the remote's HMAC key key[key_len] (copied; 32 bytes or
- * more) and values of at most max_value bytes.  Returns 0 and *ret,
- * -EINVAL or -ENOMEM / -EIO (libcrypto). */
+ * more) and values of at most max_value bytes; threads may encode and
+ * verify with one codec at once.  Returns 0 and *ret, -EINVAL or -ENOMEM /
+ * -EIO (libcrypto). */
 int kvq_remote_codec_new(const void *key, size_t key_len, size_t max_value, kvq_remote_codec **ret);
 
 /* Frees (NULL is fine); the key is wiped. */

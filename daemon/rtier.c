@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sys/random.h>
 
@@ -20,6 +21,7 @@
 #include "seterr.h"
 #include "tier.h"
 
+#define RTIER_VERIFY_MAX 4u       /* threads verifying fetched values */
 #define RTIER_QUEUE_MAX 4096u    /* blocks waiting to be written, per pool */
 #define RTIER_QUEUE_BYTES (64u << 20)   /* their values made at eviction (write-back), per pool;
 					   an empty queue takes one of any size */
@@ -40,6 +42,7 @@ struct kvq_rtiers {
 	struct event_base *base;
 	uint32_t n;
 	struct rtier_remote *r;
+	kvq_copier *verify;                 /* host pools' fetched values, verified and unpacked */
 };
 
 /* A block to write: its id and local key (written through: only if still
@@ -69,8 +72,9 @@ struct kvq_rtier {
 	struct kvq_rtier_pool p;            /* the pool's, while attached */
 	bool attached;                      /* false once detached */
 	kvq_remote_codec *codec;
-	kvq_remote_codec *vcodec;           /* the copy thread's: it verifies fetched values */
+	kvq_remote_codec *vcodec;           /* the verifying threads': fetched values (shared) */
 	struct kvq_rstage *stage;           /* a pool kvqd does not map: its copies; else NULL */
+	kvq_copier *verify;                 /* the remotes' (a host pool's), or NULL: the daemon's copier */
 	struct kvq_chainkey ck;
 	uint8_t identity[KVQ_REMOTE_DIGEST_LEN];
 	int write;                          /* enum kvq_remote_write */
@@ -136,6 +140,7 @@ int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct
 		   size_t errlen)
 {
 	struct kvq_rtiers *rs;
+	long ncpu;
 	int r;
 
 	*ret = NULL;
@@ -147,6 +152,16 @@ int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct
 		return -ENOMEM;
 	}
 	rs->base = base;
+	/* as many threads as cores, within a bound: a value's HMAC takes
+	 * longer than its bytes take to come on loopback */
+	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	r = kvq_copier_new_threads(base, ncpu < 1 ? 1 : ncpu > RTIER_VERIFY_MAX ? RTIER_VERIFY_MAX : (unsigned)ncpu,
+				   "kvqd-verify", &rs->verify);
+	if (r < 0) {
+		free(rs->r);
+		free(rs);
+		return kvq_seterr(err, errlen, "the remotes' copy threads: %s", strerror(-r)), r;
+	}
 	for (uint32_t i = 0; i < cfg->n_remotes; i++) {
 		const struct kvq_config_remote *c = &cfg->remotes[i];
 		struct rtier_remote *m = &rs->r[i];
@@ -175,6 +190,12 @@ int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct
 	return 0;
 }
 
+void kvq_rtiers_drain(struct kvq_rtiers *rs)
+{
+	if (rs)
+		kvq_copier_drain(rs->verify);
+}
+
 void kvq_rtiers_free(struct kvq_rtiers *rs)
 {
 	if (!rs)
@@ -183,6 +204,7 @@ void kvq_rtiers_free(struct kvq_rtiers *rs)
 		kvq_rcluster_free(rs->r[i].rc);
 		OPENSSL_cleanse(rs->r[i].key, sizeof rs->r[i].key);
 	}
+	kvq_copier_free(rs->verify);
 	free(rs->r);
 	free(rs);
 }
@@ -308,6 +330,8 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 		kvq_rtier_free(t);
 		return r;
 	}
+	/* a cuda pool's staging is one: its copies stay on the daemon's thread */
+	t->verify = t->stage ? NULL : rs->verify;
 	if (t->write == KVQ_REMOTE_WRITE_BACK) {
 		kvq_prefix_set_leave_hook(p->prefix, on_leave, t);
 		if (p->tier)
@@ -332,7 +356,7 @@ static void rtier_detach(struct kvq_rtier *t)
 	t->dm = NULL;
 	/* the copy thread writes no slot of the pool after this */
 	if (t->jobs)
-		kvq_copier_drain(*t->p.copier);
+		kvq_copier_drain(t->verify ? t->verify : *t->p.copier);
 	kvq_rstage_close(t->stage);
 	t->stage = NULL;
 	t->attached = false;
@@ -870,7 +894,7 @@ static int fetch_take(struct fetch_req *q, struct redisReply *reply)
 	}
 	q->job = (struct kvq_copy_job){ .run = fetch_run, .done = fetch_ran };
 	t->jobs++;
-	kvq_copier_submit(*t->p.copier, &q->job);
+	kvq_copier_submit(t->verify ? t->verify : *t->p.copier, &q->job);
 	return 0;
 }
 

@@ -43,14 +43,16 @@
  * Fetch: kvq_rtier_fetch GETs a list of blocks (pipelined by the cluster
  * client, one connection per master); as each value arrives, the loop
  * takes it from its reply (no copy), allocates a pool slot for it and
- * hands both to the copy engine (daemon/copier.h), whose thread verifies
- * the value (kvq_remote_value_verify, with a codec of its own: any refusal
+ * hands both to a copier (daemon/copier.h: a host pool's to the remotes'
+ * own, of as many threads as cores up to 4, values side by side; a cuda
+ * pool's to the daemon's copy thread), which verifies the value
+ * (kvq_remote_value_verify, with a codec of the tier's own: any refusal
  * is a miss and an error of its kind) and unpacks its record into the
  * slot, while the loop receives the next values.  The caller publishes the
  * longest run of unpacked blocks when all came back or its bound passed
  * (daemon/req_lookup.c).
  *
- * Not thread-safe: the loop's; the copy thread runs only the fetch jobs'
+ * Not thread-safe: the loop's; the copy threads run only the fetch jobs'
  * verification and unpacking (a cuda pool's: the check, the staging's
  * copy and the DMA into the slot).
  */
@@ -129,6 +131,10 @@ struct kvq_rtier_stats {
  * *ret (NULL when there is none), or a negative code with err set. */
 int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct kvq_rtiers **ret, char *err,
 		   size_t errlen);
+
+/* Waits until every fetched value on the verifying threads was verified
+ * and unpacked, and hands them back (NULL is fine). */
+void kvq_rtiers_drain(struct kvq_rtiers *rs);
 
 /* Ends every request (its callbacks run) and frees; after the pools' tiers
  * (NULL is fine). */
