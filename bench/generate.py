@@ -30,8 +30,15 @@ import time
 
 
 def start_kvqd(kvqd, tmp):
+    """A kvqd of its own whose pools created on attach may take the whole
+    memory budget (the default, a quarter of it, is under what 256 x 2048
+    f16 asks on an 80 GB GPU); each kvq-run's pool goes with it."""
     sock = os.path.join(tmp, "kvqd.sock")
-    p = subprocess.Popen([kvqd, "--backend", "host", "--socket", sock, "--foreground", "--log-level", "warning"])
+    conf = os.path.join(tmp, "kvqd.conf")
+    with open(conf, "w") as f:
+        f.write("[kvqd]\ncreate_memory_share = 100%\n")
+    p = subprocess.Popen([kvqd, "--config", conf, "--backend", "host", "--socket", sock, "--foreground",
+                          "--log-level", "warning"])
     for _ in range(500):
         if os.path.exists(sock):
             return p, sock

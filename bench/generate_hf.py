@@ -16,13 +16,14 @@ starting point, --new tokens each (greedy, EOS ignored).  For each cache:
   kvq-FORMAT  kvq.hf's KvqCache, attention "kvq", on a cuda pool of the
               kvqd at --socket (the pool made by attach, named after the
               format and the run, with sealed slots for every token of
-              the batch and two open slots a sequence)
+              the batch and eight open slots a sequence: KIVI's window)
 
 decode tokens/s = batch x new / (time of generate(new + 1) - time of
 generate(1)) (the second less the prefill and first token; a warm-up
 generate(1) before both), the KV bytes
-the cache holds at the end (tensors' bytes; kvq: the pool's resident_bytes
-while the sequences live), and each sequence's tokens equal to static's
+the cache holds at the end (its tensors' bytes; kvq: the pool's
+resident_bytes while the sequences live; not given for QuantizedCache,
+whose backend packs its own tensors), and each sequence's tokens equal to static's
 (greedy; FP16 on a GPU may differ where two logits tie within rounding).
 
   python3 bench/generate_hf.py --model M.gguf --text GPL-3 [--batch 64 --ctx 4096 --new 128]
@@ -71,17 +72,7 @@ def kv_bytes(cache):
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(t, torch.Tensor):
                 n += t.numel() * t.element_size()
-        for name in ("_quantized_keys", "_quantized_values"):
-            q = getattr(layer, name, None)
-            if q is not None:
-                n += sum(x.numel() * x.element_size() for x in _tensors(q))
     return n
-
-
-def _tensors(q):
-    if isinstance(q, torch.Tensor):
-        return [q]
-    return [v for v in vars(q).values() if isinstance(v, torch.Tensor)] if hasattr(q, "__dict__") else []
 
 
 def make_cache(kind, model, ids, a):
@@ -100,7 +91,7 @@ def make_cache(kind, model, ids, a):
         cache = kvq.hf.KvqCache.attach(model, pool, "bench-hf@smollm2", policy=kind[4:], prompt_ids=ids,
                                        attention_mask=torch.ones_like(ids), socket=a.socket,
                                        backend="cuda" if a.device == "cuda" else "host",
-                                       n_sealed=b * ((ctx + a.new + 32) // 32 + 1), n_open=2 * b)
+                                       n_sealed=b * ((ctx + a.new + 32) // 32 + 1), n_open=8 * b)
         return cache, cache.close, "kvq"
     raise ValueError(f"unknown cache {kind}")
 
@@ -117,6 +108,8 @@ def run(kind, model, ids, a, new):
         dt = time.perf_counter() - t0
         if kind.startswith("kvq-"):   # the live sequences' blocks and open slots (kvqd's resident_bytes)
             kv = int(cache.client.figures().get("resident_bytes", 0))
+        elif kind == "quantized":   # its backend's packed tensors are not counted here
+            kv = None
         else:
             kv = kv_bytes(cache)
         return out[:, ids.shape[1]:], dt, kv
@@ -162,8 +155,9 @@ def main():
         same = int((toks == ref).all(dim=1).sum())
         rows.append({"cache": kind, "prefill_s": t1, "generate_s": tn, "decode_tokens_per_s": dec,
                      "step_ms": (tn - t1) / a.new * 1e3, "kv_bytes": kv, "same_as_first": same})
+        kvs = f"{kv / 2**30:6.2f} GiB" if kv is not None else "     - GiB"
         print(f"{kind:12s} prefill+1 {t1:7.3f} s  decode {dec:9.0f} tok/s  step {(tn - t1) / a.new * 1e3:7.2f} ms  "
-              f"KV {kv / 2**30:6.2f} GiB  sequences equal to {a.caches.split(',')[0]}'s: {same}/{a.batch}")
+              f"KV {kvs}  sequences equal to {a.caches.split(',')[0]}'s: {same}/{a.batch}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
