@@ -799,9 +799,10 @@ void kvq_pools_keep(struct kvq_pools *ps)
 {
 	/* copies in flight end first: a block on its way to a host tier is
 	 * then in the books as the tier's; and no fetched value is being
-	 * unpacked into a slot */
-	kvq_copier_drain(ps->copier);
+	 * unpacked into a slot (the verifying threads first: they hand a
+	 * cuda pool's checked records on to the copy thread) */
 	kvq_rtiers_drain(ps->rtiers);
+	kvq_copier_drain(ps->copier);
 	for (struct kvq_pools_rec *p = ps->head; p; p = p->next) {
 		struct kvq_restart_parts pt = parts_of(p);
 

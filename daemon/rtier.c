@@ -42,7 +42,7 @@ struct kvq_rtiers {
 	struct event_base *base;
 	uint32_t n;
 	struct rtier_remote *r;
-	kvq_copier *verify;                 /* host pools' fetched values, verified and unpacked */
+	kvq_copier *verify;                 /* fetched values, verified (a host pool's unpacked too) */
 };
 
 /* A block to write: its id and local key (written through: only if still
@@ -74,7 +74,7 @@ struct kvq_rtier {
 	kvq_remote_codec *codec;
 	kvq_remote_codec *vcodec;           /* the verifying threads': fetched values (shared) */
 	struct kvq_rstage *stage;           /* a pool kvqd does not map: its copies; else NULL */
-	kvq_copier *verify;                 /* the remotes' (a host pool's), or NULL: the daemon's copier */
+	kvq_copier *verify;                 /* the remotes' verifying threads */
 	struct kvq_chainkey ck;
 	uint8_t identity[KVQ_REMOTE_DIGEST_LEN];
 	int write;                          /* enum kvq_remote_write */
@@ -98,13 +98,15 @@ struct kvq_rtier {
 	struct kvq_log_limit lim[KVQ_RTIER_NERRORS];
 };
 
-/* A get's request, then its value's job on the copy engine. */
+/* A get's request, then its value's job on the verifying threads (a cuda
+ * pool's then on the copy thread). */
 struct fetch_req {
 	struct kvq_copy_job job;            /* first: the job is the request */
 	struct kvq_rtier_fetch *f;
 	uint32_t i;
 	char *val;                          /* the value, taken from its reply */
 	size_t len;
+	const void *rec;                    /* a cuda pool's: its record, checked (in val) */
 	uint32_t slot;                      /* the slot it goes to (the get's once it is there) */
 	enum kvq_rtier_error err;           /* the job's failure */
 };
@@ -330,8 +332,9 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 		kvq_rtier_free(t);
 		return r;
 	}
-	/* a cuda pool's staging is one: its copies stay on the daemon's thread */
-	t->verify = t->stage ? NULL : rs->verify;
+	/* a cuda pool's values too: only their staging's copy and DMA, one
+	 * staging, go on to the daemon's copy thread */
+	t->verify = rs->verify;
 	if (t->write == KVQ_REMOTE_WRITE_BACK) {
 		kvq_prefix_set_leave_hook(p->prefix, on_leave, t);
 		if (p->tier)
@@ -354,9 +357,13 @@ static void rtier_detach(struct kvq_rtier *t)
 	}
 	free(t->dm);
 	t->dm = NULL;
-	/* the copy thread writes no slot of the pool after this */
-	if (t->jobs)
-		kvq_copier_drain(t->verify ? t->verify : *t->p.copier);
+	/* no thread writes a slot of the pool after this: the verifying
+	 * threads hand a cuda pool's checked records to the copy thread */
+	if (t->jobs) {
+		kvq_copier_drain(t->verify);
+		if (t->stage)
+			kvq_copier_drain(*t->p.copier);
+	}
 	kvq_rstage_close(t->stage);
 	t->stage = NULL;
 	t->attached = false;
@@ -792,11 +799,10 @@ static void fetch_settle(struct kvq_rtier_fetch *f)
 		f->done(f->arg);
 }
 
-/* On the copy thread, a pool kvqd does not map: record rec[len] checked
- * whole (layout, checksum, class of slot), then its slices DMA'd into the
- * slot; nothing reaches the pool before the checks pass.  0, or a negative
- * code with why set. */
-static int fetch_push(struct kvq_rtier *t, uint32_t slot, const void *rec, size_t len, char *why, size_t whylen)
+/* On a verifying thread, a pool kvqd does not map: record rec[len]
+ * checked whole (layout, checksum, class of slot) before the copy thread
+ * DMAs its slices (fetch_push).  0, or a negative code with why set. */
+static int fetch_check(struct kvq_rtier *t, uint32_t slot, const void *rec, size_t len, char *why, size_t whylen)
 {
 	struct kvq_block_ref ref = kvq_layout_block_ref(t->p.L, slot);
 	struct kvq_blockrec_info info;
@@ -807,11 +813,12 @@ static int fetch_push(struct kvq_rtier *t, uint32_t slot, const void *rec, size_
 			   kvq_block_class_name(ref.cls));
 		r = -EINVAL;
 	}
-	return r < 0 ? r : kvq_rstage_push(t->stage, ref, rec, why, whylen);
+	return r;
 }
 
-/* On the copy thread: q's value verified, its record unpacked into its
- * get's slot.  0, or -1 with q->err set. */
+/* On a verifying thread: q's value verified, its record unpacked into its
+ * get's slot (a cuda pool's: checked, for fetch_push).  0, or -1 with
+ * q->err set. */
 static int fetch_run(struct kvq_copy_job *j)
 {
 	struct fetch_req *q = (struct fetch_req *)j;
@@ -831,14 +838,30 @@ static int fetch_run(struct kvq_copy_job *j)
 		q->err = k >= 0 ? (enum kvq_rtier_error)(KVQ_RTIER_E_OVERSIZE + k) : KVQ_RTIER_E_REPLY;
 		return -1;
 	}
-	r = t->stage ? fetch_push(t, q->slot, payload, plen, why, sizeof why)
+	r = t->stage ? fetch_check(t, q->slot, payload, plen, why, sizeof why)
 		     : kvq_blockrec_unpack(t->p.L, t->p.map, kvq_layout_block_ref(t->p.L, q->slot), payload, plen,
 					   NULL, why, sizeof why);
 	if (r < 0) {
 		q->err = KVQ_RTIER_E_RECORD;
 		return -1;
 	}
+	q->rec = payload;
 	j->bytes = plen;
+	return 0;
+}
+
+/* On the copy thread, a cuda pool's: q's checked record's slices through
+ * the staging into its slot.  0, or -1 with q->err set. */
+static int fetch_push(struct kvq_copy_job *j)
+{
+	struct fetch_req *q = (struct fetch_req *)j;
+	struct kvq_rtier *t = q->f->t;
+	char why[160];
+
+	if (kvq_rstage_push(t->stage, kvq_layout_block_ref(t->p.L, q->slot), q->rec, why, sizeof why) < 0) {
+		q->err = KVQ_RTIER_E_RECORD;
+		return -1;
+	}
 	return 0;
 }
 
@@ -861,8 +884,23 @@ static void fetch_ran(struct kvq_copy_job *j, int result)
 	fetch_settle(f);
 }
 
+/* On the loop, q's value verified: a cuda pool's record, checked, goes on
+ * to the copy thread (its staging is one); else q's job ended. */
+static void fetch_verified(struct kvq_copy_job *j, int result)
+{
+	struct fetch_req *q = (struct fetch_req *)j;
+	struct kvq_rtier *t = q->f->t;
+
+	if (result < 0 || !t->stage) {
+		fetch_ran(j, result);
+		return;
+	}
+	q->job = (struct kvq_copy_job){ .run = fetch_push, .done = fetch_ran };
+	kvq_copier_submit(*t->p.copier, &q->job);
+}
+
 /* q's reply: its value taken, a slot allocated for it and both on the
- * copy engine (0: fetch_ran comes), or a miss (-1). */
+ * verifying threads (0: fetch_ran comes), or a miss (-1). */
 static int fetch_take(struct fetch_req *q, struct redisReply *reply)
 {
 	struct kvq_rtier *t = q->f->t;
@@ -892,9 +930,9 @@ static int fetch_take(struct fetch_req *q, struct redisReply *reply)
 		kvq_pool_unref(t->p.pool, q->slot);
 		return -1;
 	}
-	q->job = (struct kvq_copy_job){ .run = fetch_run, .done = fetch_ran };
+	q->job = (struct kvq_copy_job){ .run = fetch_run, .done = fetch_verified };
 	t->jobs++;
-	kvq_copier_submit(t->verify ? t->verify : *t->p.copier, &q->job);
+	kvq_copier_submit(t->verify, &q->job);
 	return 0;
 }
 

@@ -9,9 +9,9 @@
  * the pool; a cuda pool's, which kvqd does not map, go through a pinned
  * staging and a channel of its backend (daemon/rstage.h): a block's slices
  * DMA'd to the host on the loop and sealed there, a fetched record checked
- * whole (layout, class, checksum) on the copy thread before its slices are
- * DMA'd into the slot.  A pool whose channel cannot open (no driver) runs
- * without its remote tier.
+ * whole (layout, class, checksum) on a verifying thread before the copy
+ * thread DMAs its slices into the slot (the staging is one).  A pool
+ * whose channel cannot open (no driver) runs without its remote tier.
  *
  * The daemon keeps one cluster client per [remote] section
  * (kvq_rtiers_new, on its event base: a cluster down at start only means
@@ -43,18 +43,19 @@
  * Fetch: kvq_rtier_fetch GETs a list of blocks (pipelined by the cluster
  * client, one connection per master); as each value arrives, the loop
  * takes it from its reply (no copy), allocates a pool slot for it and
- * hands both to a copier (daemon/copier.h: a host pool's to the remotes'
- * own, of as many threads as cores up to 4, values side by side; a cuda
- * pool's to the daemon's copy thread), which verifies the value
+ * hands both to the remotes' copier (daemon/copier.h: as many threads as
+ * cores up to 4, values side by side), which verifies the value
  * (kvq_remote_value_verify, with a codec of the tier's own: any refusal
  * is a miss and an error of its kind) and unpacks its record into the
- * slot, while the loop receives the next values.  The caller publishes the
- * longest run of unpacked blocks when all came back or its bound passed
+ * slot (a cuda pool's: checks it, then, back on the loop, hands it to the
+ * daemon's copy thread for the staging's copy and the DMA), while the
+ * loop receives the next values.  The caller publishes the longest run
+ * of unpacked blocks when all came back or its bound passed
  * (daemon/req_lookup.c).
  *
- * Not thread-safe: the loop's; the copy threads run only the fetch jobs'
- * verification and unpacking (a cuda pool's: the check, the staging's
- * copy and the DMA into the slot).
+ * Not thread-safe: the loop's; the verifying threads run only the fetch
+ * jobs' verification and unpacking (a cuda pool's: the check), the copy
+ * thread only a cuda pool's staging copy and DMA into the slot.
  */
 #ifndef KVQD_RTIER_H
 #define KVQD_RTIER_H
@@ -133,7 +134,8 @@ int kvq_rtiers_new(struct event_base *base, const struct kvq_config *cfg, struct
 		   size_t errlen);
 
 /* Waits until every fetched value on the verifying threads was verified
- * and unpacked, and hands them back (NULL is fine). */
+ * and unpacked, and hands them back (NULL is fine); a cuda pool's checked
+ * records are then on the daemon's copy engine: drain it after. */
 void kvq_rtiers_drain(struct kvq_rtiers *rs);
 
 /* Ends every request (its callbacks run) and frees; after the pools' tiers
