@@ -369,9 +369,11 @@ int main(void)
 	}
 	setenv("KVQ_CUDA_SPLITS", "1", 1);
 #endif
-	metrics_port = free_port();
 	if (!cluster_up())
 		return done_testing();
+	/* after the cluster holds its ports: a port picked before could be a
+	 * cluster bus port (port + 10000) that was free when picked */
+	metrics_port = free_port();
 	if (!ok(secrets_write("0123456789abcdef0123456789abcdef-the-cluster-key"), "secrets (mode 0600)"))
 		return done_testing();
 	/* a cluster that does not answer does not stop kvqd */
