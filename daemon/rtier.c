@@ -139,7 +139,7 @@ void kvq_rtier_count_error(struct kvq_rtier *t, enum kvq_rtier_error e)
 }
 
 /* The error of a cluster client's status. */
-enum kvq_rtier_error status_error(int status)
+enum kvq_rtier_error rtier_status_error(int status)
 {
 	switch (status) {
 	case -ETIMEDOUT: return KVQ_RTIER_E_TIMEOUT;
@@ -194,7 +194,7 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 	t->rkey = calloc(t->nb, sizeof *t->rkey);
 	t->known = calloc(t->nb, sizeof *t->known);
 	t->q = calloc(t->qcap, sizeof *t->q);
-	t->drain = event_new(rs->base, -1, 0, drain_cb, t);
+	t->drain = event_new(rs->base, -1, 0, rtier_drain_cb, t);
 	r = !t->lkey || !t->rkey || !t->known || !t->q || !t->drain ? -ENOMEM : 0;
 	if (r == 0 && (r = kvq_remote_identity_digest(&id, t->identity)) < 0)
 		kvq_seterr(err, errlen, "pool %s: its identity digest: %s", p->name, strerror(-r));
@@ -232,9 +232,9 @@ int kvq_rtier_new(struct kvq_rtiers *rs, const struct kvq_config_pool *cp, const
 	 * staging, go on to the daemon's copy thread */
 	t->verify = rs->verify;
 	if (t->write == KVQ_REMOTE_WRITE_BACK) {
-		kvq_prefix_set_leave_hook(p->prefix, on_leave, t);
+		kvq_prefix_set_leave_hook(p->prefix, rtier_on_leave, t);
 		if (p->tier)
-			kvq_tier_set_leave_hook(p->tier, tier_leave, t);
+			kvq_tier_set_leave_hook(p->tier, rtier_tier_leave, t);
 	}
 	kvq_log(LOG_INFO, "pool %s: remote %s, namespace %s, write %s", p->name, rm->name, cp->remote_namespace,
 		t->write == KVQ_REMOTE_WRITE_THROUGH ? "through" : t->write == KVQ_REMOTE_WRITE_BACK ? "back" : "off");

@@ -218,7 +218,7 @@ static void fetch_cb(void *ctx, int status, struct redisReply *reply)
 	f->g[q->i].done = true;
 	if (!f->ended && f->t->attached) {
 		if (status < 0)
-			rtier_error(f->t, status_error(status), "a fetch");
+			rtier_error(f->t, rtier_status_error(status), "a fetch");
 		else if (fetch_take(q, reply) == 0)
 			return;   /* fetch_ran settles it (maybe done already) */
 	}
@@ -254,7 +254,7 @@ int kvq_rtier_fetch(struct kvq_rtier *t, const struct kvq_rtier_get *g, uint32_t
 		r = klen < 0 ? klen : kvq_rcluster_get(t->rm->rc, key, (size_t)klen, fetch_cb, &f->req[i]);
 		if (r < 0) {
 			f->g[i].done = true;
-			rtier_error(t, status_error(r), "a fetch");
+			rtier_error(t, rtier_status_error(r), "a fetch");
 		} else {
 			f->pending++;
 		}

@@ -93,7 +93,7 @@ void rtier_unref(struct kvq_rtier *t);
 /* rtier.c: error e counted and logged (rate-limited); what says of what. */
 void rtier_error(struct kvq_rtier *t, enum kvq_rtier_error e, const char *what);
 /* rtier.c: a cluster client's status as an error of the tier. */
-enum kvq_rtier_error status_error(int status);
+enum kvq_rtier_error rtier_status_error(int status);
 /* rtier.c: block id's remote chain key learnt, with its local key. */
 void rtier_learn_as(struct kvq_rtier *t, uint32_t id, const uint8_t lkey[KVQ_CHAINKEY_LEN],
 		    const uint8_t chain[KVQ_CHAINKEY_LEN]);
@@ -101,10 +101,10 @@ void rtier_learn_as(struct kvq_rtier *t, uint32_t id, const uint8_t lkey[KVQ_CHA
 int rtier_rkey(struct kvq_rtier *t, uint32_t id, uint8_t lkey[KVQ_CHAINKEY_LEN], const uint8_t **ret);
 
 /* rtier_write.c: the write queue's drain (the event t->drain). */
-void drain_cb(evutil_socket_t fd, short what, void *arg);
+void rtier_drain_cb(evutil_socket_t fd, short what, void *arg);
 /* rtier_write.c: write-back's leave hook of the prefix index. */
-void on_leave(void *arg, uint32_t id, int32_t parent, int demote);
+void rtier_on_leave(void *arg, uint32_t id, int32_t parent, int demote);
 /* rtier_write.c: write-back's leave hook of the host tier. */
-void tier_leave(void *arg, uint32_t r, bool gone);
+void rtier_tier_leave(void *arg, uint32_t r, bool gone);
 
 #endif

@@ -25,7 +25,7 @@ static void write_cb(void *ctx, int status, struct redisReply *reply)
 
 	t->writing--;
 	if (status < 0)
-		rtier_error(t, status_error(status), "a write");
+		rtier_error(t, rtier_status_error(status), "a write");
 	else if (reply->type != REDIS_REPLY_STATUS)
 		rtier_error(t, KVQ_RTIER_E_REPLY, "a write");
 	else
@@ -100,7 +100,7 @@ static int value_send(struct kvq_rtier *t, const struct rtier_write *w, const ui
 
 	r = klen < 0 ? klen : kvq_rcluster_set(t->rm->rc, key, (size_t)klen, buf, len, t->rm->ttl_ms, write_cb, t);
 	if (r < 0) {
-		rtier_error(t, status_error(r), "a write");
+		rtier_error(t, rtier_status_error(r), "a write");
 		return r;
 	}
 	t->refs++;
@@ -131,7 +131,7 @@ static int write_one(struct kvq_rtier *t, struct rtier_write *w)
 	return r;
 }
 
-void drain_cb(evutil_socket_t fd, short what, void *arg)
+void rtier_drain_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct kvq_rtier *t = arg;
 
@@ -274,8 +274,8 @@ static void back_queue(struct kvq_rtier *t, struct rtier_write *w, const void *r
  * its bytes still in its slot.  Without a copy it leaves every local
  * tier: packed now into its value, queued, so that the slot may be reused
  * at once.  Demoted to the host tier, its remote keys are kept for when
- * its record leaves the tier (tier_leave). */
-void on_leave(void *arg, uint32_t id, int32_t parent, int demote)
+ * its record leaves the tier (rtier_tier_leave). */
+void rtier_on_leave(void *arg, uint32_t id, int32_t parent, int demote)
 {
 	struct kvq_rtier *t = arg;
 	struct rtier_write w = { .id = id, .has_parent = parent >= 0 };
@@ -314,7 +314,7 @@ void on_leave(void *arg, uint32_t id, int32_t parent, int demote)
 /* Write-back: record r leaves the host tier (the tier's leave hook): gone,
  * its block leaves every local tier and its record is written; else its
  * copy failed and its keys are forgotten. */
-void tier_leave(void *arg, uint32_t r, bool gone)
+void rtier_tier_leave(void *arg, uint32_t r, bool gone)
 {
 	struct kvq_rtier *t = arg;
 	struct rtier_demoted *e = t->attached ? dm_find(t, kvq_tier_rec_key(t->p.tier, r)) : NULL;
