@@ -57,11 +57,12 @@ function layer(p) {
 [ -z "$bad" ]
 t $? "no include goes up a layer or between daemon/ and client/${bad:+: $(echo "$bad" | tr '\n' ';')}"
 
-# modules: a C file and its header are one (x.c and x.h), so two .c files
-# that include each other's headers are a cycle too (a .cu and a .cuh of
-# one name are a kernel's launcher and its templates: two files)
+# modules: a C file and its header are one (x.c and x.h, and x_int.h, the
+# header its own files share), so two .c files that include each other's
+# headers are a cycle too (a .cu and a .cuh of one name are a kernel's
+# launcher and its templates: two files)
 cycle=$(printf '%s\n' "$edges" | awk '
-function module(p) { sub(/\.[ch]$/, "", p); return p }
+function module(p) { sub(/_int\.h$/, "", p); sub(/\.[ch]$/, "", p); return p }
 {
 	a = module($1); b = module($2)
 	if (a != b) { n[a]++; to[a, n[a]] = b }
