@@ -10,7 +10,10 @@ a kvqd this script starts on a temporary socket:
       per-token (per-step) latency, against f16;
   (b) the largest batch each format fits in one KV budget (default 8 GiB)
       at 4096 tokens (its bytes per token measured in (a)), and its
-      tokens/s: the effective batch against f16.
+      tokens/s: the effective batch against f16;
+  (c) with --hf CACHES, the same model in transformers at the first shape
+      (bench/generate_hf.py: its StaticCache, DynamicCache, QuantizedCache
+      and kvq.hf's cache on this run's kvqd), against StaticCache.
 
 Prints one table, and with --json the figures as one JSON document.
 Beside each format its two monitoring figures: KV bytes per token and the
@@ -71,6 +74,22 @@ def figures(j):
             "bytes_per_token": j["kv_bytes_peak"] / max(1, j["kv_tokens_peak"])}
 
 
+def transformers_rows(a, sock, shape, tmp):
+    """(c): bench/generate_hf.py at shape on the kvqd at sock; its JSON, or {"error": why}."""
+    js = os.path.join(tmp, "hf.json")
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate_hf.py"),
+           "--model", a.model, "--text", a.text, "--batch", str(shape[0]), "--ctx", str(shape[1]),
+           "--new", str(a.new), "--caches", a.hf, "--socket", sock, "--json", js]
+    if not a.gpu:
+        cmd += ["--device", "cpu"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    if r.returncode != 0 or not os.path.exists(js):
+        err = r.stderr.strip().splitlines()
+        return {"error": err[-1] if err else f"exit {r.returncode}"}
+    with open(js) as fh:
+        return json.load(fh)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kvq-run", required=True)
@@ -85,6 +104,9 @@ def main():
     ap.add_argument("--budget-ctx", type=int, default=4096, help="prompt tokens of (b)")
     ap.add_argument("--max-seqs", type=int, default=1024, help="kvq-run's limit")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--hf", metavar="CACHES",
+                    help="(c): bench/generate_hf.py's caches (e.g. static,dynamic,quantized,kvq-int8,kvq-kivi4) "
+                         "at the first shape, on this run's kvqd")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     formats = a.formats.split(",")
@@ -124,6 +146,8 @@ def main():
                          batch_vs_f16=seqs / base["seqs"] if base else None,
                          tokens_per_s_vs_f16=f["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None)
                 out["budget"].append(f)
+            if a.hf:
+                out["transformers"] = transformers_rows(a, sock, shapes[0], tmp)
         finally:
             d.send_signal(signal.SIGTERM)
             d.wait(10)
@@ -143,6 +167,21 @@ def main():
         t = f"{f['tokens_per_s_vs_f16']:.2f}" if f["tokens_per_s_vs_f16"] else "-"
         print(f"{f['kv']:8} {f['seqs']:6} {b:>7} {f['decode_tokens_per_s']:13.0f} {t:>7} {f['decode_step_ms']:8.2f} "
               f"{f['kv_bytes_peak'] / 2**30:7.2f}")
+    if a.hf:
+        t = out["transformers"]
+        print(f"(c) transformers {t.get('transformers', '?')} at {shapes[0][0]}x{shapes[0][1]}, "
+              f"bench/generate_hf.py, the model in {'FP16' if a.gpu else 'FP32'}")
+        print(f"{'cache':12} {'decode tok/s':>13} {'vs static':>9} {'step ms':>8} {'KV GiB':>7}")
+        static = next((r for r in t.get("rows", []) if r.get("cache") == "static" and "error" not in r), None)
+        for r in t.get("rows", []):
+            if "error" in r:
+                print(f"{r['cache']:12} not run: {r['error'].splitlines()[0]}")
+                continue
+            vs = f"{r['decode_tokens_per_s'] / static['decode_tokens_per_s']:.2f}" if static else "-"
+            kv = f"{r['kv_bytes'] / 2**30:7.2f}" if r.get("kv_bytes") is not None else "      -"
+            print(f"{r['cache']:12} {r['decode_tokens_per_s']:13.0f} {vs:>9} {r['step_ms']:8.2f} {kv}")
+        if "error" in t:
+            print(f"(c) not run: {t['error']}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
