@@ -10,6 +10,7 @@
 #define KVQ_TEST_DAEMON_H
 
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,5 +181,25 @@ static long test_rss_kib(pid_t pid)
 	fclose(f);
 	return kib;
 }
+
+#ifdef KVQ_TEST_CUDA
+#include <cuda_runtime_api.h>
+
+/* The cuda variant of a daemon test (KVQ_TEST_CUDA): where no GPU is
+ * usable, prints TAP's skip plan and returns true (the test then returns
+ * 0); else fixes the KV splits at one (attention that does not depend on
+ * the batch or the device's size) and returns false. */
+static inline bool test_cuda_skip(void)
+{
+	int ndev = 0;
+
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+		printf("1..0 # SKIP no usable GPU\n");
+		return true;
+	}
+	setenv("KVQ_CUDA_SPLITS", "1", 1);
+	return false;
+}
+#endif
 
 #endif

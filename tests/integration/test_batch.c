@@ -545,14 +545,8 @@ int main(void)
 	pid_t pid;
 
 #ifdef KVQ_TEST_CUDA
-	int ndev = 0;
-
-	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-		printf("1..0 # SKIP no usable GPU\n");
+	if (test_cuda_skip())
 		return 0;
-	}
-	/* the test's plan: KV splits that do not depend on the batch */
-	setenv("KVQ_CUDA_SPLITS", "1", 1);
 #endif
 	pid = test_daemon_start(BACKEND, "batch", dir, sizeof dir, sock_path, sizeof sock_path, bin, sizeof bin);
 	if (pid < 0) {

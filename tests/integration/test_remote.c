@@ -361,13 +361,8 @@ int main(void)
 	bool all;
 
 #ifdef KVQ_TEST_CUDA
-	int ndev = 0;
-
-	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-		printf("1..0 # SKIP no usable GPU\n");
+	if (test_cuda_skip())
 		return 0;
-	}
-	setenv("KVQ_CUDA_SPLITS", "1", 1);
 #endif
 	if (!cluster_up())
 		return done_testing();

@@ -777,13 +777,8 @@ int main(int argc, char **argv)
 	return 0;
 #endif
 #ifdef KVQ_TEST_CUDA
-	int ndev = 0;
-
-	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-		printf("1..0 # SKIP no usable GPU\n");
+	if (test_cuda_skip())
 		return 0;
-	}
-	setenv("KVQ_CUDA_SPLITS", "1", 1);
 #endif
 	if (!ok(sdmgr_init(&m, "restart") == 0, "a service manager for the test"))
 		return done_testing();

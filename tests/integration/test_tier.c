@@ -390,13 +390,8 @@ int main(void)
 	pid_t pid;
 
 #ifdef KVQ_TEST_CUDA
-	int ndev = 0;
-
-	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-		printf("1..0 # SKIP no usable GPU\n");
+	if (test_cuda_skip())
 		return 0;
-	}
-	setenv("KVQ_CUDA_SPLITS", "1", 1);
 #endif
 	metrics_port = free_port();
 	snprintf(pools, sizeof pools, "metrics_listen = 127.0.0.1:%d\n%s", metrics_port, sections);
