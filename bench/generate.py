@@ -57,6 +57,7 @@ def generate(a, sock, kv, seqs, ctx):
            "--ignore-eos", "--no-prefix-cache", "--json", "--model", a.model, "--socket", sock, a.text]
     if a.gpu:
         cmd.insert(2, "--gpu")
+    cmd[2:2] = a.run_arg or []
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     if r.returncode != 0:
         sys.stderr.write(f"{kv} {seqs}x{ctx}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}\n")
@@ -71,7 +72,8 @@ def figures(j):
             "decode_step_ms": j["decode_step_ms"]["mean"], "decode_step_ms_p99": j["decode_step_ms"]["p99"],
             "attention_share_decode": j["attention_share_decode"], "kv_bytes_peak": j["kv_bytes_peak"],
             "kv_tokens_peak": j["kv_tokens_peak"], "prefill_seconds": j["prefill_seconds"],
-            "bytes_per_token": j["kv_bytes_peak"] / max(1, j["kv_tokens_peak"])}
+            "bytes_per_token": j["kv_bytes_peak"] / max(1, j["kv_tokens_peak"]),
+            "decode_step_parts_ms": j.get("decode_step_parts_ms")}
 
 
 def transformers_rows(a, sock, shape, tmp):
@@ -104,6 +106,8 @@ def main():
     ap.add_argument("--budget-ctx", type=int, default=4096, help="prompt tokens of (b)")
     ap.add_argument("--max-seqs", type=int, default=1024, help="kvq-run's limit")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--run-arg", action="append", metavar="ARG",
+                    help="an argument for every kvq-run (repeat it), e.g. --tf32 or --no-graphs with --gpu")
     ap.add_argument("--hf", metavar="CACHES",
                     help="(c): bench/generate_hf.py's caches (e.g. static,dynamic,quantized,kvq-int8,kvq-kivi4) "
                          "at the first shape, on this run's kvqd")
@@ -112,6 +116,7 @@ def main():
     formats = a.formats.split(",")
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     out = {"model": os.path.basename(a.model), "path": "gpu" if a.gpu else "cpu", "new_tokens": a.new,
+           "kvq_run_args": a.run_arg or [],
            "same_shape": [], "budget": []}
     with tempfile.TemporaryDirectory(prefix="kvq-generate.") as tmp:
         d, sock = start_kvqd(a.kvqd, tmp)
@@ -151,7 +156,8 @@ def main():
         finally:
             d.send_signal(signal.SIGTERM)
             d.wait(10)
-    print(f"{out['model']}, {out['path']} path, {a.new} new tokens per sequence")
+    print(f"{out['model']}, {out['path']} path, {a.new} new tokens per sequence"
+          + (f", kvq-run {' '.join(out['kvq_run_args'])}" if out["kvq_run_args"] else ""))
     print("(a) same batch and context")
     print(f"{'format':8} {'shape':>10} {'decode tok/s':>13} {'vs f16':>7} {'step ms':>8} {'p99':>7} {'attn':>6} "
           f"{'KV GiB':>7} {'B/token':>8}")
@@ -160,6 +166,12 @@ def main():
         print(f"{f['kv']:8} {f['seqs']:>4}x{f['ctx']:<5} {f['decode_tokens_per_s']:13.0f} {vs:>7} "
               f"{f['decode_step_ms']:8.2f} {f['decode_step_ms_p99']:7.2f} {100 * f['attention_share_decode']:5.1f}% "
               f"{f['kv_bytes_peak'] / 2**30:7.2f} {f['bytes_per_token']:8.0f}")
+    print("    where a decode step went, ms (host: rows, begin, layers, commit, what the output still took; "
+          "GPU: K/V write, attention, the layers' span)")
+    for f in out["same_shape"]:
+        p = f.get("decode_step_parts_ms")
+        if p:
+            print(f"    {f['kv']:8} {f['seqs']:>4}x{f['ctx']:<5} " + " ".join(f"{k} {v:.3f}" for k, v in p.items()))
     print(f"(b) the largest batch in {a.budget_gib:g} GiB of KV at {a.budget_ctx} prompt tokens")
     print(f"{'format':8} {'batch':>6} {'vs f16':>7} {'decode tok/s':>13} {'vs f16':>7} {'step ms':>8} {'KV GiB':>7}")
     for f in out["budget"]:

@@ -28,7 +28,7 @@ enum { GEN_PREFILL, GEN_DECODE, GEN_MIXED, GEN_KINDS };
 struct gen_figs {
 	uint32_t steps[GEN_KINDS];
 	uint64_t rows[GEN_KINDS];
-	double secs[GEN_KINDS], write[GEN_KINDS], attention[GEN_KINDS];
+	struct model_times t[GEN_KINDS];   /* the steps' model_times summed by kind */
 	double *decode_ms;     /* each decode step's latency */
 	uint32_t n_decode_ms;
 	uint64_t kv_peak;      /* bytes the live sequences' blocks held, the most after a step */

@@ -150,12 +150,19 @@ static void kv_resident(const struct kv *k, const struct gen_seq *seq, uint32_t 
 static void count_step(const struct plan *p, struct gen_figs *f)
 {
 	const struct model_times *t = model_times(md);
+	struct model_times *s = &f->t[p->kind];
 
 	f->steps[p->kind]++;
 	f->rows[p->kind] += p->rows;
-	f->secs[p->kind] += t->step;
-	f->write[p->kind] += t->write;
-	f->attention[p->kind] += t->attention;
+	s->step += t->step;
+	s->write += t->write;
+	s->attention += t->attention;
+	s->rows += t->rows;
+	s->begin += t->begin;
+	s->layers += t->layers;
+	s->commit += t->commit;
+	s->out += t->out;
+	s->span += t->span;
 	if (p->kind == GEN_DECODE)
 		f->decode_ms[f->n_decode_ms++] = t->step * 1e3;
 }

@@ -44,14 +44,14 @@ static void sum_up(const struct gen_seq *seq, uint32_t n, const struct gen_figs 
 	}
 	for (int k = 0; k < GEN_KINDS; k++) {
 		s->steps += f->steps[k];
-		s->secs += f->secs[k];
-		s->attention += f->attention[k];
-		s->write += f->write[k];
+		s->secs += f->t[k].step;
+		s->attention += f->t[k].attention;
+		s->write += f->t[k].write;
 	}
 	if (ms && f->n_decode_ms) {
 		memcpy(ms, f->decode_ms, f->n_decode_ms * sizeof(double));
 		qsort(ms, f->n_decode_ms, sizeof(double), cmp_double);
-		s->ms_mean = 1e3 * f->secs[GEN_DECODE] / f->n_decode_ms;
+		s->ms_mean = 1e3 * f->t[GEN_DECODE].step / f->n_decode_ms;
 		s->ms_p50 = ms[f->n_decode_ms / 2];
 		s->ms_p99 = ms[f->n_decode_ms * 99 / 100];
 	}
@@ -61,7 +61,28 @@ static void sum_up(const struct gen_seq *seq, uint32_t n, const struct gen_figs 
 	 * the time after the last prompt was in */
 	s->gen_secs = f->t_total - f->t_prefilled;
 	s->tok_s = f->generated > n && s->gen_secs > 0 ? (f->generated - n) / s->gen_secs : 0.0;
-	s->decode_tok_s = f->secs[GEN_DECODE] > 0 ? f->rows[GEN_DECODE] / f->secs[GEN_DECODE] : 0.0;
+	s->decode_tok_s = f->t[GEN_DECODE].step > 0 ? f->rows[GEN_DECODE] / f->t[GEN_DECODE].step : 0.0;
+}
+
+/* A decode step's parts, means in ms (model_times' order), and their
+ * names. */
+enum { PART_ROWS, PART_BEGIN, PART_LAYERS, PART_COMMIT, PART_OUT, PART_WRITE, PART_ATTENTION, PART_SPAN, PARTS };
+static const char *const part_name[PARTS] = { "rows", "begin", "layers", "commit", "out", "write", "attention",
+					      "layers_gpu" };
+
+static void decode_parts(const struct gen_figs *f, double ms[PARTS])
+{
+	const struct model_times *t = &f->t[GEN_DECODE];
+	const double k = f->steps[GEN_DECODE] ? 1e3 / f->steps[GEN_DECODE] : 0.0;
+
+	ms[PART_ROWS] = k * t->rows;
+	ms[PART_BEGIN] = k * t->begin;
+	ms[PART_LAYERS] = k * t->layers;
+	ms[PART_COMMIT] = k * t->commit;
+	ms[PART_OUT] = k * t->out;
+	ms[PART_WRITE] = k * t->write;
+	ms[PART_ATTENTION] = k * t->attention;
+	ms[PART_SPAN] = k * t->span;
 }
 
 static void text(const struct kv *k, const struct gen_seq *seq, uint32_t n, uint32_t budget, const struct gen_figs *f,
@@ -92,8 +113,17 @@ static void text(const struct kv *k, const struct gen_seq *seq, uint32_t n, uint
 		"write %.1f %%; KV resident at most %.2f MiB (%llu tokens, %.0f bytes/token)\n",
 		(unsigned long long)s->steps, budget, f->steps[GEN_PREFILL], f->steps[GEN_DECODE], f->steps[GEN_MIXED],
 		s->ms_mean, s->ms_p50, s->ms_p99, s->decode_tok_s, share(s->attention, s->secs),
-		share(f->attention[GEN_DECODE], f->secs[GEN_DECODE]), share(s->write, s->secs), f->kv_peak / 1048576.0,
+		share(f->t[GEN_DECODE].attention, f->t[GEN_DECODE].step), share(s->write, s->secs), f->kv_peak / 1048576.0,
 		(unsigned long long)f->kv_peak_tokens, f->kv_peak_tokens ? (double)f->kv_peak / f->kv_peak_tokens : 0.0);
+	if (f->steps[GEN_DECODE]) {
+		double ms[PARTS];
+
+		decode_parts(f, ms);
+		fprintf(stderr, "kvq-run: a decode step's parts, ms:");
+		for (int i = 0; i < PARTS; i++)
+			fprintf(stderr, " %s %.3f", part_name[i], ms[i]);
+		fprintf(stderr, "\n");
+	}
 }
 
 static void json_seq(const struct gen_seq *q, uint32_t i)
@@ -122,14 +152,23 @@ static void json(const struct kv *k, const struct gen_seq *seq, uint32_t n, uint
 	       "\"seconds\":%.4f,\"lookup_seconds\":%.4f,\"prefill_seconds\":%.4f,\"tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
 	       "\"steps\":{\"prefill\":%u,\"decode\":%u,\"mixed\":%u},\"decode_step_ms\":{\"mean\":%.4f,\"p50\":%.4f,"
 	       "\"p99\":%.4f},\"attention_share\":%.4f,\"attention_share_decode\":%.4f,\"write_share\":%.4f,"
-	       "\"kv_bytes_peak\":%llu,\"kv_tokens_peak\":%llu,\"sequences\":[",
+	       "\"kv_bytes_peak\":%llu,\"kv_tokens_peak\":%llu,",
 	       k->window, k->bits, o.gpu ? "gpu" : "cpu", o.threads, n, o.batch, budget, o.max_tokens,
 	       o.ignore_eos ? "true" : "false",
 	       (unsigned long long)s->prompt, (unsigned long long)s->hit, (unsigned long long)f->generated, f->t_total,
 	       f->t_lookup, f->t_prefilled, s->tok_s, s->decode_tok_s, f->steps[GEN_PREFILL], f->steps[GEN_DECODE],
 	       f->steps[GEN_MIXED], s->ms_mean, s->ms_p50, s->ms_p99, share(s->attention, s->secs) / 100,
-	       share(f->attention[GEN_DECODE], f->secs[GEN_DECODE]) / 100, share(s->write, s->secs) / 100,
+	       share(f->t[GEN_DECODE].attention, f->t[GEN_DECODE].step) / 100, share(s->write, s->secs) / 100,
 	       (unsigned long long)f->kv_peak, (unsigned long long)f->kv_peak_tokens);
+	{
+		double ms[PARTS];
+
+		decode_parts(f, ms);
+		printf("\"decode_step_parts_ms\":{");
+		for (int i = 0; i < PARTS; i++)
+			printf("%s\"%s\":%.4f", i ? "," : "", part_name[i], ms[i]);
+		printf("},\"sequences\":[");
+	}
 	for (uint32_t i = 0; i < n; i++)
 		json_seq(&seq[i], i);
 	printf("]}\n");

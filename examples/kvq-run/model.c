@@ -145,8 +145,8 @@ int model_load(const gguf_file *f, const struct model_opts *opts, model **ret_mo
 	}
 	if (opts->gpu >= 0) {
 #ifdef KVQ_WITH_CUDA
-		r = gpu_fwd_new(c, m->lw, m->out_norm, m->out, opts->k_center, max_batch, opts->gpu, &m->gpu, err,
-				errlen);
+		r = gpu_fwd_new(c, m->lw, m->out_norm, m->out, opts->k_center, max_batch, opts->gpu, opts->gpu_flags,
+				&m->gpu, err, errlen);
 		if (r < 0)
 			goto fail;
 #else
@@ -392,34 +392,52 @@ static int layers(model *m, kvq_batch *b, uint32_t rows)
 	if (m->gpu) {
 		int r = gpu_fwd_layers(m->gpu, b, m->x, rows, m->pos);
 
-		gpu_fwd_times(m->gpu, &m->t.write, &m->t.attention);
+		gpu_fwd_times(m->gpu, &m->t.write, &m->t.attention, &m->t.span);
 		return r;
 	}
 #endif
 	return cpu_layers(m, b, rows);
 }
 
-/* The step up to its commit: embeddings, begin, layers, commit.  *ret_out
- * gets the count of rows whose logits are wanted (m->out_rows). */
+/* The step up to its output: embeddings, begin, layers (their times in
+ * m->t).  *ret_out gets the count of rows whose logits are wanted
+ * (m->out_rows).  On failure the step is abandoned and b cleared. */
 static int step_layers(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, uint32_t *ret_out)
 {
 	uint32_t rows;
+	double t = clock_s(), t1;
 	int r;
 
-	m->t = (struct model_times){ 0 };
 	if (nseq == 0)
 		return -EINVAL;
 	if ((r = step_rows(m, seq, nseq, &rows, ret_out)) < 0)
 		return r;
-	if ((r = step_begin(b, seq, nseq, rows)) < 0) {
+	t1 = clock_s();
+	m->t.rows = t1 - t;
+	r = step_begin(b, seq, nseq, rows);
+	t = clock_s();
+	m->t.begin = t - t1;
+	if (r < 0) {
 		kvq_batch_clear(b);
 		return r;
 	}
-	if ((r = layers(m, b, rows)) < 0)
+	r = layers(m, b, rows);
+	m->t.layers = clock_s() - t;
+	if (r < 0) {
 		kvq_batch_abort(b);
-	else
-		r = kvq_batch_commit(b);
+		kvq_batch_clear(b);
+	}
+	return r;
+}
+
+/* The step's commit, b cleared after. */
+static int step_commit(model *m, kvq_batch *b)
+{
+	double t = clock_s();
+	int r = kvq_batch_commit(b);
+
 	kvq_batch_clear(b);
+	m->t.commit = clock_s() - t;
 	return r;
 }
 
@@ -455,26 +473,45 @@ static int cpu_greedy(model *m, uint32_t n_out, uint32_t *ids)
 }
 
 /* A step and its output rows: their logits (logits) or their greedy
- * tokens (ids), whichever is not NULL. */
+ * tokens (ids), whichever is not NULL.  On the GPU path the output is
+ * queued before the commit and waited for after it, so the commit's round
+ * trip to kvqd overlaps the output's products. */
 static int step_out(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits,
 		    uint32_t *ids)
 {
-	double t0 = clock_s();
+	double t0 = clock_s(), t;
 	uint32_t n_out;
-	int r = step_layers(m, b, seq, nseq, &n_out);
+	int r;
 
-	if (r == 0 && n_out) {
+	m->t = (struct model_times){ 0 };
+	if ((r = step_layers(m, b, seq, nseq, &n_out)) < 0)
+		goto out;
 #ifdef KVQ_WITH_CUDA
-		if (m->gpu)
-			r = logits ? gpu_fwd_logits(m->gpu, m->out_rows, n_out, logits)
-				   : gpu_fwd_greedy(m->gpu, m->out_rows, n_out, ids);
-		else
+	if (m->gpu) {
+		int ro = 0;
+
+		if (n_out)
+			ro = gpu_fwd_out_start(m->gpu, m->out_rows, n_out, !logits);
+		r = step_commit(m, b);
+		t = clock_s();
+		if (n_out && ro == 0)
+			ro = gpu_fwd_out_finish(m->gpu, logits, ids);
+		m->t.out = clock_s() - t;
+		r = r < 0 ? r : ro;
+		goto out;
+	}
 #endif
+	if ((r = step_commit(m, b)) < 0)
+		goto out;
+	t = clock_s();
+	if (n_out) {
 		if (logits)
 			cpu_logits(m, n_out, logits);
 		else
 			r = cpu_greedy(m, n_out, ids);
 	}
+	m->t.out = clock_s() - t;
+out:
 	m->t.step = clock_s() - t0;
 	return r;
 }

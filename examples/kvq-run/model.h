@@ -45,6 +45,7 @@ struct model_opts {
 	/* >= 0: the layers run on this GPU (model_gpu.h); every sequence
 	 * must then be on a cuda pool */
 	int gpu;
+	unsigned gpu_flags;   /* model_gpu.h's GPU_FWD_* */
 };
 
 typedef struct model model;
@@ -78,9 +79,15 @@ struct model_seq {
 
 /* Seconds of the last step: the whole step, and libkvq's K/V write
  * and attention within it (on the GPU path timed by events on the stream,
- * so queued work is counted where it runs). */
+ * so queued work is counted where it runs); where the step's time went
+ * on the host: its rows (embeddings), kvq_batch_begin, the layers (on the
+ * GPU path until their last kernel ended), kvq_batch_commit and the output
+ * (logits or greedy ids; on the GPU path the wait left after the commit);
+ * on the GPU path span is the layers' time on the GPU, first copy to last
+ * kernel. */
 struct model_times {
 	double step, write, attention;
+	double rows, begin, layers, commit, out, span;
 };
 
 /*

@@ -26,18 +26,15 @@ struct cublas_api {
 	cublasStatus_t (*create)(cublasHandle_t *);
 	cublasStatus_t (*destroy)(cublasHandle_t);
 	cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+	cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
 	cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
 				const float *, const float *, int, const float *, int, const float *, float *, int);
 };
 
+/* One layer's weights: q, k and v as one matrix (their rows in that
+ * order), gate and up as one (gate's rows first). */
 struct dev_layer {
-	float *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
-};
-
-/* rows x cols weight (GGUF: cols = ne[0], the input side) */
-struct dev_w {
-	const float *p;
-	uint32_t rows, cols;
+	float *attn_norm, *qkv, *o, *ffn_norm, *gu, *down;
 };
 
 } // namespace
@@ -47,19 +44,29 @@ struct gpu_fwd {
 	uint32_t max_batch;
 	cublas_api cb;
 	cublasHandle_t h;
+	cudaStream_t s;         /* the model's work (libkvq's is on the legacy stream) */
 	dev_layer *lw;
 	uint32_t n_lw;
 	float *out_norm, *out;
 	uint32_t out_rows;
 	float *k_center;        /* [layers][kvd] or NULL */
 	/* scratch for max_batch rows; pos: each row's position, rows: the rows
-	 * whose logits are wanted */
-	float *x, *xn, *q, *k, *v, *att, *g, *u, *logits;
+	 * whose logits are wanted; qkv [rows][dim + 2 kvd], gu [rows][2 ffn] */
+	float *x, *xn, *qkv, *att, *gu, *logits;
 	__half *q16, *k16, *v16;
 	uint32_t *pos, *rows, *ids;
-	/* per layer: before the K/V write, between it and attention, after */
-	cudaEvent_t *ev;
-	double t_write, t_attention;
+	uint32_t *ids_host;     /* pinned: the greedy ids copied back */
+	uint32_t n_out;         /* rows of the output started (gpu_fwd_out_start) */
+	/* the layers' stretches between libkvq's calls as CUDA graphs, for
+	 * graph_n rows: graph[0] before layer 0's write, graph[l] from layer
+	 * l - 1's attention to layer l's write, graph[layers] after the last */
+	bool graphs;
+	cudaGraphExec_t *graph;
+	uint32_t graph_n;
+	/* per layer: before the K/V write, between it and attention, after;
+	 * and the layers' first and last */
+	cudaEvent_t *ev, span[2];
+	double t_write, t_attention, t_span;
 	char err[256];
 };
 
@@ -110,50 +117,63 @@ __global__ void k_rmsnorm(const float *x, const uint32_t *rows, const float *w, 
 		ot[i] = xt[i] * sc * w[i];
 }
 
-/* RoPE on adjacent pairs, row t at position pos[t], the angle built as the
- * CPU path builds it (pos * step^i by repeated products; step computed on
- * the host). */
-__global__ void k_rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, const uint32_t *pos, float step)
+/* The step's q, k and v ([n][dim + 2 kvd] as one product gave them) made
+ * ready for libkvq, one thread per adjacent pair of a row: RoPE on q's and
+ * k's pairs (row t at position pos[t], the angle built as the CPU path
+ * builds it: pos * step^i by repeated products, step computed on the
+ * host), then kc (NULL or the layer's [kvd]) subtracted from k, and all
+ * three rounded to FP16 into q16 [n][dim], k16 and v16 [n][kvd]. */
+__global__ void k_qkv_ready(const float *qkv, uint32_t n, uint32_t dim, uint32_t kvd, uint32_t hd,
+			    const uint32_t *pos, float step, const float *kc, __half *q16, __half *k16, __half *v16)
 {
-	uint32_t half = hd / 2, id = blockIdx.x * blockDim.x + threadIdx.x;
+	const uint32_t w = dim + 2 * kvd, pairs = w / 2;
+	const size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 
-	if (id >= n * heads * half)
+	if (id >= (size_t)n * pairs)
 		return;
-	uint32_t i = id % half, h = id / half % heads, t = id / half / heads;
-	float theta = (float)pos[t];
+	const uint32_t t = (uint32_t)(id / pairs), col = 2 * (uint32_t)(id % pairs);
+	const float *p = qkv + (size_t)t * w + col;
+	float a = p[0], b = p[1];
 
-	for (uint32_t j = 0; j < i; j++)
-		theta *= step;
-	float cs = cosf(theta), sn = sinf(theta);
-	float *p = x + ((size_t)t * heads + h) * hd + 2 * i, a = p[0], b = p[1];
+	if (col < dim + kvd) {   /* q or k: rotated */
+		const uint32_t i = col % hd / 2;
+		float theta = (float)pos[t];
 
-	p[0] = a * cs - b * sn;
-	p[1] = a * sn + b * cs;
+		for (uint32_t j = 0; j < i; j++)
+			theta *= step;
+		const float cs = cosf(theta), sn = sinf(theta), ra = a * cs - b * sn, rb = a * sn + b * cs;
+
+		a = ra;
+		b = rb;
+	}
+	__half *y;
+	if (col < dim) {
+		y = q16 + (size_t)t * dim + col;
+	} else if (col < dim + kvd) {
+		const uint32_t j = col - dim;
+
+		if (kc) {
+			a -= kc[j];
+			b -= kc[j + 1];
+		}
+		y = k16 + (size_t)t * kvd + j;
+	} else {
+		y = v16 + (size_t)t * kvd + (col - dim - kvd);
+	}
+	y[0] = __float2half_rn(a);
+	y[1] = __float2half_rn(b);
 }
 
-/* x[t][j] -= c[j] for n rows of w */
-__global__ void k_sub_rows(float *x, const float *c, uint32_t n, uint32_t w)
+/* gate = silu(gate) * up in place over [n][2 ffn] rows (gate then up). */
+__global__ void k_swiglu(float *gu, uint32_t n, uint32_t ffn)
 {
-	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	const size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 
-	if (i < (size_t)n * w)
-		x[i] -= c[i % w];
-}
+	if (id >= (size_t)n * ffn)
+		return;
+	float *g = gu + id / ffn * 2 * ffn + id % ffn;
 
-__global__ void k_to_half(const float *x, size_t n, __half *y)
-{
-	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-
-	if (i < n)
-		y[i] = __float2half_rn(x[i]);
-}
-
-__global__ void k_swiglu(float *gate, const float *up, size_t n)
-{
-	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-
-	if (i < n)
-		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+	*g = *g / (1.0f + expf(-*g)) * g[ffn];
 }
 
 /* Whether (v, i) beats (bv, bi): the larger value, the first index of equal
@@ -198,7 +218,7 @@ static unsigned blocks(size_t n, unsigned per)
 
 /* ----------------------------------------------------------- the model */
 
-static int open_cublas(gpu_fwd *g)
+static int open_cublas(gpu_fwd *g, bool tf32)
 {
 	static const char *const names[] = { "libcublas.so." STR(CUBLAS_VER_MAJOR), "libcublas.so" };
 	cublas_api *a = &g->cb;
@@ -210,29 +230,36 @@ static int open_cublas(gpu_fwd *g)
 	*(void **)&a->create = dlsym(a->lib, "cublasCreate_v2");
 	*(void **)&a->destroy = dlsym(a->lib, "cublasDestroy_v2");
 	*(void **)&a->set_math_mode = dlsym(a->lib, "cublasSetMathMode");
+	*(void **)&a->set_stream = dlsym(a->lib, "cublasSetStream_v2");
 	*(void **)&a->sgemm = dlsym(a->lib, "cublasSgemm_v2");
-	if (!a->create || !a->destroy || !a->set_math_mode || !a->sgemm)
+	if (!a->create || !a->destroy || !a->set_math_mode || !a->set_stream || !a->sgemm)
 		return gfail(g, -ENODEV, "cuBLAS lacks cublasSgemm_v2 and friends");
 	if (a->create(&g->h) != CUBLAS_STATUS_SUCCESS)
 		return gfail(g, -EIO, "cublasCreate failed");
-	/* plain FP32 products (no TF32): the GPU path should compute what the
-	 * CPU path computes */
-	if (a->set_math_mode(g->h, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
+	if (a->set_stream(g->h, g->s) != CUBLAS_STATUS_SUCCESS)
+		return gfail(g, -EIO, "cublasSetStream failed");
+	/* plain FP32 products unless asked: the GPU path should compute what
+	 * the CPU path computes; TF32 rounds each input to 10 mantissa bits */
+	if (a->set_math_mode(g->h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
 		return gfail(g, -EIO, "cublasSetMathMode failed");
 	return 0;
 }
 
-/* The tensor dequantized to f32 in device memory. */
-static int upload(gpu_fwd *g, const struct gguf_tensor *t, float **ret)
+/* The tensors t[0..n) (the same columns) dequantized to f32 and stacked,
+ * their rows in that order, in device memory. */
+static int upload(gpu_fwd *g, const struct gguf_tensor *const *t, size_t n, float **ret)
 {
-	size_t cols = t->ne[0], rows = t->rows;
-	float *h = (float *)malloc(rows * cols * sizeof(float));
+	size_t cols = t[0]->ne[0], rows = 0, at = 0;
+	float *h;
 	int r;
 
-	if (!h)
+	for (size_t i = 0; i < n; i++)
+		rows += t[i]->rows;
+	if (!(h = (float *)malloc(rows * cols * sizeof(float))))
 		return -ENOMEM;
-	for (size_t i = 0; i < rows; i++)
-		mm_dequant_row(t->type, t->data + i * t->row_bytes, (uint32_t)cols, h + i * cols);
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < t[i]->rows; j++, at++)
+			mm_dequant_row(t[i]->type, t[i]->data + j * t[i]->row_bytes, (uint32_t)cols, h + at * cols);
 	r = cuda_ok(g, cudaMalloc((void **)ret, rows * cols * sizeof(float)), "cudaMalloc (weights)");
 	if (r == 0)
 		r = cuda_ok(g, cudaMemcpy(*ret, h, rows * cols * sizeof(float), cudaMemcpyHostToDevice),
@@ -241,37 +268,81 @@ static int upload(gpu_fwd *g, const struct gguf_tensor *t, float **ret)
 	return r;
 }
 
+static int upload1(gpu_fwd *g, const struct gguf_tensor *t, float **ret)
+{
+	return upload(g, &t, 1, ret);
+}
+
+static int upload_layer(gpu_fwd *g, const struct layer_w *w, dev_layer *d)
+{
+	const struct gguf_tensor *qkv[] = { w->q, w->k, w->v }, *gu[] = { w->gate, w->up };
+	int r;
+
+	if ((r = upload1(g, w->attn_norm, &d->attn_norm)) < 0 || (r = upload(g, qkv, 3, &d->qkv)) < 0 ||
+	    (r = upload1(g, w->o, &d->o)) < 0 || (r = upload1(g, w->ffn_norm, &d->ffn_norm)) < 0 ||
+	    (r = upload(g, gu, 2, &d->gu)) < 0 || (r = upload1(g, w->down, &d->down)) < 0)
+		return r;
+	return 0;
+}
+
+static int alloc_buffers(gpu_fwd *g)
+{
+	const struct model_cfg *c = &g->c;
+	const size_t n = g->max_batch, D = c->dim, kvd = (size_t)c->kv_heads * c->head_dim;
+	struct {
+		void **p;
+		size_t bytes;
+	} s[] = { { (void **)&g->x, n * D * 4 }, { (void **)&g->xn, n * D * 4 }, { (void **)&g->att, n * D * 4 },
+		  { (void **)&g->qkv, n * (D + 2 * kvd) * 4 }, { (void **)&g->gu, n * 2 * c->ffn * 4 },
+		  { (void **)&g->logits, n * (size_t)c->vocab * 4 }, { (void **)&g->q16, n * D * 2 },
+		  { (void **)&g->k16, n * kvd * 2 }, { (void **)&g->v16, n * kvd * 2 },
+		  { (void **)&g->pos, n * 4 }, { (void **)&g->rows, n * 4 }, { (void **)&g->ids, n * 4 } };
+	int r;
+
+	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+		if ((r = cuda_ok(g, cudaMalloc(s[i].p, s[i].bytes), "cudaMalloc (buffers)")) < 0)
+			return r;
+	if ((r = cuda_ok(g, cudaMallocHost((void **)&g->ids_host, n * 4), "cudaMallocHost")) < 0)
+		return r;
+	if (!(g->ev = (cudaEvent_t *)calloc(3 * (size_t)c->layers, sizeof(*g->ev))) ||
+	    !(g->graph = (cudaGraphExec_t *)calloc(c->layers + 1, sizeof(*g->graph))))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < 3 * c->layers; i++)
+		if ((r = cuda_ok(g, cudaEventCreate(&g->ev[i]), "cudaEventCreate")) < 0)
+			return r;
+	for (int i = 0; i < 2; i++)
+		if ((r = cuda_ok(g, cudaEventCreate(&g->span[i]), "cudaEventCreate")) < 0)
+			return r;
+	return 0;
+}
+
 int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const struct gguf_tensor *out_norm,
-		const struct gguf_tensor *out, const float *k_center, uint32_t max_batch, int dev, gpu_fwd **ret,
-		char *err, size_t errlen)
+		const struct gguf_tensor *out, const float *k_center, uint32_t max_batch, int dev, unsigned flags,
+		gpu_fwd **ret, char *err, size_t errlen)
 {
 	gpu_fwd *g = (gpu_fwd *)calloc(1, sizeof(*g));
-	const size_t n = max_batch, D = cfg->dim, kvd = (size_t)cfg->kv_heads * cfg->head_dim;
+	const size_t kvd = (size_t)cfg->kv_heads * cfg->head_dim;
 	int r;
 
 	if (!g)
 		return -ENOMEM;
 	g->c = *cfg;
 	g->max_batch = max_batch;
-	if ((r = cuda_ok(g, cudaSetDevice(dev), "cudaSetDevice")) < 0 || (r = open_cublas(g)) < 0)
+	g->graphs = !(flags & GPU_FWD_NO_GRAPHS);
+	/* a blocking stream: in order with libkvq's work on the legacy one */
+	if ((r = cuda_ok(g, cudaSetDevice(dev), "cudaSetDevice")) < 0 ||
+	    (r = cuda_ok(g, cudaStreamCreate(&g->s), "cudaStreamCreate")) < 0 ||
+	    (r = open_cublas(g, flags & GPU_FWD_TF32)) < 0)
 		goto fail;
 	r = -ENOMEM;
 	g->lw = (dev_layer *)calloc(cfg->layers, sizeof(*g->lw));
 	if (!g->lw)
 		goto fail;
 	g->n_lw = cfg->layers;
-	for (uint32_t l = 0; l < cfg->layers; l++) {
-		const struct layer_w *w = &lw[l];
-		dev_layer *d = &g->lw[l];
-
-		if ((r = upload(g, w->attn_norm, &d->attn_norm)) < 0 || (r = upload(g, w->q, &d->q)) < 0 ||
-		    (r = upload(g, w->k, &d->k)) < 0 || (r = upload(g, w->v, &d->v)) < 0 ||
-		    (r = upload(g, w->o, &d->o)) < 0 || (r = upload(g, w->ffn_norm, &d->ffn_norm)) < 0 ||
-		    (r = upload(g, w->gate, &d->gate)) < 0 || (r = upload(g, w->up, &d->up)) < 0 ||
-		    (r = upload(g, w->down, &d->down)) < 0)
+	for (uint32_t l = 0; l < cfg->layers; l++)
+		if ((r = upload_layer(g, &lw[l], &g->lw[l])) < 0)
 			goto fail;
-	}
-	if ((r = upload(g, out_norm, &g->out_norm)) < 0 || (r = upload(g, out, &g->out)) < 0)
+	if ((r = upload1(g, out_norm, &g->out_norm)) < 0 || (r = upload1(g, out, &g->out)) < 0)
 		goto fail;
 	g->out_rows = (uint32_t)out->rows;
 	if (k_center) {
@@ -281,28 +352,8 @@ int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const str
 		    (r = cuda_ok(g, cudaMemcpy(g->k_center, k_center, bytes, cudaMemcpyHostToDevice), "copying K centers")) < 0)
 			goto fail;
 	}
-	{
-		struct {
-			void **p;
-			size_t bytes;
-		} s[] = { { (void **)&g->x, n * D * 4 }, { (void **)&g->xn, n * D * 4 }, { (void **)&g->q, n * D * 4 },
-			  { (void **)&g->att, n * D * 4 }, { (void **)&g->k, n * kvd * 4 }, { (void **)&g->v, n * kvd * 4 },
-			  { (void **)&g->g, n * cfg->ffn * 4 }, { (void **)&g->u, n * cfg->ffn * 4 },
-			  { (void **)&g->logits, n * (size_t)cfg->vocab * 4 }, { (void **)&g->q16, n * D * 2 },
-			  { (void **)&g->k16, n * kvd * 2 }, { (void **)&g->v16, n * kvd * 2 },
-			  { (void **)&g->pos, n * 4 }, { (void **)&g->rows, n * 4 }, { (void **)&g->ids, n * 4 } };
-
-		for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
-			if ((r = cuda_ok(g, cudaMalloc(s[i].p, s[i].bytes), "cudaMalloc (buffers)")) < 0)
-				goto fail;
-	}
-	if (!(g->ev = (cudaEvent_t *)calloc(3 * (size_t)cfg->layers, sizeof(*g->ev)))) {
-		r = -ENOMEM;
+	if ((r = alloc_buffers(g)) < 0)
 		goto fail;
-	}
-	for (uint32_t i = 0; i < 3 * cfg->layers; i++)
-		if ((r = cuda_ok(g, cudaEventCreate(&g->ev[i]), "cudaEventCreate")) < 0)
-			goto fail;
 	*ret = g;
 	return 0;
 fail:
@@ -311,30 +362,50 @@ fail:
 	return r;
 }
 
+static void drop_graphs(gpu_fwd *g)
+{
+	for (uint32_t i = 0; g->graph && i <= g->n_lw; i++)
+		if (g->graph[i]) {
+			cudaGraphExecDestroy(g->graph[i]);
+			g->graph[i] = NULL;
+		}
+	g->graph_n = 0;
+}
+
 void gpu_fwd_free(gpu_fwd *g)
 {
 	if (!g)
 		return;
+	if (g->s)
+		cudaStreamSynchronize(g->s);
+	drop_graphs(g);
+	free(g->graph);
 	for (uint32_t l = 0; g->lw && l < g->n_lw; l++) {
 		dev_layer *d = &g->lw[l];
-		float *p[] = { d->attn_norm, d->q, d->k, d->v, d->o, d->ffn_norm, d->gate, d->up, d->down };
+		float *p[] = { d->attn_norm, d->qkv, d->o, d->ffn_norm, d->gu, d->down };
 
 		for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
 			cudaFree(p[i]);
 	}
 	free(g->lw);
-	void *b[] = { g->k_center, g->out_norm, g->out, g->x, g->xn, g->q, g->k, g->v, g->att, g->g, g->u, g->logits,
+	void *b[] = { g->k_center, g->out_norm, g->out, g->x, g->xn, g->qkv, g->att, g->gu, g->logits,
 		      g->q16, g->k16, g->v16, g->pos, g->rows, g->ids };
 	for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
 		cudaFree(b[i]);
+	cudaFreeHost(g->ids_host);
 	for (uint32_t i = 0; g->ev && i < 3 * g->n_lw; i++)
 		if (g->ev[i])
 			cudaEventDestroy(g->ev[i]);
 	free(g->ev);
+	for (int i = 0; i < 2; i++)
+		if (g->span[i])
+			cudaEventDestroy(g->span[i]);
 	if (g->h)
 		g->cb.destroy(g->h);
 	if (g->cb.lib)
 		dlclose(g->cb.lib);
+	if (g->s)
+		cudaStreamDestroy(g->s);
 	free(g);
 }
 
@@ -343,21 +414,109 @@ const char *gpu_fwd_error(const gpu_fwd *g)
 	return g->err;
 }
 
-/* y[t][r] = dot(row r of W, x[t]) (+ y[t][r] when acc): column-major,
- * W^T (rows x cols) times x (cols x T). */
-static int gemm(gpu_fwd *g, const float *W, uint32_t rows, uint32_t cols, const float *x, uint32_t T, float *y,
-		bool acc)
+/* y[t][r] = dot(row r of W, x[t]) (+ y[t][r] when acc) for T rows x
+ * (ldx apart) and y (ldy apart): column-major, W^T (rows x cols) times x
+ * (cols x T). */
+static int gemm(gpu_fwd *g, const float *W, uint32_t rows, uint32_t cols, const float *x, uint32_t ldx, uint32_t T,
+		float *y, uint32_t ldy, bool acc)
 {
 	const float one = 1.0f, zero = 0.0f;
 
-	if (g->cb.sgemm(g->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)cols, &one, W, (int)cols, x, (int)cols,
-			acc ? &one : &zero, y, (int)rows) != CUBLAS_STATUS_SUCCESS)
+	if (g->cb.sgemm(g->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)cols, &one, W, (int)cols, x, (int)ldx,
+			acc ? &one : &zero, y, (int)ldy) != CUBLAS_STATUS_SUCCESS)
 		return gfail(g, -EIO, "cublasSgemm failed");
 	return 0;
 }
 
+/* Layer l's work before its K/V write, for n rows: the norm, the q/k/v
+ * product, RoPE, the K center and the FP16 copies libkvq reads. */
+static int pre_attention(gpu_fwd *g, uint32_t l, uint32_t n)
+{
+	const struct model_cfg *c = &g->c;
+	const dev_layer *w = &g->lw[l];
+	const uint32_t D = c->dim, kvd = c->kv_heads * c->head_dim, width = D + 2 * kvd;
+	const float step = powf(c->rope_base, -2.0f / (float)c->head_dim);
+	int r;
+
+	k_rmsnorm<<<n, 256, 0, g->s>>>(g->x, NULL, w->attn_norm, D, c->eps, g->xn);
+	if ((r = gemm(g, w->qkv, width, D, g->xn, D, n, g->qkv, width, false)) < 0)
+		return r;
+	k_qkv_ready<<<blocks((size_t)n * width / 2, 256), 256, 0, g->s>>>(
+		g->qkv, n, D, kvd, c->head_dim, g->pos, step, g->k_center ? g->k_center + (size_t)l * kvd : NULL,
+		g->q16, g->k16, g->v16);
+	return cuda_ok(g, cudaGetLastError(), "a kernel launch");
+}
+
+/* Layer l's work after its attention: the output product into the
+ * residual, the norm, the MLP. */
+static int post_attention(gpu_fwd *g, uint32_t l, uint32_t n)
+{
+	const struct model_cfg *c = &g->c;
+	const dev_layer *w = &g->lw[l];
+	const uint32_t D = c->dim, F = c->ffn;
+	int r;
+
+	if ((r = gemm(g, w->o, D, D, g->att, D, n, g->x, D, true)) < 0)
+		return r;
+	k_rmsnorm<<<n, 256, 0, g->s>>>(g->x, NULL, w->ffn_norm, D, c->eps, g->xn);
+	if ((r = gemm(g, w->gu, 2 * F, D, g->xn, D, n, g->gu, 2 * F, false)) < 0)
+		return r;
+	k_swiglu<<<blocks((size_t)n * F, 256), 256, 0, g->s>>>(g->gu, n, F);
+	if ((r = gemm(g, w->down, D, F, g->gu, 2 * F, n, g->x, D, true)) < 0)
+		return r;
+	return cuda_ok(g, cudaGetLastError(), "a kernel launch");
+}
+
+/* Stretch i of the layers (graph's comment) queued on g->s. */
+static int stretch(gpu_fwd *g, uint32_t i, uint32_t n)
+{
+	int r = 0;
+
+	if (i > 0)
+		r = post_attention(g, i - 1, n);
+	if (r == 0 && i < g->n_lw)
+		r = pre_attention(g, i, n);
+	return r;
+}
+
+/* Stretch i as a graph captured the first time it runs for n rows, then
+ * replayed (the same kernels and arguments: the buffers do not move); a
+ * failed capture turns graphs off and queues the stretch as it is. */
+static int run_stretch(gpu_fwd *g, uint32_t i, uint32_t n)
+{
+	cudaGraph_t gr = NULL;
+	int r;
+
+	if (!g->graphs)
+		return stretch(g, i, n);
+	if (g->graph_n != n) {
+		drop_graphs(g);
+		g->graph_n = n;
+	}
+	if (!g->graph[i]) {
+		if (cudaStreamBeginCapture(g->s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+			cudaGetLastError();
+			g->graphs = false;
+			return stretch(g, i, n);
+		}
+		r = stretch(g, i, n);
+		if (cudaStreamEndCapture(g->s, &gr) != cudaSuccess || r < 0 ||
+		    cudaGraphInstantiate(&g->graph[i], gr, 0) != cudaSuccess) {
+			cudaGetLastError();
+			if (gr)
+				cudaGraphDestroy(gr);
+			g->graph[i] = NULL;
+			g->graphs = false;
+			g->err[0] = 0;
+			return stretch(g, i, n);
+		}
+		cudaGraphDestroy(gr);
+	}
+	return cuda_ok(g, cudaGraphLaunch(g->graph[i], g->s), "cudaGraphLaunch");
+}
+
 /* One layer's K/V write and attention for the step's n rows of b (q16 in,
- * att out), between event pairs. */
+ * att out), between event pairs, on the legacy stream (libkvq's). */
 static int kv_attention(gpu_fwd *g, kvq_batch *b, uint32_t l)
 {
 	cudaEvent_t *e = g->ev + 3 * (size_t)l;
@@ -380,8 +539,10 @@ static int sum_events(gpu_fwd *g)
 	int r;
 
 	g->t_write = g->t_attention = 0;
-	if ((r = cuda_ok(g, cudaEventSynchronize(g->ev[3 * (size_t)g->n_lw - 1]), "waiting for the step")) < 0)
+	if ((r = cuda_ok(g, cudaEventSynchronize(g->span[1]), "waiting for the step")) < 0 ||
+	    (r = cuda_ok(g, cudaEventElapsedTime(&w, g->span[0], g->span[1]), "cudaEventElapsedTime")) < 0)
 		return r;
+	g->t_span = w / 1e3;
 	for (uint32_t l = 0; l < g->n_lw; l++) {
 		cudaEvent_t *e = g->ev + 3 * (size_t)l;
 
@@ -396,89 +557,76 @@ static int sum_events(gpu_fwd *g)
 
 int gpu_fwd_layers(gpu_fwd *g, kvq_batch *b, const float *x, uint32_t n, const uint32_t *pos)
 {
-	const struct model_cfg *c = &g->c;
-	const uint32_t D = c->dim, hd = c->head_dim, kvd = c->kv_heads * hd;
-	const float step = powf(c->rope_base, -2.0f / (float)hd);
+	const uint32_t D = g->c.dim;
 	int r;
 
 	g->err[0] = 0;
 	if (n == 0 || n > g->max_batch)
 		return gfail(g, -EINVAL, "bad row count");
-	if ((r = cuda_ok(g, cudaMemcpy(g->x, x, (size_t)n * D * 4, cudaMemcpyHostToDevice), "copying embeddings")) < 0 ||
-	    (r = cuda_ok(g, cudaMemcpy(g->pos, pos, (size_t)n * 4, cudaMemcpyHostToDevice), "copying positions")) < 0)
+	/* pageable memory: each call returns once its source is read */
+	if ((r = cuda_ok(g, cudaEventRecord(g->span[0], g->s), "cudaEventRecord")) < 0 ||
+	    (r = cuda_ok(g, cudaMemcpyAsync(g->x, x, (size_t)n * D * 4, cudaMemcpyHostToDevice, g->s),
+			 "copying embeddings")) < 0 ||
+	    (r = cuda_ok(g, cudaMemcpyAsync(g->pos, pos, (size_t)n * 4, cudaMemcpyHostToDevice, g->s),
+			 "copying positions")) < 0)
 		return r;
-	for (uint32_t l = 0; l < c->layers; l++) {
-		const dev_layer *w = &g->lw[l];
-
-		k_rmsnorm<<<n, 256>>>(g->x, NULL, w->attn_norm, D, c->eps, g->xn);
-		if ((r = gemm(g, w->q, D, D, g->xn, n, g->q, false)) < 0 ||
-		    (r = gemm(g, w->k, kvd, D, g->xn, n, g->k, false)) < 0 ||
-		    (r = gemm(g, w->v, kvd, D, g->xn, n, g->v, false)) < 0)
+	for (uint32_t l = 0; l <= g->n_lw; l++) {
+		if ((r = run_stretch(g, l, n)) < 0)
 			return r;
-		k_rope<<<blocks((size_t)n * c->heads * hd / 2, 256), 256>>>(g->q, n, c->heads, hd, g->pos, step);
-		k_rope<<<blocks((size_t)n * c->kv_heads * hd / 2, 256), 256>>>(g->k, n, c->kv_heads, hd, g->pos, step);
-		if (g->k_center)
-			k_sub_rows<<<blocks((size_t)n * kvd, 256), 256>>>(g->k, g->k_center + (size_t)l * kvd, n, kvd);
-		k_to_half<<<blocks((size_t)n * D, 256), 256>>>(g->q, (size_t)n * D, g->q16);
-		k_to_half<<<blocks((size_t)n * kvd, 256), 256>>>(g->k, (size_t)n * kvd, g->k16);
-		k_to_half<<<blocks((size_t)n * kvd, 256), 256>>>(g->v, (size_t)n * kvd, g->v16);
-		if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
-			return r;
-		if ((r = kv_attention(g, b, l)) < 0)
+		if (l < g->n_lw && (r = kv_attention(g, b, l)) < 0)
 			return r;   /* libkvq's leave g->err empty: kvq_client_error names them */
-		if ((r = gemm(g, w->o, D, D, g->att, n, g->x, true)) < 0)
-			return r;
-		k_rmsnorm<<<n, 256>>>(g->x, NULL, w->ffn_norm, D, c->eps, g->xn);
-		if ((r = gemm(g, w->gate, c->ffn, D, g->xn, n, g->g, false)) < 0 ||
-		    (r = gemm(g, w->up, c->ffn, D, g->xn, n, g->u, false)) < 0)
-			return r;
-		k_swiglu<<<blocks((size_t)n * c->ffn, 256), 256>>>(g->g, g->u, (size_t)n * c->ffn);
-		if ((r = gemm(g, w->down, D, c->ffn, g->g, n, g->x, true)) < 0)
-			return r;
 	}
-	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
+	if ((r = cuda_ok(g, cudaEventRecord(g->span[1], g->s), "cudaEventRecord")) < 0)
 		return r;
 	return sum_events(g);
 }
 
-void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention)
+void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention, double *ret_span)
 {
 	*ret_write = g->t_write;
 	*ret_attention = g->t_attention;
+	*ret_span = g->t_span;
 }
 
-/* The logits of rows[0..n_out) of the last layers into g->logits. */
-static int out_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out)
+int gpu_fwd_out_start(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, bool greedy)
 {
 	const struct model_cfg *c = &g->c;
 	int r;
 
+	g->n_out = 0;
 	if (n_out == 0 || n_out > g->max_batch)
 		return gfail(g, -EINVAL, "bad row count");
-	if ((r = cuda_ok(g, cudaMemcpy(g->rows, rows, (size_t)n_out * 4, cudaMemcpyHostToDevice), "copying rows")) < 0)
+	if ((r = cuda_ok(g, cudaMemcpyAsync(g->rows, rows, (size_t)n_out * 4, cudaMemcpyHostToDevice, g->s),
+			 "copying rows")) < 0)
 		return r;
-	k_rmsnorm<<<n_out, 256>>>(g->x, g->rows, g->out_norm, c->dim, c->eps, g->xn);
-	return gemm(g, g->out, g->out_rows, c->dim, g->xn, n_out, g->logits, false);
-}
-
-int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits)
-{
-	int r = out_logits(g, rows, n_out);
-
-	if (r < 0)
+	k_rmsnorm<<<n_out, 256, 0, g->s>>>(g->x, g->rows, g->out_norm, c->dim, c->eps, g->xn);
+	if ((r = gemm(g, g->out, g->out_rows, c->dim, g->xn, c->dim, n_out, g->logits, g->out_rows, false)) < 0)
 		return r;
-	return cuda_ok(g, cudaMemcpy(logits, g->logits, (size_t)n_out * g->out_rows * 4, cudaMemcpyDeviceToHost),
-		       "copying logits");
-}
-
-int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *ids)
-{
-	int r = out_logits(g, rows, n_out);
-
-	if (r < 0)
-		return r;
-	k_argmax<<<n_out, 256>>>(g->logits, g->out_rows, g->ids);
+	if (greedy) {
+		k_argmax<<<n_out, 256, 0, g->s>>>(g->logits, g->out_rows, g->ids);
+		if ((r = cuda_ok(g, cudaMemcpyAsync(g->ids_host, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost, g->s),
+				 "copying token ids")) < 0)
+			return r;
+	}
 	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
 		return r;
-	return cuda_ok(g, cudaMemcpy(ids, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost), "copying token ids");
+	g->n_out = n_out;
+	return 0;
+}
+
+int gpu_fwd_out_finish(gpu_fwd *g, float *logits, uint32_t *ids)
+{
+	int r;
+
+	if (!g->n_out)
+		return gfail(g, -EINVAL, "no output started");
+	if ((r = cuda_ok(g, cudaStreamSynchronize(g->s), "waiting for the output")) < 0)
+		return r;
+	if (ids)
+		memcpy(ids, g->ids_host, (size_t)g->n_out * 4);
+	if (logits)
+		r = cuda_ok(g, cudaMemcpy(logits, g->logits, (size_t)g->n_out * g->out_rows * 4, cudaMemcpyDeviceToHost),
+			    "copying logits");
+	g->n_out = 0;
+	return r;
 }

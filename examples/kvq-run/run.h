@@ -34,6 +34,7 @@ struct opts {
 	unsigned threads;
 	int device;
 	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink, ignore_eos;
+	bool tf32, no_graphs;         /* --gpu's products in TF32; no CUDA graphs */
 };
 
 /* One policy's pool, a sequence and the client's batch (model_step's). */
