@@ -190,6 +190,9 @@ void kv_open(struct kv *k, const char *spec, uint32_t max_tokens, uint32_t seqs)
 	if (strcmp(kvq_client_backend(k->c), o.gpu ? "cuda" : "host"))
 		die("attach: pool %s is a %s pool; %s needs a %s one", pool, kvq_client_backend(k->c),
 		    o.gpu ? "--gpu" : "the CPU path", o.gpu ? "cuda" : "host");
+	/* libkvq's kernels on the model's stream: no wait between streams */
+	if (md && model_stream(md) && (r = kvq_client_set_stream(k->c, model_stream(md))) < 0)
+		die("attach: %s (%s)", kvq_strerror(r), kvq_client_error(k->c));
 	if ((r = kvq_batch_new(k->c, &k->b)) < 0)
 		die("batch: %s", kvq_strerror(r));
 	L = kvq_client_layout(k->c);

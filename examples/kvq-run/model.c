@@ -204,6 +204,15 @@ const struct model_cfg *model_cfg(const model *m)
 	return &m->cfg;
 }
 
+void *model_stream(const model *m)
+{
+#ifdef KVQ_WITH_CUDA
+	if (m->gpu)
+		return gpu_fwd_stream(m->gpu);
+#endif
+	return NULL;
+}
+
 const char *model_error(const model *m)
 {
 #ifdef KVQ_WITH_CUDA
@@ -473,9 +482,7 @@ static int cpu_greedy(model *m, uint32_t n_out, uint32_t *ids)
 }
 
 /* A step and its output rows: their logits (logits) or their greedy
- * tokens (ids), whichever is not NULL.  On the GPU path the output is
- * queued before the commit and waited for after it, so the commit's round
- * trip to kvqd overlaps the output's products. */
+ * tokens (ids), whichever is not NULL. */
 static int step_out(model *m, kvq_batch *b, const struct model_seq *seq, uint32_t nseq, float *logits,
 		    uint32_t *ids)
 {
@@ -484,27 +491,16 @@ static int step_out(model *m, kvq_batch *b, const struct model_seq *seq, uint32_
 	int r;
 
 	m->t = (struct model_times){ 0 };
-	if ((r = step_layers(m, b, seq, nseq, &n_out)) < 0)
-		goto out;
-#ifdef KVQ_WITH_CUDA
-	if (m->gpu) {
-		int ro = 0;
-
-		if (n_out)
-			ro = gpu_fwd_out_start(m->gpu, m->out_rows, n_out, !logits);
-		r = step_commit(m, b);
-		t = clock_s();
-		if (n_out && ro == 0)
-			ro = gpu_fwd_out_finish(m->gpu, logits, ids);
-		m->t.out = clock_s() - t;
-		r = r < 0 ? r : ro;
-		goto out;
-	}
-#endif
-	if ((r = step_commit(m, b)) < 0)
+	if ((r = step_layers(m, b, seq, nseq, &n_out)) < 0 || (r = step_commit(m, b)) < 0)
 		goto out;
 	t = clock_s();
 	if (n_out) {
+#ifdef KVQ_WITH_CUDA
+		if (m->gpu)
+			r = logits ? gpu_fwd_logits(m->gpu, m->out_rows, n_out, logits)
+				   : gpu_fwd_greedy(m->gpu, m->out_rows, n_out, ids);
+		else
+#endif
 		if (logits)
 			cpu_logits(m, n_out, logits);
 		else

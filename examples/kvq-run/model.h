@@ -65,6 +65,10 @@ void model_free(model *m);
 
 const struct model_cfg *model_cfg(const model *m);
 
+/* The GPU path's CUDA stream (a cudaStream_t) for the clients of its
+ * sequences (kvq_client_set_stream), or NULL on the CPU path. */
+void *model_stream(const model *m);
+
 /* The GPU path's message about the last failed model_step, or NULL
  * (then libkvq's kvq_client_error names it). */
 const char *model_error(const model *m);
@@ -82,7 +86,7 @@ struct model_seq {
  * so queued work is counted where it runs); where the step's time went
  * on the host: its rows (embeddings), kvq_batch_begin, the layers (on the
  * GPU path until their last kernel ended), kvq_batch_commit and the output
- * (logits or greedy ids; on the GPU path the wait left after the commit);
+ * (logits or greedy ids);
  * on the GPU path span is the layers' time on the GPU, first copy to last
  * kernel. */
 struct model_times {

@@ -44,7 +44,7 @@ struct gpu_fwd {
 	uint32_t max_batch;
 	cublas_api cb;
 	cublasHandle_t h;
-	cudaStream_t s;         /* the model's work (libkvq's is on the legacy stream) */
+	cudaStream_t s;         /* the model's work, and libkvq's when its client is told (kv.c) */
 	dev_layer *lw;
 	uint32_t n_lw;
 	float *out_norm, *out;
@@ -56,7 +56,6 @@ struct gpu_fwd {
 	__half *q16, *k16, *v16;
 	uint32_t *pos, *rows, *ids;
 	uint32_t *ids_host;     /* pinned: the greedy ids copied back */
-	uint32_t n_out;         /* rows of the output started (gpu_fwd_out_start) */
 	/* the layers' stretches between libkvq's calls as CUDA graphs, for
 	 * graph_n rows: graph[0] before layer 0's write, graph[l] from layer
 	 * l - 1's attention to layer l's write, graph[layers] after the last */
@@ -409,6 +408,11 @@ void gpu_fwd_free(gpu_fwd *g)
 	free(g);
 }
 
+void *gpu_fwd_stream(const gpu_fwd *g)
+{
+	return g->s;
+}
+
 const char *gpu_fwd_error(const gpu_fwd *g)
 {
 	return g->err;
@@ -516,20 +520,22 @@ static int run_stretch(gpu_fwd *g, uint32_t i, uint32_t n)
 }
 
 /* One layer's K/V write and attention for the step's n rows of b (q16 in,
- * att out), between event pairs, on the legacy stream (libkvq's). */
+ * att out), between event pairs on g->s: libkvq's own stream when the
+ * client was given g->s (model_gpu.h), else the legacy stream's work waits
+ * for them and they for it. */
 static int kv_attention(gpu_fwd *g, kvq_batch *b, uint32_t l)
 {
 	cudaEvent_t *e = g->ev + 3 * (size_t)l;
 	int r;
 
-	if ((r = cuda_ok(g, cudaEventRecord(e[0], 0), "cudaEventRecord")) < 0)
+	if ((r = cuda_ok(g, cudaEventRecord(e[0], g->s), "cudaEventRecord")) < 0)
 		return r;
 	if ((r = kvq_batch_write(b, l, g->k16, g->v16)) < 0 ||
-	    (r = cuda_ok(g, cudaEventRecord(e[1], 0), "cudaEventRecord")) < 0)
+	    (r = cuda_ok(g, cudaEventRecord(e[1], g->s), "cudaEventRecord")) < 0)
 		return r;
 	if ((r = kvq_batch_attention_device(b, l, g->c.heads, 0.0f, g->q16, g->att, 1)) < 0)
 		return r;
-	return cuda_ok(g, cudaEventRecord(e[2], 0), "cudaEventRecord");
+	return cuda_ok(g, cudaEventRecord(e[2], g->s), "cudaEventRecord");
 }
 
 /* The event pairs of the last step's layers, summed (waits for the last). */
@@ -588,45 +594,45 @@ void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention, d
 	*ret_span = g->t_span;
 }
 
-int gpu_fwd_out_start(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, bool greedy)
+/* The logits of rows[0..n_out) of the last layers into g->logits, queued. */
+static int out_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out)
 {
 	const struct model_cfg *c = &g->c;
 	int r;
 
-	g->n_out = 0;
 	if (n_out == 0 || n_out > g->max_batch)
 		return gfail(g, -EINVAL, "bad row count");
 	if ((r = cuda_ok(g, cudaMemcpyAsync(g->rows, rows, (size_t)n_out * 4, cudaMemcpyHostToDevice, g->s),
 			 "copying rows")) < 0)
 		return r;
 	k_rmsnorm<<<n_out, 256, 0, g->s>>>(g->x, g->rows, g->out_norm, c->dim, c->eps, g->xn);
-	if ((r = gemm(g, g->out, g->out_rows, c->dim, g->xn, c->dim, n_out, g->logits, g->out_rows, false)) < 0)
-		return r;
-	if (greedy) {
-		k_argmax<<<n_out, 256, 0, g->s>>>(g->logits, g->out_rows, g->ids);
-		if ((r = cuda_ok(g, cudaMemcpyAsync(g->ids_host, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost, g->s),
-				 "copying token ids")) < 0)
-			return r;
-	}
-	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0)
-		return r;
-	g->n_out = n_out;
-	return 0;
+	return gemm(g, g->out, g->out_rows, c->dim, g->xn, c->dim, n_out, g->logits, g->out_rows, false);
 }
 
-int gpu_fwd_out_finish(gpu_fwd *g, float *logits, uint32_t *ids)
+int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits)
 {
-	int r;
+	int r = out_logits(g, rows, n_out);
 
-	if (!g->n_out)
-		return gfail(g, -EINVAL, "no output started");
-	if ((r = cuda_ok(g, cudaStreamSynchronize(g->s), "waiting for the output")) < 0)
+	if (r < 0)
 		return r;
-	if (ids)
-		memcpy(ids, g->ids_host, (size_t)g->n_out * 4);
-	if (logits)
-		r = cuda_ok(g, cudaMemcpy(logits, g->logits, (size_t)g->n_out * g->out_rows * 4, cudaMemcpyDeviceToHost),
-			    "copying logits");
-	g->n_out = 0;
-	return r;
+	if ((r = cuda_ok(g, cudaMemcpyAsync(logits, g->logits, (size_t)n_out * g->out_rows * 4, cudaMemcpyDeviceToHost,
+					     g->s), "copying logits")) < 0)
+		return r;
+	return cuda_ok(g, cudaStreamSynchronize(g->s), "copying logits");
+}
+
+int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *ids)
+{
+	int r = out_logits(g, rows, n_out);
+
+	if (r < 0)
+		return r;
+	k_argmax<<<n_out, 256, 0, g->s>>>(g->logits, g->out_rows, g->ids);
+	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0 ||
+	    (r = cuda_ok(g, cudaMemcpyAsync(g->ids_host, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost, g->s),
+			 "copying token ids")) < 0 ||
+	    (r = cuda_ok(g, cudaStreamSynchronize(g->s), "copying token ids")) < 0)
+		return r;
+	memcpy(ids, g->ids_host, (size_t)n_out * 4);
+	return 0;
 }

@@ -7,9 +7,11 @@
  * libkvq on a cuda pool for a step's whole batch (kvq_batch_write() with
  * device pointers, kvq_batch_attention_device: the project's CUDA kernels,
  * KV read as stored).
- * The model's own work runs on a blocking stream of its own, libkvq's on
- * the legacy default stream (the one libkvq uses unless told otherwise),
- * so each runs in order with the other's; the stretches of each layer
+ * The model's work runs on a blocking stream of its own (gpu_fwd_stream),
+ * which kvq-run gives its clients too (kvq_client_set_stream), so libkvq's
+ * kernels queue behind the model's with no wait between streams; a client
+ * left on the legacy default stream still runs in order with it.  The
+ * stretches of each layer
  * between libkvq's calls are CUDA graphs, captured once for a step's row
  * count and replayed while steps keep it (decode), so a step costs the
  * host a few launches a layer.
@@ -17,7 +19,6 @@
 #ifndef KVQ_RUN_MODEL_GPU_H
 #define KVQ_RUN_MODEL_GPU_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,21 +60,21 @@ void gpu_fwd_free(gpu_fwd *g);
  * that). */
 int gpu_fwd_layers(gpu_fwd *g, kvq_batch *b, const float *x, uint32_t n, const uint32_t *pos);
 
-/* Queues the next-token logits of the rows rows[0..n_out) (host) of the
- * last gpu_fwd_layers, as one product, and with greedy each row's greedy
- * choice (the first of equal maxima) chosen on the device; returns
- * without waiting, so the caller may commit the step meanwhile (libkvq's
- * commit waits for the legacy stream only).  Returns 0 or -EIO/-EINVAL. */
-int gpu_fwd_out_start(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, bool greedy);
+/* Next-token logits [n_out][vocab] (host) of the rows rows[0..n_out)
+ * (host) of the last gpu_fwd_layers, as one product. */
+int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits);
 
-/* Waits for what gpu_fwd_out_start queued: logits (NULL, or [n_out]
- * [vocab] host floats) and ids (NULL, or [n_out]; greedy only). */
-int gpu_fwd_out_finish(gpu_fwd *g, float *logits, uint32_t *ids);
+/* The greedy choice (the first of equal maxima) of each of those rows'
+ * logits, chosen on the device: ids [n_out] (host). */
+int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *ids);
 
 /* Seconds the last gpu_fwd_layers spent in libkvq's K/V writes and in its
  * attention, from event pairs on the stream around each call, and from
  * its first copy to its last kernel (the layers' span on the GPU). */
 void gpu_fwd_times(const gpu_fwd *g, double *ret_write, double *ret_attention, double *ret_span);
+
+/* The model's stream (a cudaStream_t), for kvq_client_set_stream. */
+void *gpu_fwd_stream(const gpu_fwd *g);
 
 /* The message of the last failure. */
 const char *gpu_fwd_error(const gpu_fwd *g);
