@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Batched generation on the real model, every KV format, in one run.
 
-kvq-run generate (batched through libkvq's kvq_batch) on SmolLM2-135M against
-a kvqd this script starts on a temporary socket:
+kvq-run generate (batched through libkvq's kvq_batch) on SmolLM2-135M, each
+run against a kvqd of its own that this script starts on a temporary socket:
 
   (a) every format at the same batch and context (default 64 x 4096 and
       256 x 2048 prompt tokens, 128 new tokens each): decode tokens/s and
@@ -32,10 +32,29 @@ import tempfile
 import time
 
 
-def start_kvqd(kvqd, tmp):
-    """A kvqd of its own whose pools created on attach may take the whole
+class Kvqd:
+    """A kvqd of its own on a temporary socket, for one kvq-run (or one
+    transformers run): its pools go when it stops, so no run's pool holds
+    memory the next one needs; pools created on attach may take the whole
     memory budget (the default, a quarter of it, is under what 256 x 2048
-    f16 asks on an 80 GB GPU); each kvq-run's pool goes with it."""
+    f16 asks on an 80 GB GPU)."""
+
+    def __init__(self, kvqd):
+        self.kvqd = kvqd
+
+    def __enter__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="kvq-generate.")
+        self.p, self.sock = start_kvqd(self.kvqd, self.tmp.name)
+        return self
+
+    def __exit__(self, *exc):
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(10)
+        self.tmp.cleanup()
+
+
+def start_kvqd(kvqd, tmp):
+    """kvqd on a socket in tmp (Kvqd's configuration); its process and socket."""
     sock = os.path.join(tmp, "kvqd.sock")
     conf = os.path.join(tmp, "kvqd.conf")
     with open(conf, "w") as f:
@@ -51,14 +70,16 @@ def start_kvqd(kvqd, tmp):
     raise SystemExit("kvqd did not start")
 
 
-def generate(a, sock, kv, seqs, ctx):
-    """One kvq-run generate; its JSON report, or None with the reason on stderr."""
-    cmd = [a.kvq_run, "generate", "--kv", kv, "--seqs", str(seqs), "--ctx", str(ctx), "--max-tokens", str(a.new),
-           "--ignore-eos", "--no-prefix-cache", "--json", "--model", a.model, "--socket", sock, a.text]
-    if a.gpu:
-        cmd.insert(2, "--gpu")
-    cmd[2:2] = a.run_arg or []
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+def generate(a, kv, seqs, ctx):
+    """One kvq-run generate on a kvqd of its own; its JSON report, or None
+    with the reason on stderr."""
+    with Kvqd(a.kvqd) as d:
+        cmd = [a.kvq_run, "generate", "--kv", kv, "--seqs", str(seqs), "--ctx", str(ctx), "--max-tokens", str(a.new),
+               "--ignore-eos", "--no-prefix-cache", "--json", "--model", a.model, "--socket", d.sock, a.text]
+        if a.gpu:
+            cmd.insert(2, "--gpu")
+        cmd[2:2] = a.run_arg or []
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     if r.returncode != 0:
         sys.stderr.write(f"{kv} {seqs}x{ctx}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}\n")
         return None
@@ -76,20 +97,21 @@ def figures(j):
             "decode_step_parts_ms": j.get("decode_step_parts_ms")}
 
 
-def transformers_rows(a, sock, shape, tmp):
-    """(c): bench/generate_hf.py at shape on the kvqd at sock; its JSON, or {"error": why}."""
-    js = os.path.join(tmp, "hf.json")
-    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate_hf.py"),
-           "--model", a.model, "--text", a.text, "--batch", str(shape[0]), "--ctx", str(shape[1]),
-           "--new", str(a.new), "--caches", a.hf, "--socket", sock, "--json", js]
-    if not a.gpu:
-        cmd += ["--device", "cpu"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-    if r.returncode != 0 or not os.path.exists(js):
-        err = r.stderr.strip().splitlines()
-        return {"error": err[-1] if err else f"exit {r.returncode}"}
-    with open(js) as fh:
-        return json.load(fh)
+def transformers_rows(a, shape):
+    """(c): bench/generate_hf.py at shape on a kvqd of its own; its JSON, or {"error": why}."""
+    with Kvqd(a.kvqd) as d:
+        js = os.path.join(d.tmp.name, "hf.json")
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate_hf.py"),
+               "--model", a.model, "--text", a.text, "--batch", str(shape[0]), "--ctx", str(shape[1]),
+               "--new", str(a.new), "--caches", a.hf, "--socket", d.sock, "--json", js]
+        if not a.gpu:
+            cmd += ["--device", "cpu"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        if r.returncode != 0 or not os.path.exists(js):
+            err = r.stderr.strip().splitlines()
+            return {"error": err[-1] if err else f"exit {r.returncode}"}
+        with open(js) as fh:
+            return json.load(fh)
 
 
 def main():
@@ -118,44 +140,38 @@ def main():
     out = {"model": os.path.basename(a.model), "path": "gpu" if a.gpu else "cpu", "new_tokens": a.new,
            "kvq_run_args": a.run_arg or [],
            "same_shape": [], "budget": []}
-    with tempfile.TemporaryDirectory(prefix="kvq-generate.") as tmp:
-        d, sock = start_kvqd(a.kvqd, tmp)
-        try:
-            bpt = {}
-            for seqs, ctx in shapes:
-                base = None
-                for kv in formats:
-                    j = generate(a, sock, kv, seqs, ctx)
-                    if j is None:
-                        continue
-                    f = figures(j)
-                    bpt.setdefault(kv, f["bytes_per_token"])
-                    if kv == "f16":
-                        base = f
-                    f.update(kv=kv, seqs=seqs, ctx=ctx,
-                             vs_f16=f["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None)
-                    out["same_shape"].append(f)
-            budget = int(a.budget_gib * 2**30)
-            base = None
-            for kv in formats:
-                if kv not in bpt:
-                    continue
-                seqs = min(a.max_seqs, int(budget // (bpt[kv] * (a.budget_ctx + a.new))))
-                j = generate(a, sock, kv, seqs, a.budget_ctx) if seqs > 0 else None
-                if j is None:
-                    continue
-                f = figures(j)
-                if kv == "f16":
-                    base = f | {"seqs": seqs}
-                f.update(kv=kv, seqs=seqs, ctx=a.budget_ctx, budget_bytes=budget,
-                         batch_vs_f16=seqs / base["seqs"] if base else None,
-                         tokens_per_s_vs_f16=f["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None)
-                out["budget"].append(f)
-            if a.hf:
-                out["transformers"] = transformers_rows(a, sock, shapes[0], tmp)
-        finally:
-            d.send_signal(signal.SIGTERM)
-            d.wait(10)
+    bpt = {}
+    for seqs, ctx in shapes:
+        base = None
+        for kv in formats:
+            j = generate(a, kv, seqs, ctx)
+            if j is None:
+                continue
+            f = figures(j)
+            bpt.setdefault(kv, f["bytes_per_token"])
+            if kv == "f16":
+                base = f
+            f.update(kv=kv, seqs=seqs, ctx=ctx,
+                     vs_f16=f["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None)
+            out["same_shape"].append(f)
+    budget = int(a.budget_gib * 2**30)
+    base = None
+    for kv in formats:
+        if kv not in bpt:
+            continue
+        seqs = min(a.max_seqs, int(budget // (bpt[kv] * (a.budget_ctx + a.new))))
+        j = generate(a, kv, seqs, a.budget_ctx) if seqs > 0 else None
+        if j is None:
+            continue
+        f = figures(j)
+        if kv == "f16":
+            base = f | {"seqs": seqs}
+        f.update(kv=kv, seqs=seqs, ctx=a.budget_ctx, budget_bytes=budget,
+                 batch_vs_f16=seqs / base["seqs"] if base else None,
+                 tokens_per_s_vs_f16=f["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None)
+        out["budget"].append(f)
+    if a.hf:
+        out["transformers"] = transformers_rows(a, shapes[0])
     print(f"{out['model']}, {out['path']} path, {a.new} new tokens per sequence"
           + (f", kvq-run {' '.join(out['kvq_run_args'])}" if out["kvq_run_args"] else ""))
     print("(a) same batch and context")
@@ -166,7 +182,7 @@ def main():
         print(f"{f['kv']:8} {f['seqs']:>4}x{f['ctx']:<5} {f['decode_tokens_per_s']:13.0f} {vs:>7} "
               f"{f['decode_step_ms']:8.2f} {f['decode_step_ms_p99']:7.2f} {100 * f['attention_share_decode']:5.1f}% "
               f"{f['kv_bytes_peak'] / 2**30:7.2f} {f['bytes_per_token']:8.0f}")
-    print("    where a decode step went, ms (host: rows, begin, layers, commit, what the output still took; "
+    print("    where a decode step went, ms (host: rows, begin, layers, commit, output; "
           "GPU: K/V write, attention, the layers' span)")
     for f in out["same_shape"]:
         p = f.get("decode_step_parts_ms")
