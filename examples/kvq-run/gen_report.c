@@ -64,8 +64,8 @@ static void sum_up(const struct gen_seq *seq, uint32_t n, const struct gen_figs 
 	s->decode_tok_s = f->t[GEN_DECODE].step > 0 ? f->rows[GEN_DECODE] / f->t[GEN_DECODE].step : 0.0;
 }
 
-/* A decode step's parts, means in ms (model_times' order), and their
- * names. */
+/* A decode step's parts (struct model_times), means in ms, and their
+ * names in the report and the JSON (layers_gpu: the span). */
 enum { PART_ROWS, PART_BEGIN, PART_LAYERS, PART_COMMIT, PART_OUT, PART_WRITE, PART_ATTENTION, PART_SPAN, PARTS };
 static const char *const part_name[PARTS] = { "rows", "begin", "layers", "commit", "out", "write", "attention",
 					      "layers_gpu" };
