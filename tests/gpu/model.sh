@@ -11,7 +11,9 @@
 #      value one FP16 step apart may round to another code).
 #   2. batched generation (kvq-run generate --prompts: 16 prompts as one
 #      batch) against each prompt alone, f16 and int8: sequences equal and
-#      tokens before a difference, reported.
+#      tokens before a difference, reported; and the same batch with
+#      --no-graphs (every kernel launched, no CUDA graphs): every sequence
+#      must be the same.
 #   3. the two-worker prefix-sharing demo (tools/model-demo.sh) on the GPU.
 #   tests/gpu/model.sh BINDIR MODEL TEXTDIR [OUTDIR]
 # BINDIR holds daemon/kvqd and examples/kvq-run/kvq-run; TEXTDIR GPL-3 and
@@ -114,6 +116,20 @@ for s in b["sequences"]:
 print(f"{sys.argv[3]:8s} batch of {len(prefix)} vs each alone (GPU): {same} sequences equal, tokens before the "
       f"first difference min {min(prefix)} mean {sum(prefix) / len(prefix):.1f}; {b['steps']['mixed']} mixed steps, "
       f"decode {b['decode_tokens_per_s']:.0f} tok/s, attention {100 * b['attention_share']:.1f} % (reported)")
+EOF
+		# the same batch launched kernel by kernel (--no-graphs): the graphs
+		# replay the same kernels with the same arguments, so every token
+		# must be the same (judged)
+		"$KVQ_RUN" "${a[@]}" --no-graphs --prompts "$tmp/bp.txt" >"$tmp/gn-$kv.json"
+		python3 - "$tmp/gb-$kv.json" "$tmp/gn-$kv.json" "$kv" <<'EOF' || exit 1
+import json, sys
+
+g, n = (json.load(open(p))["sequences"] for p in sys.argv[1:3])
+same = sum(x["ids"] == y["ids"] for x, y in zip(g, n))
+ok = same == len(g) == len(n)
+print(f"{sys.argv[3]:8s} batch with CUDA graphs vs --no-graphs: {same} of {len(g)} sequences equal "
+      + ("AGREE" if ok else "DISAGREE"))
+sys.exit(0 if ok else 1)
 EOF
 	done
 ) || rc=1
