@@ -44,30 +44,26 @@ class Kvqd:
 
     def __enter__(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="kvq-generate.")
-        self.p, self.sock = start_kvqd(self.kvqd, self.tmp.name)
-        return self
+        self.sock = os.path.join(self.tmp.name, "kvqd.sock")
+        conf = os.path.join(self.tmp.name, "kvqd.conf")
+        with open(conf, "w") as f:
+            f.write("[kvqd]\ncreate_memory_share = 100%\n")
+        self.p = subprocess.Popen([self.kvqd, "--config", conf, "--backend", "host", "--socket", self.sock,
+                                   "--foreground", "--log-level", "warning"])
+        for _ in range(500):
+            if os.path.exists(self.sock):
+                return self
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.01)
+        self.__exit__()
+        raise SystemExit("kvqd did not start")
 
     def __exit__(self, *exc):
-        self.p.send_signal(signal.SIGTERM)
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
         self.p.wait(10)
         self.tmp.cleanup()
-
-
-def start_kvqd(kvqd, tmp):
-    """kvqd on a socket in tmp (Kvqd's configuration); its process and socket."""
-    sock = os.path.join(tmp, "kvqd.sock")
-    conf = os.path.join(tmp, "kvqd.conf")
-    with open(conf, "w") as f:
-        f.write("[kvqd]\ncreate_memory_share = 100%\n")
-    p = subprocess.Popen([kvqd, "--config", conf, "--backend", "host", "--socket", sock, "--foreground",
-                          "--log-level", "warning"])
-    for _ in range(500):
-        if os.path.exists(sock):
-            return p, sock
-        if p.poll() is not None:
-            break
-        time.sleep(0.01)
-    raise SystemExit("kvqd did not start")
 
 
 def generate(a, kv, seqs, ctx):

@@ -55,7 +55,6 @@ struct gpu_fwd {
 	float *x, *xn, *qkv, *att, *gu, *logits;
 	__half *q16, *k16, *v16;
 	uint32_t *pos, *rows, *ids;
-	uint32_t *ids_host;     /* pinned: the greedy ids copied back */
 	/* the layers' stretches between libkvq's calls as CUDA graphs, for
 	 * graph_n rows: graph[0] before layer 0's write, graph[l] from layer
 	 * l - 1's attention to layer l's write, graph[layers] after the last */
@@ -301,8 +300,6 @@ static int alloc_buffers(gpu_fwd *g)
 	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
 		if ((r = cuda_ok(g, cudaMalloc(s[i].p, s[i].bytes), "cudaMalloc (buffers)")) < 0)
 			return r;
-	if ((r = cuda_ok(g, cudaMallocHost((void **)&g->ids_host, n * 4), "cudaMallocHost")) < 0)
-		return r;
 	if (!(g->ev = (cudaEvent_t *)calloc(3 * (size_t)c->layers, sizeof(*g->ev))) ||
 	    !(g->graph = (cudaGraphExec_t *)calloc(c->layers + 1, sizeof(*g->graph))))
 		return -ENOMEM;
@@ -391,7 +388,6 @@ void gpu_fwd_free(gpu_fwd *g)
 		      g->q16, g->k16, g->v16, g->pos, g->rows, g->ids };
 	for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
 		cudaFree(b[i]);
-	cudaFreeHost(g->ids_host);
 	for (uint32_t i = 0; g->ev && i < 3 * g->n_lw; i++)
 		if (g->ev[i])
 			cudaEventDestroy(g->ev[i]);
@@ -629,10 +625,8 @@ int gpu_fwd_greedy(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, uint32_t *i
 		return r;
 	k_argmax<<<n_out, 256, 0, g->s>>>(g->logits, g->out_rows, g->ids);
 	if ((r = cuda_ok(g, cudaGetLastError(), "a kernel launch")) < 0 ||
-	    (r = cuda_ok(g, cudaMemcpyAsync(g->ids_host, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost, g->s),
-			 "copying token ids")) < 0 ||
-	    (r = cuda_ok(g, cudaStreamSynchronize(g->s), "copying token ids")) < 0)
+	    (r = cuda_ok(g, cudaMemcpyAsync(ids, g->ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost, g->s),
+			 "copying token ids")) < 0)
 		return r;
-	memcpy(ids, g->ids_host, (size_t)n_out * 4);
-	return 0;
+	return cuda_ok(g, cudaStreamSynchronize(g->s), "copying token ids");
 }
