@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * decode_kernel's register layout: 4- and 2-bit codes unpacked to exact
- * FP16/BF16 pairs with the 0x6400 / 0x4300 magic, the order of K's head dims
+ * FP16/BF16 pairs with the 0x6400 / 0x4300 magic (dec_magic), the order of K's head dims
  * in a k-step (dec_kdim) and of a chunk's tokens in the m-rows (dec_lay),
  * and the A fragments of K and V built from a chunk's raw words
  * (decode.cuh explains the orders).
@@ -13,41 +13,52 @@
 
 namespace kvq {
 
-/* 4-bit codes to pairs: x_i = (code i, code i + 4) of a word of 8 codes
- * (i < 4), exact.  FP16: (w & 0x000f000f) | 0x6400 is 1024 + c, the high
- * nibble in place is 1024 + 16c; BF16: 0x4300 | c is 128 + c. */
-template <int ACT> __device__ __forceinline__ uint32_t dec_nib(uint32_t w, int i)
+/* Codes of `bits` bits at bit `pos` of each half of v to an exact pair of
+ * the activation type, in two instructions: one lop3 puts them in the
+ * mantissa of the magic M (FP16 0x6400 = 1024, BF16 0x4300 = 128; they must
+ * lie inside it: pos + bits <= 10, or 7), giving M + c·2^pos, and one fma
+ * by 2^-pos less M·2^-pos, whose exact result c is the pair.  pos is a
+ * constant once the callers' loops are unrolled. */
+template <int ACT> __device__ __forceinline__ uint32_t dec_magic(uint32_t v, uint32_t bits, uint32_t pos)
 {
-	uint32_t y;
-	if constexpr (ACT == KVQ_DT_F16) {
-		const uint32_t v = i >= 2 ? w >> 8 : w;
-		if (i & 1) {
-			const uint32_t x = (v & 0x00f000f0u) | 0x64006400u;
-			asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(0x2c002c00u), "r"(0xd400d400u));
-		} else {
-			const uint32_t x = (v & 0x000f000fu) | 0x64006400u;
-			asm("sub.f16x2 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(0x64006400u));
-		}
-	} else {
-		const uint32_t x = ((w >> (4 * i)) & 0x000f000fu) | 0x43004300u;
-		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(0x3f803f80u), "r"(0xc300c300u));
-	}
+	const bool f16 = ACT == KVQ_DT_F16;
+	/* exponent fields of 1 and of M; 2^-pos and -M·2^-pos as pairs */
+	const uint32_t one = f16 ? 15u : 127u, mexp = f16 ? 25u : 134u, sh = f16 ? 10u : 7u;
+	const uint32_t mask = ((1u << bits) - 1u) << pos, magic = f16 ? 0x6400u : 0x4300u;
+	const uint32_t scale = (one - pos) << sh, bias = 0x8000u | (mexp - pos) << sh;
+	uint32_t x, y;
+
+	/* (v & mask) | magic, each half */
+	asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(v), "r"(mask | mask << 16), "r"(magic | magic << 16));
+	if constexpr (f16)
+		asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(scale | scale << 16), "r"(bias | bias << 16));
+	else
+		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(scale | scale << 16), "r"(bias | bias << 16));
 	return y;
 }
 
+/* 4-bit codes to pairs: x_i = (code i, code i + 4) of a word of 8 codes
+ * (i < 4), exact.  FP16 takes nibbles 0 and 1 in place and 2 and 3 from
+ * w >> 8 (one shift a word); BF16's 7-bit mantissa takes a nibble at bit 0
+ * only. */
+template <int ACT> __device__ __forceinline__ uint32_t dec_nib(uint32_t w, int i)
+{
+	if constexpr (ACT == KVQ_DT_F16)
+		return dec_magic<ACT>(i >= 2 ? w >> 8 : w, 4, 4 * (i & 1));
+	else
+		return dec_magic<ACT>(w >> (4 * i), 4, 0);
+}
+
 /* 2-bit codes to pairs: x_i = (code i, code i + H) for the crumbs of w
- * (H = 8: a word of 16 codes; H = 4: 8 codes in bytes 0 and 2). */
+ * (H = 8: a word of 16 codes; H = 4: 8 codes in bytes 0 and 2).  FP16
+ * takes crumbs 0 .. 4 in place and 5 .. 7 from w >> 8; BF16 crumbs 0 .. 2
+ * in place, 3 .. 5 from w >> 6 and 6, 7 from w >> 12. */
 template <int ACT> __device__ __forceinline__ uint32_t dec_crumb(uint32_t w, int i)
 {
-	uint32_t y;
-	if constexpr (ACT == KVQ_DT_F16) {
-		const uint32_t x = ((w >> (2 * i)) & 0x00030003u) | 0x64006400u;
-		asm("sub.f16x2 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(0x64006400u));
-	} else {
-		const uint32_t x = ((w >> (2 * i)) & 0x00030003u) | 0x43004300u;
-		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(0x3f803f80u), "r"(0xc300c300u));
-	}
-	return y;
+	if constexpr (ACT == KVQ_DT_F16)
+		return i < 5 ? dec_magic<ACT>(w, 2, 2 * i) : dec_magic<ACT>(w >> 8, 2, 2 * (i - 4));
+	else
+		return dec_magic<ACT>(w >> (6 * (i / 3)), 2, 2 * (i % 3));
 }
 
 /* Where K's k-step k, slot e (fa[0] low/high, fa[2] low/high) sits among the
