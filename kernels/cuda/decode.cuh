@@ -32,9 +32,9 @@
  * high and a low FP16 part (two MMAs) plus the bias q·z; V's per-token or
  * per-group scale on the probabilities (one P fragment per V group, plus
  * Σ p·z per group), divided by the warp's unit per V group: the largest
- * scale seen so far over 2^14 (probabilities times scale stay normal FP16
- * at most 2^14; the unit only grows, so the accumulator is rescaled only
- * when it or a row's maximum moves).
+ * scale seen so far over 2^14, rounded up to a power of two (probabilities
+ * times scale stay normal FP16 at most 2^14; the unit only grows, so the
+ * accumulator is rescaled only when it or a row's maximum moves).
  */
 #ifndef KVQ_CUDA_DECODE_CUH
 #define KVQ_CUDA_DECODE_CUH
@@ -251,22 +251,36 @@ __device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)
 	for (int k = 0; k < D / 16; k++)
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
+			const uint32_t qw = qf[2 * k + h];
 			float hv[2], lv[2];
 #pragma unroll
 			for (int b = 0; b < 2; b++) {
 				const int dd = dec_kdim<P>(k, 2 * h + b);
-				const uint32_t qw = qf[2 * k + h];
 				const unsigned short qb = (unsigned short)(b ? qw >> 16 : qw & 0xffffu);
 				const float qv = AT::to_f(*reinterpret_cast<const typename AT::T *>(&qb));
-				const float sc = __half2float(__ushort_as_half((unsigned short)(cp[dd] & 0xffffu)));
 				const float zc = __half2float(__ushort_as_half((unsigned short)(cp[dd] >> 16)));
-				const float x = qv * sc;
-				hv[b] = AT::to_f(AT::from_f(x));
-				lv[b] = x - hv[b];
+				if constexpr (ACT != KVQ_DT_F16) {
+					const float sc = __half2float(__ushort_as_half((unsigned short)(cp[dd] & 0xffffu)));
+					const float x = qv * sc;
+					hv[b] = AT::to_f(AT::from_f(x));
+					lv[b] = x - hv[b];
+				}
 				bias += qv * zc;
 			}
-			kq.qh[2 * k + h] = AT::pack(hv[0], hv[1]);
-			kq.ql[2 * k + h] = AT::pack(lv[0], lv[1]);
+			if constexpr (ACT == KVQ_DT_F16) {
+				/* the same parts in pairs: q·s (exact in FP32) rounded
+				 * once is the high part, and q·s less it (exact too)
+				 * rounded once the low */
+				const uint32_t s2 = __byte_perm(cp[dec_kdim<P>(k, 2 * h)], cp[dec_kdim<P>(k, 2 * h + 1)], 0x5410);
+				uint32_t hi, lo;
+				asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(qw), "r"(s2));
+				asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(lo) : "r"(qw), "r"(s2), "r"(hi ^ 0x80008000u));
+				kq.qh[2 * k + h] = hi;
+				kq.ql[2 * k + h] = lo;
+			} else {
+				kq.qh[2 * k + h] = AT::pack(hv[0], hv[1]);
+				kq.ql[2 * k + h] = AT::pack(lv[0], lv[1]);
+			}
 		}
 	bias += __shfl_xor_sync(0xffffffffu, bias, 1);
 	bias += __shfl_xor_sync(0xffffffffu, bias, 2);
@@ -335,6 +349,18 @@ __device__ __forceinline__ void dec_score(float (&x)[2][4], const dec_raw<KF, VF
 	}
 }
 
+/* The least power of two at or above x, a positive float (+inf stays). */
+__device__ __forceinline__ float pow2_ceil(float x)
+{
+	return __uint_as_float((__float_as_uint(x) + 0x007fffffu) & 0xff800000u);
+}
+
+/* 1 / x, exactly, of a normal power of two x below 2^127. */
+__device__ __forceinline__ float pow2_inv(float x)
+{
+	return __uint_as_float(0x7f000000u - __float_as_uint(x));
+}
+
 /* The online softmax of a chunk's scores x per query column, with its V
  * parameters loaded: e, the chunk's probabilities under the new maximum;
  * rs, one over the warp's V unit per group; the accumulator rescaled where
@@ -390,10 +416,12 @@ __device__ __forceinline__ void dec_softmax(dec_state<D, LY::NGV> &st, const dec
 			if (!(S > 0.0f))
 				S = 1.0f;
 		}
-		/* the unit only grows, so most chunks leave the accumulator as it is */
-		const float unit = fmaxf(st.unit[gv], S * (1.0f / ATTN_P_UNIT));
-		rs[gv] = 1.0f / unit;
-		ratio[gv] = st.unit[gv] / unit;
+		/* the unit only grows, so most chunks leave the accumulator as it
+		 * is; a power of two, so that its reciprocal and the ratio are
+		 * exact and take no division */
+		const float unit = fmaxf(st.unit[gv], pow2_ceil(S * (1.0f / ATTN_P_UNIT)));
+		rs[gv] = unit < INFINITY ? pow2_inv(unit) : 0.0f;
+		ratio[gv] = st.unit[gv] * rs[gv];
 		st.unit[gv] = unit;
 		moved = moved || ratio[gv] != 1.0f;
 	}
@@ -427,13 +455,15 @@ __device__ __forceinline__ void dec_pv(dec_state<D, LY::NGV> &st, const dec_raw<
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				const int hi = i >> 1;
+				/* rs is a power of two: e·(sc·rs) is (e·sc)·rs, and
+				 * sc·rs serves both query columns of the token */
 				if constexpr (VTOK) {
-					p[i] = e[s][i] * dec_half(r.vpw, (int)LY::tok(s, hi, te)) * rs[gv];
+					p[i] = e[s][i] * (dec_half(r.vpw, (int)LY::tok(s, hi, te)) * rs[gv]);
 				} else if constexpr (VGRP) {
 					const uint32_t w = r.vpw[4 * gv + 2 * s + hi];
 					const float sc = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
 					const float zc = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
-					p[i] = e[s][i] * sc * rs[gv];
+					p[i] = e[s][i] * (sc * rs[gv]);
 					zs[i & 1] += e[s][i] * zc;
 				} else {
 					p[i] = e[s][i] * rs[gv];
