@@ -15,10 +15,14 @@ namespace kvq {
 
 #define KVQ_LOG2E 1.4426950408889634f
 
+/* 2^x by the special-function unit alone: results below 2^-126 flush to
+ * zero (ftz), which no softmax here can tell apart (they are weights of
+ * under 2^-126 against the row's largest, 1), and which saves the scaling
+ * around it that subnormal results would need. */
 __device__ __forceinline__ float fast_exp2(float x)
 {
 	float y;
-	asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
 	return y;
 }
 
