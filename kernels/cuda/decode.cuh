@@ -31,10 +31,12 @@
  * the group); KIVI's per-channel K scale folded into q once per block as a
  * high and a low FP16 part (two MMAs) plus the bias q·z; V's per-token or
  * per-group scale on the probabilities (one P fragment per V group, plus
- * Σ p·z per group), divided by the warp's unit per V group: the largest
- * scale seen so far over 2^14, rounded up to a power of two (probabilities
- * times scale stay normal FP16 at most 2^14; the unit only grows, so the
- * accumulator is rescaled only when it or a row's maximum moves).
+ * Σ p·z per group, which each lane keeps for its own scores until the
+ * epilogue sums the lanes), divided by the warp's unit per V group: the
+ * largest scale seen so far over 2^14, rounded up to a power of two
+ * (probabilities times scale stay normal FP16 at most 2^14; the unit only
+ * grows, so the accumulator is rescaled only when it or a row's maximum
+ * moves).
  */
 #ifndef KVQ_CUDA_DECODE_CUH
 #define KVQ_CUDA_DECODE_CUH
@@ -79,6 +81,10 @@ template <int D, int NGV> struct dec_state {
 	sm_state sm[2];   /* per query column 2c, 2c + 1 */
 	float unit[NGV];  /* per V group */
 	float acc[D / 16][4];
+	/* V with group parameters: Σ p·z per group and query column over this
+	 * lane's scores only, in the accumulator's units; dec_finish sums the
+	 * lanes and adds it to the group's dims */
+	float zp[NGV][2];
 };
 
 /* KIVI K: q·s of the current block as high and low parts, and q·z. */
@@ -425,16 +431,23 @@ __device__ __forceinline__ void dec_softmax(dec_state<D, LY::NGV> &st, const dec
 		st.unit[gv] = unit;
 		moved = moved || ratio[gv] != 1.0f;
 	}
-	if (__any_sync(0xffffffffu, moved))
+	if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 				st.acc[mt][i] *= alpha[i & 1] * ratio[mt * 16 / LY::VGS];
+#pragma unroll
+		for (int gv = 0; gv < NGV; gv++)
+#pragma unroll
+			for (int j = 0; j < 2; j++)
+				st.zp[gv][j] *= alpha[j] * ratio[gv];
+	}
 }
 
 /* The value accumulation of a chunk whose V words are loaded: Oᵀ += Vᵀ·Pᵀ
- * with P = e, one P per V group (plus Σ p·z of the group). */
+ * with P = e, one P per V group (plus Σ p·z of the group, this lane's
+ * share into st.zp). */
 template <int KF, int VF, int D, int ACT, bool OPEN, class LY>
 __device__ __forceinline__ void dec_pv(dec_state<D, LY::NGV> &st, const dec_raw<KF, VF, D, OPEN, LY> &r,
 				       const float (&e)[2][4], const float (&rs)[LY::NGV])
@@ -444,11 +457,11 @@ __device__ __forceinline__ void dec_pv(dec_state<D, LY::NGV> &st, const dec_raw<
 	constexpr bool VTOK = R::VTOK, VGRP = R::VGRP;
 	const uint32_t lane = threadIdx.x & 31, qn = lane >> 2, te = qn & 1;
 
-	/* ---- Oᵀ += Vᵀ·Pᵀ, one P per V group (plus Σ p·z of the group) */
+	/* ---- Oᵀ += Vᵀ·Pᵀ, one P per V group (plus Σ p·z of the group, st.zp) */
 #pragma unroll
 	for (int gv = 0; gv < NGV; gv++) {
 		uint32_t pb[2][2];
-		float zs[2] = { 0.0f, 0.0f };
+		float zs[2] = { 0.0f, 0.0f };   /* Σ p·z of this lane's scores */
 #pragma unroll
 		for (int s = 0; s < 2; s++) {
 			float p[4];
@@ -474,12 +487,8 @@ __device__ __forceinline__ void dec_pv(dec_state<D, LY::NGV> &st, const dec_raw<
 		}
 		if constexpr (VGRP) {
 #pragma unroll
-			for (int j = 0; j < 2; j++) {
-				zs[j] += __shfl_xor_sync(0xffffffffu, zs[j], 4);
-				zs[j] += __shfl_xor_sync(0xffffffffu, zs[j], 8);
-				zs[j] += __shfl_xor_sync(0xffffffffu, zs[j], 16);
-				zs[j] *= rs[gv];
-			}
+			for (int j = 0; j < 2; j++)
+				st.zp[gv][j] += zs[j] * rs[gv];
 		}
 #pragma unroll
 		for (int mt = gv * LY::VGS / 16; mt < (gv + 1) * LY::VGS / 16; mt++) {
@@ -488,11 +497,6 @@ __device__ __forceinline__ void dec_pv(dec_state<D, LY::NGV> &st, const dec_raw<
 				uint32_t fa[4];
 				dec_vfrag<VF, ACT>(fa, r.vw[mt][0], r.vw[mt][1], s);
 				mma16816<ACT>(st.acc[mt], fa, pb[s]);
-			}
-			if constexpr (VGRP) {
-#pragma unroll
-				for (int i = 0; i < 4; i++)
-					st.acc[mt][i] += zs[i & 1];
 			}
 		}
 	}
@@ -697,8 +701,10 @@ template <int D, int NGV> __device__ __forceinline__ void dec_state_init(dec_sta
 	st.sm[0].init();
 	st.sm[1].init();
 #pragma unroll
-	for (int gv = 0; gv < NGV; gv++)
+	for (int gv = 0; gv < NGV; gv++) {
 		st.unit[gv] = 0.0f;
+		st.zp[gv][0] = st.zp[gv][1] = 0.0f;
+	}
 #pragma unroll
 	for (int mt = 0; mt < D / 16; mt++)
 #pragma unroll
@@ -738,6 +744,17 @@ __device__ __forceinline__ void dec_finish(const attn_args &a, const kvq_seq_tab
 	const uint32_t nr = s.m * a.g;
 
 	if (warp < NW) {
+		/* Σ p·z of each group and query column, over the lanes of the column */
+		float zp[LY::NGV][2];
+#pragma unroll
+		for (int gv = 0; gv < LY::NGV; gv++)
+#pragma unroll
+			for (int j = 0; j < 2; j++) {
+				zp[gv][j] = st.zp[gv][j];
+				zp[gv][j] += __shfl_xor_sync(0xffffffffu, zp[gv][j], 4);
+				zp[gv][j] += __shfl_xor_sync(0xffffffffu, zp[gv][j], 8);
+				zp[gv][j] += __shfl_xor_sync(0xffffffffu, zp[gv][j], 16);
+			}
 #pragma unroll
 		for (int j = 0; j < 2; j++) {
 			float x = st.sm[j].l;
@@ -754,7 +771,7 @@ __device__ __forceinline__ void dec_finish(const attn_args &a, const kvq_seq_tab
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 				sm_o[(warp * 8 + 2 * qc + (i & 1)) * OSTRIDE + mt * 16 + qn + 8 * (i >> 1)] =
-					st.acc[mt][i] * st.unit[mt * 16 / LY::VGS];
+					(st.acc[mt][i] + zp[mt * 16 / LY::VGS][i & 1]) * st.unit[mt * 16 / LY::VGS];
 	}
 	__syncthreads();
 
