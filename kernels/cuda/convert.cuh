@@ -12,6 +12,16 @@
 
 namespace kvq {
 
+/* (v & mask) | bits in one instruction (lop3; 0xea is the table of
+ * (a & b) | c). */
+__device__ __forceinline__ uint32_t lop_and_or(uint32_t v, uint32_t mask, uint32_t bits)
+{
+	uint32_t d;
+
+	asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(v), "r"(mask), "r"(bits));
+	return d;
+}
+
 /* Codes to exact activation-type pairs, by what the codes are (enum
  * kvq_code): four() turns a word of four 8-bit codes into pairs (c0, c1)
  * and (c2, c3); two() a word of two 16-bit codes into one pair.  The
@@ -48,19 +58,33 @@ template <> struct dec_cvt_code<KVQ_CODE_SINT, KVQ_DT_F16> {
 	}
 };
 
-/* int8 -> bf16: 2^23 + 128 + c as fp32 (exact), less 2^23 + 128, packed */
+/* int8 -> bf16 in pairs: with its code's byte in the low byte of a half,
+ * 0x4300 | (c & 0x7f) is 128 + (c & 0x7f), and 0xc300 | (c & 0x80) is
+ * -128, or -256 where c's sign bit is set: their sum is c, exact */
+__device__ __forceinline__ uint32_t dec_sint_bf16(uint32_t y)
+{
+	const uint32_t x = lop_and_or(y, 0x007f007fu, 0x43004300u), b = lop_and_or(y, 0x00800080u, 0xc300c300u);
+	uint32_t r;
+
+	asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3f803f80u), "r"(b));
+	return r;
+}
+
 template <> struct dec_cvt_code<KVQ_CODE_SINT, KVQ_DT_BF16> {
 	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
 	{
-		const uint32_t x = w ^ 0x80808080u;
-		const float f0 = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7540)) - 8388736.0f;
-		const float f1 = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7541)) - 8388736.0f;
-		const float f2 = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7542)) - 8388736.0f;
-		const float f3 = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7543)) - 8388736.0f;
-		lo = act<KVQ_DT_BF16>::pack(f0, f1);
-		hi = act<KVQ_DT_BF16>::pack(f2, f3);
+		lo = dec_sint_bf16(__byte_perm(w, 0u, 0x4140));
+		hi = dec_sint_bf16(__byte_perm(w, 0u, 0x4342));
 	}
 };
+
+/* An f16 pair as a bf16 pair, through fp32; exact for the fp8 codes'
+ * values (at most 4 significant bits), NaN kept. */
+__device__ __forceinline__ uint32_t dec_f16x2_bf16(uint32_t h)
+{
+	return act<KVQ_DT_BF16>::pack(__half2float(__ushort_as_half((unsigned short)(h & 0xffffu))),
+				      __half2float(__ushort_as_half((unsigned short)(h >> 16))));
+}
 
 #if __CUDA_ARCH__ >= 890
 /* e4m3 -> f16: the hardware conversion, two codes per instruction */
@@ -73,6 +97,17 @@ template <> struct dec_cvt_code<KVQ_CODE_E4M3, KVQ_DT_F16> {
 		hi = (uint32_t)b.x | (uint32_t)b.y << 16;
 	}
 };
+
+/* e4m3 -> bf16: the same conversion to f16 pairs, then to bf16 */
+template <> struct dec_cvt_code<KVQ_CODE_E4M3, KVQ_DT_BF16> {
+	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
+	{
+		uint32_t a, b;
+		dec_cvt_code<KVQ_CODE_E4M3, KVQ_DT_F16>::four(w, a, b);
+		lo = dec_f16x2_bf16(a);
+		hi = dec_f16x2_bf16(b);
+	}
+};
 #endif
 
 /* e5m2 is the top byte of an f16 */
@@ -81,6 +116,14 @@ template <> struct dec_cvt_code<KVQ_CODE_E5M2, KVQ_DT_F16> {
 	{
 		lo = __byte_perm(w, 0u, 0x1404);
 		hi = __byte_perm(w, 0u, 0x3424);
+	}
+};
+
+template <> struct dec_cvt_code<KVQ_CODE_E5M2, KVQ_DT_BF16> {
+	static __device__ __forceinline__ void four(uint32_t w, uint32_t &lo, uint32_t &hi)
+	{
+		lo = dec_f16x2_bf16(__byte_perm(w, 0u, 0x1404));
+		hi = dec_f16x2_bf16(__byte_perm(w, 0u, 0x3424));
 	}
 };
 

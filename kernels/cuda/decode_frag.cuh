@@ -26,10 +26,9 @@ template <int ACT> __device__ __forceinline__ uint32_t dec_magic(uint32_t v, uin
 	const uint32_t one = f16 ? 15u : 127u, mexp = f16 ? 25u : 134u, sh = f16 ? 10u : 7u;
 	const uint32_t mask = ((1u << bits) - 1u) << pos, magic = f16 ? 0x6400u : 0x4300u;
 	const uint32_t scale = (one - pos) << sh, bias = 0x8000u | (mexp - pos) << sh;
-	uint32_t x, y;
+	const uint32_t x = lop_and_or(v, mask | mask << 16, magic | magic << 16);   /* each half */
+	uint32_t y;
 
-	/* (v & mask) | magic, each half */
-	asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(v), "r"(mask | mask << 16), "r"(magic | magic << 16));
 	if constexpr (f16)
 		asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(scale | scale << 16), "r"(bias | bias << 16));
 	else
