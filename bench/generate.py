@@ -125,7 +125,7 @@ def main():
     ap.add_argument("--max-seqs", type=int, default=1024, help="kvq-run's limit")
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--run-arg", action="append", metavar="ARG",
-                    help="an argument for every kvq-run (repeat it), e.g. --tf32 or --no-graphs with --gpu")
+                    help="an argument for every kvq-run (repeat it), e.g. --tf32, --fp16 or --no-graphs with --gpu")
     ap.add_argument("--hf", metavar="CACHES",
                     help="(c): bench/generate_hf.py's caches (e.g. static,dynamic,quantized,kvq-int8,kvq-kivi4) "
                          "at the first shape, on this run's kvqd")

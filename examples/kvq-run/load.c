@@ -98,7 +98,8 @@ void load(void)
 	struct model_opts mo = { .max_batch = o.step_tokens > o.batch ? o.step_tokens : o.batch,
 		.k_center = k_center, .k_sum = k_sum,
 		.kv_tap = kv_tap, .kv_tap_arg = kv_tap_arg, .gpu = o.gpu ? o.device : -1,
-		.gpu_flags = (o.tf32 ? GPU_FWD_TF32 : 0) | (o.no_graphs ? GPU_FWD_NO_GRAPHS : 0) };
+		.gpu_flags = (o.tf32 ? GPU_FWD_TF32 : 0) | (o.no_graphs ? GPU_FWD_NO_GRAPHS : 0) |
+			     (o.fp16 ? GPU_FWD_F16 : 0) };
 	if (tok_new(gf, &tk, err, sizeof(err)) < 0 || model_load(gf, &mo, &md, err, sizeof(err)) < 0)
 		die("%s: %s", path, err);
 	if (gguf_get_str(gf, "general.name", &name) < 0 || name.len == 0)

@@ -86,8 +86,9 @@ static void usage(FILE *f)
 		   "         --block N (tokens per KV block, default 32)  --rotate (+rot on every quantized part)\n"
 		   "         --sink (pools with sink blocks: each sequence's first block kept exact)\n"
 		   "         --gpu [--device N] (layers on the GPU, KV in cuda pools; --tf32: its products on\n"
-		   "         tensor cores in TF32, inputs rounded to 10 mantissa bits; --no-graphs: each\n"
-		   "         kernel launched, no CUDA graphs)  --k-center PATH (K minus\n"
+		   "         tensor cores in TF32, inputs rounded to 10 mantissa bits; --fp16: weights and the\n"
+		   "         products' inputs in FP16, products on tensor cores with FP32 sums; --no-graphs:\n"
+		   "         each kernel launched, no CUDA graphs)  --k-center PATH (K minus\n"
 		   "         calibrate's means)  --show N (ab --prompts: the N prompts that differ most per\n"
 		   "         policy, default 3)  --limit N (ab --prompts: the first N prompts)  --codebooks PATH\n"
 		   "         (codebooks for policies with pq2/pq1; repeat it: each policy takes the file that fits)\n"
@@ -120,7 +121,7 @@ int main(int argc, char **argv)
 		{ "k-center", 1, NULL, 'K' }, { "prompts", 1, NULL, 'P' }, { "show", 1, NULL, 'W' },
 		{ "score-from", 1, NULL, 'F' }, { "codebooks", 1, NULL, 'C' }, { "seqs", 1, NULL, 'Q' },
 		{ "step-tokens", 1, NULL, 'X' }, { "ignore-eos", 0, NULL, 'E' }, { "host-tier", 1, NULL, 'H' },
-		{ "tf32", 0, NULL, '3' }, { "no-graphs", 0, NULL, 'Z' },
+		{ "tf32", 0, NULL, '3' }, { "no-graphs", 0, NULL, 'Z' }, { "fp16", 0, NULL, '6' },
 		{ "help", 0, NULL, 'h' },
 		{ NULL, 0, NULL, 0 } };
 	const char *cmd;
@@ -183,6 +184,7 @@ int main(int argc, char **argv)
 		case 'E': o.ignore_eos = true; break;
 		case 'U': o.gpu = true; break;
 		case '3': o.tf32 = true; break;
+		case '6': o.fp16 = true; break;
 		case 'Z': o.no_graphs = true; break;
 		case 'V': o.device = (int)num(optarg, "--device"); break;
 		case 'j': o.json = true; break;
@@ -192,8 +194,8 @@ int main(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
-	if ((o.tf32 || o.no_graphs) && !o.gpu)
-		die("--tf32 and --no-graphs are for --gpu");
+	if ((o.tf32 || o.no_graphs || o.fp16) && !o.gpu)
+		die("--tf32, --fp16 and --no-graphs are for --gpu");
 	if (o.batch < 1 || o.batch > 4096)
 		die("--batch between 1 and 4096");
 	if (optind < argc) {

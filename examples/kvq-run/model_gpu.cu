@@ -29,12 +29,17 @@ struct cublas_api {
 	cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
 	cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
 				const float *, const float *, int, const float *, int, const float *, float *, int);
+	cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+				  const void *, cudaDataType_t, int, const void *, cudaDataType_t, int, const void *,
+				  void *, cudaDataType_t, int, cublasComputeType_t, cublasGemmAlgo_t);
 };
 
 /* One layer's weights: q, k and v as one matrix (their rows in that
- * order), gate and up as one (gate's rows first). */
+ * order), gate and up as one (gate's rows first); the norms' in f32, the
+ * matrices' in f32, or in f16 with GPU_FWD_F16. */
 struct dev_layer {
-	float *attn_norm, *qkv, *o, *ffn_norm, *gu, *down;
+	float *attn_norm, *ffn_norm;
+	void *qkv, *o, *gu, *down;
 };
 
 } // namespace
@@ -42,18 +47,23 @@ struct dev_layer {
 struct gpu_fwd {
 	struct model_cfg c;
 	uint32_t max_batch;
+	bool f16;               /* GPU_FWD_F16: f16 weights, and f16 copies of the products' inputs */
 	cublas_api cb;
 	cublasHandle_t h;
 	cudaStream_t s;         /* the model's work, and libkvq's when its client is told (kv.c) */
 	dev_layer *lw;
 	uint32_t n_lw;
-	float *out_norm, *out;
+	float *out_norm;
+	void *out;
 	uint32_t out_rows;
 	float *k_center;        /* [layers][kvd] or NULL */
 	/* scratch for max_batch rows; pos: each row's position, rows: the rows
 	 * whose logits are wanted; qkv [rows][dim + 2 kvd], gu [rows][2 ffn] */
 	float *x, *xn, *qkv, *att, *gu, *logits;
 	__half *q16, *k16, *v16;
+	/* GPU_FWD_F16: the products' inputs in f16 (xn, att, and SwiGLU's
+	 * output [rows][ffn]) in place of the f32 ones */
+	__half *xn16, *att16, *gu16;
 	uint32_t *pos, *rows, *ids;
 	/* the layers' stretches between libkvq's calls as CUDA graphs, for
 	 * graph_n rows: graph[0] before layer 0's write, graph[l] from layer
@@ -86,12 +96,13 @@ static int cuda_ok(gpu_fwd *g, cudaError_t e, const char *what)
 /* ------------------------------------------------------------- kernels */
 
 /* One CTA per row (row rows[i] of x for CTA i where rows is given); sum of
- * squares in double as on the CPU path. */
-__global__ void k_rmsnorm(const float *x, const uint32_t *rows, const float *w, uint32_t dim, float eps, float *out)
+ * squares in double as on the CPU path; out in f32 or f16 (T). */
+template <typename T>
+__global__ void k_rmsnorm(const float *x, const uint32_t *rows, const float *w, uint32_t dim, float eps, T *out)
 {
 	__shared__ double part[32];
 	const float *xt = x + (size_t)(rows ? rows[blockIdx.x] : blockIdx.x) * dim;
-	float *ot = out + (size_t)blockIdx.x * dim;
+	T *ot = out + (size_t)blockIdx.x * dim;
 	double ss = 0;
 	float sc;
 
@@ -112,7 +123,7 @@ __global__ void k_rmsnorm(const float *x, const uint32_t *rows, const float *w, 
 	__syncthreads();
 	sc = 1.0f / sqrtf((float)(part[0] / dim) + eps);
 	for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-		ot[i] = xt[i] * sc * w[i];
+		ot[i] = (T)(xt[i] * sc * w[i]);
 }
 
 /* The step's q, k and v ([n][dim + 2 kvd] as one product gave them) made
@@ -162,16 +173,21 @@ __global__ void k_qkv_ready(const float *qkv, uint32_t n, uint32_t dim, uint32_t
 	y[1] = __float2half_rn(b);
 }
 
-/* gate = silu(gate) * up in place over [n][2 ffn] rows (gate then up). */
-__global__ void k_swiglu(float *gu, uint32_t n, uint32_t ffn)
+/* silu(gate) * up over [n][2 ffn] rows (gate then up): in place over the
+ * gate (out NULL), or into out [n][ffn] in f16. */
+__global__ void k_swiglu(float *gu, uint32_t n, uint32_t ffn, __half *out)
 {
 	const size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 
 	if (id >= (size_t)n * ffn)
 		return;
 	float *g = gu + id / ffn * 2 * ffn + id % ffn;
+	const float y = *g / (1.0f + expf(-*g)) * g[ffn];
 
-	*g = *g / (1.0f + expf(-*g)) * g[ffn];
+	if (out)
+		out[id] = __float2half_rn(y);
+	else
+		*g = y;
 }
 
 /* Whether (v, i) beats (bv, bi): the larger value, the first index of equal
@@ -230,24 +246,29 @@ static int open_cublas(gpu_fwd *g, bool tf32)
 	*(void **)&a->set_math_mode = dlsym(a->lib, "cublasSetMathMode");
 	*(void **)&a->set_stream = dlsym(a->lib, "cublasSetStream_v2");
 	*(void **)&a->sgemm = dlsym(a->lib, "cublasSgemm_v2");
-	if (!a->create || !a->destroy || !a->set_math_mode || !a->set_stream || !a->sgemm)
-		return gfail(g, -ENODEV, "cuBLAS lacks cublasSgemm_v2 and friends");
+	*(void **)&a->gemm_ex = dlsym(a->lib, "cublasGemmEx");
+	if (!a->create || !a->destroy || !a->set_math_mode || !a->set_stream || !a->sgemm || !a->gemm_ex)
+		return gfail(g, -ENODEV, "cuBLAS lacks cublasSgemm_v2, cublasGemmEx and friends");
 	if (a->create(&g->h) != CUBLAS_STATUS_SUCCESS)
 		return gfail(g, -EIO, "cublasCreate failed");
 	if (a->set_stream(g->h, g->s) != CUBLAS_STATUS_SUCCESS)
 		return gfail(g, -EIO, "cublasSetStream failed");
 	/* plain FP32 products unless asked: the GPU path should compute what
-	 * the CPU path computes; TF32 rounds each input to 10 mantissa bits */
-	if (a->set_math_mode(g->h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
+	 * the CPU path computes; TF32 rounds each input to 10 mantissa bits;
+	 * f16 products (GPU_FWD_F16) take tensor cores in the default mode */
+	if (a->set_math_mode(g->h, g->f16 ? CUBLAS_DEFAULT_MATH : tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH) !=
+	    CUBLAS_STATUS_SUCCESS)
 		return gfail(g, -EIO, "cublasSetMathMode failed");
 	return 0;
 }
 
 /* The tensors t[0..n) (the same columns) dequantized to f32 and stacked,
- * their rows in that order, in device memory. */
-static int upload(gpu_fwd *g, const struct gguf_tensor *const *t, size_t n, float **ret)
+ * their rows in that order, in device memory: in f16 (rounded to nearest)
+ * where half is set. */
+static int upload(gpu_fwd *g, const struct gguf_tensor *const *t, size_t n, bool half, void **ret)
 {
-	size_t cols = t[0]->ne[0], rows = 0, at = 0;
+	const size_t cols = t[0]->ne[0], es = half ? sizeof(__half) : sizeof(float);
+	size_t rows = 0, at = 0;
 	float *h;
 	int r;
 
@@ -258,17 +279,22 @@ static int upload(gpu_fwd *g, const struct gguf_tensor *const *t, size_t n, floa
 	for (size_t i = 0; i < n; i++)
 		for (size_t j = 0; j < t[i]->rows; j++, at++)
 			mm_dequant_row(t[i]->type, t[i]->data + j * t[i]->row_bytes, (uint32_t)cols, h + at * cols);
-	r = cuda_ok(g, cudaMalloc((void **)ret, rows * cols * sizeof(float)), "cudaMalloc (weights)");
+	if (half) {   /* in place: each f16 lands on a float already read */
+		__half *h16 = (__half *)h;
+		for (size_t i = 0; i < rows * cols; i++)
+			h16[i] = __float2half_rn(h[i]);
+	}
+	r = cuda_ok(g, cudaMalloc(ret, rows * cols * es), "cudaMalloc (weights)");
 	if (r == 0)
-		r = cuda_ok(g, cudaMemcpy(*ret, h, rows * cols * sizeof(float), cudaMemcpyHostToDevice),
-			    "copying weights");
+		r = cuda_ok(g, cudaMemcpy(*ret, h, rows * cols * es, cudaMemcpyHostToDevice), "copying weights");
 	free(h);
 	return r;
 }
 
-static int upload1(gpu_fwd *g, const struct gguf_tensor *t, float **ret)
+/* A vector (a norm's weights): f32. */
+static int upload_vec(gpu_fwd *g, const struct gguf_tensor *t, float **ret)
 {
-	return upload(g, &t, 1, ret);
+	return upload(g, &t, 1, false, (void **)ret);
 }
 
 static int upload_layer(gpu_fwd *g, const struct layer_w *w, dev_layer *d)
@@ -276,9 +302,9 @@ static int upload_layer(gpu_fwd *g, const struct layer_w *w, dev_layer *d)
 	const struct gguf_tensor *qkv[] = { w->q, w->k, w->v }, *gu[] = { w->gate, w->up };
 	int r;
 
-	if ((r = upload1(g, w->attn_norm, &d->attn_norm)) < 0 || (r = upload(g, qkv, 3, &d->qkv)) < 0 ||
-	    (r = upload1(g, w->o, &d->o)) < 0 || (r = upload1(g, w->ffn_norm, &d->ffn_norm)) < 0 ||
-	    (r = upload(g, gu, 2, &d->gu)) < 0 || (r = upload1(g, w->down, &d->down)) < 0)
+	if ((r = upload_vec(g, w->attn_norm, &d->attn_norm)) < 0 || (r = upload(g, qkv, 3, g->f16, &d->qkv)) < 0 ||
+	    (r = upload(g, &w->o, 1, g->f16, &d->o)) < 0 || (r = upload_vec(g, w->ffn_norm, &d->ffn_norm)) < 0 ||
+	    (r = upload(g, gu, 2, g->f16, &d->gu)) < 0 || (r = upload(g, &w->down, 1, g->f16, &d->down)) < 0)
 		return r;
 	return 0;
 }
@@ -294,11 +320,13 @@ static int alloc_buffers(gpu_fwd *g)
 		  { (void **)&g->qkv, n * (D + 2 * kvd) * 4 }, { (void **)&g->gu, n * 2 * c->ffn * 4 },
 		  { (void **)&g->logits, n * (size_t)c->vocab * 4 }, { (void **)&g->q16, n * D * 2 },
 		  { (void **)&g->k16, n * kvd * 2 }, { (void **)&g->v16, n * kvd * 2 },
-		  { (void **)&g->pos, n * 4 }, { (void **)&g->rows, n * 4 }, { (void **)&g->ids, n * 4 } };
+		  { (void **)&g->pos, n * 4 }, { (void **)&g->rows, n * 4 }, { (void **)&g->ids, n * 4 },
+		  { (void **)&g->xn16, g->f16 ? n * D * 2 : 0 }, { (void **)&g->att16, g->f16 ? n * D * 2 : 0 },
+		  { (void **)&g->gu16, g->f16 ? n * c->ffn * 2 : 0 } };
 	int r;
 
 	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
-		if ((r = cuda_ok(g, cudaMalloc(s[i].p, s[i].bytes), "cudaMalloc (buffers)")) < 0)
+		if (s[i].bytes && (r = cuda_ok(g, cudaMalloc(s[i].p, s[i].bytes), "cudaMalloc (buffers)")) < 0)
 			return r;
 	if (!(g->ev = (cudaEvent_t *)calloc(3 * (size_t)c->layers, sizeof(*g->ev))) ||
 	    !(g->graph = (cudaGraphExec_t *)calloc(c->layers + 1, sizeof(*g->graph))))
@@ -325,6 +353,7 @@ int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const str
 	g->c = *cfg;
 	g->max_batch = max_batch;
 	g->graphs = !(flags & GPU_FWD_NO_GRAPHS);
+	g->f16 = flags & GPU_FWD_F16;
 	/* a blocking stream: in order with libkvq's work on the legacy one */
 	if ((r = cuda_ok(g, cudaSetDevice(dev), "cudaSetDevice")) < 0 ||
 	    (r = cuda_ok(g, cudaStreamCreate(&g->s), "cudaStreamCreate")) < 0 ||
@@ -338,7 +367,7 @@ int gpu_fwd_new(const struct model_cfg *cfg, const struct layer_w *lw, const str
 	for (uint32_t l = 0; l < cfg->layers; l++)
 		if ((r = upload_layer(g, &lw[l], &g->lw[l])) < 0)
 			goto fail;
-	if ((r = upload1(g, out_norm, &g->out_norm)) < 0 || (r = upload1(g, out, &g->out)) < 0)
+	if ((r = upload_vec(g, out_norm, &g->out_norm)) < 0 || (r = upload(g, &out, 1, g->f16, &g->out)) < 0)
 		goto fail;
 	g->out_rows = (uint32_t)out->rows;
 	if (k_center) {
@@ -378,14 +407,14 @@ void gpu_fwd_free(gpu_fwd *g)
 	free(g->graph);
 	for (uint32_t l = 0; g->lw && l < g->n_lw; l++) {
 		dev_layer *d = &g->lw[l];
-		float *p[] = { d->attn_norm, d->qkv, d->o, d->ffn_norm, d->gu, d->down };
+		void *p[] = { d->attn_norm, d->qkv, d->o, d->ffn_norm, d->gu, d->down };
 
 		for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
 			cudaFree(p[i]);
 	}
 	free(g->lw);
 	void *b[] = { g->k_center, g->out_norm, g->out, g->x, g->xn, g->qkv, g->att, g->gu, g->logits,
-		      g->q16, g->k16, g->v16, g->pos, g->rows, g->ids };
+		      g->q16, g->k16, g->v16, g->pos, g->rows, g->ids, g->xn16, g->att16, g->gu16 };
 	for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
 		cudaFree(b[i]);
 	for (uint32_t i = 0; g->ev && i < 3 * g->n_lw; i++)
@@ -415,17 +444,37 @@ const char *gpu_fwd_error(const gpu_fwd *g)
 }
 
 /* y[t][r] = dot(row r of W, x[t]) (+ y[t][r] when acc) for T rows x
- * (ldx apart) and y (ldy apart): column-major, W^T (rows x cols) times x
- * (cols x T). */
-static int gemm(gpu_fwd *g, const float *W, uint32_t rows, uint32_t cols, const float *x, uint32_t ldx, uint32_t T,
+ * (ldx apart) and y (ldy apart, f32): column-major, W^T (rows x cols)
+ * times x (cols x T).  W and x in f32, or both in f16 with GPU_FWD_F16
+ * (accumulated in f32). */
+static int gemm(gpu_fwd *g, const void *W, uint32_t rows, uint32_t cols, const void *x, uint32_t ldx, uint32_t T,
 		float *y, uint32_t ldy, bool acc)
 {
 	const float one = 1.0f, zero = 0.0f;
+	cublasStatus_t st;
 
-	if (g->cb.sgemm(g->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)cols, &one, W, (int)cols, x, (int)ldx,
-			acc ? &one : &zero, y, (int)ldy) != CUBLAS_STATUS_SUCCESS)
-		return gfail(g, -EIO, "cublasSgemm failed");
-	return 0;
+	if (g->f16)
+		st = g->cb.gemm_ex(g->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)cols, &one, W, CUDA_R_16F,
+				   (int)cols, x, CUDA_R_16F, (int)ldx, acc ? &one : &zero, y, CUDA_R_32F, (int)ldy,
+				   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	else
+		st = g->cb.sgemm(g->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)cols, &one, (const float *)W,
+				 (int)cols, (const float *)x, (int)ldx, acc ? &one : &zero, y, (int)ldy);
+	return st == CUBLAS_STATUS_SUCCESS ? 0 : gfail(g, -EIO, g->f16 ? "cublasGemmEx failed" : "cublasSgemm failed");
+}
+
+/* The norm of n rows of x (rows[i] for row i where rows is given, on the
+ * device) into the products' input: xn, or xn16 with GPU_FWD_F16. */
+static const void *norm_rows(gpu_fwd *g, const uint32_t *rows, const float *w, uint32_t n)
+{
+	const struct model_cfg *c = &g->c;
+
+	if (g->f16) {
+		k_rmsnorm<<<n, 256, 0, g->s>>>(g->x, rows, w, c->dim, c->eps, g->xn16);
+		return g->xn16;
+	}
+	k_rmsnorm<<<n, 256, 0, g->s>>>(g->x, rows, w, c->dim, c->eps, g->xn);
+	return g->xn;
 }
 
 /* Layer l's work before its K/V write, for n rows: the norm, the q/k/v
@@ -436,10 +485,10 @@ static int pre_attention(gpu_fwd *g, uint32_t l, uint32_t n)
 	const dev_layer *w = &g->lw[l];
 	const uint32_t D = c->dim, kvd = c->kv_heads * c->head_dim, width = D + 2 * kvd;
 	const float step = powf(c->rope_base, -2.0f / (float)c->head_dim);
+	const void *xn = norm_rows(g, NULL, w->attn_norm, n);
 	int r;
 
-	k_rmsnorm<<<n, 256, 0, g->s>>>(g->x, NULL, w->attn_norm, D, c->eps, g->xn);
-	if ((r = gemm(g, w->qkv, width, D, g->xn, D, n, g->qkv, width, false)) < 0)
+	if ((r = gemm(g, w->qkv, width, D, xn, D, n, g->qkv, width, false)) < 0)
 		return r;
 	k_qkv_ready<<<blocks((size_t)n * width / 2, 256), 256, 0, g->s>>>(
 		g->qkv, n, D, kvd, c->head_dim, g->pos, step, g->k_center ? g->k_center + (size_t)l * kvd : NULL,
@@ -456,13 +505,17 @@ static int post_attention(gpu_fwd *g, uint32_t l, uint32_t n)
 	const uint32_t D = c->dim, F = c->ffn;
 	int r;
 
-	if ((r = gemm(g, w->o, D, D, g->att, D, n, g->x, D, true)) < 0)
+	if ((r = gemm(g, w->o, D, D, g->f16 ? (const void *)g->att16 : g->att, D, n, g->x, D, true)) < 0)
 		return r;
-	k_rmsnorm<<<n, 256, 0, g->s>>>(g->x, NULL, w->ffn_norm, D, c->eps, g->xn);
-	if ((r = gemm(g, w->gu, 2 * F, D, g->xn, D, n, g->gu, 2 * F, false)) < 0)
+	const void *xn = norm_rows(g, NULL, w->ffn_norm, n);
+	if ((r = gemm(g, w->gu, 2 * F, D, xn, D, n, g->gu, 2 * F, false)) < 0)
 		return r;
-	k_swiglu<<<blocks((size_t)n * F, 256), 256, 0, g->s>>>(g->gu, n, F);
-	if ((r = gemm(g, w->down, D, F, g->gu, 2 * F, n, g->x, D, true)) < 0)
+	k_swiglu<<<blocks((size_t)n * F, 256), 256, 0, g->s>>>(g->gu, n, F, g->f16 ? g->gu16 : NULL);
+	if (g->f16)
+		r = gemm(g, w->down, D, F, g->gu16, F, n, g->x, D, true);
+	else
+		r = gemm(g, w->down, D, F, g->gu, 2 * F, n, g->x, D, true);
+	if (r < 0)
 		return r;
 	return cuda_ok(g, cudaGetLastError(), "a kernel launch");
 }
@@ -529,7 +582,8 @@ static int kv_attention(gpu_fwd *g, kvq_batch *b, uint32_t l)
 	if ((r = kvq_batch_write(b, l, g->k16, g->v16)) < 0 ||
 	    (r = cuda_ok(g, cudaEventRecord(e[1], g->s), "cudaEventRecord")) < 0)
 		return r;
-	if ((r = kvq_batch_attention_device(b, l, g->c.heads, 0.0f, g->q16, g->att, 1)) < 0)
+	if ((r = g->f16 ? kvq_batch_attention_device(b, l, g->c.heads, 0.0f, g->q16, g->att16, 0)
+			: kvq_batch_attention_device(b, l, g->c.heads, 0.0f, g->q16, g->att, 1)) < 0)
 		return r;
 	return cuda_ok(g, cudaEventRecord(e[2], g->s), "cudaEventRecord");
 }
@@ -601,8 +655,8 @@ static int out_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out)
 	if ((r = cuda_ok(g, cudaMemcpyAsync(g->rows, rows, (size_t)n_out * 4, cudaMemcpyHostToDevice, g->s),
 			 "copying rows")) < 0)
 		return r;
-	k_rmsnorm<<<n_out, 256, 0, g->s>>>(g->x, g->rows, g->out_norm, c->dim, c->eps, g->xn);
-	return gemm(g, g->out, g->out_rows, c->dim, g->xn, c->dim, n_out, g->logits, g->out_rows, false);
+	const void *xn = norm_rows(g, g->rows, g->out_norm, n_out);
+	return gemm(g, g->out, g->out_rows, c->dim, xn, c->dim, n_out, g->logits, g->out_rows, false);
 }
 
 int gpu_fwd_logits(gpu_fwd *g, const uint32_t *rows, uint32_t n_out, float *logits)

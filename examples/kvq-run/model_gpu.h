@@ -35,8 +35,10 @@ typedef struct gpu_fwd gpu_fwd;
 
 /* gpu_fwd_new's flags: the products in TF32 on tensor cores (each input
  * rounded to 10 mantissa bits; plain FP32 otherwise, as the CPU path);
- * every stretch queued kernel by kernel, no graphs. */
-enum { GPU_FWD_TF32 = 1, GPU_FWD_NO_GRAPHS = 2 };
+ * every stretch queued kernel by kernel, no graphs; the weight matrices
+ * and the products' inputs in FP16 (rounded to nearest), the products on
+ * tensor cores with FP32 sums (TF32 then has no effect). */
+enum { GPU_FWD_TF32 = 1, GPU_FWD_NO_GRAPHS = 2, GPU_FWD_F16 = 4 };
 
 /* Uploads the weights (lw: cfg->layers entries; q, k and v stacked into
  * one matrix, gate and up into one) and k_center (NULL or [layers]

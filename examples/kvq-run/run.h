@@ -34,7 +34,7 @@ struct opts {
 	unsigned threads;
 	int device;
 	bool json, raw, special, decode, no_cache, stats, rotate, gpu, sink, ignore_eos;
-	bool tf32, no_graphs;         /* --gpu's products in TF32; no CUDA graphs */
+	bool tf32, no_graphs, fp16;   /* --gpu's products in TF32; no CUDA graphs; FP16 weights and products */
 };
 
 /* One policy's pool, a sequence and the client's batch (model_step's). */
