@@ -40,12 +40,15 @@ struct sm_state {
 	/* What exponentials are taken against: m, or 0 while every score is -inf. */
 	__device__ __forceinline__ float base() const { return m == -INFINITY ? 0.0f : m; }
 	/* Takes in a tile whose largest score is mx: returns the factor by
-	 * which the accumulator (and l, done here) must be multiplied. */
+	 * which the accumulator (and l, done here) must be multiplied: 1 where
+	 * m stays as it was, -inf included (a query row that sees no token yet,
+	 * or a padding row: its sums are 0 either way, and 1 lets the caller
+	 * skip a rescale). */
 	__device__ __forceinline__ float raise(float mx)
 	{
 		const float m_old = m;
 		m = fmaxf(m, mx);
-		const float alpha = fast_exp2(m_old - base());
+		const float alpha = m == m_old ? 1.0f : fast_exp2(m_old - base());
 		l *= alpha;
 		return alpha;
 	}
