@@ -2,7 +2,9 @@
 // The format arithmetic of kernels/kvq_format.h on the GPU: identical bytes to
 // the same code on the host (the CPU kernels' path), and agreement with the
 // GPU's own conversions (cvt.rn.satfinite to FP8, __float2half_rn/ru/rd,
-// __float2bfloat16_rn).  TAP output; skipped where no CUDA device is usable.
+// __float2bfloat16_rn); and the decode kernels' conversions of codes to
+// FP16/BF16 pairs (decode_frag.cuh, convert.cuh) against the codes' values on
+// the host.  TAP output; skipped where no CUDA device is usable.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "kvq_format.h"
+#include "cuda/decode_frag.cuh"
 
 enum { OUT_E4M3, OUT_E5M2, OUT_F16RN, OUT_F16RU, OUT_F16RD, OUT_BF16, OUT_SCALE, OUT_ZERO, NOUT };
 
@@ -48,6 +51,52 @@ __global__ void convert(const float *x, int n, uint32_t *ours, uint32_t *hw)
 	hw[OUT_F16RU * n + i] = __half_as_ushort(__float2half_ru(v));
 	hw[OUT_F16RD * n + i] = __half_as_ushort(__float2half_rd(v));
 	hw[OUT_BF16 * n + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// The decode kernels' pairs of each word w (out: PAIRS words per input):
+// 4-bit (dec_nib, i < 4) and 2-bit (dec_crumb, i < 8) codes, then the four
+// 8-bit codes of w as int8, e4m3 and e5m2 (dec_cvt_code::four, two pairs
+// each); every kind in FP16, then in BF16.
+enum { PAIRS_ONE = 4 + 8 + 3 * 2, PAIRS = 2 * PAIRS_ONE };
+
+template <int ACT> __device__ void pairs_of(uint32_t w, uint32_t *o)
+{
+	for (int i = 0; i < 4; i++)
+		o[i] = kvq::dec_nib<ACT>(w, i);
+	for (int i = 0; i < 8; i++)
+		o[4 + i] = kvq::dec_crumb<ACT>(w, i);
+	kvq::dec_cvt_code<KVQ_CODE_SINT, ACT>::four(w, o[12], o[13]);
+	kvq::dec_cvt_code<KVQ_CODE_E4M3, ACT>::four(w, o[14], o[15]);
+	kvq::dec_cvt_code<KVQ_CODE_E5M2, ACT>::four(w, o[16], o[17]);
+}
+
+__global__ void pairs(const uint32_t *w, int n, uint32_t *out)
+{
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= n)
+		return;
+	pairs_of<KVQ_DT_F16>(w[i], out + (size_t)i * PAIRS);
+	pairs_of<KVQ_DT_BF16>(w[i], out + (size_t)i * PAIRS + PAIRS_ONE);
+}
+
+// What pair j of word w must hold, as two floats (pairs_of's order).
+static void pair_want(uint32_t w, int j, float *a, float *b)
+{
+	const uint8_t by[4] = { (uint8_t)w, (uint8_t)(w >> 8), (uint8_t)(w >> 16), (uint8_t)(w >> 24) };
+	if (j < 4) {   // codes j and j + 4 of 8 nibbles: nibble j of each half
+		*a = (float)((w >> (4 * j)) & 15u);
+		*b = (float)((w >> (16 + 4 * j)) & 15u);
+	} else if (j < 12) {   // crumb j - 4 of each half
+		*a = (float)((w >> (2 * (j - 4))) & 3u);
+		*b = (float)((w >> (16 + 2 * (j - 4))) & 3u);
+	} else {   // codes (0, 1) then (2, 3) of the bytes
+		const int k = (j - 12) / 2, lo = (j - 12) % 2 * 2;
+		for (int e = 0; e < 2; e++) {
+			const uint8_t c = by[lo + e];
+			const float f = k == 0 ? (float)(int8_t)c : k == 1 ? kvq_fp8_e4m3_dec(c) : kvq_fp8_e5m2_dec(c);
+			*(e ? b : a) = f;
+		}
+	}
 }
 
 // Quantizes one group of G values as the seal step does: symmetric int8 and
@@ -218,6 +267,52 @@ int main()
 		badp += gp[i] != hp[i];
 	ok(badc == 0, "int8/fp8/fp8e5m2/4-bit/2-bit codes of 65536 groups: device == host", badc);
 	ok(badp == 0, "their FP16 scales and zeros: device == host", badp);
+
+	// the decode kernels' pairs: every low half with a random high half
+	// (and every high half with a random low), each pair's two values equal
+	// to its codes' (a NaN code to a NaN)
+	std::vector<uint32_t> words;
+	for (uint32_t h = 0; h < 65536; h++) {
+		words.push_back(h | (uint32_t)next_rand() << 16);
+		words.push_back(h << 16 | ((uint32_t)next_rand() & 0xffffu));
+	}
+	int nw = (int)words.size();
+	uint32_t *dw, *dpairs;
+	CHECK(cudaMalloc(&dw, sizeof(uint32_t) * nw));
+	CHECK(cudaMalloc(&dpairs, sizeof(uint32_t) * nw * PAIRS));
+	CHECK(cudaMemcpy(dw, words.data(), sizeof(uint32_t) * nw, cudaMemcpyHostToDevice));
+	pairs<<<(nw + 255) / 256, 256>>>(dw, nw, dpairs);
+	CHECK(cudaGetLastError());
+	std::vector<uint32_t> pr((size_t)nw * PAIRS);
+	CHECK(cudaMemcpy(pr.data(), dpairs, sizeof(uint32_t) * nw * PAIRS, cudaMemcpyDeviceToHost));
+	const char *kinds[] = { "4-bit codes (dec_nib)", "2-bit codes (dec_crumb)", "int8 codes", "e4m3 codes", "e5m2 codes" };
+	for (int act = 0; act < 2; act++)
+		for (int kind = 0; kind < 5; kind++) {
+			const int j0 = kind == 0 ? 0 : kind == 1 ? 4 : 12 + 2 * (kind - 2), j1 = kind == 0 ? 4 : kind == 1 ? 12 : j0 + 2;
+			long bad = 0;
+			for (int i = 0; i < nw; i++)
+				for (int j = j0; j < j1; j++) {
+					const uint32_t g = pr[(size_t)i * PAIRS + act * PAIRS_ONE + j];
+					float want[2], got[2];
+					pair_want(words[i], j, &want[0], &want[1]);
+					for (int e = 0; e < 2; e++) {
+						const uint16_t hb = (uint16_t)(e ? g >> 16 : g & 0xffffu);
+						got[e] = act ? kvq_bf16_to_f32(hb) : kvq_f16_to_f32(hb);
+						if (!(got[e] == want[e] || (isnan(got[e]) && isnan(want[e])))) {
+							if (bad < 3)
+								printf("# %s, %s: word %#x pair %d: %a, want %a\n", kinds[kind],
+								       act ? "bf16" : "f16", words[i], j, got[e], want[e]);
+							bad++;
+						}
+					}
+				}
+			char what[160];
+			snprintf(what, sizeof what, "%s to %s pairs in the decode kernels: %d words, every value exact",
+				 kinds[kind], act ? "BF16" : "FP16", nw);
+			ok(bad == 0, what, bad);
+		}
+	cudaFree(dw);
+	cudaFree(dpairs);
 
 	cudaFree(dx);
 	cudaFree(dours);
