@@ -27,6 +27,42 @@ tmp=$(mktemp -d /tmp/kvq-isa.XXXXXX)   # mktemp's template
 trap 'rm -rf "$tmp"' EXIT
 # a minimal config.h where the tree has not been configured
 [ -f "$top/config.h" ] || : > "$tmp/config.h"
+# bytes of one 32-token chunk of a (K, V) pair at head dim D: codes and
+# parameters as the layout sizes them (kvq_format.h's table); 0 where the
+# layout refuses the pair at D
+cat > "$tmp/bytes.c" <<'C'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvq_format.h"
+static int fmt_of(const char *name)
+{
+#define X(ID, NAME, ...) if (!strcmp(name, NAME)) return KVQ_FMT_##ID;
+	KVQ_FORMATS(X)
+#undef X
+	return -1;
+}
+int main(int argc, char **argv)
+{
+	const unsigned D = argc == 4 ? (unsigned)atoi(argv[3]) : 0, B = 32;
+	unsigned long n = 0;
+	for (int v = 0; v < 2 && D; v++) {
+		const int f = fmt_of(argv[1 + v]);
+		if (f < 0)
+			return 2;
+		const unsigned g = kvq_fmt_group(f, v);
+		const int kind = kvq_fmt_param_kind(f, v);
+		if (g && D % g)
+			n = 0, v = 2;
+		else
+			n += (unsigned long)B * D / kvq_fmt_subdim(f) * kvq_fmt_bits(f) / 8 +
+			     kvq_param_count(kind, g, B, D) * kvq_param_entry_bytes(kind);
+	}
+	printf("%lu\n", n);
+	return 0;
+}
+C
+cc -O1 -I"$top/kernels" -o "$tmp/bytes" "$tmp/bytes.c" -lm
 
 printf '%-18s %4s %5s %7s %7s %9s\n' pair D act instr bytes bytes/instr
 for pair in "$@"; do
@@ -35,13 +71,15 @@ for pair in "$@"; do
 		for act in ${KVQ_ISA_ACT:-f16 bf16}; do
 			a=0
 			[ "$act" = bf16 ] && a=1
+			nb=$("$tmp/bytes" "${pair%/*}" "${pair#*/}" "$d") || { echo "decode-isa: unknown format in $pair" >&2; exit 2; }
+			[ "$nb" -gt 0 ] || { printf '%-18s %4s %5s  (the layout refuses it at D = %s)\n' "$pair" "$d" "$act" "$d"; continue; }
 			"$nvcc" -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -DISA_K=KVQ_FMT_$k -DISA_V=KVQ_FMT_$v \
 				-DISA_D=$d -DISA_ACT=$a -I"$top/kernels" -I"$top/client" \
 				-I"$top/proto" -I"$top" -I"$tmp" -cubin -o "$tmp/k.cubin" "$top/bench/decode_isa.cu"
 			"$objdump" -sass "$tmp/k.cubin" > "$tmp/k.sass"
-			python3 - "$tmp/k.sass" "${pair%/*}" "${pair#*/}" "$d" "$act" "$ops" <<'PY'
+			python3 - "$tmp/k.sass" "${pair%/*}" "${pair#*/}" "$d" "$act" "$nb" "$ops" <<'PY'
 import collections, re, sys
-sass, kf, vf, D, act, ops = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
+sass, kf, vf, D, act, nb, ops = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), sys.argv[7]
 ins = [(int(m.group(1), 16), m.group(2).strip())
        for m in re.finditer(r'/\*([0-9a-f]{4,})\*/\s+([^;]*);', open(sass).read())]
 # loops: conditional branches back (an unconditional one returns from the
@@ -56,18 +94,6 @@ body = next(bd for lo, hi in loops for bd in [[b for a, b in ins if lo <= a <= h
 # D/16 m-tiles of 2 k-steps)
 mma = (2 * (D // 16) * (2 if kf.startswith('kivi') else 1) + 2 * (D // 16))
 chunks = sum('HMMA' in b for b in body) / mma
-# bytes of one 32-token chunk: codes, and parameters (kvq_format.h's table;
-# KIVI K's channel parameters once per block of 32 tokens)
-FMT = {'f16': (16, 'none', 'none', 0), 'bf16': (16, 'none', 'none', 0), 'int8': (8, 'tok', 'tok', 0),
-       'fp8': (8, 'tok', 'tok', 0), 'fp8e5m2': (8, 'tok', 'tok', 0), 'int4g32': (4, 'grp', 'grp', 32),
-       'int4g64': (4, 'grp', 'grp', 64), 'int4g128': (4, 'grp', 'grp', 128), 'kivi4': (4, 'ch', 'grp', 32),
-       'kivi2': (2, 'ch', 'grp', 32)}
-def part(f, is_v):
-    bits, kp, vp, g = FMT[f]
-    kind = vp if is_v else kp
-    par = 0 if kind == 'none' else 32 * 2 if kind == 'tok' else D * 4 if kind == 'ch' else 32 * (D // min(g, D)) * 4
-    return 32 * D * bits // 8 + par
-nb = part(kf, False) + part(vf, True)
 n = len(body) / chunks
 print('%-18s %4d %5s %7.0f %7d %9.2f' % (kf + '/' + vf, D, act, n, nb, nb / n))
 if ops:
