@@ -23,7 +23,7 @@ ops=
 [ "${1:-}" = --ops ] && { ops=1; shift; }
 [ $# -gt 0 ] || set -- f16/f16 int8/int8 fp8/fp8 int4g32/int4g32 int4g64/int4g64 int4g128/int4g128 \
 	kivi4/kivi4 kivi2/kivi2 int8/int4g32 int8/kivi4 int8/kivi2 int4g64/kivi2
-tmp=$(mktemp -d /tmp/kvq-isa.XXXXXX)   # mktemp's template
+tmp=$(mktemp -d /tmp/kvq-isa.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 # a minimal config.h where the tree has not been configured
 [ -f "$top/config.h" ] || : > "$tmp/config.h"
