@@ -511,11 +511,8 @@ static int post_attention(gpu_fwd *g, uint32_t l, uint32_t n)
 	if ((r = gemm(g, w->gu, 2 * F, D, xn, D, n, g->gu, 2 * F, false)) < 0)
 		return r;
 	k_swiglu<<<blocks((size_t)n * F, 256), 256, 0, g->s>>>(g->gu, n, F, g->f16 ? g->gu16 : NULL);
-	if (g->f16)
-		r = gemm(g, w->down, D, F, g->gu16, F, n, g->x, D, true);
-	else
-		r = gemm(g, w->down, D, F, g->gu, 2 * F, n, g->x, D, true);
-	if (r < 0)
+	/* SwiGLU's output: f16 [n][F], or in place over the gates of [n][2 F] */
+	if ((r = gemm(g, w->down, D, F, g->f16 ? (const void *)g->gu16 : g->gu, g->f16 ? F : 2 * F, n, g->x, D, true)) < 0)
 		return r;
 	return cuda_ok(g, cudaGetLastError(), "a kernel launch");
 }

@@ -22,6 +22,18 @@ __device__ __forceinline__ uint32_t lop_and_or(uint32_t v, uint32_t mask, uint32
 	return d;
 }
 
+/* a·b + c of pairs of the activation type (f16x2 or bf16x2), rounded once. */
+template <int ACT> __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c)
+{
+	uint32_t d;
+
+	if constexpr (ACT == KVQ_DT_F16)
+		asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	else
+		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	return d;
+}
+
 /* Codes to exact activation-type pairs, by what the codes are (enum
  * kvq_code): four() turns a word of four 8-bit codes into pairs (c0, c1)
  * and (c2, c3); two() a word of two 16-bit codes into one pair.  The
@@ -63,11 +75,8 @@ template <> struct dec_cvt_code<KVQ_CODE_SINT, KVQ_DT_F16> {
  * -128, or -256 where c's sign bit is set: their sum is c, exact */
 __device__ __forceinline__ uint32_t dec_sint_bf16(uint32_t y)
 {
-	const uint32_t x = lop_and_or(y, 0x007f007fu, 0x43004300u), b = lop_and_or(y, 0x00800080u, 0xc300c300u);
-	uint32_t r;
-
-	asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3f803f80u), "r"(b));
-	return r;
+	return fma2<KVQ_DT_BF16>(lop_and_or(y, 0x007f007fu, 0x43004300u), 0x3f803f80u,
+				 lop_and_or(y, 0x00800080u, 0xc300c300u));
 }
 
 template <> struct dec_cvt_code<KVQ_CODE_SINT, KVQ_DT_BF16> {

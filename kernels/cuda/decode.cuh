@@ -278,11 +278,10 @@ __device__ __forceinline__ void dec_kch_set(dec_kch<D> &kq, const uint32_t (&qf)
 				 * once is the high part, and q·s less it (exact too)
 				 * rounded once the low */
 				const uint32_t s2 = __byte_perm(cp[dec_kdim<P>(k, 2 * h)], cp[dec_kdim<P>(k, 2 * h + 1)], 0x5410);
-				uint32_t hi, lo;
+				uint32_t hi;
 				asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(qw), "r"(s2));
-				asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(lo) : "r"(qw), "r"(s2), "r"(hi ^ 0x80008000u));
 				kq.qh[2 * k + h] = hi;
-				kq.ql[2 * k + h] = lo;
+				kq.ql[2 * k + h] = fma2<ACT>(qw, s2, hi ^ 0x80008000u);
 			} else {
 				kq.qh[2 * k + h] = AT::pack(hv[0], hv[1]);
 				kq.ql[2 * k + h] = AT::pack(lv[0], lv[1]);

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * decode_kernel's register layout: 4- and 2-bit codes unpacked to exact
- * FP16/BF16 pairs with the 0x6400 / 0x4300 magic (dec_magic), the order of K's head dims
- * in a k-step (dec_kdim) and of a chunk's tokens in the m-rows (dec_lay),
- * and the A fragments of K and V built from a chunk's raw words
- * (decode.cuh explains the orders).
+ * FP16/BF16 pairs with the 0x6400 / 0x4300 magic (dec_magic), the order
+ * of K's head dims in a k-step (dec_kdim) and of a chunk's tokens in the
+ * m-rows (dec_lay), and the A fragments of K and V built from a chunk's raw
+ * words (decode.cuh explains the orders).
  */
 #ifndef KVQ_CUDA_DECODE_FRAG_CUH
 #define KVQ_CUDA_DECODE_FRAG_CUH
@@ -26,14 +26,8 @@ template <int ACT> __device__ __forceinline__ uint32_t dec_magic(uint32_t v, uin
 	const uint32_t one = f16 ? 15u : 127u, mexp = f16 ? 25u : 134u, sh = f16 ? 10u : 7u;
 	const uint32_t mask = ((1u << bits) - 1u) << pos, magic = f16 ? 0x6400u : 0x4300u;
 	const uint32_t scale = (one - pos) << sh, bias = 0x8000u | (mexp - pos) << sh;
-	const uint32_t x = lop_and_or(v, mask | mask << 16, magic | magic << 16);   /* each half */
-	uint32_t y;
 
-	if constexpr (f16)
-		asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(scale | scale << 16), "r"(bias | bias << 16));
-	else
-		asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(scale | scale << 16), "r"(bias | bias << 16));
-	return y;
+	return fma2<ACT>(lop_and_or(v, mask | mask << 16, magic | magic << 16), scale | scale << 16, bias | bias << 16);
 }
 
 /* 4-bit codes to pairs: x_i = (code i, code i + 4) of a word of 8 codes
