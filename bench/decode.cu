@@ -11,8 +11,10 @@
  * chunk's KV written first, as a worker does; TFLOP/s as FlashAttention
  * counts them);
  * append: the kvq_cuda_write of a 64 x 2048-token prefill at D = 128 and
- * 64, median of --runs (input read,
- * sealed slices and open rows written) against a device-to-device copy.
+ * 64 and of a 256 x 2048 one at D = 128, median of --runs (input read,
+ * sealed slices and open rows written) against a device-to-device copy,
+ * and a decode step's write on that pool (one token a sequence; with and
+ * without a block sealed per sequence) in microseconds.
  * Time: CUDA events around each launch, median of the runs after warm-up,
  * the L2 flushed before each run; the kernel kvq_cuda_attention chose and
  * its KV splits are printed beside.
@@ -172,6 +174,7 @@ struct result {
 	uint32_t splits;
 	double ms, gbps;               /* attention */
 	double write_ms, write_bytes;  /* kvq_cuda_write of the whole context (append/seal) */
+	double step_us[2];             /* append: a decode step's write, no block sealed [0] or one a sequence [1] */
 	double token_bytes;            /* KV bytes of a sealed token (all KV heads of the layer) */
 };
 
@@ -210,6 +213,40 @@ static bool pool_fits(const char *fmt, struct shape sh, uint32_t B, size_t free_
 	*ret_bytes = L->total_bytes;
 	kvq_layout_free(L);
 	return *ret_bytes + (size_t)sh.batch * sh.ctx * sh.kv_heads * sh.D * 4 + ((size_t)1 << 30) <= free_b;
+}
+
+/* A decode step's write on the pool of a prefill of sh.ctx tokens a
+ * sequence (sealed ids dids): one token a sequence at n = ctx - B + 1,
+ * which seals nothing, and at n = ctx - B, where each sequence's oldest
+ * window block leaves the window and is sealed (the open window given open
+ * slots of its own); microseconds, median of 30 after warm-up. */
+static void step_writes(const struct kvq_layout *L, struct shape sh, void *pool, const void *kin, const void *vin,
+			const int32_t *dids, double ret_us[2])
+{
+	const uint32_t B = L->block_tokens, nb = (sh.ctx + B - 1) / B, nw = L->window / B + 1;
+	int32_t *oids = (int32_t *)malloc((size_t)sh.batch * nw * sizeof(int32_t)), *doids;
+	struct kvq_seq_table *t = (struct kvq_seq_table *)calloc(sh.batch, sizeof *t);
+	void *dseq;
+
+	for (uint32_t i = 0; i < sh.batch * nw; i++)
+		oids[i] = (int32_t)i;
+	CK(cudaMalloc(&doids, (size_t)sh.batch * nw * sizeof(int32_t)));
+	CK(cudaMemcpy(doids, oids, (size_t)sh.batch * nw * sizeof(int32_t), cudaMemcpyHostToDevice));
+	CK(cudaMalloc(&dseq, sh.batch * sizeof *t));
+	for (int seal = 0; seal < 2; seal++) {
+		/* S(n + 1) > S(n) where n - R is a multiple of B (kvq_split) */
+		const uint32_t n = sh.ctx - B + (seal ? 0 : 1);
+		for (uint32_t b = 0; b < sh.batch; b++)
+			t[b] = (struct kvq_seq_table){ n, 1, b, 0, dids + b * nb, doids + b * nw };
+		CK(cudaMemcpy(dseq, t, sh.batch * sizeof *t, cudaMemcpyHostToDevice));
+		ret_us[seal] = 1e3 * median_ms(3, 30, "kvq_cuda_write (a decode step)", [&] {
+			return kvq_cuda_write(L, pool, 0, (const struct kvq_seq_table *)dseq, sh.batch, 1, kin, vin, NULL);
+		});
+	}
+	cudaFree(doids);
+	cudaFree(dseq);
+	free(oids);
+	free(t);
 }
 
 /* Times one format on one shape in the pool memory `pool` (every format of
@@ -277,6 +314,8 @@ static void run_one(const char *fmt, struct shape sh, uint32_t B, void *pool, in
 				   (double)sh.batch * ((double)(sealed / B) * L->layer[0].sealed_slice +
 						       (double)(sh.ctx - sealed) * per * 2 * 2);
 	}
+	if (write_runs > 4)   /* append */
+		step_writes(L, sh, pool, kin, vin, dids, ret->step_us);
 	CK(cudaMemcpy(dseq, s, sh.batch * sizeof *s, cudaMemcpyHostToDevice));
 
 	struct kvq_cuda_attn a = { L, pool, 0, sh.q_heads, 1.0f / sqrtf((float)D), KVQ_DT_F16, KVQ_DT_F16,
@@ -553,15 +592,17 @@ extern "C" int bench_decode(int argc, char **argv)
 	 * first shape, the one --quick runs), a 512-token chunk over 8192, a cold
 	 * 8192-token prompt, and the first at SmolLM2's shape (9/3 heads, D = 64);
 	 * append: a 64 x 2048 prefill, at D = 128 (32/8 heads) and SmolLM2's
-	 * D = 64 (9/3) */
+	 * D = 64 (9/3), and 256 x 2048 at D = 128 (a decode step's write at
+	 * 256 sequences) */
 	static const struct shape prefill_shapes[] = {
 		{ 4, 10240, 32, 8, 2048, 128 }, { 4, 8704, 32, 8, 512, 128 }, { 4, 8192, 32, 8, 8192, 128 },
 		{ 4, 10240, 9, 3, 2048, 64 },
 	};
-	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1, 128 }, { 64, 2048, 9, 3, 1, 64 } };
+	static const struct shape append_shapes[] = { { 64, 2048, 32, 8, 1, 128 }, { 64, 2048, 9, 3, 1, 64 },
+						      { 256, 2048, 32, 8, 1, 128 } };
 	const int is_prefill = !strcmp(mode, "prefill"), is_append = !strcmp(mode, "append");
 	const struct shape *shapes = is_prefill ? prefill_shapes : is_append ? append_shapes : decode_shapes;
-	int nshapes_all = is_prefill ? 4 : is_append ? 2 : 6;
+	int nshapes_all = is_prefill ? 4 : is_append ? 3 : 6;
 	struct shape given[16], grid[GRID_SHAPES];
 	int ngiven = 0, use_grid = 0;
 
@@ -618,7 +659,8 @@ extern "C" int bench_decode(int argc, char **argv)
 	printf("\npool: L=32 (layer 0 timed), B=%u, f16 activations; median of %d runs, L2 flushed before each; "
 	       "kernels %s\n", B, runs, kvq_cuda_kernels());
 	if (is_append)
-		printf("%-8s %5s %7s %6s %9s %8s %8s\n", "format", "batch", "tokens", "heads", "write ms", "GB/s", "%copy");
+		printf("%-8s %5s %7s %6s %9s %8s %8s %8s %8s\n", "format", "batch", "tokens", "heads", "write ms", "GB/s", "%copy",
+		       "step us", "seal us");
 	else
 		printf("%-16s %5s %7s %5s %6s %4s %9s %8s %7s %7s %6s %6s %6s %6s %-8s\n", "format", "batch", "context",
 		       "nq", "heads", "D", "ms", "GB/s", "%read", "TFLOP/s", "vsf16", "vsSDPA", "vsFI16", "vsFI8", "kernel");
@@ -657,8 +699,8 @@ extern "C" int bench_decode(int argc, char **argv)
 				f16_ms = r->ms;
 			if (is_append) {
 				double g = r->write_bytes / (r->write_ms * 1e-3) / 1e9;
-				printf("%-8s %5u %7u %3u/%-2u %9.3f %8.0f %7.1f%%\n", f, sh.batch, sh.ctx, sh.q_heads, sh.kv_heads,
-				       r->write_ms, g, 100.0 * g / cbw);
+				printf("%-8s %5u %7u %3u/%-2u %9.3f %8.0f %7.1f%% %8.1f %8.1f\n", f, sh.batch, sh.ctx, sh.q_heads,
+				       sh.kv_heads, r->write_ms, g, 100.0 * g / cbw, r->step_us[0], r->step_us[1]);
 			} else {
 				double sd = sdpa_ms(sdpa, mode, &sh), f1 = fi_ms(&sh, "f16"), f8 = fi_ms(&sh, "fp8");
 				printf("%-16s %5u %7u %5u %3u/%-2u %4u %9.3f %8.0f %6.1f%% %7.1f %5.2fx %5.2fx %5.2fx %5.2fx "
@@ -698,7 +740,8 @@ extern "C" int bench_decode(int argc, char **argv)
 			       res[i].s.q_heads, res[i].s.kv_heads, res[i].s.D);
 			if (is_append) {
 				double g = res[i].write_bytes / (res[i].write_ms * 1e-3) / 1e9;
-				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f}", res[i].write_ms, g, 100.0 * g / cbw);
+				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f,\"step_us\":%.2f,\"step_seal_us\":%.2f}",
+				       res[i].write_ms, g, 100.0 * g / cbw, res[i].step_us[0], res[i].step_us[1]);
 			} else {
 				printf("\"ms\":%.4f,\"gbps\":%.1f,\"pct_read_bw\":%.1f,\"tflops\":%.1f,\"speedup_vs_f16\":%.3f,"
 				       "\"speedup_vs_sdpa\":%.3f,\"speedup_vs_fi_f16\":%.3f,\"speedup_vs_fi_fp8\":%.3f,"

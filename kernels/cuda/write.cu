@@ -3,7 +3,13 @@
  * Append and seal on the GPU.  One CTA per (block, KV head).  A block that
  * leaves the open window is staged in shared memory by asynchronous 16-byte
  * copies of its rows (from the open slot and from the input alike), K and V
- * together where both fit.  Its parameters take two steps: teams of lanes,
+ * together where both fit.
+ * At D = 64 and 128, for every pair of scalar formats, a CTA of two warps
+ * then seals it by tiles (seal_tiles.cuh): each warp one part, alone, its
+ * ranges, parameters and codes from 8 x 8 tiles of the staged rows in
+ * registers (about 10 instructions an element, against 49-66 here before).
+ * Elsewhere (other head dims, codebook formats, pairs without kernels of
+ * their own) the staged seal below: its parameters take two steps: teams of lanes,
  * one per entry (a token, a token's group, a channel), reduce its range with
  * shuffles, then one thread per entry makes the FP16 parameters.  Its codes
  * come from threads that each make one word of storage order (16 bytes, 8
@@ -25,9 +31,11 @@
 #include <cuda_fp8.h>
 #include <cuda_pipeline_primitives.h>
 
+#include "codes.cuh"
 #include "common.cuh"
 #include "instances.h"
 #include "rows.cuh"
+#include "seal_tiles.cuh"
 
 namespace kvq {
 
@@ -109,19 +117,6 @@ __device__ __forceinline__ void stage_wait(void)
 	__pipeline_wait_prior(0);
 }
 
-/* The F16 or BF16 code of an activation word: its bits when the types agree
- * (a NaN quieted as kvq_f16_from_f32 and kvq_bf16_from_f32 do), else the
- * conversion. */
-template <int F> __device__ __forceinline__ uint32_t code16(int act, uint16_t x)
-{
-	if (fmt<F>::code == KVQ_CODE_F16 && act == KVQ_DT_F16)
-		return (x & 0x7fffu) > 0x7c00u ? (x & 0x8000u) | 0x7e00u : x;
-	if (fmt<F>::code == KVQ_CODE_BF16 && act == KVQ_DT_BF16)
-		return (x & 0x7fffu) > 0x7f80u ? x | 0x40u : x;
-	const float f = act == KVQ_DT_BF16 ? kvq_bf16_to_f32(x) : kvq_f16_to_f32(x);
-	return fmt<F>::code == KVQ_CODE_BF16 ? kvq_bf16_from_f32(f) : kvq_f16_from_f32(f);
-}
-
 /* One part (K or V) of a head being sealed. */
 struct part {
 	const uint16_t *xs;      /* staged rows (xs_at) */
@@ -145,51 +140,6 @@ static constexpr __host__ __device__ uint32_t word_elems(unsigned bits)
 static constexpr __host__ __device__ unsigned team_lanes(int kind, unsigned G)
 {
 	return kind == KVQ_PARAM_GROUP && G < 64 ? (G >= 16 ? G / 8 : 1u) : 8u;
-}
-
-/* Formats whose codes are a quotient rounded to an integer: they take the
- * reciprocal of the scale (FP8 rounds to its own grid: a true division). */
-template <int F> struct recip {
-	static constexpr bool ok = fmt<F>::code == KVQ_CODE_SINT || fmt<F>::code == KVQ_CODE_UINT;
-};
-
-/* rint(y / s) from r, 1 / s rounded: q = y * r is within 2^-12 of y / s
- * rounded while |q| < 512 (two roundings of 2^-24 each), so both round to
- * the same integer unless q lies that close to a half-integer.  Then, and
- * for a NaN or an infinity, false: the caller takes the reference.  The
- * integer is made by adding 1.5 * 2^23, which rounds q as rintf does (to
- * nearest, ties to even, while |q| < 2^22) and leaves it in the low bits of
- * the sum's encoding, two's complement when negative: *ret_bits.  No clamp:
- * part_finish gives every entry whose codes could leave [-127, 127] (sym)
- * or [0, qmax] (asym) a NaN reciprocal, which fails here; for the others
- * |y| / s <= qmax (1 + 2^-22) (the scale rounded up from the range).  (r = 0
- * for a zero scale gives code 0, as there.) */
-__device__ __forceinline__ bool rint_by_recip(float y, float r, uint32_t *ret_bits)
-{
-	const float M = 0x1.8p23f, q = __fmul_rn(y, r), t = __fadd_rn(q, M);
-
-	*ret_bits = __float_as_uint(t);
-	return fabsf(__fsub_rn(q, __fsub_rn(t, M))) <= 0.5f - 0x1p-12f;
-}
-
-/* A scale as the codes use it: 1 / s (0 for a scale that is not positive,
- * which kvq_code_sym/asym turn into code 0) or s itself. */
-template <int F> __device__ __forceinline__ float scale_f(uint16_t h)
-{
-	const float s = kvq_f16_to_f32(h);
-
-	return recip<F>::ok ? (s > 0.0f ? 1.0f / s : 0.0f) : s;
-}
-
-/* Whether codes by the reciprocal stay in range for an entry (see
- * rint_by_recip): its scale did not saturate, its zero is at or below its
- * minimum, its range is not empty.  Else its reciprocal is NaN and its codes
- * are the reference's. */
-__device__ __forceinline__ bool recip_in_range(int kind, float2 range, uint16_t s, uint16_t z)
-{
-	if (s == 0x7bffu)
-		return false;
-	return kind == KVQ_PARAM_TOKEN || (z != 0xfbffu && range.x <= range.y);
 }
 
 /* Parameters of a part, first step: the range of each entry (min and
@@ -284,35 +234,6 @@ template <int F, int IS_V> __device__ void part_finish(const part &p)
 	}
 }
 
-/* FP8 codes by the conversion instruction (sm_89 on), else kvq_code_sym. */
-template <int F> struct fp8_hw {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-	static constexpr bool ok = fmt<F>::code == KVQ_CODE_E4M3 || fmt<F>::code == KVQ_CODE_E5M2;
-#else
-	static constexpr bool ok = false;
-#endif
-};
-
-/* kvq_code_sym's FP8 codes of eight elements, s[e].x their scales: the
- * quotient (the same true division), then cvt.rn.satfinite, which rounds
- * to nearest even, subnormals included, and saturates at the largest
- * finite value as kvq_fp8_encode_generic does; a NaN is 0x7f there, of
- * either sign, and a scale that is not positive gives 0. */
-template <int F> __device__ __forceinline__ void fp8_codes(const float f[8], const float2 s[8], uint32_t code[8])
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-	constexpr __nv_fp8_interpretation_t kind = fmt<F>::code == KVQ_CODE_E4M3 ? __NV_E4M3 : __NV_E5M2;
-#pragma unroll
-	for (unsigned e = 0; e < 8; e += 2) {
-		const float q0 = s[e].x > 0.0f ? __fdiv_rn(f[e], s[e].x) : 0.0f;
-		const float q1 = s[e + 1].x > 0.0f ? __fdiv_rn(f[e + 1], s[e + 1].x) : 0.0f;
-		const uint32_t two = __nv_cvt_float2_to_fp8x2(make_float2(q0, q1), __NV_SATFINITE, kind);
-		code[e] = q0 != q0 ? 0x7fu : two & 0xffu;
-		code[e + 1] = q1 != q1 ? 0x7fu : two >> 8;
-	}
-#endif
-}
-
 /* Codes of eight elements that follow each other in storage order from
  * (t, d): along the head dim for K, along the tokens for V; activations of
  * dtype DT (p.act). */
@@ -374,7 +295,8 @@ __device__ __forceinline__ void chunk_codes(const part &p, uint32_t t, uint32_t 
 			for (unsigned e = 0; e < 8; e++) {
 				/* as kvq_code_sym/asym: x - z, then the quotient; the
 				 * code in the low bits (an 8-bit one packed by its byte) */
-				sure &= rint_by_recip(kind == KVQ_PARAM_TOKEN ? f[e] : __fsub_rn(f[e], s[e].y), s[e].x, &code[e]);
+				sure &= rint_by_recip(kind == KVQ_PARAM_TOKEN ? f[e] : __fsub_rn(f[e], s[e].y), s[e].x,
+						      recip_sure(qmax), &code[e]);
 				if (fmt<F>::bits < 8)
 					code[e] &= (1u << fmt<F>::bits) - 1u;
 			}
@@ -613,6 +535,87 @@ __device__ void seal_head(const layer_dev &l, const uint8_t *base, uint32_t h, u
 	}
 }
 
+/* Whether a pair's parts are sealed by tiles (seal_tiles.cuh): scalar
+ * formats both.  (Its kernels' other conditions, the head dim and the
+ * staged rows' size, are tiles_fit's.) */
+template <int FK, int FV> struct tiles_pair {
+	static constexpr bool ok = FK != ANY_FMT && FV != ANY_FMT && fmt<FK>::kind_k != KVQ_PARAM_CODEBOOK &&
+				   fmt<FV>::kind_v != KVQ_PARAM_CODEBOOK;
+};
+
+/* Threads of a CTA that seals by tiles: a warp for K, one for V. */
+#define TILE_THREADS 64
+
+/* Shared memory of the seal by tiles: both parts' rows. */
+static size_t tiles_smem(uint32_t B, uint32_t D)
+{
+	return 2 * (size_t)B * (D + SEAL_PAD) * 2;
+}
+
+static bool tiles_fit(uint32_t B, uint32_t D)
+{
+	/* whole passes (tiling<D>::tokens: 16 tokens at D = 128, 32 at 64) */
+	return (D == 64 || D == 128) && B % (2048 / D) == 0 && tiles_smem(B, D) <= 96 * 1024;
+}
+
+/* Stages both parts of a block for the seal by tiles (D = 64 or 128): a
+ * thread's 16-byte piece of a row is the same in every row it copies, its
+ * rows TILE_THREADS / (D / 8) apart; asynchronous copies, as stage_rows. */
+__device__ void stage_tiles(const layer_dev &l, const rows &src, uint16_t *xs)
+{
+	const uint32_t vec = l.D / 8, step = TILE_THREADS / vec, c = threadIdx.x % vec, row = l.D + SEAL_PAD;
+	const uint32_t orow = l.D * 2;
+	const int64_t in0 = (int64_t)src.in_row - src.from_open;   /* the input row of token 0 */
+
+#pragma unroll
+	for (uint32_t p = 0; p < 2; p++) {
+		const uint8_t *open = src.open + (size_t)p * l.B * orow + c * 16, *in = (p ? src.in_v : src.in_k) + c * 16;
+		uint16_t *x = xs + (size_t)p * l.B * row;
+		for (uint32_t t = threadIdx.x / vec; t < l.B; t += step)
+			__pipeline_memcpy_async(x + xs_at(t, c * 8, row),
+						t < src.from_open ? open + (size_t)t * orow : in + (in0 + t) * src.in_stride, 16);
+	}
+	__pipeline_commit();
+}
+
+/* Seals one head of one block by tiles: K's and V's rows staged together
+ * (a rotated part's from the input rotated there), then warp 0 seals K,
+ * warp 1 V, each alone (tile_seal). */
+template <int FK, int FV>
+__device__ void seal_head_tiles(const layer_dev &l, uint8_t *dst, const rows &src, uint8_t *smem)
+{
+	const uint32_t B = l.B, D = l.D;
+	uint16_t *xs = reinterpret_cast<uint16_t *>(smem);
+
+	zero_gaps(l, dst);
+	stage_tiles(l, src, xs);
+	stage_wait();
+	__syncthreads();
+	if (l.rot && src.from_open < B) {
+		for (uint32_t i = 0; i < 2; i++)
+			if (l.rot & (i ? KVQ_ROT_V : KVQ_ROT_K))
+				rotate_staged(xs + (size_t)i * B * (D + SEAL_PAD), src.from_open, B, D, l.act,
+					      kvq_rot_block(D, (int)i));
+		__syncthreads();
+	}
+	if (threadIdx.x < 32)
+		tile_seal<FK, 0>(D, l.act, xs, B, dst + l.off[KVQ_K_CODES], dst + l.off[KVQ_K_PARAMS]);
+	else
+		tile_seal<FV, 1>(D, l.act, xs + (size_t)B * (D + SEAL_PAD), B, dst + l.off[KVQ_V_CODES],
+				 dst + l.off[KVQ_V_PARAMS]);
+}
+
+/* seal_head_tiles (TILES) or seal_head. */
+template <int FK, int FV, int TILES>
+__device__ __forceinline__ void seal_one(const layer_dev &l, const uint8_t *base, uint32_t h, uint8_t *dst,
+					 const rows &src, uint8_t *smem, uint32_t parts)
+{
+	if constexpr (TILES && tiles_pair<FK, FV>::ok)
+		seal_head_tiles<FK, FV>(l, dst, src, smem);
+	else
+		seal_head<FK, FV>(l, base, h, dst, src, smem, parts);
+}
+
 __device__ __forceinline__ uint8_t *sealed_head_w(const layer_dev &l, uint8_t *base, uint32_t id, uint32_t h)
 {
 	return const_cast<uint8_t *>(sealed_head(l, base, id, h));
@@ -648,14 +651,15 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
 	}
 }
 
-/* Eleven CTAs of 128 threads per SM, as many as the staged rows' shared
- * memory allows (40 registers; some pairs' kernels spill a few bytes): the
- * more blocks in different phases at once, the more their staging, barriers
- * and arithmetic overlap (on an H200, 6 CTAs of 256 threads were 8-16 %
- * slower).
+/* Staged seal: eleven CTAs of 128 threads per SM, as many as the staged
+ * rows' shared memory allows (40 registers; some pairs' kernels spill a few
+ * bytes): the more blocks in different phases at once, the more their
+ * staging, barriers and arithmetic overlap (on an H200, 6 CTAs of 256
+ * threads were 8-16 % slower).  By tiles (TILES): CTAs of two warps, twelve
+ * per SM.
  * FK, FV: the formats of K and V, or ANY_FMT (chosen per part inside). */
-template <int FK, int FV>
-__global__ void __launch_bounds__(WRITE_THREADS, 11) write_kernel(layer_dev l, uint8_t *base,
+template <int FK, int FV, int TILES>
+__global__ void __launch_bounds__(TILES ? TILE_THREADS : WRITE_THREADS, TILES ? 12 : 11) write_kernel(layer_dev l, uint8_t *base,
 								const kvq_seq_table *seqs, const uint8_t *kin,
 								const uint8_t *vin, uint32_t parts)
 {
@@ -694,7 +698,7 @@ __global__ void __launch_bounds__(WRITE_THREADS, 11) write_kernel(layer_dev l, u
 		src.from_open = pos0 < n ? (uint32_t)(n - pos0 < B ? n - pos0 : B) : 0;
 		src.in_row = (uint64_t)s.row0 + (pos0 + src.from_open - n);
 		src.in_stride = stride;
-		seal_head<FK, FV>(l, base, h, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+		seal_one<FK, FV, TILES>(l, base, h, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 		return;
 	}
 	uint64_t p0 = pos0 > n ? pos0 : n, p1 = pos0 + B < n2 ? pos0 + B : n2;
@@ -705,8 +709,8 @@ __global__ void __launch_bounds__(WRITE_THREADS, 11) write_kernel(layer_dev l, u
 		    s.row0 + (p0 - n), stride);
 }
 
-template <int FK, int FV>
-__global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs,
+template <int FK, int FV, int TILES>
+__global__ void __launch_bounds__(TILES ? TILE_THREADS : WRITE_THREADS) seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs,
 							       uint32_t parts)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
@@ -721,29 +725,59 @@ __global__ void __launch_bounds__(WRITE_THREADS) seal_kernel(layer_dev l, uint8_
 	src.from_open = l.B;
 	src.in_row = 0;
 	src.in_stride = 0;
-	seal_head<FK, FV>(l, base, h, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
+	seal_one<FK, FV, TILES>(l, base, h, sealed_head_w(l, base, (uint32_t)sid, h), src, smem, parts);
 }
 
 /* The write and seal kernels for a layer: its pair's own where the pair has
  * attention kernels (instances.h), else the one that chooses per part. */
+template <int FK, int FV> static const void *tiles_write(void)
+{
+	if constexpr (tiles_pair<FK, FV>::ok)
+		return (const void *)write_kernel<FK, FV, 1>;
+	return NULL;
+}
+
+template <int FK, int FV> static const void *tiles_seal(void)
+{
+	if constexpr (tiles_pair<FK, FV>::ok)
+		return (const void *)seal_kernel<FK, FV, 1>;
+	return NULL;
+}
+
 struct write_fns {
 	int k, v;
-	const void *write, *seal;
+	const void *write, *seal;       /* staged */
+	const void *write_t, *seal_t;   /* by tiles, or NULL */
 };
 #define WRITE_PAIR(K, V) \
-	{ KVQ_FMT_##K, KVQ_FMT_##V, (const void *)write_kernel<KVQ_FMT_##K, KVQ_FMT_##V>, \
-	  (const void *)seal_kernel<KVQ_FMT_##K, KVQ_FMT_##V> },
+	{ KVQ_FMT_##K, KVQ_FMT_##V, (const void *)write_kernel<KVQ_FMT_##K, KVQ_FMT_##V, 0>, \
+	  (const void *)seal_kernel<KVQ_FMT_##K, KVQ_FMT_##V, 0>, tiles_write<KVQ_FMT_##K, KVQ_FMT_##V>(), \
+	  tiles_seal<KVQ_FMT_##K, KVQ_FMT_##V>() },
 static const write_fns fns_by_pair[] = { KVQ_CUDA_PAIRS(WRITE_PAIR) };
 #undef WRITE_PAIR
-static const write_fns fns_any = { ANY_FMT, ANY_FMT, (const void *)write_kernel<ANY_FMT, ANY_FMT>,
-				   (const void *)seal_kernel<ANY_FMT, ANY_FMT> };
+static const write_fns fns_any = { ANY_FMT, ANY_FMT, (const void *)write_kernel<ANY_FMT, ANY_FMT, 0>,
+				   (const void *)seal_kernel<ANY_FMT, ANY_FMT, 0>, NULL, NULL };
 
-static const write_fns &fns_for(const layer_dev &l)
+/* The kernel of a layer's write (or seal), its CTA's threads, its parts
+ * staged at once and its shared memory: by tiles where its pair has them
+ * and they fit, else staged. */
+struct write_plan {
+	const void *fn;
+	uint32_t threads, parts;
+	size_t smem;
+};
+
+static write_plan plan_for(const layer_dev &l, bool seal)
 {
-	for (const write_fns &f : fns_by_pair)
-		if (f.k == l.kfmt && f.v == l.vfmt)
-			return f;
-	return fns_any;
+	const write_fns *f = &fns_any;
+
+	for (const write_fns &p : fns_by_pair)
+		if (p.k == l.kfmt && p.v == l.vfmt)
+			f = &p;
+	if (f->write_t && tiles_fit(l.B, l.D))
+		return { seal ? f->seal_t : f->write_t, TILE_THREADS, 2, tiles_smem(l.B, l.D) };
+	const uint32_t parts = seal_parts(l.B, l.D);
+	return { seal ? f->seal : f->write, WRITE_THREADS, parts, seal_smem(l.B, l.D, parts) };
 }
 
 static int write_args_ok(const struct kvq_layout *L, uint32_t layer)
@@ -777,17 +811,15 @@ extern "C" int kvq_cuda_write(const struct kvq_layout *L, void *base, uint32_t l
 	const uint32_t B = L->block_tokens;
 	/* blocks from S(n)/B to the last one holding a new token */
 	const uint32_t nblk = (L->window + max_m) / B + 2;
-	uint32_t parts = seal_parts(B, L->head_dim);
-	const size_t smem = seal_smem(B, L->head_dim, parts);
 	layer_dev ld = layer_of(L, layer);
-	const void *fn = fns_for(ld).write;
-	int r = launch_setup(fn, smem);
+	write_plan w = plan_for(ld, false);
+	int r = launch_setup(w.fn, w.smem);
 	if (r)
 		return r;
 	uint8_t *b = (uint8_t *)base;
 	const uint8_t *kin = (const uint8_t *)k, *vin = (const uint8_t *)v;
-	void *args[] = { &ld, &b, &seqs, &kin, &vin, &parts };
-	return cudaLaunchKernel(fn, dim3(nblk, L->kv_heads, nseq), dim3(WRITE_THREADS), args, smem,
+	void *args[] = { &ld, &b, &seqs, &kin, &vin, &w.parts };
+	return cudaLaunchKernel(w.fn, dim3(nblk, L->kv_heads, nseq), dim3(w.threads), args, w.smem,
 				(cudaStream_t)stream) == cudaSuccess ? 0 : fail_launch();
 }
 
@@ -798,15 +830,13 @@ extern "C" int kvq_cuda_seal(const struct kvq_layout *L, void *base, uint32_t la
 		return -EINVAL;
 	if (!npairs)
 		return 0;
-	uint32_t parts = seal_parts(L->block_tokens, L->head_dim);
-	const size_t smem = seal_smem(L->block_tokens, L->head_dim, parts);
 	layer_dev ld = layer_of(L, layer);
-	const void *fn = fns_for(ld).seal;
-	int r = launch_setup(fn, smem);
+	write_plan w = plan_for(ld, true);
+	int r = launch_setup(w.fn, w.smem);
 	if (r)
 		return r;
 	uint8_t *b = (uint8_t *)base;
-	void *args[] = { &ld, &b, &pairs, &parts };
-	return cudaLaunchKernel(fn, dim3(npairs, L->kv_heads), dim3(WRITE_THREADS), args, smem,
+	void *args[] = { &ld, &b, &pairs, &w.parts };
+	return cudaLaunchKernel(w.fn, dim3(npairs, L->kv_heads), dim3(w.threads), args, w.smem,
 				(cudaStream_t)stream) == cudaSuccess ? 0 : fail_launch();
 }
