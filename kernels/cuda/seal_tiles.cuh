@@ -4,17 +4,19 @@
  * D = 64 or 128, every scalar format): once the block's rows are staged, a
  * warp seals one part (K or V) alone, with no barrier.  A lane takes an
  * 8 x 8 tile of the staged rows at a time (8 tokens from a multiple of 8,
- * 8 dims: eight 16-byte loads), D / 8 lanes across a row, 32 / (D / 8)
- * tiles down the tokens a pass.  A tile is everything its codes need:
- *   - ranges from packed 16-bit min/max (exact: a min or max of FP16 or
- *     BF16 values is one of them; NaN ignored as fminf/fmaxf do): a token's
- *     or a group's along its row, a channel's down its column;
+ * 8 dims), D / 8 lanes across a row, 32 / (D / 8) tiles down the tokens
+ * a pass:
+ *   - ranges from packed 16-bit min/max of the tile in registers (exact: a
+ *     min or max of FP16 or BF16 values is one of them; NaN ignored as
+ *     fminf/fmaxf do): a token's or a group's along its row, a channel's
+ *     down its column;
  *   - the lanes that share an entry (a token, a group, a channel) reduce
  *     it by halving exchanges (team_reduce), so that each lane ends with
- *     the whole range of a few entries and makes only their parameters;
- *     the others take them by shuffles (team_gather);
+ *     the whole range of a few entries and makes only their parameters
+ *     (team_make); the others take them by shuffles (team::take);
  *   - codes of a row of the tile (K's storage order, [t][d]) or of a column
- *     (V's, [d][t]) are one word: 16, 8, 4 or 2 bytes, stored at once.
+ *     (V's, [d][t]) are one word (16, 8, 4 or 2 bytes), read again from
+ *     the staged rows, made and stored at once, one word at a time.
  * The arithmetic of every code is codes.cuh's, the CPU's bit for bit.
  */
 #ifndef KVQ_CUDA_SEAL_TILES_CUH
@@ -261,11 +263,13 @@ struct word8 {
 };
 
 /* The codes of eight activation words x[e] with their entries' r[e], z[e]
- * (entry_params): false where a quotient lies too near a half-integer for
- * the reciprocal (rint_by_recip), and the word is then the reference's
- * (word_ref). */
-template <int F, int KIND, int DT>
-__device__ __forceinline__ bool word_fast(const uint16_t x[8], const float r[8], const float z[8], word8 &out)
+ * (entry_params); where a quotient lies too near a half-integer for the
+ * reciprocal (rint_by_recip), that element's code is the reference's, from
+ * its entry's stored scale (scale(e), as a float): rare, and only for the
+ * lanes and elements that need it. */
+template <int F, int KIND, int DT, typename SCALE>
+__device__ __forceinline__ void word_codes(const uint16_t x[8], const float r[8], const float z[8], SCALE scale,
+					   word8 &out)
 {
 	constexpr unsigned BITS = fmt<F>::bits;
 	uint32_t code[8];
@@ -279,6 +283,22 @@ __device__ __forceinline__ bool word_fast(const uint16_t x[8], const float r[8],
 		else if constexpr (recip<F>::ok)
 			sure &= rint_by_recip(KIND == KVQ_PARAM_TOKEN ? f : __fsub_rn(f, z[e]), r[e],
 					      recip_sure(kvq_fmt_qmax(F)), &code[e]);
+	}
+	if constexpr (KIND != KVQ_PARAM_NONE && recip<F>::ok) {
+		if (!sure) {
+#pragma unroll
+			for (unsigned e = 0; e < 8; e++) {
+				const float f = half_f<DT>(x[e], 0);
+				uint32_t c;
+				if (rint_by_recip(KIND == KVQ_PARAM_TOKEN ? f : __fsub_rn(f, z[e]), r[e],
+						  recip_sure(kvq_fmt_qmax(F)), &c))
+					continue;
+				/* biased as the others (rint_by_recip) */
+				code[e] = CODE_BIAS + (KIND == KVQ_PARAM_TOKEN
+							       ? kvq_code_sym(F, f, scale(e))
+							       : kvq_code_asym(f, scale(e), z[e], kvq_fmt_qmax(F)));
+			}
+		}
 	}
 	if constexpr (fp8_hw<F>::ok) {
 		float f[8];
@@ -313,7 +333,6 @@ __device__ __forceinline__ bool word_fast(const uint16_t x[8], const float r[8],
 		}
 		out.v[0] = v - bias;
 	}
-	return sure;
 }
 
 /* The index of a parameter entry: kvq_param_index's with the constants. */
@@ -321,38 +340,6 @@ template <int KIND, int IS_V, unsigned G, unsigned D>
 __device__ __forceinline__ uint32_t param_at(uint32_t t, uint32_t d, uint32_t B)
 {
 	return kvq_param_index(KIND, G, IS_V, t, d, B, D);
-}
-
-/* The reference's word i of the tile at x0 (tokens from t0, dims from d0):
- * kvq_code_sym or kvq_code_asym of each element with its entry's stored
- * scale and zero, one element at a time.  Out of line: it is rare. */
-template <int F, int IS_V, int DT, unsigned D>
-__device__ __noinline__ word8 word_ref(const uint16_t *x0, uint32_t i, const uint8_t *params, uint32_t t0, uint32_t d0,
-				       uint32_t B)
-{
-	constexpr int KIND = IS_V ? fmt<F>::kind_v : fmt<F>::kind_k;
-	constexpr unsigned BITS = fmt<F>::bits, G = IS_V ? fmt<F>::group_v : fmt<F>::group_k, row = D + SEAL_PAD;
-	uint64_t v = 0;
-
-#pragma unroll 1
-	for (uint32_t e = 0; e < 8; e++) {
-		const float f = half_f<DT>(IS_V ? x0[e * row + i] : x0[i * row + e], 0);
-		/* the element's token and channel */
-		const uint32_t t = t0 + (IS_V ? e : i), d = d0 + (IS_V ? i : e);
-		uint32_t c;
-		if (KIND == KVQ_PARAM_TOKEN) {
-			c = kvq_code_sym(F, f, param_f(reinterpret_cast<const uint16_t *>(params)[t]));
-		} else {
-			const uint32_t p = reinterpret_cast<const uint32_t *>(
-				params)[KIND == KVQ_PARAM_CHANNEL ? d : param_at<KIND, IS_V, G, D>(t, d, B)];
-			c = kvq_code_asym(f, param_f((uint16_t)p), param_f((uint16_t)(p >> 16)), kvq_fmt_qmax(F));
-		}
-		v |= (uint64_t)c << (e * BITS);
-	}
-	word8 w = {};
-	w.v[0] = (uint32_t)v;
-	w.v[1] = (uint32_t)(v >> 32);
-	return w;
 }
 
 /* Stores a word of BITS-bit codes at p. */
@@ -465,9 +452,16 @@ __device__ void tile_part(const uint16_t *xs, uint32_t B, uint8_t *codes, uint8_
 					zz[e] = zi;
 				}
 			}
+			/* the stored scale of element e's entry, for the reference */
+			auto scale = [&](unsigned e) {
+				const uint32_t t = t0 + (IS_V ? e : i), d = d0 + (IS_V ? i : e);
+				if (KIND == KVQ_PARAM_TOKEN)
+					return param_f(reinterpret_cast<const uint16_t *>(params)[t]);
+				return param_f(reinterpret_cast<const uint16_t *>(
+					params)[2 * (KIND == KVQ_PARAM_CHANNEL ? d : param_at<KIND, IS_V, G, D>(t, d, B))]);
+			};
 			word8 out;
-			if (!word_fast<F, KIND, DT>(x, rr, zz, out))
-				out = word_ref<F, IS_V, DT, D>(x0, i, params, t0, d0, B);
+			word_codes<F, KIND, DT>(x, rr, zz, scale, out);
 			/* K: row t0 + i from dim d0; V: dim d0 + i from token t0 */
 			const uint32_t at = IS_V ? (d0 + i) * B + t0 : (t0 + i) * D + d0;
 			word_store<BITS>(codes + at * BITS / 8, out);

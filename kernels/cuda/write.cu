@@ -4,10 +4,11 @@
  * leaves the open window is staged in shared memory by asynchronous 16-byte
  * copies of its rows (from the open slot and from the input alike), K and V
  * together where both fit.
- * At D = 64 and 128, for every pair of scalar formats, a CTA of two warps
- * then seals it by tiles (seal_tiles.cuh): each warp one part, alone, its
- * ranges, parameters and codes from 8 x 8 tiles of the staged rows in
- * registers (about 10 instructions an element, against 49-66 here before).
+ * At D = 64 and 128, for pairs of scalar formats (tiles_fit says which), a
+ * CTA of two warps then seals it by tiles (seal_tiles.cuh): each warp one
+ * part, alone, its ranges, parameters and codes from 8 x 8 tiles of the
+ * staged rows (on an H100, kivi2 at D = 128: 19 thread instructions an
+ * element, staging included, against 66 for the staged seal below).
  * Elsewhere (other head dims, codebook formats, pairs without kernels of
  * their own) the staged seal below: its parameters take two steps: teams of lanes,
  * one per entry (a token, a token's group, a channel), reduce its range with
@@ -552,28 +553,41 @@ static size_t tiles_smem(uint32_t B, uint32_t D)
 	return 2 * (size_t)B * (D + SEAL_PAD) * 2;
 }
 
-static bool tiles_fit(uint32_t B, uint32_t D)
+/* Whether a layer seals by tiles: at D = 64 or 128 in whole passes
+ * (tiling<D>::tokens: 16 tokens at D = 128, 32 at 64) whose rows fit; at
+ * D = 128 not where both formats have 8 bits or more, bf16 aside: there
+ * the staged seal's four warps a block hide the latency better than the
+ * tiles' two, and its few instructions an element are no cost (on an
+ * H100, 64 x 2048 prefill: f16 94 % of copy bandwidth staged, 90 % by
+ * tiles; int8 67 % and 63 %; fp8 63 % and 56 %; at D = 64 the tiles win
+ * for every format, as at D = 128 for 4- and 2-bit ones and bf16). */
+static bool tiles_fit(const layer_dev &l)
 {
-	/* whole passes (tiling<D>::tokens: 16 tokens at D = 128, 32 at 64) */
-	return (D == 64 || D == 128) && B % (2048 / D) == 0 && tiles_smem(B, D) <= 96 * 1024;
+	const uint32_t B = l.B, D = l.D;
+	const bool wide = kvq_fmt_bits(l.kfmt) >= 8 && kvq_fmt_bits(l.vfmt) >= 8 && l.kfmt != KVQ_FMT_BF16 &&
+			  l.vfmt != KVQ_FMT_BF16;
+
+	return (D == 64 || (D == 128 && !wide)) && B % (2048 / D) == 0 && tiles_smem(B, D) <= 96 * 1024;
 }
 
-/* Stages both parts of a block for the seal by tiles (D = 64 or 128): a
- * thread's 16-byte piece of a row is the same in every row it copies, its
- * rows TILE_THREADS / (D / 8) apart; asynchronous copies, as stage_rows. */
-__device__ void stage_tiles(const layer_dev &l, const rows &src, uint16_t *xs)
+/* Stages both parts of a block for the seal by tiles: a thread's 16-byte
+ * piece of a row is the same in every row it copies, its rows TILE_THREADS
+ * / (D / 8) apart, their addresses stepped; asynchronous copies, as
+ * stage_rows. */
+template <uint32_t D> __device__ void stage_tiles(const layer_dev &l, const rows &src, uint16_t *xs)
 {
-	const uint32_t vec = l.D / 8, step = TILE_THREADS / vec, c = threadIdx.x % vec, row = l.D + SEAL_PAD;
-	const uint32_t orow = l.D * 2;
-	const int64_t in0 = (int64_t)src.in_row - src.from_open;   /* the input row of token 0 */
+	constexpr uint32_t vec = D / 8, step = TILE_THREADS / vec, row = D + SEAL_PAD, orow = D * 2;
+	const uint32_t c = threadIdx.x % vec, t0 = threadIdx.x / vec;
 
 #pragma unroll
 	for (uint32_t p = 0; p < 2; p++) {
-		const uint8_t *open = src.open + (size_t)p * l.B * orow + c * 16, *in = (p ? src.in_v : src.in_k) + c * 16;
+		/* rows t0, t0 + step, ...: from the open slot, then the input */
+		const uint8_t *po = src.open + (size_t)p * l.B * orow + (size_t)t0 * orow + c * 16;
+		const uint8_t *pi = (p ? src.in_v : src.in_k) + ((int64_t)src.in_row - src.from_open + t0) * src.in_stride + c * 16;
+		const size_t di = (size_t)step * src.in_stride;
 		uint16_t *x = xs + (size_t)p * l.B * row;
-		for (uint32_t t = threadIdx.x / vec; t < l.B; t += step)
-			__pipeline_memcpy_async(x + xs_at(t, c * 8, row),
-						t < src.from_open ? open + (size_t)t * orow : in + (in0 + t) * src.in_stride, 16);
+		for (uint32_t t = t0; t < l.B; t += step, po += step * orow, pi += di)
+			__pipeline_memcpy_async(x + xs_at(t, c * 8, row), t < src.from_open ? po : pi, 16);
 	}
 	__pipeline_commit();
 }
@@ -588,7 +602,10 @@ __device__ void seal_head_tiles(const layer_dev &l, uint8_t *dst, const rows &sr
 	uint16_t *xs = reinterpret_cast<uint16_t *>(smem);
 
 	zero_gaps(l, dst);
-	stage_tiles(l, src, xs);
+	if (D == 128)
+		stage_tiles<128>(l, src, xs);
+	else
+		stage_tiles<64>(l, src, xs);
 	stage_wait();
 	__syncthreads();
 	if (l.rot && src.from_open < B) {
@@ -774,7 +791,7 @@ static write_plan plan_for(const layer_dev &l, bool seal)
 	for (const write_fns &p : fns_by_pair)
 		if (p.k == l.kfmt && p.v == l.vfmt)
 			f = &p;
-	if (f->write_t && tiles_fit(l.B, l.D))
+	if (f->write_t && tiles_fit(l))
 		return { seal ? f->seal_t : f->write_t, TILE_THREADS, 2, tiles_smem(l.B, l.D) };
 	const uint32_t parts = seal_parts(l.B, l.D);
 	return { seal ? f->seal : f->write, WRITE_THREADS, parts, seal_smem(l.B, l.D, parts) };
