@@ -182,21 +182,29 @@ static uint32_t force_splits;   /* --splits: 0 lets kvq_cuda_attention choose */
 
 /* The layout of format fmt on shape sh: 32 layers, B tokens a block, a
  * sealed slot for each block of every sequence, the open slots of its
- * window. */
-static struct kvq_layout *bench_layout(const char *fmt, struct shape sh, uint32_t B)
+ * window; NULL, with the reason in err, where the layout refuses the format
+ * at that shape (int4g128 at D = 64). */
+static struct kvq_layout *try_layout(const char *fmt, struct shape sh, uint32_t B, char *err, size_t errlen)
 {
 	struct kvq_policy pol;
 	struct kvq_layout *L = NULL;
-	char err[256];
 
-	if (kvq_policy_parse(fmt, 32, &pol, err, sizeof err)) {
+	if (kvq_policy_parse(fmt, 32, &pol, err, errlen)) {
 		fprintf(stderr, PROG ": %s\n", err);
 		exit(2);
 	}
 	uint32_t R = kvq_layout_default_window(&pol, B), nb = (sh.ctx + B - 1) / B, nw = R / B + 1;
 	struct kvq_layout_params lp = { .layers = 32, .kv_heads = sh.kv_heads, .head_dim = sh.D, .block_tokens = B,
 		.window = R, .n_sealed = sh.batch * nb, .n_open = sh.batch * nw, .act = KVQ_DT_F16, .policy = &pol };
-	if (kvq_layout_new(&lp, &L, err, sizeof err)) {
+	return kvq_layout_new(&lp, &L, err, errlen) ? NULL : L;
+}
+
+static struct kvq_layout *bench_layout(const char *fmt, struct shape sh, uint32_t B)
+{
+	char err[256];
+	struct kvq_layout *L = try_layout(fmt, sh, B, err, sizeof err);
+
+	if (!L) {
 		fprintf(stderr, PROG ": %s\n", err);
 		exit(2);
 	}
@@ -205,12 +213,17 @@ static struct kvq_layout *bench_layout(const char *fmt, struct shape sh, uint32_
 
 /* Whether format fmt's pool fits on shape sh beside the inputs (K and V of
  * the whole context) and 1 GiB to spare, out of free_b free bytes; sets
- * *ret_bytes to its size. */
-static bool pool_fits(const char *fmt, struct shape sh, uint32_t B, size_t free_b, size_t *ret_bytes)
+ * *ret_bytes to its size, or to 0 with the reason in why where the layout
+ * refuses the format at that shape. */
+static bool pool_fits(const char *fmt, struct shape sh, uint32_t B, size_t free_b, size_t *ret_bytes, char *why,
+		      size_t whylen)
 {
-	struct kvq_layout *L = bench_layout(fmt, sh, B);
+	struct kvq_layout *L = try_layout(fmt, sh, B, why, whylen);
 
-	*ret_bytes = L->total_bytes;
+	*ret_bytes = L ? L->total_bytes : 0;
+	if (!L)
+		return false;
+	snprintf(why, whylen, "does not fit in device memory");
 	kvq_layout_free(L);
 	return *ret_bytes + (size_t)sh.batch * sh.ctx * sh.kv_heads * sh.D * 4 + ((size_t)1 << 30) <= free_b;
 }
@@ -679,9 +692,10 @@ extern "C" int bench_decode(int argc, char **argv)
 		/* one pool for the shape, as large as its largest format that fits */
 		size_t free_b = 0, total_b = 0, need = 0, bytes;
 		bool fits[64];
+		char why[64][160];   /* why a format is not timed at the shape */
 		CK(cudaMemGetInfo(&free_b, &total_b));
 		for (int fi = 0; fi < nf; fi++)
-			if ((fits[fi] = pool_fits(fmts[fi], sh, B, free_b, &bytes)) && bytes > need)
+			if ((fits[fi] = pool_fits(fmts[fi], sh, B, free_b, &bytes, why[fi], sizeof why[fi])) && bytes > need)
 				need = bytes;
 		void *pool = NULL;
 		if (need)
@@ -691,7 +705,7 @@ extern "C" int bench_decode(int argc, char **argv)
 			const char *f = fmts[fi];
 			struct result *r = &res[nres];
 			if (!fits[fi]) {
-				printf("%-16s %5u %7u  (does not fit in device memory)\n", f, sh.batch, sh.ctx);
+				printf("%-16s %5u %7u  (%s)\n", f, sh.batch, sh.ctx, why[fi]);
 				continue;
 			}
 			run_one(f, sh, B, pool, quick ? 5 : runs, is_append ? (quick ? 5 : runs) : 4, r);
