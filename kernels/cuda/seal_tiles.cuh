@@ -94,13 +94,13 @@ __device__ __forceinline__ void tile_load(const uint16_t *x0, uint32_t row, uint
 
 /* The team of an entry: N lanes, STRIDE apart, that hold parts of the same
  * eight entries' ranges (entry j in half j % 2 of word j / 2).  Halving
- * exchanges: at step i the lanes whose bit i of their index k is 0 keep the
- * lower half of the entries they still hold and send the upper half, the
- * others the reverse, for up to three steps (eight entries); further lanes
- * (N = 16) reduce what they keep with their partner's.  Lane k ends with S
- * = min(log2 N, 3) bits of k chosen: 8 >> S entries, from entry
- * team_first(k, S), in its words [0, 4 >> S) (one entry, half k >> 2 & 1 of
- * word 0, for S = 3).  MAX: a max (else a min). */
+ * exchanges: at step i (0, 1) the lanes whose bit i of their index k is 0
+ * keep the lower half of the words they still hold and send the upper
+ * half, the others the reverse; from step 2 on (N >= 8) each lane reduces
+ * the one word it keeps with its partner's whole.  Lane k ends with S =
+ * min(log2 N, 3) bits of k chosen: 8 >> S entries, from entry
+ * team_first(k, S), in its words [0, 4 >> S) (for S = 3 one entry, half
+ * k >> 2 & 1 of word 0).  MAX: a max (else a min). */
 template <int DT, bool MAX, unsigned N, unsigned STRIDE>
 __device__ __forceinline__ void team_reduce(uint32_t v[4], uint32_t k)
 {
@@ -470,8 +470,8 @@ __device__ void tile_part(const uint16_t *xs, uint32_t B, uint8_t *codes, uint8_
 }
 
 /* tile_part for the layer's head dim (64 or 128) and activation dtype. */
-template <int F, int IS_V> __device__ void tile_seal(uint32_t D, int act, const uint16_t *xs, uint32_t B, uint8_t *codes,
-						     uint8_t *params)
+template <int F, int IS_V>
+__device__ void tile_seal(uint32_t D, int act, const uint16_t *xs, uint32_t B, uint8_t *codes, uint8_t *params)
 {
 	if (D == 128) {
 		if (act == KVQ_DT_BF16)

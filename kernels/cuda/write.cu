@@ -676,9 +676,9 @@ __device__ void append_rows(const layer_dev &l, uint8_t *open, uint32_t r0, uint
  * per SM.
  * FK, FV: the formats of K and V, or ANY_FMT (chosen per part inside). */
 template <int FK, int FV, int TILES>
-__global__ void __launch_bounds__(TILES ? TILE_THREADS : WRITE_THREADS, TILES ? 12 : 11) write_kernel(layer_dev l, uint8_t *base,
-								const kvq_seq_table *seqs, const uint8_t *kin,
-								const uint8_t *vin, uint32_t parts)
+__global__ void __launch_bounds__(TILES ? TILE_THREADS : WRITE_THREADS, TILES ? 12 : 11)
+	write_kernel(layer_dev l, uint8_t *base, const kvq_seq_table *seqs, const uint8_t *kin, const uint8_t *vin,
+		     uint32_t parts)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
 	const kvq_seq_table s = seqs[blockIdx.z];
@@ -727,8 +727,8 @@ __global__ void __launch_bounds__(TILES ? TILE_THREADS : WRITE_THREADS, TILES ? 
 }
 
 template <int FK, int FV, int TILES>
-__global__ void __launch_bounds__(TILES ? TILE_THREADS : WRITE_THREADS) seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs,
-							       uint32_t parts)
+__global__ void __launch_bounds__(TILES ? TILE_THREADS : WRITE_THREADS)
+	seal_kernel(layer_dev l, uint8_t *base, const int32_t *pairs, uint32_t parts)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
 	const int32_t o = pairs[2 * blockIdx.x], sid = pairs[2 * blockIdx.x + 1];
