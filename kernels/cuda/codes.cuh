@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The codes of one element in the GPU seal (write.cu, seal_tiles.cuh), as
+ * The codes of one element in the GPU seals (seal_staged.cuh, seal_tiles.cuh), as
  * kvq_format.h makes them on the CPU, bit for bit: an F16/BF16 code
  * (code16), an integer code by the reciprocal of its scale where that
  * provably rounds as the true division (rint_by_recip, recip_in_range),

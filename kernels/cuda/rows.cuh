@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Rows of activations in the GPU write (write.cu): the staged layout of a
- * block being sealed (SEAL_PAD, xs_at), activation words as floats and back
+ * block being sealed (SEAL_PAD, xs_at) and its staging (rows, stage_rows),
+ * activation words as floats and back
  * (act_f, unpack8, pack8), and the rotation of a layer's rows ("+rot") in
  * kvq_rotate's order, so that the bytes equal the CPU write's: staged rows
  * in place (rotate_staged) and input rows on their way into an open slot
@@ -9,6 +10,8 @@
  */
 #ifndef KVQ_CUDA_ROWS_CUH
 #define KVQ_CUDA_ROWS_CUH
+
+#include <cuda_pipeline_primitives.h>
 
 #include "common.cuh"
 
@@ -26,6 +29,59 @@ namespace kvq {
 __device__ __forceinline__ uint32_t xs_at(uint32_t t, uint32_t d, uint32_t row)
 {
 	return t * row + (d ^ ((t >> 3 & 3u) << 3));
+}
+
+/* Rows of a block being sealed: token t comes from the open slot while
+ * t < from_open, else from input row in_row + (t - from_open). */
+struct rows {
+	const uint8_t *open;     /* open head slice, or NULL */
+	const uint8_t *in_k, *in_v;
+	uint32_t from_open;
+	uint64_t in_row;         /* input row of token from_open */
+	uint32_t in_stride;      /* bytes between input rows (all heads) */
+
+	__device__ const uint16_t *get(const layer_dev &l, uint32_t t, int is_v) const
+	{
+		uint32_t row = l.D * 2;
+		if (t < from_open)
+			return reinterpret_cast<const uint16_t *>(open + (is_v ? (size_t)l.B * row : 0) + (size_t)t * row);
+		const uint8_t *in = is_v ? in_v : in_k;
+		return reinterpret_cast<const uint16_t *>(in + (in_row + t - from_open) * in_stride);
+	}
+};
+
+/* Stages parts p0 .. p0 + n - 1 (0: K, 1: V) of the block: part p from
+ * xs + (p - p0) * B * (D + SEAL_PAD), in xs_at's order.  Asynchronous
+ * 16-byte copies: all of a thread's are in flight at once, through no
+ * register.  The caller waits (stage_wait) and synchronises. */
+__device__ void stage_rows(const layer_dev &l, const rows &src, uint32_t p0, uint32_t n, uint16_t *xs)
+{
+	const uint32_t vec = l.D / 8, stride = l.D + SEAL_PAD, total = n * l.B * vec;
+	/* piece i is piece c of row t of part p0 + p; stepped, not divided,
+	 * from one of a thread's pieces to the next */
+	const uint32_t dt = blockDim.x / vec, dc = blockDim.x % vec;
+	uint32_t c = threadIdx.x % vec, t = threadIdx.x / vec, p = 0;
+
+	for (; t >= l.B; t -= l.B)
+		p++;
+	for (uint32_t i = threadIdx.x; i < total; i += blockDim.x) {
+		__pipeline_memcpy_async(xs + p * l.B * stride + xs_at(t, c * 8, stride),
+					src.get(l, t, (int)(p0 + p)) + c * 8, 16);
+		c += dc;
+		t += dt;
+		if (c >= vec) {
+			c -= vec;
+			t++;
+		}
+		for (; t >= l.B; t -= l.B)
+			p++;
+	}
+	__pipeline_commit();
+}
+
+__device__ __forceinline__ void stage_wait(void)
+{
+	__pipeline_wait_prior(0);
 }
 
 /* An activation word as a float: exact (a NaN may lose its payload, which
